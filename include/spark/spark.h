@@ -1,0 +1,464 @@
+/*
+ * spark: an embeddable LLM inference runtime for NVIDIA GPUs (and an exact CPU reference).
+ *
+ * This is the whole public C API. It is valid C99 and C++ (tests/c/test-c.c compiles it as C).
+ *
+ * Contract
+ *   - Every fallible call returns a spark_status (SPARK_OK == 0; errors are negative). On error the
+ *     thread-local message from spark_last_error() says what went wrong; output parameters are left
+ *     untouched unless stated otherwise. No call aborts or throws into the host process on bad input.
+ *   - Handles are opaque. A spark_model holds immutable weights and may be shared by many contexts
+ *     (and threads); a spark_context holds per-stream state (KV cache, recurrent state, logits) and
+ *     must be used by one thread at a time. Tokenizers are immutable after load and thread-safe.
+ *   - Every params struct has a spark_*_default_params() function: copy the defaults, then override.
+ *
+ * Minimal use (error handling elided):
+ *
+ *     spark_model * model;
+ *     spark_model_load("path/to/hf-dir-or-file.spark", spark_model_default_params(), &model);
+ *     spark_context * ctx;
+ *     spark_context_init(model, spark_context_default_params(), &ctx);
+ *     spark_batch batch = spark_batch_init(n_prompt, 1);
+ *     ... fill batch.token/pos/seq_id/logits, batch.n_tokens = n_prompt ...
+ *     spark_decode(ctx, &batch);
+ *     const float * logits = spark_get_logits_ith(ctx, n_prompt - 1);
+ *     spark_batch_free(batch); spark_context_free(ctx); spark_model_free(model);
+ */
+#ifndef SPARK_H
+#define SPARK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32) && !defined(SPARK_STATIC)
+#    if defined(SPARK_BUILD)
+#        define SPARK_API __declspec(dllexport)
+#    else
+#        define SPARK_API __declspec(dllimport)
+#    endif
+#elif defined(__GNUC__)
+#    define SPARK_API __attribute__((visibility("default")))
+#else
+#    define SPARK_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SPARK_VERSION_MAJOR 0
+#define SPARK_VERSION_MINOR 1
+#define SPARK_VERSION_PATCH 0
+
+typedef int32_t spark_token;
+typedef int32_t spark_pos;
+typedef int32_t spark_seq_id;
+
+/* ------------------------------------------------------------------------------------------ */
+/* Status codes                                                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef enum spark_status {
+    SPARK_OK                     = 0,
+    SPARK_ERR_INVALID_ARGUMENT   = -1,  /* a NULL handle, an out-of-range parameter                  */
+    SPARK_ERR_IO                 = -2,  /* a file or directory is missing or cannot be read/written  */
+    SPARK_ERR_INVALID_FORMAT     = -3,  /* a file is corrupt, truncated or hostile (bad header, JSON) */
+    SPARK_ERR_UNSUPPORTED        = -4,  /* unknown architecture, dtype, quantization, or GPU         */
+    SPARK_ERR_MISSING_TENSOR     = -5,  /* a tensor the architecture needs is not in the checkpoint  */
+    SPARK_ERR_SHAPE_MISMATCH     = -6,  /* a tensor's shape or dtype disagrees with config.json      */
+    SPARK_ERR_CONTEXT_FULL       = -7,  /* the KV cache has no room for the batch (context overflow) */
+    SPARK_ERR_INVALID_TOKEN      = -8,  /* a token id outside [0, n_vocab)                           */
+    SPARK_ERR_INVALID_BATCH      = -9,  /* inconsistent batch: positions, sequence ids, sizes        */
+    SPARK_ERR_OUT_OF_MEMORY      = -10, /* host or device allocation failed                          */
+    SPARK_ERR_DEVICE             = -11, /* a CUDA error; the context should be freed                 */
+    SPARK_ERR_BUFFER_TOO_SMALL   = -12, /* an output buffer is too small; the needed size is returned */
+    SPARK_ERR_INVALID_TEXT       = -13, /* text is not valid UTF-8                                   */
+    SPARK_ERR_TEMPLATE           = -14, /* a chat template uses an unsupported construct or fails    */
+    SPARK_ERR_ABORTED            = -15, /* the operation was cancelled by the caller                 */
+    SPARK_ERR_INTERNAL           = -16  /* a bug in spark; please report it with the message        */
+} spark_status;
+
+/* A short constant name for a status ("SPARK_ERR_IO", ...). Never NULL. */
+SPARK_API const char * spark_status_str(spark_status status);
+
+/* The message of the last failed call on this thread ("" if none). Valid until the next spark call
+ * on this thread. */
+SPARK_API const char * spark_last_error(void);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Library                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Version string "MAJOR.MINOR.PATCH". */
+SPARK_API const char * spark_version(void);
+
+/* Optional: initializes global state (thread pool defaults, CUDA probing is lazy). Safe to call
+ * more than once. Always SPARK_OK today; kept for forward compatibility. */
+SPARK_API spark_status spark_init(void);
+
+/* A human-readable description of the build: version, compiled backends, CUDA archs. */
+SPARK_API const char * spark_build_info(void);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Devices                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef enum spark_device_kind {
+    SPARK_DEVICE_CPU  = 0,
+    SPARK_DEVICE_CUDA = 1,
+    SPARK_DEVICE_AUTO = 2   /* CUDA device 0 when usable, else CPU */
+} spark_device_kind;
+
+typedef struct spark_device_info {
+    char     name[128];           /* "NVIDIA H100 80GB HBM3", "CPU" */
+    int32_t  compute_capability;  /* major*10 + minor for CUDA (90 = sm_90); 0 for the CPU */
+    int32_t  multiprocessors;
+    uint64_t total_memory;        /* bytes */
+    uint64_t free_memory;         /* bytes, at query time */
+    char     kernel_paths[512];   /* per weight format, the kernel path this device uses, e.g.
+                                     "bf16=w16a16-gemv nvfp4=w4a16-lop3 int4=w4a16-lop3 fp8=w8a16" */
+} spark_device_info;
+
+/* Number of usable CUDA devices (0 when spark was built without CUDA or no driver is present). */
+SPARK_API int32_t spark_cuda_device_count(void);
+
+/* Describes CUDA device `index`. SPARK_ERR_UNSUPPORTED when the build has no CUDA backend or the
+ * device's compute capability is below 8.0; SPARK_ERR_INVALID_ARGUMENT for a bad index. */
+SPARK_API spark_status spark_cuda_device_info(int32_t index, spark_device_info * out);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Model                                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct spark_model     spark_model;
+typedef struct spark_context   spark_context;
+typedef struct spark_tokenizer spark_tokenizer;
+
+/* Called during loading with progress in [0, 1]; return false to cancel (load then fails with
+ * SPARK_ERR_ABORTED). */
+typedef bool (*spark_progress_callback)(float progress, void * user_data);
+
+typedef struct spark_model_params {
+    spark_device_kind       device;        /* default SPARK_DEVICE_CPU */
+    int32_t                 device_index;  /* CUDA device ordinal, default 0 */
+    int32_t                 n_threads;     /* CPU threads used while loading/repacking; <= 0: all */
+    spark_progress_callback progress_callback;
+    void *                  progress_callback_user_data;
+    bool                    load_tokenizer;   /* default true: load tokenizer.json if present */
+} spark_model_params;
+
+SPARK_API spark_model_params spark_model_default_params(void);
+
+/* Loads a model from
+ *   - a Hugging Face directory: config.json + model.safetensors, or a sharded
+ *     model.safetensors.index.json; optional tokenizer.json / tokenizer_config.json /
+ *     generation_config.json / hf_quant_config.json, or
+ *   - a spark file (GGUF v3 container written by spark-convert).
+ * Returns:
+ *   SPARK_OK                  *out is the model
+ *   SPARK_ERR_IO              path missing/unreadable
+ *   SPARK_ERR_INVALID_FORMAT  corrupt config.json, safetensors or spark header (truncation, offsets
+ *                             outside the file, overlapping tensors, dtype/shape/byte-size mismatch)
+ *   SPARK_ERR_UNSUPPORTED     unknown architecture, dtype or quantization; unusable device
+ *   SPARK_ERR_MISSING_TENSOR  a required tensor is absent
+ *   SPARK_ERR_SHAPE_MISMATCH  a tensor disagrees with the hyper-parameters
+ *   SPARK_ERR_OUT_OF_MEMORY   not enough host or device memory
+ *   SPARK_ERR_ABORTED         the progress callback returned false
+ * On error *out is untouched and nothing is leaked. */
+SPARK_API spark_status spark_model_load(const char * path, spark_model_params params, spark_model ** out);
+
+/* Frees the model. All contexts created from it must be freed first. NULL is allowed. */
+SPARK_API void spark_model_free(spark_model * model);
+
+typedef enum spark_layer_type {
+    SPARK_LAYER_ATTENTION        = 0,  /* full softmax attention with a KV cache */
+    SPARK_LAYER_LINEAR_ATTENTION = 1   /* Gated DeltaNet: recurrent + conv state */
+} spark_layer_type;
+
+typedef struct spark_model_info {
+    char     architecture[64];     /* "qwen3", "qwen3_moe", "qwen3_next" */
+    char     weight_format[64];    /* dominant Linear weight format: "bf16", "nvfp4", "int4", "fp8", "mixed" */
+    int32_t  n_vocab;
+    int32_t  n_embd;               /* hidden size */
+    int32_t  n_layer;
+    int32_t  n_head;
+    int32_t  n_head_kv;
+    int32_t  head_dim;
+    int32_t  n_ctx_train;          /* max_position_embeddings */
+    int32_t  n_expert;             /* 0 for dense models */
+    int32_t  n_expert_used;
+    int32_t  n_layer_attention;         /* layers with a KV cache */
+    int32_t  n_layer_linear_attention;  /* Gated DeltaNet layers */
+    int64_t  n_params;             /* logical parameter count */
+    uint64_t weight_bytes;         /* bytes the weights occupy on the model's device */
+    uint64_t weight_bytes_embedding;   /* of which: token embedding */
+    uint64_t weight_bytes_attention;   /* attention + linear-attention projections and norms */
+    uint64_t weight_bytes_ffn;         /* dense MLPs, routers, experts, shared experts */
+    uint64_t weight_bytes_output;      /* final norm + lm_head (0 extra when tied) */
+} spark_model_info;
+
+SPARK_API spark_status spark_model_get_info(const spark_model * model, spark_model_info * out);
+
+/* Layer type of layer `il` (SPARK_LAYER_ATTENTION for all layers of dense/MoE models); -1 for a bad
+ * index or handle. */
+SPARK_API int32_t spark_model_layer_type(const spark_model * model, int32_t il);
+
+/* The model's tokenizer, or NULL when the checkpoint has none. Owned by the model. */
+SPARK_API const spark_tokenizer * spark_model_get_tokenizer(const spark_model * model);
+
+/* A metadata string of the model ("general.architecture", "spark.quantization", ...); NULL if absent.
+ * Owned by the model. */
+SPARK_API const char * spark_model_meta(const spark_model * model, const char * key);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Context                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct spark_context_params {
+    int32_t n_ctx;        /* KV cache capacity in tokens, summed over sequences; default 4096;
+                             0 = the model's n_ctx_train */
+    int32_t n_batch;      /* max tokens processed per internal step; default 512 */
+    int32_t n_seq_max;    /* max distinct sequence ids (0 .. n_seq_max-1); default 1 */
+    int32_t n_threads;    /* CPU threads for decoding; <= 0: all hardware threads */
+    int32_t n_snapshots;  /* recurrent-state snapshots kept per context (for rollback); default 2 */
+} spark_context_params;
+
+SPARK_API spark_context_params spark_context_default_params(void);
+
+/* Creates a context (KV cache, recurrent state, compute buffers) for `model`.
+ * Returns SPARK_OK, SPARK_ERR_INVALID_ARGUMENT (bad params), SPARK_ERR_OUT_OF_MEMORY. */
+SPARK_API spark_status spark_context_init(spark_model * model, spark_context_params params, spark_context ** out);
+
+SPARK_API void spark_context_free(spark_context * ctx);
+
+SPARK_API int32_t spark_n_ctx(const spark_context * ctx);
+SPARK_API const spark_model * spark_context_get_model(const spark_context * ctx);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Batch and decode                                                                           */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Tokens to process in one spark_decode call. Row i is token[i] at position pos[i] in the
+ * sequences seq_id[i][0 .. n_seq_id[i]-1]; logits[i] != 0 requests its output logits.
+ * Within one sequence, positions must continue that sequence: the first token of sequence s in the
+ * batch has position == the number of tokens s already holds, the next one +1, and so on. */
+typedef struct spark_batch {
+    int32_t         n_tokens;
+    spark_token *   token;
+    spark_pos *     pos;
+    int32_t *       n_seq_id;
+    spark_seq_id ** seq_id;
+    int8_t *        logits;
+} spark_batch;
+
+/* Allocates a batch for up to n_tokens rows, each in up to n_seq_max sequences. n_tokens of the
+ * result is 0. Free with spark_batch_free. On allocation failure all pointers are NULL. */
+SPARK_API spark_batch spark_batch_init(int32_t n_tokens, int32_t n_seq_max);
+SPARK_API void        spark_batch_free(spark_batch batch);
+
+/* Runs the model over the batch, appending to the KV cache / recurrent state.
+ * Returns:
+ *   SPARK_OK                  logits of the requested rows are available
+ *   SPARK_ERR_INVALID_ARGUMENT NULL ctx/batch or n_tokens <= 0
+ *   SPARK_ERR_INVALID_TOKEN   a token id outside [0, n_vocab)
+ *   SPARK_ERR_INVALID_BATCH   bad sequence id, positions that do not continue their sequence,
+ *                             a token in several sequences of a recurrent model
+ *   SPARK_ERR_CONTEXT_FULL    the KV cache cannot hold the batch
+ *   SPARK_ERR_OUT_OF_MEMORY / SPARK_ERR_DEVICE
+ * On any error the memory is left exactly as before the call. */
+SPARK_API spark_status spark_decode(spark_context * ctx, const spark_batch * batch);
+
+/* Logits of the rows requested in the last spark_decode, in batch order: [n_outputs][n_vocab].
+ * NULL if the last decode failed or requested none. Valid until the next decode. */
+SPARK_API const float * spark_get_logits(spark_context * ctx);
+
+/* Logits of batch row i of the last decode (negative i counts from the last requested row:
+ * -1 = last). NULL if row i did not request logits. */
+SPARK_API const float * spark_get_logits_ith(spark_context * ctx, int32_t i);
+
+/* Number of rows with logits in the last decode. */
+SPARK_API int32_t spark_n_outputs(const spark_context * ctx);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Memory: KV cache and recurrent state behind one sequence interface                         */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Clears every sequence. */
+SPARK_API void spark_memory_clear(spark_context * ctx);
+
+/* Removes positions [p0, p1) of sequence seq_id (seq_id < 0: every sequence; p1 < 0: to the end).
+ * Only removal of a tail (p1 < 0 or p1 past the end) is supported, since positions are contiguous.
+ * For recurrent (linear-attention) layers a tail can only be removed back to a snapshot
+ * (spark_memory_seq_restore) or entirely (p0 == 0).
+ * Returns SPARK_OK, SPARK_ERR_INVALID_ARGUMENT (bad seq id), SPARK_ERR_UNSUPPORTED (a middle
+ * range, or a partial tail of a recurrent model). */
+SPARK_API spark_status spark_memory_seq_rm(spark_context * ctx, spark_seq_id seq_id, spark_pos p0, spark_pos p1);
+
+/* Copies sequence src into dst (dst is cleared first). */
+SPARK_API spark_status spark_memory_seq_cp(spark_context * ctx, spark_seq_id src, spark_seq_id dst);
+
+/* Number of tokens sequence seq_id holds (its next position); -1 for a bad id. */
+SPARK_API spark_pos spark_memory_seq_length(const spark_context * ctx, spark_seq_id seq_id);
+
+/* Saves the state of sequence seq_id (its length and recurrent state) into a snapshot slot; the
+ * slot id is written to *out_snapshot. SPARK_ERR_OUT_OF_MEMORY when all n_snapshots slots are used. */
+SPARK_API spark_status spark_memory_seq_snapshot(spark_context * ctx, spark_seq_id seq_id, int32_t * out_snapshot);
+
+/* Restores sequence seq_id to a snapshot taken from it: tokens appended since are removed and the
+ * recurrent state is restored exactly. The snapshot stays valid (restore again or free it).
+ * SPARK_ERR_INVALID_ARGUMENT for a bad id, or when the sequence was truncated below the snapshot. */
+SPARK_API spark_status spark_memory_seq_restore(spark_context * ctx, spark_seq_id seq_id, int32_t snapshot);
+
+SPARK_API void spark_memory_snapshot_free(spark_context * ctx, int32_t snapshot);
+
+typedef struct spark_memory_info {
+    uint64_t kv_bytes;          /* KV cache (attention layers) */
+    uint64_t recurrent_bytes;   /* conv + delta-rule state (linear-attention layers) */
+    uint64_t snapshot_bytes;    /* snapshot slots */
+    uint64_t compute_bytes;     /* planned intermediate buffers (high-water mark so far) */
+    int32_t  kv_cells_total;    /* token capacity */
+    int32_t  kv_cells_used;
+} spark_memory_info;
+
+SPARK_API spark_status spark_memory_get_info(const spark_context * ctx, spark_memory_info * out);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Sampling                                                                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+/* A sampler chain transforms the logits of one row in order and ends by picking a token. A chain
+ * with no picking stage ends with greedy choice; a chain with spark_sampler_init_dist picks a
+ * random token from the remaining distribution. Samplers added to a chain are owned by it.
+ *
+ *     spark_sampler * s = spark_sampler_chain_init(spark_sampler_chain_default_params());
+ *     spark_sampler_chain_add(s, spark_sampler_init_penalties(64, 1.1f));
+ *     spark_sampler_chain_add(s, spark_sampler_init_top_k(40));
+ *     spark_sampler_chain_add(s, spark_sampler_init_top_p(0.95f, 1));
+ *     spark_sampler_chain_add(s, spark_sampler_init_temp(0.8f));
+ *     spark_sampler_chain_add(s, spark_sampler_init_dist(1234));
+ *     spark_token t;
+ *     spark_sampler_sample(s, ctx, -1, &t);   (also records t for the penalties)
+ */
+typedef struct spark_sampler spark_sampler;
+
+typedef struct spark_sampler_chain_params {
+    bool no_perf;   /* reserved */
+} spark_sampler_chain_params;
+
+SPARK_API spark_sampler_chain_params spark_sampler_chain_default_params(void);
+
+SPARK_API spark_sampler * spark_sampler_chain_init(spark_sampler_chain_params params);
+/* Adds `smpl` (ownership moves to the chain). SPARK_ERR_INVALID_ARGUMENT for NULLs. */
+SPARK_API spark_status    spark_sampler_chain_add(spark_sampler * chain, spark_sampler * smpl);
+SPARK_API int32_t         spark_sampler_chain_n(const spark_sampler * chain);
+
+SPARK_API spark_sampler * spark_sampler_init_greedy(void);
+SPARK_API spark_sampler * spark_sampler_init_dist(uint32_t seed);          /* seeded random pick */
+SPARK_API spark_sampler * spark_sampler_init_temp(float t);                /* t <= 0: greedy */
+SPARK_API spark_sampler * spark_sampler_init_top_k(int32_t k);             /* k <= 0: no-op */
+SPARK_API spark_sampler * spark_sampler_init_top_p(float p, size_t min_keep);
+SPARK_API spark_sampler * spark_sampler_init_min_p(float p, size_t min_keep);
+/* Repetition penalty over the last `last_n` accepted tokens (HF semantics: logit > 0 is divided,
+ * logit < 0 multiplied by `penalty`). */
+SPARK_API spark_sampler * spark_sampler_init_penalties(int32_t last_n, float penalty);
+
+/* Samples from the logits of row `idx` of the last decode (as spark_get_logits_ith) and accepts
+ * the token. SPARK_ERR_INVALID_ARGUMENT when that row has no logits. */
+SPARK_API spark_status spark_sampler_sample(spark_sampler * smpl, spark_context * ctx, int32_t idx, spark_token * out);
+
+/* Samples from a caller-provided logits array of n_vocab floats (not modified) and accepts the token. */
+SPARK_API spark_status spark_sampler_sample_logits(spark_sampler * smpl, const float * logits, int32_t n_vocab, spark_token * out);
+
+/* Records a token (e.g. prompt tokens) in the penalty history without sampling. */
+SPARK_API void spark_sampler_accept(spark_sampler * smpl, spark_token token);
+/* Clears histories and re-seeds random state to its initial seed. */
+SPARK_API void spark_sampler_reset(spark_sampler * smpl);
+SPARK_API void spark_sampler_free(spark_sampler * smpl);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Tokenizer                                                                                  */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Loads a tokenizer from a tokenizer.json file, a model directory (tokenizer.json plus optional
+ * tokenizer_config.json / generation_config.json for the chat template and end-of-turn tokens), or
+ * a spark file. Returns SPARK_OK, SPARK_ERR_IO, SPARK_ERR_INVALID_FORMAT (corrupt or truncated JSON,
+ * missing vocab/merges), SPARK_ERR_UNSUPPORTED (a tokenizer model type other than BPE). */
+SPARK_API spark_status spark_tokenizer_load(const char * path, spark_tokenizer ** out);
+/* Frees a tokenizer from spark_tokenizer_load (never the one owned by a model). NULL allowed. */
+SPARK_API void         spark_tokenizer_free(spark_tokenizer * tok);
+
+SPARK_API int32_t spark_tokenizer_n_vocab(const spark_tokenizer * tok);
+/* Special tokens; -1 when absent. eos is the tokenizer_config.json eos_token. */
+SPARK_API spark_token spark_tokenizer_bos(const spark_tokenizer * tok);
+SPARK_API spark_token spark_tokenizer_eos(const spark_tokenizer * tok);
+/* True for tokens that end a turn: eos, tokens listed as eos_token_id in generation_config.json. */
+SPARK_API bool spark_tokenizer_is_eog(const spark_tokenizer * tok, spark_token token);
+/* True for added tokens marked special. */
+SPARK_API bool spark_tokenizer_is_special(const spark_tokenizer * tok, spark_token token);
+/* Token id of an exact token string (e.g. "<|im_end|>"), or -1. */
+SPARK_API spark_token spark_tokenizer_find(const spark_tokenizer * tok, const char * text);
+
+/* Encodes `len` bytes of UTF-8 text. With parse_special, added/special tokens in the text are
+ * matched (as Hugging Face tokenizers does) and never split; otherwise they are plain text.
+ * Writes up to `capacity` ids to `tokens` and the total count to *n_tokens.
+ * Returns SPARK_OK, SPARK_ERR_INVALID_TEXT (invalid UTF-8), SPARK_ERR_BUFFER_TOO_SMALL (*n_tokens
+ * holds the needed capacity). */
+SPARK_API spark_status spark_tokenize(const spark_tokenizer * tok, const char * text, size_t len, bool parse_special,
+                                      spark_token * tokens, int32_t capacity, int32_t * n_tokens);
+
+/* The raw bytes of one token (byte-level decoded; may be a partial UTF-8 sequence). Writes at most
+ * `capacity` bytes (no terminator) and the full length to *len. SPARK_ERR_BUFFER_TOO_SMALL when it
+ * did not fit, SPARK_ERR_INVALID_TOKEN for a bad id. */
+SPARK_API spark_status spark_token_to_piece(const spark_tokenizer * tok, spark_token token, char * buf, size_t capacity, size_t * len);
+
+/* Decodes tokens to UTF-8 text as Hugging Face `decode` does (invalid byte sequences become U+FFFD).
+ * skip_special drops special tokens. Same buffer protocol as spark_token_to_piece. */
+SPARK_API spark_status spark_detokenize(const spark_tokenizer * tok, const spark_token * tokens, int32_t n_tokens,
+                                        bool skip_special, char * buf, size_t capacity, size_t * len);
+
+/* Streaming detokenizer: push tokens one at a time; each push returns only complete UTF-8
+ * characters (never half of one), holding back an incomplete tail until it completes. */
+typedef struct spark_detok_stream spark_detok_stream;
+SPARK_API spark_detok_stream * spark_detok_stream_init(const spark_tokenizer * tok, bool skip_special);
+/* Appends the text made complete by `token` to buf (up to capacity; full length in *len). */
+SPARK_API spark_status spark_detok_stream_push(spark_detok_stream * s, spark_token token, char * buf, size_t capacity, size_t * len);
+/* Returns what is held back (an incomplete tail becomes U+FFFD) and resets the stream. */
+SPARK_API spark_status spark_detok_stream_flush(spark_detok_stream * s, char * buf, size_t capacity, size_t * len);
+SPARK_API void         spark_detok_stream_free(spark_detok_stream * s);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Chat templates                                                                             */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct spark_chat_message {
+    const char * role;               /* "system", "user", "assistant", "tool" */
+    const char * content;            /* may be NULL (rendered as none) */
+    const char * reasoning_content;  /* optional, NULL if absent */
+    const char * tool_calls_json;    /* optional JSON array of tool calls, NULL if absent */
+    const char * name;               /* optional (tool name for role "tool"), NULL if absent */
+} spark_chat_message;
+
+/* The chat template of a tokenizer (from tokenizer_config.json or the spark file), or NULL. */
+SPARK_API const char * spark_tokenizer_chat_template(const spark_tokenizer * tok);
+
+/* Renders a Jinja chat template the way transformers' apply_chat_template does.
+ *   tmpl                  template source (e.g. spark_tokenizer_chat_template(tok))
+ *   tools_json            optional JSON array of tool definitions (NULL: no tools)
+ *   extra_context_json    optional JSON object of extra variables (e.g. {"enable_thinking": false})
+ *   bos_token/eos_token   strings exposed to the template (may be NULL)
+ * Same buffer protocol as spark_token_to_piece (the output is not NUL-terminated unless it fits
+ * with one spare byte, in which case a terminator is written).
+ * Returns SPARK_OK, SPARK_ERR_TEMPLATE (syntax error, unsupported construct, raise_exception; the
+ * message says which and where), SPARK_ERR_INVALID_FORMAT (bad JSON arguments),
+ * SPARK_ERR_BUFFER_TOO_SMALL. */
+SPARK_API spark_status spark_chat_apply_template(const char * tmpl, const spark_chat_message * messages, size_t n_messages,
+                                                 bool add_generation_prompt, const char * tools_json,
+                                                 const char * extra_context_json, const char * bos_token,
+                                                 const char * eos_token, char * buf, size_t capacity, size_t * len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SPARK_H */

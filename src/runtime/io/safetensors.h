@@ -1,0 +1,52 @@
+// safetensors reader (https://github.com/huggingface/safetensors): validated like the reference
+// implementation before anything is trusted (header size, JSON, dtypes, shapes vs byte sizes,
+// offsets inside the file, no overlaps or holes, duplicate names). Single files and sharded
+// directories (model.safetensors.index.json).
+#pragma once
+
+#include "runtime/io/mapped_file.h"
+#include "runtime/io/tensor_source.h"
+
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace spark::io {
+
+class SafetensorsFile {
+public:
+    // Throws Error(SPARK_ERR_IO / SPARK_ERR_INVALID_FORMAT / SPARK_ERR_UNSUPPORTED).
+    static std::unique_ptr<SafetensorsFile> open(const std::string & path);
+
+    const std::vector<TensorInfo> &              tensors() const { return tensors_; }
+    const std::map<std::string, std::string> &   metadata() const { return metadata_; }
+    const std::string &                          path() const { return file_->path(); }
+
+private:
+    std::shared_ptr<MappedFile>        file_;
+    std::vector<TensorInfo>            tensors_;
+    std::map<std::string, std::string> metadata_;
+};
+
+// All tensors of a checkpoint directory: model.safetensors, or the shards listed by
+// model.safetensors.index.json (every listed tensor must be in its shard).
+class SafetensorsSource final : public TensorSource {
+public:
+    static std::unique_ptr<SafetensorsSource> open_dir(const std::string & dir);
+    static std::unique_ptr<SafetensorsSource> open_file(const std::string & path);
+
+    const TensorInfo *              find(const std::string & name) const override;
+    const std::vector<TensorInfo> & tensors() const override { return all_; }
+    std::string                     describe() const override { return origin_; }
+
+private:
+    void add(std::unique_ptr<SafetensorsFile> f);
+    std::vector<std::unique_ptr<SafetensorsFile>> files_;
+    std::vector<TensorInfo>                       all_;
+    std::unordered_map<std::string, size_t>       index_;
+    std::string                                   origin_;
+};
+
+}  // namespace spark::io
