@@ -1,0 +1,80 @@
+#include "runtime/tokenizer/chat_template.h"
+
+#include "graph/error.h"
+#include "runtime/tokenizer/jinja_ast.h"
+#include "runtime/tokenizer/unicode.h"
+
+#include <nlohmann/json.hpp>
+
+namespace spark {
+
+namespace {
+
+using jinja::Value;
+
+nlohmann::ordered_json parse_json(const std::string & text, const char * what) {
+    if (!unicode::is_valid_utf8(text)) fail(SPARK_ERR_INVALID_FORMAT, "%s is not valid UTF-8", what);
+    try {
+        return nlohmann::ordered_json::parse(text);
+    } catch (const nlohmann::json::exception & e) {
+        fail(SPARK_ERR_INVALID_FORMAT, "%s is not valid JSON: %s", what, e.what());
+    }
+}
+
+Value string_value(const std::string & s, const char * what) {
+    if (!unicode::is_valid_utf8(s)) fail(SPARK_ERR_INVALID_FORMAT, "%s is not valid UTF-8", what);
+    return Value::string(s);
+}
+
+}  // namespace
+
+std::string render_chat_template(const std::string & tmpl, const ChatInputs & in) {
+    if (!unicode::is_valid_utf8(tmpl)) fail(SPARK_ERR_TEMPLATE, "chat template: not valid UTF-8");
+    const auto parsed = jinja::parse_template(tmpl);
+
+    jinja::List messages;
+    for (size_t i = 0; i < in.messages.size(); ++i) {
+        const ChatMessage & m = in.messages[i];
+        jinja::Dict d;
+        // transformers copies reasoning_content to "thinking" (first key) for templates that read it.
+        if (m.reasoning_content) d.set(Value::string("thinking"), string_value(*m.reasoning_content, "reasoning_content"));
+        d.set(Value::string("role"), string_value(m.role, "role"));
+        d.set(Value::string("content"), m.content ? string_value(*m.content, "content") : Value::none());
+        if (m.reasoning_content)
+            d.set(Value::string("reasoning_content"), string_value(*m.reasoning_content, "reasoning_content"));
+        if (m.tool_calls_json) {
+            const auto j = parse_json(*m.tool_calls_json, "tool_calls_json");
+            if (!j.is_array()) fail(SPARK_ERR_INVALID_FORMAT, "tool_calls_json of message %zu must be a JSON array", i);
+            d.set(Value::string("tool_calls"), jinja::from_json(j));
+        }
+        if (m.name) d.set(Value::string("name"), string_value(*m.name, "name"));
+        messages.push_back(Value::dict_of(std::move(d)));
+    }
+
+    jinja::Dict vars;
+    vars.set(Value::string("messages"), Value::list_of(std::move(messages)));
+    Value tools = Value::none();
+    if (in.tools_json) {
+        const auto j = parse_json(*in.tools_json, "tools_json");
+        if (!j.is_array()) fail(SPARK_ERR_INVALID_FORMAT, "tools_json must be a JSON array");
+        tools = jinja::from_json(j);
+    }
+    vars.set(Value::string("tools"), tools);
+    vars.set(Value::string("documents"), Value::none());
+    vars.set(Value::string("add_generation_prompt"), Value::boolean(in.add_generation_prompt));
+    if (in.bos_token) vars.set(Value::string("bos_token"), string_value(*in.bos_token, "bos_token"));
+    if (in.eos_token) vars.set(Value::string("eos_token"), string_value(*in.eos_token, "eos_token"));
+    if (in.extra_context_json) {
+        const auto j = parse_json(*in.extra_context_json, "extra_context_json");
+        if (!j.is_object()) fail(SPARK_ERR_INVALID_FORMAT, "extra_context_json must be a JSON object");
+        for (auto it = j.begin(); it != j.end(); ++it) {
+            const std::string & key = it.key();
+            if (key == "messages" || key == "tools" || key == "documents" || key == "add_generation_prompt")
+                fail(SPARK_ERR_INVALID_ARGUMENT, "extra_context_json must not redefine '%s'", key.c_str());
+            vars.set(Value::string(key), jinja::from_json(it.value()));
+        }
+    }
+    return jinja::render(*parsed, vars);
+}
+
+}  // namespace spark

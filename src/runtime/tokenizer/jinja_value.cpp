@@ -1,0 +1,458 @@
+#include "runtime/tokenizer/jinja_value.h"
+
+#include "graph/error.h"
+#include "runtime/tokenizer/unicode.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+
+namespace spark::jinja {
+
+void template_error(int line, const std::string & message) {
+    if (line > 0) fail(SPARK_ERR_TEMPLATE, "chat template line %d: %s", line, message.c_str());
+    fail(SPARK_ERR_TEMPLATE, "chat template: %s", message.c_str());
+}
+
+// ------------------------------------------------------------------------------------------------
+// Construction
+
+Value Value::undefined(std::string hint) {
+    Value v;
+    v.s = std::move(hint);
+    return v;
+}
+Value Value::none() {
+    Value v;
+    v.type = Type::None;
+    return v;
+}
+Value Value::boolean(bool x) {
+    Value v;
+    v.type = Type::Bool;
+    v.b    = x;
+    return v;
+}
+Value Value::integer(int64_t x) {
+    Value v;
+    v.type = Type::Int;
+    v.i    = x;
+    return v;
+}
+Value Value::number(double x) {
+    Value v;
+    v.type = Type::Float;
+    v.f    = x;
+    return v;
+}
+Value Value::string(std::string x) {
+    Value v;
+    v.type = Type::String;
+    v.s    = std::move(x);
+    return v;
+}
+Value Value::list_of(List items, bool tuple) {
+    Value v;
+    v.type     = Type::List;
+    v.is_tuple = tuple;
+    v.list     = std::make_shared<List>(std::move(items));
+    return v;
+}
+Value Value::dict_of(Dict d) {
+    Value v;
+    v.type = Type::Dict;
+    v.dict = std::make_shared<Dict>(std::move(d));
+    return v;
+}
+Value Value::namespace_of(Dict d) {
+    Value v = dict_of(std::move(d));
+    v.type  = Type::Namespace;
+    return v;
+}
+Value Value::function(std::string name, std::function<Value(CallArgs &, Context &)> fn) {
+    Value v;
+    v.type     = Type::Callable;
+    v.callable = std::make_shared<Callable>(Callable{std::move(name), std::move(fn)});
+    return v;
+}
+
+const Value * Dict::find(const Value & key) const {
+    for (const auto & [k, v] : items)
+        if (equals(k, key)) return &v;
+    return nullptr;
+}
+
+const Value * Dict::find(std::string_view key) const {
+    for (const auto & [k, v] : items)
+        if (k.type == Value::Type::String && k.s == key) return &v;
+    return nullptr;
+}
+
+void Dict::set(Value key, Value value) {
+    for (auto & [k, v] : items) {
+        if (equals(k, key)) {
+            v = std::move(value);
+            return;
+        }
+    }
+    items.emplace_back(std::move(key), std::move(value));
+}
+
+// ------------------------------------------------------------------------------------------------
+// Python semantics
+
+const char * type_name(const Value & v) {
+    switch (v.type) {
+        case Value::Type::Undefined: return "Undefined";
+        case Value::Type::None: return "NoneType";
+        case Value::Type::Bool: return "bool";
+        case Value::Type::Int: return "int";
+        case Value::Type::Float: return "float";
+        case Value::Type::String: return "str";
+        case Value::Type::List: return v.is_tuple ? "tuple" : "list";
+        case Value::Type::Dict: return "dict";
+        case Value::Type::Namespace: return "Namespace";
+        case Value::Type::Callable: return "function";
+    }
+    return "object";
+}
+
+bool truthy(const Value & v) {
+    switch (v.type) {
+        case Value::Type::Undefined:
+        case Value::Type::None: return false;
+        case Value::Type::Bool: return v.b;
+        case Value::Type::Int: return v.i != 0;
+        case Value::Type::Float: return v.f != 0.0;
+        case Value::Type::String: return !v.s.empty();
+        case Value::Type::List: return !v.list->empty();
+        case Value::Type::Dict: return !v.dict->items.empty();
+        case Value::Type::Namespace:
+        case Value::Type::Callable: return true;
+    }
+    return false;
+}
+
+std::string py_float_repr(double v) {
+    if (std::isnan(v)) return "nan";
+    if (std::isinf(v)) return v < 0 ? "-inf" : "inf";
+    if (v == 0) return std::signbit(v) ? "-0.0" : "0.0";
+    char buf[64];
+    const auto res = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::scientific);
+    std::string sci(buf, res.ptr);  // shortest round-trip digits: "-1.2345e+02"
+    std::string sign;
+    if (sci[0] == '-') {
+        sign = "-";
+        sci.erase(0, 1);
+    }
+    const size_t e = sci.find('e');
+    std::string digits = sci.substr(0, e);
+    digits.erase(std::remove(digits.begin(), digits.end(), '.'), digits.end());
+    const int exp   = std::stoi(sci.substr(e + 1));
+    const int decpt = exp + 1;  // value = 0.DIGITS * 10^decpt
+    std::string out;
+    if (decpt > -4 && decpt <= 16) {
+        if (decpt <= 0) {
+            out = "0." + std::string(size_t(-decpt), '0') + digits;
+        } else if (size_t(decpt) >= digits.size()) {
+            out = digits + std::string(size_t(decpt) - digits.size(), '0') + ".0";
+        } else {
+            out = digits.substr(0, size_t(decpt)) + "." + digits.substr(size_t(decpt));
+        }
+    } else {
+        out = digits.substr(0, 1);
+        if (digits.size() > 1) out += "." + digits.substr(1);
+        const int x = decpt - 1;
+        char eb[16];
+        std::snprintf(eb, sizeof eb, "e%c%02d", x < 0 ? '-' : '+', x < 0 ? -x : x);
+        out += eb;
+    }
+    return sign + out;
+}
+
+namespace {
+
+std::string repr_string(const std::string & s) {
+    const bool has_single = s.find('\'') != std::string::npos, has_double = s.find('"') != std::string::npos;
+    const char quote = has_single && !has_double ? '"' : '\'';
+    std::string out(1, quote);
+    for (size_t i = 0; i < s.size();) {
+        const auto c = uint8_t(s[i]);
+        if (c == uint8_t(quote) || c == '\\') {
+            out += '\\';
+            out += char(c);
+        } else if (c == '\n') {
+            out += "\\n";
+        } else if (c == '\r') {
+            out += "\\r";
+        } else if (c == '\t') {
+            out += "\\t";
+        } else if (c < 0x20 || c == 0x7F) {
+            char b[8];
+            std::snprintf(b, sizeof b, "\\x%02x", unsigned(c));
+            out += b;
+        } else {
+            out += char(c);
+        }
+        ++i;
+    }
+    out += quote;
+    return out;
+}
+
+}  // namespace
+
+std::string repr(const Value & v) {
+    switch (v.type) {
+        case Value::Type::String: return repr_string(v.s);
+        case Value::Type::List: {
+            std::string out(1, v.is_tuple ? '(' : '[');
+            for (size_t k = 0; k < v.list->size(); ++k) {
+                if (k) out += ", ";
+                out += repr((*v.list)[k]);
+            }
+            if (v.is_tuple && v.list->size() == 1) out += ',';
+            out += v.is_tuple ? ')' : ']';
+            return out;
+        }
+        case Value::Type::Dict: {
+            std::string out = "{";
+            bool first = true;
+            for (const auto & [k, val] : v.dict->items) {
+                if (!first) out += ", ";
+                first = false;
+                out += repr(k) + ": " + repr(val);
+            }
+            return out + "}";
+        }
+        case Value::Type::Namespace: {
+            Value d = v;
+            d.type  = Value::Type::Dict;
+            return "<Namespace " + repr(d) + ">";
+        }
+        default: return to_str(v);
+    }
+}
+
+std::string to_str(const Value & v) {
+    switch (v.type) {
+        case Value::Type::Undefined: return "";
+        case Value::Type::None: return "None";
+        case Value::Type::Bool: return v.b ? "True" : "False";
+        case Value::Type::Int: return std::to_string(v.i);
+        case Value::Type::Float: return py_float_repr(v.f);
+        case Value::Type::String: return v.s;
+        case Value::Type::Callable: return "<function " + v.callable->name + ">";
+        default: return repr(v);
+    }
+}
+
+bool equals(const Value & a, const Value & b) {
+    using T = Value::Type;
+    if (a.is_number() && b.is_number()) {
+        if (a.type == T::Float || b.type == T::Float) return a.as_double() == b.as_double();
+        return a.as_int() == b.as_int();
+    }
+    if (a.type != b.type) return false;
+    switch (a.type) {
+        case T::Undefined:
+        case T::None: return true;
+        case T::String: return a.s == b.s;
+        case T::List:
+            if (a.is_tuple != b.is_tuple || a.list->size() != b.list->size()) return false;
+            for (size_t k = 0; k < a.list->size(); ++k)
+                if (!equals((*a.list)[k], (*b.list)[k])) return false;
+            return true;
+        case T::Dict:
+            if (a.dict->items.size() != b.dict->items.size()) return false;
+            for (const auto & [k, v] : a.dict->items) {
+                const Value * other = b.dict->find(k);
+                if (!other || !equals(v, *other)) return false;
+            }
+            return true;
+        case T::Namespace: return a.dict == b.dict;
+        case T::Callable: return a.callable == b.callable;
+        default: return false;
+    }
+}
+
+int compare(const Value & a, const Value & b, int line) {
+    using T = Value::Type;
+    if (a.is_number() && b.is_number()) {
+        if (a.type == T::Float || b.type == T::Float) {
+            const double x = a.as_double(), y = b.as_double();
+            return x < y ? -1 : (x > y ? 1 : 0);
+        }
+        const int64_t x = a.as_int(), y = b.as_int();
+        return x < y ? -1 : (x > y ? 1 : 0);
+    }
+    if (a.type == T::String && b.type == T::String) {
+        const int c = a.s.compare(b.s);  // UTF-8 byte order is code point order
+        return c < 0 ? -1 : (c > 0 ? 1 : 0);
+    }
+    if (a.type == T::List && b.type == T::List && a.is_tuple == b.is_tuple) {
+        const size_t n = std::min(a.list->size(), b.list->size());
+        for (size_t k = 0; k < n; ++k) {
+            if (equals((*a.list)[k], (*b.list)[k])) continue;
+            return compare((*a.list)[k], (*b.list)[k], line);
+        }
+        return a.list->size() < b.list->size() ? -1 : (a.list->size() > b.list->size() ? 1 : 0);
+    }
+    template_error(line, std::string("'<' not supported between instances of '") + type_name(a) + "' and '" +
+                             type_name(b) + "'");
+}
+
+Value from_json(const nlohmann::ordered_json & j) {
+    using J = nlohmann::ordered_json::value_t;
+    switch (j.type()) {
+        case J::null: return Value::none();
+        case J::boolean: return Value::boolean(j.get<bool>());
+        case J::number_integer: return Value::integer(j.get<int64_t>());
+        case J::number_unsigned: {
+            const uint64_t u = j.get<uint64_t>();
+            return u <= uint64_t(INT64_MAX) ? Value::integer(int64_t(u)) : Value::number(double(u));
+        }
+        case J::number_float: return Value::number(j.get<double>());
+        case J::string: return Value::string(j.get<std::string>());
+        case J::array: {
+            List items;
+            items.reserve(j.size());
+            for (const auto & e : j) items.push_back(from_json(e));
+            return Value::list_of(std::move(items));
+        }
+        case J::object: {
+            Dict d;
+            for (auto it = j.begin(); it != j.end(); ++it) d.set(Value::string(it.key()), from_json(it.value()));
+            return Value::dict_of(std::move(d));
+        }
+        default: return Value::none();
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// json.dumps
+
+namespace {
+
+void json_string(std::string & out, const std::string & s, bool ensure_ascii) {
+    out += '"';
+    for (size_t i = 0; i < s.size();) {
+        const auto c = uint8_t(s[i]);
+        switch (c) {
+            case '"': out += "\\\""; ++i; continue;
+            case '\\': out += "\\\\"; ++i; continue;
+            case '\n': out += "\\n"; ++i; continue;
+            case '\r': out += "\\r"; ++i; continue;
+            case '\t': out += "\\t"; ++i; continue;
+            case '\b': out += "\\b"; ++i; continue;
+            case '\f': out += "\\f"; ++i; continue;
+            default: break;
+        }
+        char b[16];
+        if (c < 0x20 || (ensure_ascii && c == 0x7F)) {
+            std::snprintf(b, sizeof b, "\\u%04x", unsigned(c));
+            out += b;
+            ++i;
+        } else if (c < 0x80 || !ensure_ascii) {
+            out += char(c);
+            ++i;
+        } else {
+            const uint32_t cp = unicode::next_codepoint(s, i);
+            if (cp >= 0x10000) {
+                const uint32_t v = cp - 0x10000;
+                std::snprintf(b, sizeof b, "\\u%04x\\u%04x", unsigned(0xD800 + (v >> 10)), unsigned(0xDC00 + (v & 0x3FF)));
+            } else {
+                std::snprintf(b, sizeof b, "\\u%04x", unsigned(cp));
+            }
+            out += b;
+        }
+    }
+    out += '"';
+}
+
+std::string json_float(double v) {
+    if (std::isnan(v)) return "NaN";
+    if (std::isinf(v)) return v < 0 ? "-Infinity" : "Infinity";
+    return py_float_repr(v);
+}
+
+void json_value(std::string & out, const Value & v, const JsonOptions & o, int level, int line) {
+    auto newline_indent = [&](int lvl) {
+        out += '\n';
+        for (int k = 0; k < lvl; ++k) out += o.use_indent_str ? o.indent_str : std::string(size_t(o.indent), ' ');
+    };
+    const bool indented = o.use_indent_str || o.indent >= 0;
+    switch (v.type) {
+        case Value::Type::None: out += "null"; return;
+        case Value::Type::Bool: out += v.b ? "true" : "false"; return;
+        case Value::Type::Int: out += std::to_string(v.i); return;
+        case Value::Type::Float: out += json_float(v.f); return;
+        case Value::Type::String: json_string(out, v.s, o.ensure_ascii); return;
+        case Value::Type::List: {
+            if (v.list->empty()) {
+                out += "[]";
+                return;
+            }
+            out += '[';
+            if (indented) newline_indent(level + 1);
+            for (size_t k = 0; k < v.list->size(); ++k) {
+                if (k) {
+                    out += o.item_sep;
+                    if (indented) newline_indent(level + 1);
+                }
+                json_value(out, (*v.list)[k], o, level + 1, line);
+            }
+            if (indented) newline_indent(level);
+            out += ']';
+            return;
+        }
+        case Value::Type::Dict: {
+            if (v.dict->items.empty()) {
+                out += "{}";
+                return;
+            }
+            std::vector<const std::pair<Value, Value> *> items;
+            for (const auto & kv : v.dict->items) items.push_back(&kv);
+            if (o.sort_keys)
+                std::stable_sort(items.begin(), items.end(),
+                                 [&](auto * a, auto * b) { return compare(a->first, b->first, line) < 0; });
+            out += '{';
+            if (indented) newline_indent(level + 1);
+            bool first = true;
+            for (const auto * kv : items) {
+                if (!first) {
+                    out += o.item_sep;
+                    if (indented) newline_indent(level + 1);
+                }
+                first = false;
+                const Value & k = kv->first;
+                switch (k.type) {
+                    case Value::Type::String: json_string(out, k.s, o.ensure_ascii); break;
+                    case Value::Type::Int: out += '"' + std::to_string(k.i) + '"'; break;
+                    case Value::Type::Float: out += '"' + json_float(k.f) + '"'; break;
+                    case Value::Type::Bool: out += k.b ? "\"true\"" : "\"false\""; break;
+                    case Value::Type::None: out += "\"null\""; break;
+                    default:
+                        template_error(line, std::string("keys must be str, int, float, bool or None, not ") + type_name(k));
+                }
+                out += o.key_sep;
+                json_value(out, kv->second, o, level + 1, line);
+            }
+            if (indented) newline_indent(level);
+            out += '}';
+            return;
+        }
+        default:
+            template_error(line, std::string("Object of type ") + type_name(v) + " is not JSON serializable");
+    }
+}
+
+}  // namespace
+
+std::string to_json(const Value & v, const JsonOptions & options, int line) {
+    std::string out;
+    json_value(out, v, options, 0, line);
+    return out;
+}
+
+}  // namespace spark::jinja

@@ -1,0 +1,133 @@
+#include "runtime/tokenizer/regex.h"
+
+#include "graph/error.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+namespace spark {
+
+namespace {
+
+// Unicode White_Space, which is what Oniguruma's \s matches in UTF-8 mode.
+constexpr const char * kWhiteSpaceRanges = "\\t-\\r\\x{20}\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}"
+                                           "\\x{202f}\\x{205f}\\x{3000}";
+
+// Per-thread match state: the tokenizer is shared between threads, PCRE2 match data is not.
+struct MatchScratch {
+    pcre2_match_data *    data    = nullptr;
+    pcre2_match_context * context = nullptr;
+    pcre2_jit_stack *     stack   = nullptr;
+    MatchScratch() {
+        data    = pcre2_match_data_create(1, nullptr);
+        context = pcre2_match_context_create(nullptr);
+        stack   = pcre2_jit_stack_create(32 * 1024, 8 * 1024 * 1024, nullptr);
+        if (context && stack) pcre2_jit_stack_assign(context, nullptr, stack);
+    }
+    ~MatchScratch() {
+        pcre2_match_data_free(data);
+        pcre2_match_context_free(context);
+        pcre2_jit_stack_free(stack);
+    }
+};
+
+MatchScratch & scratch() {
+    thread_local MatchScratch s;
+    if (!s.data || !s.context || !s.stack) throw std::bad_alloc();
+    return s;
+}
+
+}  // namespace
+
+struct Regex::Impl {
+    pcre2_code * code = nullptr;
+    bool         jit  = false;
+    ~Impl() { pcre2_code_free(code); }
+};
+
+std::string Regex::translate_pattern(const std::string & p) {
+    std::string out;
+    out.reserve(p.size() + 64);
+    bool in_class = false;
+    for (size_t i = 0; i < p.size(); ++i) {
+        const char c = p[i];
+        if (c == '\\' && i + 1 < p.size()) {
+            const char e = p[i + 1];
+            if (e == 's') {
+                if (in_class) out += kWhiteSpaceRanges;
+                else out += std::string("[") + kWhiteSpaceRanges + "]";
+                ++i;
+                continue;
+            }
+            if (e == 'S' && !in_class) {
+                out += std::string("[^") + kWhiteSpaceRanges + "]";
+                ++i;
+                continue;
+            }
+            out += c;
+            out += e;
+            ++i;
+            continue;
+        }
+        if (!in_class && c == '[') {
+            in_class = true;
+            out += c;
+            // A ']' right after '[' or '[^' is a literal.
+            if (i + 1 < p.size() && p[i + 1] == '^') out += p[++i];
+            if (i + 1 < p.size() && p[i + 1] == ']') out += p[++i];
+            continue;
+        }
+        if (in_class && c == '[' && i + 1 < p.size() && p[i + 1] == ':') {
+            // POSIX class inside a bracket expression: copy through its closing ":]".
+            const size_t close = p.find(":]", i + 2);
+            if (close != std::string::npos) {
+                out.append(p, i, close + 2 - i);
+                i = close + 1;
+                continue;
+            }
+        }
+        if (in_class && c == ']') in_class = false;
+        out += c;
+    }
+    return out;
+}
+
+Regex::Regex(const std::string & pattern, bool literal) : impl_(std::make_unique<Impl>()), pattern_(pattern) {
+    const std::string translated = literal ? pattern : translate_pattern(pattern);
+    int        err     = 0;
+    PCRE2_SIZE err_off = 0;
+    uint32_t   options = PCRE2_UTF | PCRE2_UCP;
+    if (literal) options |= PCRE2_LITERAL;
+    impl_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(), options, &err,
+                                &err_off, nullptr);
+    if (!impl_->code) {
+        PCRE2_UCHAR msg[256];
+        pcre2_get_error_message(err, msg, sizeof msg);
+        fail(SPARK_ERR_INVALID_FORMAT, "pre-tokenizer regex does not compile at offset %zu: %s (pattern: %s)",
+             size_t(err_off), reinterpret_cast<const char *>(msg), pattern.c_str());
+    }
+    impl_->jit = pcre2_jit_compile(impl_->code, PCRE2_JIT_COMPLETE) == 0;
+}
+
+Regex::~Regex() = default;
+
+bool Regex::find(std::string_view text, size_t from, size_t & start, size_t & end) const {
+    if (from > text.size()) return false;
+    MatchScratch & s = scratch();
+    const auto subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+    const int  rc = impl_->jit ? pcre2_jit_match(impl_->code, subject, text.size(), from, 0, s.data, s.context)
+                               : pcre2_match(impl_->code, subject, text.size(), from, PCRE2_NO_UTF_CHECK, s.data,
+                                             s.context);
+    if (rc == PCRE2_ERROR_NOMATCH) return false;
+    if (rc < 0) {
+        PCRE2_UCHAR msg[256];
+        pcre2_get_error_message(rc, msg, sizeof msg);
+        fail(SPARK_ERR_INTERNAL, "pre-tokenizer regex failed: %s", reinterpret_cast<const char *>(msg));
+    }
+    const PCRE2_SIZE * ov = pcre2_get_ovector_pointer(s.data);
+    start = size_t(ov[0]);
+    end   = size_t(ov[1]);
+    return true;
+}
+
+}  // namespace spark

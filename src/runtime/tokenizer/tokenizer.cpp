@@ -1,0 +1,504 @@
+#include "runtime/tokenizer/tokenizer.h"
+
+#include "graph/error.h"
+#include "runtime/io/mapped_file.h"
+#include "runtime/tokenizer/added_tokens.h"
+#include "runtime/tokenizer/bpe.h"
+#include "runtime/tokenizer/json_reader.h"
+#include "runtime/tokenizer/normalizer.h"
+#include "runtime/tokenizer/unicode.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <deque>
+#include <unordered_set>
+
+namespace spark {
+
+using nlohmann::json;
+
+struct Tokenizer::Impl {
+    std::string tokenizer_json, tokenizer_config_json, generation_config_json;
+
+    std::unique_ptr<BpeModel>     model;
+    std::unique_ptr<Normalizer>   normalizer;
+    std::unique_ptr<PreTokenizer> pre_tokenizer;
+    AddedTokenMatcher             raw_added;         // added tokens matched on the input text
+    AddedTokenMatcher             normalized_added;  // added tokens matched after normalization
+    std::vector<AddedToken>       added;             // every added token
+    StringIdMap                   added_by_content;
+
+    bool decoder_byte_level = true;  // false: no decoder, tokens are joined with " "
+    bool clean_up_spaces    = false;
+
+    int32_t                     n_vocab = 0;
+    std::vector<std::string>    pieces;   // decoded bytes of each id
+    std::vector<uint8_t>        special;  // 1 for special added tokens
+    std::vector<uint8_t>        present;  // 0 for ids in a gap of the vocabulary
+    std::unordered_set<int32_t> eog;
+    int32_t                     bos = -1, eos = -1;
+    std::optional<std::string>  bos_text, eos_text;
+    std::string                 chat_template;
+
+    void parse_tokenizer_json();
+    void parse_config();
+    void parse_generation_config();
+    void build_pieces();
+
+    void encode_segment(std::string_view text, bool parse_special, std::vector<int32_t> & out) const;
+    void encode_words(std::string_view text, std::vector<int32_t> & out) const;
+};
+
+namespace {
+
+json parse_small_json(std::string_view text, const char * what) {
+    try {
+        return json::parse(text);
+    } catch (const json::exception & e) {
+        fail(SPARK_ERR_INVALID_FORMAT, "%s: %s", what, e.what());
+    }
+}
+
+// "content" of a special-token entry in tokenizer_config.json: a string or an AddedToken object.
+std::optional<std::string> token_text(const json & j) {
+    if (j.is_string()) return j.get<std::string>();
+    if (j.is_object() && j.contains("content") && j["content"].is_string()) return j["content"].get<std::string>();
+    return std::nullopt;
+}
+
+AddedToken added_token_from_json(const json & e, const char * what) {
+    if (!e.is_object() || !e.contains("content") || !e["content"].is_string())
+        fail(SPARK_ERR_INVALID_FORMAT, "%s: an added token has no \"content\"", what);
+    AddedToken t;
+    t.content = e["content"].get<std::string>();
+    auto flag = [&](const char * key, bool fallback) {
+        if (!e.contains(key) || e[key].is_null()) return fallback;
+        if (!e[key].is_boolean()) fail(SPARK_ERR_INVALID_FORMAT, "%s: added token \"%s\" must be a boolean", what, key);
+        return e[key].get<bool>();
+    };
+    t.single_word = flag("single_word", false);
+    t.lstrip      = flag("lstrip", false);
+    t.rstrip      = flag("rstrip", false);
+    t.special     = flag("special", false);
+    t.normalized  = flag("normalized", !t.special);
+    return t;
+}
+
+// The text of transformers' clean_up_tokenization().
+std::string clean_up_tokenization(std::string s) {
+    static const std::pair<const char *, const char *> kRules[] = {
+        {" .", "."}, {" ?", "?"}, {" !", "!"}, {" ,", ","}, {" ' ", "'"}, {" n't", "n't"},
+        {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
+    for (const auto & [from, to] : kRules) {
+        const std::string f(from), t(to);
+        std::string out;
+        size_t pos = 0, hit;
+        while ((hit = s.find(f, pos)) != std::string::npos) {
+            out.append(s, pos, hit - pos);
+            out += t;
+            pos = hit + f.size();
+        }
+        out.append(s, pos);
+        s = std::move(out);
+    }
+    return s;
+}
+
+}  // namespace
+
+void Tokenizer::Impl::parse_tokenizer_json() {
+    const std::string_view doc = tokenizer_json;
+    const char * what = "tokenizer.json";
+    if (const size_t bad = unicode::find_invalid_utf8(doc); bad != std::string_view::npos)
+        fail(SPARK_ERR_INVALID_FORMAT, "tokenizer.json: not valid UTF-8 at byte %zu", bad);
+
+    // Top level: remember where each section is; only "model" is large.
+    JsonReader top(doc, what);
+    std::string key;
+    bool first = true;
+    std::optional<std::string_view> model_span, added_span, normalizer_span, pre_span, decoder_span;
+    top.begin_object();
+    while (top.next_key(key, first)) {
+        const std::string_view span = top.skip_value();
+        if (key == "model") model_span = span;
+        else if (key == "added_tokens") added_span = span;
+        else if (key == "normalizer") normalizer_span = span;
+        else if (key == "pre_tokenizer") pre_span = span;
+        else if (key == "decoder") decoder_span = span;
+    }
+    top.expect_end();
+    if (!model_span) fail(SPARK_ERR_INVALID_FORMAT, "tokenizer.json: no \"model\" section");
+
+    // model: vocab and merges are read straight into the BPE tables.
+    JsonReader r(*model_span, what, doc, size_t(model_span->data() - doc.data()));
+    std::vector<std::pair<std::string, int32_t>>     vocab;
+    std::vector<std::pair<std::string, std::string>> merges;
+    bool have_vocab = false, have_merges = false;
+    std::optional<std::string> type;
+    BpeOptions options;
+    std::string value;
+    first = true;
+    r.begin_object();
+    while (r.next_key(key, first)) {
+        if (key == "vocab") {
+            if (r.peek_value() != '{') r.error("\"vocab\" must be an object");
+            have_vocab = true;
+            vocab.reserve(size_t(model_span->size() / 40));
+            bool vfirst = true;
+            std::string token;
+            r.begin_object();
+            while (r.next_key(token, vfirst)) {
+                const int64_t id = r.read_int();
+                if (id < 0 || id >= (int64_t(1) << 30)) r.error("token id out of range");
+                vocab.emplace_back(token, int32_t(id));
+            }
+        } else if (key == "merges") {
+            if (r.peek_value() != '[') r.error("\"merges\" must be an array");
+            have_merges = true;
+            merges.reserve(vocab.size());
+            bool mfirst = true;
+            r.begin_array();
+            while (r.next_element(mfirst)) {
+                if (r.peek_value() == '"') {  // "left right"
+                    r.read_string(value);
+                    const size_t space = value.find(' ');
+                    if (space == std::string::npos || value.find(' ', space + 1) != std::string::npos)
+                        r.error("a merge must be two tokens separated by one space");
+                    merges.emplace_back(value.substr(0, space), value.substr(space + 1));
+                } else {  // ["left", "right"]
+                    std::pair<std::string, std::string> m;
+                    bool pfirst = true;
+                    r.begin_array();
+                    if (!r.next_element(pfirst)) r.error("a merge pair must have two tokens");
+                    r.read_string(m.first);
+                    if (!r.next_element(pfirst)) r.error("a merge pair must have two tokens");
+                    r.read_string(m.second);
+                    if (r.next_element(pfirst)) r.error("a merge pair must have two tokens");
+                    merges.push_back(std::move(m));
+                }
+            }
+        } else {
+            const json v = parse_small_json(r.skip_value(), what);
+            auto opt_string = [&](const char * name) -> std::optional<std::string> {
+                if (v.is_null()) return std::nullopt;
+                if (!v.is_string()) fail(SPARK_ERR_INVALID_FORMAT, "tokenizer.json: model.%s must be a string", name);
+                return v.get<std::string>();
+            };
+            auto opt_bool = [&](const char * name) {
+                if (v.is_null()) return false;
+                if (!v.is_boolean()) fail(SPARK_ERR_INVALID_FORMAT, "tokenizer.json: model.%s must be a boolean", name);
+                return v.get<bool>();
+            };
+            if (key == "type") type = opt_string("type");
+            else if (key == "unk_token") options.unk_token = opt_string("unk_token");
+            else if (key == "continuing_subword_prefix") options.continuing_subword_prefix = opt_string(key.c_str()).value_or("");
+            else if (key == "end_of_word_suffix") options.end_of_word_suffix = opt_string(key.c_str()).value_or("");
+            else if (key == "fuse_unk") options.fuse_unk = opt_bool("fuse_unk");
+            else if (key == "byte_fallback") options.byte_fallback = opt_bool("byte_fallback");
+            else if (key == "ignore_merges") options.ignore_merges = opt_bool("ignore_merges");
+            else if (key == "dropout") {
+                // Dropout is a training-time feature; 0 or null is deterministic.
+                if (!v.is_null() && !(v.is_number() && v.get<double>() == 0.0))
+                    fail(SPARK_ERR_UNSUPPORTED, "tokenizer.json: BPE dropout is not supported");
+            }
+        }
+    }
+    r.expect_end();
+    if (type && *type != "BPE")
+        fail(SPARK_ERR_UNSUPPORTED, "tokenizer.json: model type '%s' is not supported (only BPE)", type->c_str());
+    if (!have_vocab) fail(SPARK_ERR_INVALID_FORMAT, "tokenizer.json: model has no \"vocab\"");
+    if (!have_merges) fail(SPARK_ERR_INVALID_FORMAT, "tokenizer.json: model has no \"merges\"");
+
+    if (normalizer_span) normalizer = Normalizer::from_json(parse_small_json(*normalizer_span, what));
+    if (pre_span) pre_tokenizer = PreTokenizer::from_json(parse_small_json(*pre_span, what));
+    options.byte_level = pre_tokenizer && pre_tokenizer->byte_level();
+    model = std::make_unique<BpeModel>(std::move(vocab), merges, options);
+
+    if (decoder_span) {
+        const json d = parse_small_json(*decoder_span, what);
+        if (d.is_null()) {
+            decoder_byte_level = false;
+        } else {
+            const std::string dtype = d.is_object() ? d.value("type", std::string()) : std::string();
+            if (dtype != "ByteLevel")
+                fail(SPARK_ERR_UNSUPPORTED, "tokenizer.json: decoder type '%s' is not supported (only ByteLevel)",
+                     dtype.c_str());
+        }
+    } else {
+        decoder_byte_level = false;
+    }
+
+    if (added_span) {
+        const json a = parse_small_json(*added_span, what);
+        if (!a.is_array()) fail(SPARK_ERR_INVALID_FORMAT, "tokenizer.json: \"added_tokens\" must be an array");
+        for (const json & e : a) {
+            AddedToken t = added_token_from_json(e, what);
+            if (!e.contains("id") || !e["id"].is_number_integer() || e["id"].get<int64_t>() < 0 ||
+                e["id"].get<int64_t>() >= (int64_t(1) << 30))
+                fail(SPARK_ERR_INVALID_FORMAT, "tokenizer.json: added token '%s' has no valid \"id\"", t.content.c_str());
+            t.id = int32_t(e["id"].get<int64_t>());
+            added.push_back(std::move(t));
+        }
+    }
+}
+
+void Tokenizer::Impl::parse_config() {
+    if (tokenizer_config_json.empty()) return;
+    const char * what = "tokenizer_config.json";
+    const json c = parse_small_json(tokenizer_config_json, what);
+    if (!c.is_object()) fail(SPARK_ERR_INVALID_FORMAT, "tokenizer_config.json: not a JSON object");
+
+    // Tokens declared only in the config are added like transformers does.
+    if (c.contains("added_tokens_decoder") && c["added_tokens_decoder"].is_object()) {
+        for (const auto & [id_text, e] : c["added_tokens_decoder"].items()) {
+            int64_t id = -1;
+            try {
+                size_t used = 0;
+                id = std::stoll(id_text, &used);
+                if (used != id_text.size()) id = -1;
+            } catch (const std::exception &) {
+            }
+            if (id < 0 || id >= (int64_t(1) << 30))
+                fail(SPARK_ERR_INVALID_FORMAT, "tokenizer_config.json: bad added_tokens_decoder id '%s'", id_text.c_str());
+            const bool known = std::any_of(added.begin(), added.end(), [&](const AddedToken & t) { return t.id == id; });
+            if (known) continue;
+            AddedToken t = added_token_from_json(e, what);
+            t.id = int32_t(id);
+            added.push_back(std::move(t));
+        }
+    }
+    if (c.contains("chat_template")) {
+        const json & t = c["chat_template"];
+        if (t.is_string()) {
+            chat_template = t.get<std::string>();
+        } else if (t.is_array()) {
+            // Named templates: [{"name": "default", "template": "..."}, ...]
+            for (const json & e : t) {
+                if (!e.is_object() || !e.contains("template") || !e["template"].is_string()) continue;
+                if (chat_template.empty() || e.value("name", std::string()) == "default")
+                    chat_template = e["template"].get<std::string>();
+            }
+        }
+    }
+    if (c.contains("bos_token")) bos_text = token_text(c["bos_token"]);
+    if (c.contains("eos_token")) eos_text = token_text(c["eos_token"]);
+    if (c.contains("clean_up_tokenization_spaces") && c["clean_up_tokenization_spaces"].is_boolean())
+        clean_up_spaces = c["clean_up_tokenization_spaces"].get<bool>();
+}
+
+void Tokenizer::Impl::parse_generation_config() {
+    if (generation_config_json.empty()) return;
+    const json g = parse_small_json(generation_config_json, "generation_config.json");
+    if (!g.is_object()) fail(SPARK_ERR_INVALID_FORMAT, "generation_config.json: not a JSON object");
+    if (!g.contains("eos_token_id")) return;
+    const json & e = g["eos_token_id"];
+    auto add = [&](const json & v) {
+        if (!v.is_number_integer()) fail(SPARK_ERR_INVALID_FORMAT, "generation_config.json: eos_token_id must be integers");
+        eog.insert(int32_t(v.get<int64_t>()));
+    };
+    if (e.is_array()) {
+        for (const json & v : e) add(v);
+    } else if (!e.is_null()) {
+        add(e);
+    }
+}
+
+void Tokenizer::Impl::build_pieces() {
+    n_vocab = model->max_id() + 1;
+    for (const AddedToken & t : added) n_vocab = std::max(n_vocab, t.id + 1);
+    pieces.assign(size_t(n_vocab), std::string());
+    special.assign(size_t(n_vocab), 0);
+    present.assign(size_t(n_vocab), 0);
+
+    // ByteLevel decoder: each character maps back to its byte; a token with a character outside the
+    // alphabet is taken as its UTF-8 text (as HF's decoder does).
+    auto decode_piece = [&](std::string_view token) {
+        if (!decoder_byte_level) return std::string(token);
+        std::string bytes;
+        bytes.reserve(token.size());
+        for (size_t i = 0; i < token.size();) {
+            const int b = unicode::codepoint_to_byte(unicode::next_codepoint(token, i));
+            if (b < 0) return std::string(token);
+            bytes += char(b);
+        }
+        return bytes;
+    };
+    for (int32_t id = 0; id <= model->max_id(); ++id) {
+        const std::string_view token = model->id_to_token(id);
+        pieces[size_t(id)]  = decode_piece(token);
+        present[size_t(id)] = !token.empty() || model->token_to_id(token) == id;
+    }
+    for (const AddedToken & t : added) {
+        pieces[size_t(t.id)]  = decode_piece(t.content);
+        special[size_t(t.id)] = t.special;
+        present[size_t(t.id)] = 1;
+    }
+
+    // Added tokens with normalized=true are matched on normalized text, in their normalized form.
+    std::vector<AddedToken> raw, norm;
+    for (const AddedToken & t : added) {
+        if (!unicode::is_valid_utf8(t.content))
+            fail(SPARK_ERR_INVALID_FORMAT, "tokenizer.json: added token %d is not valid UTF-8", t.id);
+        added_by_content.insert(t.content, t.id);
+        if (t.normalized && normalizer) {
+            AddedToken n = t;
+            n.content = normalizer->apply(t.content);
+            norm.push_back(std::move(n));
+        } else {
+            raw.push_back(t);
+        }
+    }
+    raw_added.build(std::move(raw));
+    normalized_added.build(std::move(norm));
+}
+
+Tokenizer Tokenizer::from_json_strings(std::string tokenizer_json, std::string tokenizer_config_json,
+                                       std::string generation_config_json) {
+    auto impl                    = std::make_unique<Impl>();
+    impl->tokenizer_json         = std::move(tokenizer_json);
+    impl->tokenizer_config_json  = std::move(tokenizer_config_json);
+    impl->generation_config_json = std::move(generation_config_json);
+    impl->parse_tokenizer_json();
+    impl->parse_config();
+    impl->parse_generation_config();
+    impl->build_pieces();
+    Tokenizer tok(std::move(impl));
+    Impl & t = *tok.impl_;
+    t.bos = t.bos_text ? tok.find(*t.bos_text) : -1;
+    t.eos = t.eos_text ? tok.find(*t.eos_text) : -1;
+    if (t.eos >= 0) t.eog.insert(t.eos);
+    return tok;
+
+}
+
+Tokenizer Tokenizer::from_file(const std::string & path) {
+    return from_json_strings(io::read_text_file(path), std::string(), std::string());
+}
+
+Tokenizer Tokenizer::from_directory(const std::string & dir) {
+    const std::string tok_path = io::path_join(dir, "tokenizer.json");
+    if (!io::file_exists(tok_path)) fail(SPARK_ERR_IO, "no tokenizer.json in %s", dir.c_str());
+    std::string config, generation;
+    const std::string config_path = io::path_join(dir, "tokenizer_config.json");
+    if (io::file_exists(config_path)) config = io::read_text_file(config_path);
+    const std::string gen_path = io::path_join(dir, "generation_config.json");
+    if (io::file_exists(gen_path)) generation = io::read_text_file(gen_path);
+    // Newer checkpoints keep the template in its own file, which transformers prefers.
+    const std::string jinja_path = io::path_join(dir, "chat_template.jinja");
+    if (io::file_exists(jinja_path)) {
+        json c = config.empty() ? json::object() : parse_small_json(config, "tokenizer_config.json");
+        if (c.is_object()) {
+            c["chat_template"] = io::read_text_file(jinja_path);
+            config = c.dump(2);
+        }
+    }
+    return from_json_strings(io::read_text_file(tok_path), std::move(config), std::move(generation));
+}
+
+Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Tokenizer::Tokenizer(Tokenizer &&) noexcept             = default;
+Tokenizer & Tokenizer::operator=(Tokenizer &&) noexcept = default;
+Tokenizer::~Tokenizer()                                 = default;
+
+// ------------------------------------------------------------------------------------------------
+// Encoding
+
+void Tokenizer::Impl::encode_words(std::string_view text, std::vector<int32_t> & out) const {
+    if (!pre_tokenizer) {
+        model->tokenize(text, out);
+        return;
+    }
+    thread_local std::vector<std::string_view> words;
+    thread_local std::deque<std::string>       storage;
+    words.clear();
+    storage.clear();
+    pre_tokenizer->split(text, words, storage);
+    for (std::string_view w : words) model->tokenize(w, out);
+}
+
+void Tokenizer::Impl::encode_segment(std::string_view text, bool parse_special, std::vector<int32_t> & out) const {
+    std::string normalized;
+    if (normalizer) {
+        normalized = normalizer->apply(text);
+        text       = normalized;
+    }
+    if (normalized_added.empty()) {
+        encode_words(text, out);
+        return;
+    }
+    std::vector<AddedTokenMatcher::Segment> segments;
+    normalized_added.split(text, !parse_special, segments);
+    for (const auto & s : segments) {
+        if (s.token >= 0) out.push_back(normalized_added.token(s.token).id);
+        else encode_words(text.substr(s.begin, s.end - s.begin), out);
+    }
+}
+
+void Tokenizer::encode(std::string_view text, bool parse_special, std::vector<int32_t> & out) const {
+    if (const size_t bad = unicode::find_invalid_utf8(text); bad != std::string_view::npos)
+        fail(SPARK_ERR_INVALID_TEXT, "text is not valid UTF-8 (invalid sequence at byte %zu)", bad);
+    if (impl_->raw_added.empty()) {
+        impl_->encode_segment(text, parse_special, out);
+        return;
+    }
+    std::vector<AddedTokenMatcher::Segment> segments;
+    impl_->raw_added.split(text, !parse_special, segments);
+    for (const auto & s : segments) {
+        if (s.token >= 0) out.push_back(impl_->raw_added.token(s.token).id);
+        else impl_->encode_segment(text.substr(s.begin, s.end - s.begin), parse_special, out);
+    }
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special) const {
+    std::vector<int32_t> ids;
+    encode(text, parse_special, ids);
+    return ids;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Decoding and queries
+
+std::string_view Tokenizer::piece(int32_t id) const {
+    if (!is_valid(id)) fail(SPARK_ERR_INVALID_TOKEN, "token id %d is outside [0, %d)", id, impl_->n_vocab);
+    return impl_->pieces[size_t(id)];
+}
+
+std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) const {
+    std::string bytes;
+    bool first = true;
+    for (const int32_t id : ids) {
+        const std::string_view p = piece(id);
+        if (skip_special && impl_->special[size_t(id)]) continue;
+        if (!impl_->present[size_t(id)]) continue;  // an id in a gap of the vocabulary: HF skips it
+        if (!impl_->decoder_byte_level && !first) bytes += ' ';
+        bytes.append(p);
+        first = false;
+    }
+    std::string text;
+    text.reserve(bytes.size());
+    unicode::append_utf8_lossy(text, bytes);
+    if (impl_->clean_up_spaces) text = clean_up_tokenization(std::move(text));
+    return text;
+}
+
+int32_t Tokenizer::n_vocab() const { return impl_->n_vocab; }
+int32_t Tokenizer::bos() const { return impl_->bos; }
+int32_t Tokenizer::eos() const { return impl_->eos; }
+bool    Tokenizer::is_eog(int32_t id) const { return impl_->eog.count(id) != 0; }
+bool    Tokenizer::is_special(int32_t id) const { return is_valid(id) && impl_->special[size_t(id)]; }
+bool    Tokenizer::joins_with_spaces() const { return !impl_->decoder_byte_level; }
+
+int32_t Tokenizer::find(std::string_view token) const {
+    const int32_t added = impl_->added_by_content.find(token);
+    return added >= 0 ? added : impl_->model->token_to_id(token);
+}
+
+const std::string &                Tokenizer::chat_template() const { return impl_->chat_template; }
+const std::optional<std::string> & Tokenizer::bos_token_text() const { return impl_->bos_text; }
+const std::optional<std::string> & Tokenizer::eos_token_text() const { return impl_->eos_text; }
+const std::string &                Tokenizer::tokenizer_json() const { return impl_->tokenizer_json; }
+const std::string &                Tokenizer::tokenizer_config_json() const { return impl_->tokenizer_config_json; }
+const std::string &                Tokenizer::generation_config_json() const { return impl_->generation_config_json; }
+
+}  // namespace spark
