@@ -284,8 +284,8 @@ TEST_CASE("gguf: write then read gives identical metadata, dtypes, shapes, bytes
         {"e5m2", DType::F8_E5M2, {7}},
         {"scalar.f32", DType::F32, {}},
         {"scalar.u32", DType::U32, {}},
-        {"rank5", DType::F16, {2, 1, 3, 2, 2}},
-        {"rank8.u16", DType::U16, {1, 2, 1, 2, 1, 3, 1, 2}},
+        {"rank5", DType::F16, {2, 3, 4, 1, 2}},
+        {"rank8.u16", DType::U16, {1, 2, 1, 2, 3, 1, 1, 2}},
         {"empty", DType::F32, {0, 4}},
         {"empty.u32", DType::U32, {3, 0}},
         {std::string(63, 'n'), DType::F32, {1}},
@@ -352,12 +352,12 @@ TEST_CASE("gguf: write then read gives identical metadata, dtypes, shapes, bytes
     CHECK(raw[9].ne == std::vector<int64_t>{20, 3});  // U32 [3, 5]: 5 * 4 bytes per row
     CHECK(raw[15].ne == std::vector<int64_t>{1});      // F32 scalar
     CHECK(raw[16].ne == std::vector<int64_t>{4});      // U32 scalar: 4 bytes
-    CHECK(raw[17].ne == std::vector<int64_t>{2, 2, 3, 2});  // rank 5 folded: [2*1, 3, 2, 2] reversed
-    CHECK(raw[18].ne == std::vector<int64_t>{4, 1, 3, 4});  // rank 8: [1*2*1*2*1, 3, 1, 2] reversed, ne[0] in bytes
+    CHECK(raw[17].ne == std::vector<int64_t>{2, 1, 4, 6});  // rank 5 folded: [2*3, 4, 1, 2] reversed
+    CHECK(raw[18].ne == std::vector<int64_t>{4, 1, 1, 12});  // rank 8: [1*2*1*2*3, 1, 1, 2] reversed, ne[0] in bytes
     CHECK(raw[19].ne == std::vector<int64_t>{4, 0});
     // Only the tensors whose shape the dims do not give have a record.
     CHECK(f->get_i64_array("spark.tensor_shapes") ==
-          std::vector<int64_t>{15, 0, 16, 0, 17, 5, 2, 1, 3, 2, 2, 18, 8, 1, 2, 1, 2, 1, 3, 1, 2});
+          std::vector<int64_t>{15, 0, 16, 0, 17, 5, 2, 3, 4, 1, 2, 18, 8, 1, 2, 1, 2, 3, 1, 1, 2});
 
     // Tensors are laid out in order, each at the padded end of the previous one.
     uint64_t offset = 0;
