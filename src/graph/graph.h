@@ -1,0 +1,192 @@
+// The tensor core: tensors, the fixed op set, and the graph builder.
+//
+// Conventions (ggml's): ne[0] is the innermost, contiguous dimension ("row length"); nb[] are byte
+// strides. A matrix of T rows of K floats has ne = {K, T}. Activations are F32 everywhere; token
+// ids, positions and routing ids are I32. Weights are not tensors: ops that read weights take a
+// spark::QWeight (src/quant/qweight.h) in any format.
+//
+// Architectures build one Graph per internal step (src/runtime/models/*.cpp); the planner
+// (planner.h) gives every intermediate an offset in one arena, reusing memory once a value is dead;
+// a backend (src/backends/) executes the nodes in order. State that outlives a step (KV cache,
+// recurrent state) enters the graph as external tensors that stateful ops update in place.
+#pragma once
+
+#include "graph/dtype.h"
+#include "quant/qweight.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+namespace spark {
+
+constexpr int kMaxDims = 4;
+constexpr int kMaxSrc  = 10;
+
+enum class Op : uint8_t {
+    NONE,         // leaf: graph input, external state or constant
+    VIEW,         // alias of src0 (offset + strides, possibly another 4-byte dtype); no compute
+    CONT,         // contiguous copy of src0
+    CONCAT,       // rows of src0, src1[, src2] side by side: [n0 + n1 + n2, rows]
+    GET_ROWS,     // rows src1[i] (I32) of a dense weight (weight) or of a F32 tensor (src0)
+    MATMUL,       // y[n, r] = sum_k x[k, r] * W[n, k]   (src0 = x, weight = W, any format)
+    MATMUL_ID,    // MoE: x src0 [K, A, T] (A = 1: shared by all slots, A = k: one row per slot),
+                  // ids src1 I32 [k, T] -> y [N, k, T] with expert ids[j, t]; experts[n_experts]
+    ADD,          // src0 + src1, src1 rows broadcast when it has one row
+    MUL,          // src0 * src1, same broadcast
+    SCALE,        // src0 * fp[0]
+    RMS_NORM,     // per row: x / sqrt(mean(x^2) + eps) * w   (src1 = w [ne0] or none);
+                  // ip[0] = 1: zero-centred weight (1 + w)
+    L2_NORM,      // per row: x / sqrt(sum(x^2) + eps)
+    ROPE,         // rotate-half (NEOX) RoPE of src0 [hd, nh, T] at positions src1 [T];
+                  // ip[0] = n_rot (first n_rot dims rotated), fp[0] = theta
+    SWIGLU,       // silu(src0) * src1
+    MUL_SIGMOID,  // src0 * sigmoid(src1) (src1 broadcast along rows when its ne0 == 1)
+    ATTENTION,    // causal GQA attention over the paged KV cache; see Graph::attention
+    MOE_ROUTE,    // softmax + top-k of router logits src0 [E, T] -> [2k, T]: k weights (F32)
+                  // then k expert ids (I32 bits); ip[0] = k, ip[1] = normalize top-k weights
+    MOE_COMBINE,  // sum_j w[j, t] * y[:, j, t]: src0 y [H, k, T], src1 w [k, T] -> [H, T]
+    CONV1D_SSM,   // causal depthwise conv + silu with rolling state; see Graph::conv1d_ssm
+    GATED_DELTA,  // gated delta rule recurrence; see Graph::gated_delta
+    ARGMAX,       // per row index of the maximum -> I32 [T]
+    COUNT
+};
+
+const char * op_name(Op op);
+
+enum TensorFlags : uint32_t {
+    TENSOR_INPUT    = 1u << 0,  // filled by the host before compute (arena memory)
+    TENSOR_OUTPUT   = 1u << 1,  // read back after compute: kept alive to the end
+    TENSOR_EXTERNAL = 1u << 2,  // memory owned outside the graph (state buffers, constants)
+};
+
+struct Tensor {
+    DType   type = DType::F32;
+    int64_t ne[kMaxDims] = {1, 1, 1, 1};
+    size_t  nb[kMaxDims] = {0, 0, 0, 0};
+
+    Op       op = Op::NONE;
+    Tensor * src[kMaxSrc] = {};
+    const QWeight * weight    = nullptr;  // MATMUL / GET_ROWS: the weight
+    const QWeight * experts   = nullptr;  // MATMUL_ID: array of n_experts weights
+    int32_t         n_experts = 0;
+    int32_t         ip[8]     = {};
+    float           fp[4]     = {};
+
+    Tensor * view_src  = nullptr;  // VIEW: the aliased tensor (always a non-view)
+    size_t   view_offs = 0;
+
+    void *   data  = nullptr;  // bound by the planner (arena) or set by the owner (external)
+    uint32_t flags = 0;
+    int32_t  id    = -1;       // index in Graph::tensors
+    std::string name;
+
+    int64_t nelements() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
+    int64_t nrows() const { return ne[1] * ne[2] * ne[3]; }
+    size_t  nbytes() const;  // bytes spanned (contiguous: nelements * size)
+    bool    is_contiguous() const;
+    // Address of row (i1, i2, i3).
+    char * row(int64_t i1, int64_t i2 = 0, int64_t i3 = 0) const {
+        return static_cast<char *>(data) + i1 * nb[1] + i2 * nb[2] + i3 * nb[3];
+    }
+};
+
+// Batch metadata shared by the stateful ops of one step (attention, conv, delta rule). Every token
+// t of the step belongs to exactly one sequence slot seq[t] at position pos[t]. The tokens of a
+// step are grouped by sequence (the context orders them so), in position order, and positions
+// continue the state already cached.
+struct StepInputs {
+    Tensor * pos         = nullptr;  // I32 [T]
+    Tensor * seq         = nullptr;  // I32 [T] sequence slot of each token
+    Tensor * block_table = nullptr;  // I32 [max_pages_per_seq, n_seq_slots] KV page of (seq, page)
+    Tensor * seq_ranges  = nullptr;  // I32 [3, S]: (slot, first token, n tokens) of each sequence
+};
+
+class Graph {
+public:
+    Graph() = default;
+    Graph(const Graph &) = delete;
+    Graph & operator=(const Graph &) = delete;
+
+    // ---- leaves
+    Tensor * input(DType type, std::initializer_list<int64_t> ne, const std::string & name);
+    Tensor * external(DType type, std::initializer_list<int64_t> ne, void * data, const std::string & name);
+
+    // ---- ops (all outputs F32 unless stated)
+    Tensor * get_rows(const QWeight & w, Tensor * ids);       // -> [K, n_ids]
+    Tensor * get_rows(Tensor * src, Tensor * ids);            // rows of a F32 [ne0, rows] tensor
+    Tensor * matmul(Tensor * x, const QWeight & w);           // [K, ...] -> [N, ...]
+    Tensor * matmul_id(Tensor * x, const QWeight * experts, int32_t n_experts, Tensor * ids);
+    Tensor * add(Tensor * a, Tensor * b);
+    Tensor * mul(Tensor * a, Tensor * b);
+    Tensor * scale(Tensor * a, float s);
+    Tensor * rms_norm(Tensor * x, Tensor * w, float eps, bool zero_centered = false);
+    Tensor * l2_norm(Tensor * x, float eps);
+    Tensor * rope(Tensor * x, Tensor * pos, int32_t n_rot, float theta);
+    Tensor * swiglu(Tensor * gate, Tensor * up);
+    Tensor * mul_sigmoid(Tensor * a, Tensor * gate);
+    Tensor * argmax(Tensor * x);                              // -> I32 [rows]
+
+    // Causal attention of q [hd, n_head, T] over the sequence's cached keys/values after first
+    // appending k, v [hd, n_head_kv, T] at (seq[t], pos[t]). The cache of this layer is two external
+    // tensors k_cache, v_cache of [hd * n_head_kv, page_size, n_pages] (F32 on the CPU; the
+    // backend's KV dtype elsewhere). Query head h reads KV head h / (n_head / n_head_kv).
+    // Output [hd * n_head, T].
+    Tensor * attention(Tensor * q, Tensor * k, Tensor * v, Tensor * k_cache, Tensor * v_cache,
+                       const StepInputs & step, float scale);
+
+    // MoE routing: softmax over experts, top-k, optional renormalisation. Returns the packed
+    // [2k, T] result; moe_weights / moe_ids are views of it.
+    Tensor * moe_route(Tensor * logits, int32_t k, bool normalize);
+    Tensor * moe_weights(Tensor * route);   // F32 [k, T]
+    Tensor * moe_ids(Tensor * route);       // I32 [k, T]
+    Tensor * moe_combine(Tensor * y, Tensor * weights);
+
+    // Causal depthwise conv1d over time with a rolling per-sequence state, then silu.
+    // x [C, T]; w F32 [K, C] (tap j of channel c at w[c*K + j], tap K-1 multiplies the current
+    // input); state external F32 [(K-1) * C, n_seq_slots]: per slot the previous K-1 inputs as
+    // [K-1][C], oldest first; it is updated in place. Output [C, T].
+    Tensor * conv1d_ssm(Tensor * x, Tensor * w, Tensor * state, const StepInputs & step);
+
+    // Gated delta rule (Qwen3-Next linear attention), per value head h and token t:
+    //   g = -exp(A_log[h]) * softplus(a[h, t] + dt_bias[h]); beta = sigmoid(b[h, t])
+    //   S = S * exp(g); S += k (x) ((v - S^T k) * beta); o = S^T q
+    // q, k [dk, n_k_heads, T] (already l2-normalised, q scaled), v [dv, n_v_heads, T],
+    // a, b [n_v_heads, T]; A_log, dt_bias F32 [n_v_heads]; value head h uses key head
+    // h / (n_v_heads / n_k_heads). state external F32 [dk * dv * n_v_heads, n_seq_slots] (S[h] is
+    // dk x dv, row i = key dim). Output [dv, n_v_heads, T].
+    Tensor * gated_delta(Tensor * q, Tensor * k, Tensor * v, Tensor * a, Tensor * b, Tensor * A_log,
+                         Tensor * dt_bias, Tensor * state, const StepInputs & step);
+
+    // ---- shapes
+    Tensor * reshape(Tensor * x, std::initializer_list<int64_t> ne);  // x must be contiguous
+    // A view with explicit sizes, byte strides (nb[0] is the element size) and byte offset.
+    Tensor * view(Tensor * x, std::initializer_list<int64_t> ne, std::initializer_list<size_t> nb, size_t offset);
+    Tensor * cont(Tensor * x);
+    // Concatenation along ne[0] of 2 or 3 tensors with the same number of rows.
+    Tensor * concat(Tensor * a, Tensor * b, Tensor * c = nullptr);
+
+    void mark_output(Tensor * t) { t->flags |= TENSOR_OUTPUT; }
+
+    // All tensors in creation order (leaves included); nodes() only those with an op, in execution
+    // order (creation order is a valid topological order).
+    const std::deque<Tensor> &    tensors() const { return tensors_; }
+    std::deque<Tensor> &          tensors() { return tensors_; }
+    const std::vector<Tensor *> & nodes() const { return nodes_; }
+
+    // Name the most recent tensor ("attn_norm-3"), for debugging and dumps.
+    Tensor * named(Tensor * t, const std::string & name, int layer = -1);
+
+private:
+    Tensor * new_tensor(DType type, const int64_t * ne, int n_dims, Op op);
+    Tensor * new_op(Op op, DType type, const Tensor * shape_like);
+    Tensor * unary(Op op, Tensor * a);
+    Tensor * binary(Op op, Tensor * a, Tensor * b);
+
+    std::deque<Tensor>    tensors_;
+    std::vector<Tensor *> nodes_;
+};
+
+}  // namespace spark

@@ -1,0 +1,27 @@
+// Static memory planner: gives every intermediate tensor of a graph an offset in one arena. A
+// buffer is reused as soon as the last node reading it (directly or through a view) has run, so the
+// arena holds only what is live at once. Inputs live from the start, outputs to the end.
+// Deterministic: the same graph always gets the same plan, which lets the CUDA backend replay a
+// captured step with identical addresses.
+#pragma once
+
+#include "graph/graph.h"
+
+#include <cstddef>
+#include <vector>
+
+namespace spark {
+
+struct MemoryPlan {
+    size_t              arena_bytes = 0;
+    std::vector<size_t> offsets;      // per tensor id; kNoOffset for views / externals
+    size_t              naive_bytes = 0;  // sum of all planned buffers (for reporting reuse)
+    static constexpr size_t kNoOffset = ~size_t(0);
+};
+
+MemoryPlan plan_memory(const Graph & graph, size_t alignment = 256);
+
+// Sets data pointers of planned tensors (arena + offset) and of views (source + view offset).
+void bind_memory(Graph & graph, const MemoryPlan & plan, void * arena);
+
+}  // namespace spark

@@ -1,0 +1,36 @@
+#include "runtime/device.h"
+
+#include "graph/error.h"
+
+#if SPARK_HAS_CUDA
+#include "backends/cuda/cuda_backend.h"
+#endif
+
+namespace spark {
+
+std::unique_ptr<Backend> make_backend(const spark_model_params & params, spark_device_kind & kind) {
+    switch (params.device) {
+        case SPARK_DEVICE_CPU:
+            kind = SPARK_DEVICE_CPU;
+            return make_cpu_backend(params.n_threads);
+        case SPARK_DEVICE_CUDA:
+#if SPARK_HAS_CUDA
+            kind = SPARK_DEVICE_CUDA;
+            return make_cuda_backend(params.device_index);
+#else
+            fail(SPARK_ERR_UNSUPPORTED, "this build of spark has no CUDA backend (configure with nvcc available)");
+#endif
+        case SPARK_DEVICE_AUTO:
+#if SPARK_HAS_CUDA
+            if (cuda_device_usable(params.device_index)) {
+                kind = SPARK_DEVICE_CUDA;
+                return make_cuda_backend(params.device_index);
+            }
+#endif
+            kind = SPARK_DEVICE_CPU;
+            return make_cpu_backend(params.n_threads);
+    }
+    fail(SPARK_ERR_INVALID_ARGUMENT, "unknown device kind %d", int(params.device));
+}
+
+}  // namespace spark

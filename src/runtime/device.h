@@ -1,0 +1,17 @@
+// Backend selection for a model: the CPU reference or a CUDA device.
+#pragma once
+
+#include "backends/backend.h"
+
+#include <spark/spark.h>
+
+#include <memory>
+
+namespace spark {
+
+// Creates the backend the params ask for (AUTO: CUDA device 0 when usable, else the CPU) and
+// reports which one in `kind`. Throws SPARK_ERR_UNSUPPORTED when CUDA was asked for but is not
+// available (not compiled in, no device, compute capability below 8.0).
+std::unique_ptr<Backend> make_backend(const spark_model_params & params, spark_device_kind & kind);
+
+}  // namespace spark

@@ -1,0 +1,87 @@
+#include "runtime/graph_builders.h"
+
+#include "graph/error.h"
+#include "runtime/memory.h"
+
+#include <cmath>
+
+namespace spark {
+
+Tensor * param(GraphContext & gc, const Param & p, const char * name) {
+    SPARK_ASSERT(p.data != nullptr && !p.ne.empty());
+    Tensor * t = nullptr;
+    switch (p.ne.size()) {
+        case 1: t = gc.graph.external(DType::F32, {p.ne[0]}, p.data, name); break;
+        case 2: t = gc.graph.external(DType::F32, {p.ne[0], p.ne[1]}, p.data, name); break;
+        default: SPARK_ASSERT(false);
+    }
+    return t;
+}
+
+Tensor * build_norm(GraphContext & gc, Tensor * x, const Param & w, float eps, bool zero_centered, const char * name, int il) {
+    return gc.graph.named(gc.graph.rms_norm(x, param(gc, w, name), eps, zero_centered), name, il);
+}
+
+Tensor * build_ffn(GraphContext & gc, Tensor * x, const QWeight & gate, const QWeight & up, const QWeight & down, int il) {
+    Graph &  g = gc.graph;
+    Tensor * h = g.swiglu(g.matmul(x, gate), g.matmul(x, up));
+    return g.named(g.matmul(h, down), "ffn_out", il);
+}
+
+Tensor * build_moe(GraphContext & gc, Tensor * x, const LayerWeights & L, int il) {
+    Graph &         g  = gc.graph;
+    const HParams & hp = gc.model.hparams;
+    const int64_t   T  = x->ne[1];
+    Tensor * logits = g.named(g.matmul(x, L.router), "router_logits", il);
+    Tensor * route  = g.moe_route(logits, int32_t(hp.n_expert_used), hp.norm_topk_prob);
+    Tensor * ids    = g.moe_ids(route);
+    Tensor * xe     = g.reshape(x, {x->ne[0], 1, T});  // one input row shared by the k slots
+    const int32_t ne = int32_t(hp.n_expert);
+    Tensor * gate   = g.matmul_id(xe, L.exp_gate.data(), ne, ids);
+    Tensor * up     = g.matmul_id(xe, L.exp_up.data(), ne, ids);
+    Tensor * act    = g.swiglu(gate, up);                        // [n_ff_expert, k, T]
+    Tensor * down   = g.matmul_id(act, L.exp_down.data(), ne, ids);  // [n_embd, k, T]
+    return g.named(g.moe_combine(down, g.moe_weights(route)), "moe_out", il);
+}
+
+Tensor * build_attention(GraphContext & gc, Tensor * x, const LayerWeights & L, int il, bool q_gated, bool zc) {
+    Graph &         g  = gc.graph;
+    const HParams & hp = gc.model.hparams;
+    const int64_t   T = x->ne[1], hd = hp.head_dim, nh = hp.n_head, nkv = hp.n_head_kv;
+
+    Tensor * q    = g.matmul(x, L.wq);
+    Tensor * gate = nullptr;
+    if (q_gated) {
+        // q_proj rows are [q (hd) | gate (hd)] per head: split with strided views.
+        Tensor * qg = g.reshape(q, {2 * hd, nh, T});
+        gate        = g.view(qg, {hd, nh, T}, {4, qg->nb[1], qg->nb[2]}, size_t(hd) * 4);
+        q           = g.view(qg, {hd, nh, T}, {4, qg->nb[1], qg->nb[2]}, 0);
+    } else {
+        q = g.reshape(q, {hd, nh, T});
+    }
+    Tensor * k = g.reshape(g.matmul(x, L.wk), {hd, nkv, T});
+    Tensor * v = g.reshape(g.matmul(x, L.wv), {hd, nkv, T});
+
+    q = g.rms_norm(q, param(gc, L.q_norm, "q_norm"), hp.rms_eps, zc);
+    k = g.rms_norm(k, param(gc, L.k_norm, "k_norm"), hp.rms_eps, zc);
+    q = g.named(g.rope(q, gc.step.pos, int32_t(hp.n_rot), hp.rope_theta), "q_rope", il);
+    k = g.named(g.rope(k, gc.step.pos, int32_t(hp.n_rot), hp.rope_theta), "k_rope", il);
+
+    Tensor * o = g.attention(q, k, v, gc.memory.k_cache(g, il), gc.memory.v_cache(g, il), gc.step,
+                             1.0f / std::sqrt(float(hd)));
+    g.named(o, "attn", il);
+    if (gate) o = g.mul_sigmoid(o, g.reshape(g.cont(gate), {hd * nh, T}));
+    return g.named(g.matmul(o, L.wo), "attn_out", il);
+}
+
+Tensor * build_output(GraphContext & gc, Tensor * x, bool zc) {
+    Graph & g = gc.graph;
+    // Only the rows that want logits go through the final norm and lm_head.
+    if (gc.out_ids->ne[0] != x->ne[1]) x = g.get_rows(x, gc.out_ids);
+    x = build_norm(gc, x, gc.model.output_norm, gc.model.hparams.rms_eps, zc, "output_norm", -1);
+    Tensor * logits = g.named(g.matmul(x, gc.model.output), "logits");
+    g.mark_output(logits);
+    return logits;
+}
+
+}  // namespace spark

@@ -1,0 +1,64 @@
+// Hyper-parameters of every supported architecture, parsed from a Hugging Face config.json (both
+// spellings found in the wild: top-level rope_theta / rope_scaling and transformers 5's
+// rope_parameters; num_experts or num_local_experts; layer_types or full_attention_interval).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace spark {
+
+enum class LayerKind : uint8_t { Attention, LinearAttention };
+
+struct HParams {
+    std::string arch;  // model_type: "qwen3", "qwen3_moe", "qwen3_next"
+
+    int64_t n_vocab     = 0;
+    int64_t n_embd      = 0;
+    int64_t n_layer     = 0;
+    int64_t n_head      = 0;
+    int64_t n_head_kv   = 0;
+    int64_t head_dim    = 0;
+    int64_t n_ff        = 0;  // dense MLP intermediate size
+    int64_t n_ctx_train = 0;
+    float   rms_eps     = 1e-6f;
+    float   rope_theta  = 10000.0f;
+    int64_t n_rot       = 0;  // rotated dims per head (partial rotary)
+    bool    tie_embeddings = false;
+
+    // MoE
+    int64_t          n_expert        = 0;
+    int64_t          n_expert_used   = 0;
+    int64_t          n_ff_expert     = 0;
+    int64_t          n_ff_shexp      = 0;  // shared expert (Qwen3-Next)
+    bool             norm_topk_prob  = false;
+    int64_t          sparse_step     = 1;
+    std::vector<int> mlp_only_layers;
+
+    // Hybrid (Qwen3-Next)
+    std::vector<LayerKind> layer_kinds;  // one per layer
+    int64_t ssm_conv_kernel = 0;
+    int64_t ssm_n_k_heads   = 0;
+    int64_t ssm_n_v_heads   = 0;
+    int64_t ssm_k_dim       = 0;
+    int64_t ssm_v_dim       = 0;
+    int64_t n_mtp_layers    = 0;
+
+    std::vector<int32_t> eos_token_ids;
+    int32_t              bos_token_id = -1;
+
+    bool is_moe_layer(int64_t il) const;
+    int64_t n_layer_of(LayerKind kind) const;
+};
+
+// Throws Error(SPARK_ERR_INVALID_FORMAT) for missing/ill-typed fields,
+// Error(SPARK_ERR_UNSUPPORTED) for unknown architectures or rope scaling types.
+HParams parse_hparams(const nlohmann::json & config);
+
+// The architecture names spark runs.
+bool is_supported_arch(const std::string & model_type);
+
+}  // namespace spark

@@ -1,0 +1,119 @@
+#include "runtime/model.h"
+
+#include "graph/error.h"
+#include "runtime/device.h"
+#include "runtime/io/mapped_file.h"
+#include "runtime/io/safetensors.h"
+#include "runtime/models/arch.h"
+#include "runtime/model_source.h"
+#include "runtime/tokenizer/tokenizer.h"
+
+#include <nlohmann/json.hpp>
+
+namespace spark {
+
+using json = nlohmann::json;
+
+Model::~Model() = default;
+
+namespace {
+
+const char * format_label(WeightFormat f) {
+    switch (f) {
+        case WeightFormat::F32: return "f32";
+        case WeightFormat::F16: return "f16";
+        case WeightFormat::BF16: return "bf16";
+        case WeightFormat::NVFP4: return "nvfp4";
+        case WeightFormat::INT4: return "int4";
+        case WeightFormat::FP8: return "fp8";
+    }
+    return "?";
+}
+
+// The format of the layers' big matrices ("mixed" when they differ).
+std::string dominant_format(const Model & m) {
+    std::string f;
+    auto        see = [&](const QWeight & w) {
+        if (!w.n) return;
+        std::string s = format_label(w.format);
+        f             = f.empty() || f == s ? s : "mixed";
+    };
+    for (const LayerWeights & L : m.layers) {
+        for (const QWeight * w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down, &L.in_proj_qkvz, &L.out_proj}) see(*w);
+        for (const auto * v : {&L.exp_gate, &L.exp_up, &L.exp_down})
+            for (const QWeight & w : *v) see(w);
+    }
+    return f.empty() ? "none" : f;
+}
+
+void fill_info(Model & m, int64_t n_params) {
+    const HParams &    hp = m.hparams;
+    spark_model_info & i  = m.info;
+    std::snprintf(i.architecture, sizeof(i.architecture), "%s", hp.arch.c_str());
+    std::snprintf(i.weight_format, sizeof(i.weight_format), "%s", dominant_format(m).c_str());
+    i.n_vocab                  = int32_t(hp.n_vocab);
+    i.n_embd                   = int32_t(hp.n_embd);
+    i.n_layer                  = int32_t(hp.n_layer);
+    i.n_head                   = int32_t(hp.n_head);
+    i.n_head_kv                = int32_t(hp.n_head_kv);
+    i.head_dim                 = int32_t(hp.head_dim);
+    i.n_ctx_train              = int32_t(hp.n_ctx_train);
+    i.n_expert                 = int32_t(hp.n_expert);
+    i.n_expert_used            = int32_t(hp.n_expert_used);
+    i.n_layer_attention        = int32_t(hp.n_layer_of(LayerKind::Attention));
+    i.n_layer_linear_attention = int32_t(hp.n_layer_of(LayerKind::LinearAttention));
+    i.n_params                 = n_params;
+    i.weight_bytes = i.weight_bytes_embedding + i.weight_bytes_attention + i.weight_bytes_ffn + i.weight_bytes_output;
+}
+
+}  // namespace
+
+std::unique_ptr<Model> load_model(const std::string & path, const spark_model_params & params) {
+    if (path.empty()) fail(SPARK_ERR_INVALID_ARGUMENT, "empty model path");
+    auto m  = std::make_unique<Model>();
+    m->path = path;
+
+    ModelSource src = open_model_source(path);
+    m->source       = std::move(src.tensors);
+    m->meta         = std::move(src.meta);
+    json config;
+    try {
+        config = json::parse(src.config_json);
+    } catch (const json::exception & e) {
+        fail(SPARK_ERR_INVALID_FORMAT, "%s: config.json is not valid JSON: %s", path.c_str(), e.what());
+    }
+    json hf_quant;
+    if (!src.hf_quant_config_json.empty()) {
+        try {
+            hf_quant = json::parse(src.hf_quant_config_json);
+        } catch (const json::exception & e) {
+            fail(SPARK_ERR_INVALID_FORMAT, "%s: hf_quant_config.json is not valid JSON: %s", path.c_str(), e.what());
+        }
+    }
+    m->hparams = parse_hparams(config);
+    m->quant   = parse_quant_config(config, hf_quant);
+    m->layers.resize(size_t(m->hparams.n_layer));
+    m->arch    = make_architecture(m->hparams.arch);
+    m->backend = make_backend(params, m->device);
+
+    WeightResolver resolver(*m->source, m->quant, m->host_store);
+    ModelLoader    loader(*m, resolver, params);
+    loader.progress(0.0f);
+    m->arch->load(*m, loader);
+    loader.progress(1.0f);
+    fill_info(*m, loader.n_params());
+
+    m->meta["general.architecture"] = m->hparams.arch;
+    m->meta["spark.weight_format"]  = m->info.weight_format;
+    m->meta["spark.quantization"]   = m->quant.describe();
+    m->meta["spark.backend"]        = m->backend->name();
+    if (params.load_tokenizer && !src.tokenizer_json.empty()) {
+        // A directory may keep its template in chat_template.jinja: from_directory reads it too.
+        m->tokenizer = std::make_unique<spark_tokenizer>(spark_tokenizer{
+            io::is_directory(path) ? Tokenizer::from_directory(path)
+                                   : Tokenizer::from_json_strings(src.tokenizer_json, src.tokenizer_config_json, src.generation_config_json)});
+    }
+    return m;
+}
+
+}  // namespace spark

@@ -1,0 +1,86 @@
+// A loaded model: hyper-parameters, weights on the backend, tokenizer, metadata. Immutable after
+// load and shared by every context created from it.
+#pragma once
+
+#include "backends/backend.h"
+#include "quant/qweight.h"
+#include "runtime/hparams.h"
+#include "runtime/io/tensor_source.h"
+#include "runtime/quant_config.h"
+#include "runtime/weight_resolver.h"
+
+#include <spark/spark.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+struct spark_tokenizer;
+
+namespace spark {
+
+class Architecture;
+
+// A float32 parameter vector (norm weights, conv kernels, A_log, ...) in backend memory.
+struct Param {
+    void *               data = nullptr;
+    std::vector<int64_t> ne;  // ggml order (innermost first)
+};
+
+// Weights of one decoder layer; each architecture fills the members it uses.
+struct LayerWeights {
+    Param attn_norm, ffn_norm;
+
+    // softmax attention
+    QWeight wq, wk, wv, wo;
+    Param   q_norm, k_norm;
+
+    // dense MLP
+    QWeight ffn_gate, ffn_up, ffn_down;
+
+    // MoE
+    QWeight              router;  // [n_expert, n_embd]
+    std::vector<QWeight> exp_gate, exp_up, exp_down;
+    QWeight              shexp_gate, shexp_up, shexp_down;
+    QWeight              shexp_router;  // [1, n_embd] sigmoid gate of the shared expert
+
+    // Gated DeltaNet (linear attention)
+    QWeight in_proj_qkvz, in_proj_ba, out_proj;
+    Param   ssm_conv, ssm_A_log, ssm_dt_bias, ssm_norm;
+};
+
+struct Model {
+    HParams                          hparams;
+    QuantConfig                      quant;
+    std::string                      path;
+    std::unique_ptr<Architecture>    arch;
+    std::unique_ptr<Backend>         backend;
+    spark_device_kind                device = SPARK_DEVICE_CPU;
+
+    QWeight                          tok_embd;
+    QWeight                          output;  // lm_head (== tok_embd when tied)
+    Param                            output_norm;
+    std::vector<LayerWeights>        layers;
+
+    std::unique_ptr<spark_tokenizer> tokenizer;
+    std::map<std::string, std::string> meta;  // spark_model_meta()
+
+    // Memory: the mapped checkpoint (CPU weights point into it), converted host buffers, and
+    // backend storage (device copies, parameter vectors).
+    std::unique_ptr<io::TensorSource>      source;
+    HostStore                              host_store;
+    std::vector<std::unique_ptr<Buffer>>   storage;
+    spark_model_info                       info{};
+
+    ~Model();
+};
+
+// Loads from a Hugging Face directory or a spark file. Throws spark::Error.
+std::unique_ptr<Model> load_model(const std::string & path, const spark_model_params & params);
+
+}  // namespace spark
+
+struct spark_model {
+    std::unique_ptr<spark::Model> impl;
+};

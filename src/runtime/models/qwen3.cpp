@@ -1,0 +1,67 @@
+// Qwen3 dense (Qwen3ForCausalLM): pre-norm decoder layers of GQA attention with per-head q/k
+// RMSNorm and RoPE, and a SwiGLU MLP; tied or untied lm_head.
+#include "runtime/models/qwen3.h"
+
+#include "graph/error.h"
+#include "runtime/graph_builders.h"
+
+namespace spark {
+
+void Qwen3::load(Model & m, ModelLoader & ml) {
+    const HParams & hp = m.hparams;
+    const int64_t   E = hp.n_embd, hd = hp.head_dim;
+    m.tok_embd = ml.dense("model.embed_tokens.weight", hp.n_vocab, E, &m.info.weight_bytes_embedding);
+    for (int64_t il = 0; il < hp.n_layer; ++il) {
+        const std::string p = "model.layers." + std::to_string(il);
+        LayerWeights &    L = m.layers[size_t(il)];
+        uint64_t *        a = &m.info.weight_bytes_attention;
+        L.attn_norm = ml.param(p + ".input_layernorm.weight", {E}, a);
+        L.wq        = ml.linear(p + ".self_attn.q_proj", hp.n_head * hd, E, a);
+        L.wk        = ml.linear(p + ".self_attn.k_proj", hp.n_head_kv * hd, E, a);
+        L.wv        = ml.linear(p + ".self_attn.v_proj", hp.n_head_kv * hd, E, a);
+        L.wo        = ml.linear(p + ".self_attn.o_proj", E, hp.n_head * hd, a);
+        L.q_norm    = ml.param(p + ".self_attn.q_norm.weight", {hd}, a);
+        L.k_norm    = ml.param(p + ".self_attn.k_norm.weight", {hd}, a);
+        L.ffn_norm  = ml.param(p + ".post_attention_layernorm.weight", {E}, &m.info.weight_bytes_ffn);
+        load_ffn(m, ml, il);
+        ml.progress(float(il + 1) / float(hp.n_layer));
+    }
+    m.output_norm = ml.param("model.norm.weight", {E}, &m.info.weight_bytes_output);
+    // As transformers: with tie_word_embeddings the embedding is the lm_head.
+    if (hp.tie_embeddings) m.output = m.tok_embd;
+    else m.output = ml.linear("lm_head", hp.n_vocab, E, &m.info.weight_bytes_output);
+}
+
+void Qwen3::load_ffn(Model & m, ModelLoader & ml, int64_t il) {
+    const HParams &   hp = m.hparams;
+    const std::string p  = "model.layers." + std::to_string(il) + ".mlp";
+    LayerWeights &    L  = m.layers[size_t(il)];
+    uint64_t *        f  = &m.info.weight_bytes_ffn;
+    if (hp.n_ff == 0) fail(SPARK_ERR_INVALID_FORMAT, "config.json: layer %lld has a dense MLP but intermediate_size is missing", (long long) il);
+    L.ffn_gate = ml.linear(p + ".gate_proj", hp.n_ff, hp.n_embd, f);
+    L.ffn_up   = ml.linear(p + ".up_proj", hp.n_ff, hp.n_embd, f);
+    L.ffn_down = ml.linear(p + ".down_proj", hp.n_embd, hp.n_ff, f);
+}
+
+Tensor * Qwen3::build_ffn_block(GraphContext & gc, Tensor * h, const LayerWeights & L, int il) const {
+    return build_ffn(gc, h, L.ffn_gate, L.ffn_up, L.ffn_down, il);
+}
+
+Tensor * Qwen3::build(GraphContext & gc) const {
+    const Model &   m  = gc.model;
+    const HParams & hp = m.hparams;
+    Graph &         g  = gc.graph;
+    Tensor * x = g.named(g.get_rows(m.tok_embd, gc.tokens), "embd");
+    for (int64_t il = 0; il < hp.n_layer; ++il) {
+        const LayerWeights & L = m.layers[size_t(il)];
+        Tensor * h = build_norm(gc, x, L.attn_norm, hp.rms_eps, false, "attn_norm", int(il));
+        x          = g.add(x, build_attention(gc, h, L, int(il), false, false));
+        h          = build_norm(gc, x, L.ffn_norm, hp.rms_eps, false, "ffn_norm", int(il));
+        x          = g.named(g.add(x, build_ffn_block(gc, h, L, int(il))), "l_out", int(il));
+    }
+    return build_output(gc, x, false);
+}
+
+std::unique_ptr<Architecture> make_qwen3() { return std::make_unique<Qwen3>(); }
+
+}  // namespace spark

@@ -1,0 +1,18 @@
+// Qwen3 dense; Qwen3-MoE derives from it and replaces only the feed-forward block.
+#pragma once
+
+#include "runtime/models/arch.h"
+
+namespace spark {
+
+class Qwen3 : public Architecture {
+public:
+    void     load(Model & m, ModelLoader & ml) override;
+    Tensor * build(GraphContext & gc) const override;
+
+protected:
+    virtual void     load_ffn(Model & m, ModelLoader & ml, int64_t il);
+    virtual Tensor * build_ffn_block(GraphContext & gc, Tensor * h, const LayerWeights & L, int il) const;
+};
+
+}  // namespace spark

@@ -1,0 +1,149 @@
+// Qwen3-Next (Qwen3NextForCausalLM, e.g. Qwen3-Next-80B-A3B): a hybrid of Gated DeltaNet
+// (linear attention with a recurrent state) and gated softmax attention, every layer followed by a
+// MoE with a sigmoid-gated shared expert. All RMSNorms are zero-centred, (1 + w), except the gated
+// norm inside linear attention. Reference: transformers models/qwen3_next/modular_qwen3_next.py
+// (formats.md 7.3).
+#include "graph/error.h"
+#include "runtime/graph_builders.h"
+#include "runtime/memory.h"
+
+#include <cmath>
+
+namespace spark {
+
+void load_experts(Model & m, ModelLoader & ml, const std::string & mlp, LayerWeights & L);  // qwen3_moe.cpp
+
+namespace {
+
+class Qwen3Next final : public Architecture {
+public:
+    void load(Model & m, ModelLoader & ml) override {
+        const HParams & hp = m.hparams;
+        const int64_t   E  = hp.n_embd, hd = hp.head_dim;
+        const int64_t   nk = hp.ssm_n_k_heads, nv = hp.ssm_n_v_heads, dk = hp.ssm_k_dim, dv = hp.ssm_v_dim;
+        const int64_t   key_dim = nk * dk, value_dim = nv * dv, conv_dim = 2 * key_dim + value_dim;
+        m.tok_embd = ml.dense("model.embed_tokens.weight", hp.n_vocab, E, &m.info.weight_bytes_embedding);
+        for (int64_t il = 0; il < hp.n_layer; ++il) {
+            const std::string p = "model.layers." + std::to_string(il);
+            LayerWeights &    L = m.layers[size_t(il)];
+            uint64_t *        a = &m.info.weight_bytes_attention;
+            L.attn_norm = ml.param(p + ".input_layernorm.weight", {E}, a);
+            if (hp.layer_kinds[size_t(il)] == LayerKind::Attention) {
+                L.wq     = ml.linear(p + ".self_attn.q_proj", 2 * hp.n_head * hd, E, a);  // [q | gate] per head
+                L.wk     = ml.linear(p + ".self_attn.k_proj", hp.n_head_kv * hd, E, a);
+                L.wv     = ml.linear(p + ".self_attn.v_proj", hp.n_head_kv * hd, E, a);
+                L.wo     = ml.linear(p + ".self_attn.o_proj", E, hp.n_head * hd, a);
+                L.q_norm = ml.param(p + ".self_attn.q_norm.weight", {hd}, a);
+                L.k_norm = ml.param(p + ".self_attn.k_norm.weight", {hd}, a);
+            } else {
+                const std::string la = p + ".linear_attn";
+                L.in_proj_qkvz = ml.linear(la + ".in_proj_qkvz", 2 * key_dim + 2 * value_dim, E, a);
+                L.in_proj_ba   = ml.linear(la + ".in_proj_ba", 2 * nv, E, a);
+                L.out_proj     = ml.linear(la + ".out_proj", E, value_dim, a);
+                L.ssm_conv     = ml.param(la + ".conv1d.weight", {conv_dim, 1, hp.ssm_conv_kernel}, a);
+                L.ssm_A_log    = ml.param(la + ".A_log", {nv}, a);
+                L.ssm_dt_bias  = ml.param(la + ".dt_bias", {nv}, a);
+                L.ssm_norm     = ml.param(la + ".norm.weight", {dv}, a);
+            }
+            uint64_t * f = &m.info.weight_bytes_ffn;
+            L.ffn_norm   = ml.param(p + ".post_attention_layernorm.weight", {E}, f);
+            if (hp.is_moe_layer(il)) {
+                load_experts(m, ml, p + ".mlp", L);
+                if (hp.n_ff_shexp > 0) {
+                    L.shexp_gate   = ml.linear(p + ".mlp.shared_expert.gate_proj", hp.n_ff_shexp, E, f);
+                    L.shexp_up     = ml.linear(p + ".mlp.shared_expert.up_proj", hp.n_ff_shexp, E, f);
+                    L.shexp_down   = ml.linear(p + ".mlp.shared_expert.down_proj", E, hp.n_ff_shexp, f);
+                    L.shexp_router = ml.linear(p + ".mlp.shared_expert_gate", 1, E, f);
+                }
+            } else {
+                if (hp.n_ff == 0) fail(SPARK_ERR_INVALID_FORMAT, "config.json: layer %lld has a dense MLP but intermediate_size is missing", (long long) il);
+                L.ffn_gate = ml.linear(p + ".mlp.gate_proj", hp.n_ff, E, f);
+                L.ffn_up   = ml.linear(p + ".mlp.up_proj", hp.n_ff, E, f);
+                L.ffn_down = ml.linear(p + ".mlp.down_proj", E, hp.n_ff, f);
+            }
+            ml.progress(float(il + 1) / float(hp.n_layer));
+        }
+        m.output_norm = ml.param("model.norm.weight", {E}, &m.info.weight_bytes_output);
+        if (hp.tie_embeddings) m.output = m.tok_embd;
+        else m.output = ml.linear("lm_head", hp.n_vocab, E, &m.info.weight_bytes_output);
+    }
+
+    Tensor * build(GraphContext & gc) const override {
+        const Model &   m  = gc.model;
+        const HParams & hp = m.hparams;
+        Graph &         g  = gc.graph;
+        Tensor * x = g.named(g.get_rows(m.tok_embd, gc.tokens), "embd");
+        for (int64_t il = 0; il < hp.n_layer; ++il) {
+            const LayerWeights & L = m.layers[size_t(il)];
+            Tensor * h = build_norm(gc, x, L.attn_norm, hp.rms_eps, true, "attn_norm", int(il));
+            h = hp.layer_kinds[size_t(il)] == LayerKind::Attention ? build_attention(gc, h, L, int(il), true, true)
+                                                                   : build_gated_delta_net(gc, h, L, int(il));
+            x = g.add(x, h);
+            h = build_norm(gc, x, L.ffn_norm, hp.rms_eps, true, "ffn_norm", int(il));
+            x = g.named(g.add(x, build_ffn_block(gc, h, L, int(il))), "l_out", int(il));
+        }
+        return build_output(gc, x, true);
+    }
+
+private:
+    // MoE + sigmoid-gated shared expert (or a dense MLP in mlp_only layers).
+    static Tensor * build_ffn_block(GraphContext & gc, Tensor * h, const LayerWeights & L, int il) {
+        Graph & g = gc.graph;
+        if (!gc.model.hparams.is_moe_layer(il)) return build_ffn(gc, h, L.ffn_gate, L.ffn_up, L.ffn_down, il);
+        Tensor * out = build_moe(gc, h, L, il);
+        if (L.shexp_gate.n) {
+            Tensor * shared = build_ffn(gc, h, L.shexp_gate, L.shexp_up, L.shexp_down, il);
+            out = g.add(out, g.mul_sigmoid(shared, g.matmul(h, L.shexp_router)));
+        }
+        return g.named(out, "ffn_out", il);
+    }
+
+    // Gated DeltaNet layer (formats.md 7.3.2-7.3.3).
+    static Tensor * build_gated_delta_net(GraphContext & gc, Tensor * x, const LayerWeights & L, int il) {
+        Graph &         g  = gc.graph;
+        const HParams & hp = gc.model.hparams;
+        const int64_t   T  = x->ne[1];
+        const int64_t   nk = hp.ssm_n_k_heads, nv = hp.ssm_n_v_heads, dk = hp.ssm_k_dim, dv = hp.ssm_v_dim;
+        const int64_t   r = nv / nk;  // value heads per key head
+        const size_t    f = sizeof(float);
+
+        // in_proj_qkvz rows come grouped per key head: [q (dk) | k (dk) | v (r*dv) | z (r*dv)].
+        Tensor *      qkvz  = g.matmul(x, L.in_proj_qkvz);
+        const int64_t group = 2 * dk + 2 * r * dv;
+        const size_t  gb = size_t(group) * f, tb = size_t(nk) * gb;
+        Tensor * q = g.view(qkvz, {dk, nk, T}, {f, gb, tb}, 0);
+        Tensor * k = g.view(qkvz, {dk, nk, T}, {f, gb, tb}, size_t(dk) * f);
+        Tensor * v = g.view(qkvz, {dv, r, nk, T}, {f, size_t(dv) * f, gb, tb}, size_t(2 * dk) * f);
+        Tensor * z = g.view(qkvz, {dv, r, nk, T}, {f, size_t(dv) * f, gb, tb}, size_t(2 * dk + r * dv) * f);
+        // in_proj_ba rows per key head: [b (r) | a (r)].
+        Tensor * ba = g.matmul(x, L.in_proj_ba);
+        Tensor * b  = g.reshape(g.cont(g.view(ba, {r, nk, T}, {f, size_t(2 * r) * f, size_t(2 * r * nk) * f}, 0)), {nv, T});
+        Tensor * a  = g.reshape(g.cont(g.view(ba, {r, nk, T}, {f, size_t(2 * r) * f, size_t(2 * r * nk) * f}, size_t(r) * f)), {nv, T});
+
+        // Causal conv over the channels [q | k | v] (silu applied), with the rolling conv state.
+        Tensor * mixed = g.concat(g.reshape(g.cont(q), {nk * dk, T}), g.reshape(g.cont(k), {nk * dk, T}),
+                                  g.reshape(g.cont(v), {nv * dv, T}));
+        Tensor * conv = g.named(g.conv1d_ssm(mixed, param(gc, L.ssm_conv, "ssm_conv"), gc.memory.conv_state(g, il), gc.step), "ssm_conv_out", il);
+        const size_t cb = size_t(conv->ne[0]) * f;
+        q = g.view(conv, {dk, nk, T}, {f, size_t(dk) * f, cb}, 0);
+        k = g.view(conv, {dk, nk, T}, {f, size_t(dk) * f, cb}, size_t(nk * dk) * f);
+        v = g.view(conv, {dv, nv, T}, {f, size_t(dv) * f, cb}, size_t(2 * nk * dk) * f);
+
+        q = g.scale(g.l2_norm(q, 1e-6f), 1.0f / std::sqrt(float(dk)));
+        k = g.l2_norm(k, 1e-6f);
+        Tensor * o = g.gated_delta(q, k, v, a, b, param(gc, L.ssm_A_log, "ssm_A_log"), param(gc, L.ssm_dt_bias, "ssm_dt_bias"),
+                                   gc.memory.ssm_state(g, il), gc.step);
+        g.named(o, "ssm_out", il);
+
+        // Gated RMSNorm per value head: rmsnorm(o) * w * silu(z) (plain weight, norm before gate).
+        Tensor * on    = g.rms_norm(o, param(gc, L.ssm_norm, "ssm_norm"), hp.rms_eps, false);
+        Tensor * gated = g.swiglu(z, on);  // [dv, r, nk, T] in value-head order
+        return g.named(g.matmul(g.reshape(gated, {nv * dv, T}), L.out_proj), "linear_attn_out", il);
+    }
+};
+
+}  // namespace
+
+std::unique_ptr<Architecture> make_qwen3_next() { return std::make_unique<Qwen3Next>(); }
+
+}  // namespace spark

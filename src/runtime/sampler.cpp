@@ -1,0 +1,288 @@
+// Sampler chain: each stage narrows or reshapes the candidate distribution of one row of logits;
+// a final pick is greedy unless a dist stage draws a seeded random token.
+#include "graph/error.h"
+#include "runtime/context.h"
+
+#include <spark/spark.h>
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <memory>
+#include <random>
+#include <vector>
+
+namespace spark {
+
+namespace {
+
+struct Candidate {
+    int32_t id;
+    float   logit;
+    float   p;
+};
+
+struct Candidates {
+    std::vector<Candidate> items;
+    bool                   sorted   = false;  // by logit, descending
+    int32_t                selected = -1;     // index into items once a stage picked
+
+    void sort_desc() {
+        if (!sorted) std::stable_sort(items.begin(), items.end(), [](const Candidate & a, const Candidate & b) { return a.logit > b.logit; });
+        sorted = true;
+    }
+    void softmax() {
+        sort_desc();
+        const float m   = items.empty() ? 0.0f : items[0].logit;
+        double      sum = 0.0;
+        for (Candidate & c : items) sum += (c.p = std::isinf(c.logit) && c.logit < 0 ? 0.0f : std::exp(c.logit - m));
+        for (Candidate & c : items) c.p = float(c.p / sum);
+    }
+};
+
+class Stage {
+public:
+    virtual ~Stage() = default;
+    virtual void apply(Candidates & c) = 0;
+    virtual void accept(int32_t) {}
+    virtual void reset() {}
+};
+
+class Greedy final : public Stage {
+public:
+    void apply(Candidates & c) override {
+        int32_t best = 0;
+        for (int32_t i = 1; i < int32_t(c.items.size()); ++i)
+            if (c.items[size_t(i)].logit > c.items[size_t(best)].logit) best = i;
+        c.selected = best;
+    }
+};
+
+class Dist final : public Stage {
+public:
+    explicit Dist(uint32_t seed) : seed_(seed), rng_(seed) {}
+    void apply(Candidates & c) override {
+        c.softmax();
+        // 24 random bits -> [0, 1): identical on every platform (std distributions are not).
+        const double u   = double(rng_() >> 8) / double(1u << 24);
+        double       acc = 0.0;
+        c.selected       = int32_t(c.items.size()) - 1;
+        for (size_t i = 0; i < c.items.size(); ++i) {
+            acc += c.items[i].p;
+            if (u < acc) {
+                c.selected = int32_t(i);
+                break;
+            }
+        }
+    }
+    void reset() override { rng_.seed(seed_); }
+
+private:
+    uint32_t     seed_;
+    std::mt19937 rng_;
+};
+
+class Temperature final : public Stage {
+public:
+    explicit Temperature(float t) : t_(t) {}
+    void apply(Candidates & c) override {
+        if (t_ <= 0.0f) {  // temperature 0: only the best token survives
+            c.sort_desc();
+            c.items.resize(std::min<size_t>(1, c.items.size()));
+            return;
+        }
+        for (Candidate & x : c.items) x.logit /= t_;
+    }
+
+private:
+    float t_;
+};
+
+class TopK final : public Stage {
+public:
+    explicit TopK(int32_t k) : k_(k) {}
+    void apply(Candidates & c) override {
+        if (k_ <= 0 || size_t(k_) >= c.items.size()) return;
+        c.sort_desc();
+        c.items.resize(size_t(k_));
+    }
+
+private:
+    int32_t k_;
+};
+
+class TopP final : public Stage {
+public:
+    TopP(float p, size_t min_keep) : p_(p), min_keep_(std::max<size_t>(1, min_keep)) {}
+    void apply(Candidates & c) override {
+        if (p_ >= 1.0f) return;
+        c.softmax();
+        double cum  = 0.0;
+        size_t keep = c.items.size();
+        for (size_t i = 0; i < c.items.size(); ++i) {
+            cum += c.items[i].p;
+            if (cum >= p_ && i + 1 >= min_keep_) {
+                keep = i + 1;
+                break;
+            }
+        }
+        c.items.resize(keep);
+    }
+
+private:
+    float  p_;
+    size_t min_keep_;
+};
+
+class MinP final : public Stage {
+public:
+    MinP(float p, size_t min_keep) : p_(p), min_keep_(std::max<size_t>(1, min_keep)) {}
+    void apply(Candidates & c) override {
+        if (p_ <= 0.0f || c.items.empty()) return;
+        c.softmax();
+        const float threshold = c.items[0].p * p_;
+        size_t      keep      = c.items.size();
+        for (size_t i = 0; i < c.items.size(); ++i)
+            if (c.items[i].p < threshold && i >= min_keep_) {
+                keep = i;
+                break;
+            }
+        c.items.resize(keep);
+    }
+
+private:
+    float  p_;
+    size_t min_keep_;
+};
+
+// transformers' RepetitionPenaltyLogitsProcessor over the last `last_n` tokens.
+class Penalties final : public Stage {
+public:
+    Penalties(int32_t last_n, float penalty) : last_n_(last_n), penalty_(penalty) {}
+    void apply(Candidates & c) override {
+        if (penalty_ == 1.0f || history_.empty()) return;
+        std::vector<int32_t> seen(history_.begin(), history_.end());
+        std::sort(seen.begin(), seen.end());
+        seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+        for (Candidate & x : c.items)
+            if (std::binary_search(seen.begin(), seen.end(), x.id)) x.logit = x.logit > 0 ? x.logit / penalty_ : x.logit * penalty_;
+        c.sorted = false;
+    }
+    void accept(int32_t t) override {
+        if (last_n_ == 0) return;
+        history_.push_back(t);
+        if (last_n_ > 0 && int32_t(history_.size()) > last_n_) history_.pop_front();
+    }
+    void reset() override { history_.clear(); }
+
+private:
+    int32_t             last_n_;
+    float               penalty_;
+    std::deque<int32_t> history_;
+};
+
+}  // namespace
+
+}  // namespace spark
+
+struct spark_sampler {
+    std::unique_ptr<spark::Stage>                 stage;  // a single stage ...
+    std::vector<std::unique_ptr<spark_sampler>>   chain;  // ... or a chain of samplers
+    bool                                          is_chain = false;
+};
+
+using namespace spark;
+
+namespace {
+
+spark_sampler * make_stage(std::unique_ptr<Stage> s) {
+    auto * smpl  = new (std::nothrow) spark_sampler();
+    if (smpl) smpl->stage = std::move(s);
+    return smpl;
+}
+
+void apply_all(spark_sampler * s, Candidates & c) {
+    if (s->is_chain)
+        for (auto & child : s->chain) {
+            if (c.selected >= 0) break;
+            apply_all(child.get(), c);
+        }
+    else s->stage->apply(c);
+}
+
+spark_token sample(spark_sampler * smpl, const float * logits, int32_t n_vocab) {
+    Candidates c;
+    c.items.resize(size_t(n_vocab));
+    for (int32_t i = 0; i < n_vocab; ++i) c.items[size_t(i)] = {i, logits[i], 0.0f};
+    apply_all(smpl, c);
+    if (c.items.empty()) fail(SPARK_ERR_INTERNAL, "sampler removed every candidate");
+    if (c.selected < 0) Greedy().apply(c);
+    const spark_token t = c.items[size_t(c.selected)].id;
+    spark_sampler_accept(smpl, t);
+    return t;
+}
+
+}  // namespace
+
+extern "C" {
+
+SPARK_API spark_sampler_chain_params spark_sampler_chain_default_params(void) { return spark_sampler_chain_params{false}; }
+
+SPARK_API spark_sampler * spark_sampler_chain_init(spark_sampler_chain_params) {
+    auto * s = new (std::nothrow) spark_sampler();
+    if (s) s->is_chain = true;
+    return s;
+}
+
+SPARK_API spark_status spark_sampler_chain_add(spark_sampler * chain, spark_sampler * smpl) {
+    return api_guard([&] {
+        if (!chain || !smpl || !chain->is_chain || chain == smpl) fail(SPARK_ERR_INVALID_ARGUMENT, "spark_sampler_chain_add: need a chain and a sampler");
+        chain->chain.emplace_back(smpl);
+    });
+}
+
+SPARK_API int32_t spark_sampler_chain_n(const spark_sampler * chain) { return chain && chain->is_chain ? int32_t(chain->chain.size()) : 0; }
+
+SPARK_API spark_sampler * spark_sampler_init_greedy(void) { return make_stage(std::make_unique<Greedy>()); }
+SPARK_API spark_sampler * spark_sampler_init_dist(uint32_t seed) { return make_stage(std::make_unique<Dist>(seed)); }
+SPARK_API spark_sampler * spark_sampler_init_temp(float t) { return make_stage(std::make_unique<Temperature>(t)); }
+SPARK_API spark_sampler * spark_sampler_init_top_k(int32_t k) { return make_stage(std::make_unique<TopK>(k)); }
+SPARK_API spark_sampler * spark_sampler_init_top_p(float p, size_t min_keep) { return make_stage(std::make_unique<TopP>(p, min_keep)); }
+SPARK_API spark_sampler * spark_sampler_init_min_p(float p, size_t min_keep) { return make_stage(std::make_unique<MinP>(p, min_keep)); }
+SPARK_API spark_sampler * spark_sampler_init_penalties(int32_t last_n, float penalty) {
+    return make_stage(std::make_unique<Penalties>(last_n, penalty));
+}
+
+SPARK_API spark_status spark_sampler_sample(spark_sampler * smpl, spark_context * ctx, int32_t idx, spark_token * out) {
+    return api_guard([&] {
+        if (!smpl || !ctx || !out) fail(SPARK_ERR_INVALID_ARGUMENT, "spark_sampler_sample: NULL argument");
+        const float * logits = ctx->impl->logits_ith(idx);
+        if (!logits) fail(SPARK_ERR_INVALID_ARGUMENT, "spark_sampler_sample: row %d of the last decode has no logits", idx);
+        *out = sample(smpl, logits, int32_t(ctx->impl->model().hparams.n_vocab));
+    });
+}
+
+SPARK_API spark_status spark_sampler_sample_logits(spark_sampler * smpl, const float * logits, int32_t n_vocab, spark_token * out) {
+    return api_guard([&] {
+        if (!smpl || !logits || !out || n_vocab <= 0) fail(SPARK_ERR_INVALID_ARGUMENT, "spark_sampler_sample_logits: bad argument");
+        *out = sample(smpl, logits, n_vocab);
+    });
+}
+
+SPARK_API void spark_sampler_accept(spark_sampler * smpl, spark_token token) {
+    if (!smpl) return;
+    if (smpl->is_chain)
+        for (auto & c : smpl->chain) spark_sampler_accept(c.get(), token);
+    else smpl->stage->accept(token);
+}
+
+SPARK_API void spark_sampler_reset(spark_sampler * smpl) {
+    if (!smpl) return;
+    if (smpl->is_chain)
+        for (auto & c : smpl->chain) spark_sampler_reset(c.get());
+    else smpl->stage->reset();
+}
+
+SPARK_API void spark_sampler_free(spark_sampler * smpl) { delete smpl; }
+
+}  // extern "C"
