@@ -321,6 +321,13 @@ constexpr size_t   kMaxReserve        = 4096;
 constexpr uint64_t kMinKvBytes        = 8 + 1 + 4 + 1;      // key length + 1-byte key + type + 1-byte value
 constexpr uint64_t kMinTensorInfoBytes = 8 + 1 + 4 + 8 + 4 + 8;  // name + n_dims + one ne + type + offset
 
+// What is being read, for error messages; formatted only when a read fails (parsing stays cheap).
+struct Where {
+    const char *        field;
+    const std::string * subject = nullptr;  // a key or tensor name
+    std::string str() const { return subject ? strfmt("%s '%s'", field, subject->c_str()) : std::string(field); }
+};
+
 // Bounds-checked reads from the mapping; every failure names the file, the offset and what was read.
 class Cursor {
 public:
@@ -331,22 +338,22 @@ public:
     uint64_t pos() const { return pos_; }
     uint64_t remaining() const { return size_ - pos_; }
 
-    const uint8_t * take(uint64_t n, const std::string & what) {
+    const uint8_t * take(uint64_t n, const Where & where) {
         if (n > remaining()) {
             if (size_ < file_size_)
-                fail(SPARK_ERR_INVALID_FORMAT, "%s: %s at offset %llu runs past the %llu MiB header limit", path_.c_str(), what.c_str(), ull(pos_), ull(size_ >> 20));
-            fail(SPARK_ERR_INVALID_FORMAT, "%s: truncated: %s at offset %llu needs %llu bytes, %llu left", path_.c_str(), what.c_str(), ull(pos_), ull(n), ull(remaining()));
+                fail(SPARK_ERR_INVALID_FORMAT, "%s: %s at offset %llu runs past the %llu MiB header limit", path_.c_str(), where.str().c_str(), ull(pos_), ull(size_ >> 20));
+            fail(SPARK_ERR_INVALID_FORMAT, "%s: truncated: %s at offset %llu needs %llu bytes, %llu left", path_.c_str(), where.str().c_str(), ull(pos_), ull(n), ull(remaining()));
         }
         const uint8_t * p = data_ + pos_;
         pos_ += n;
         return p;
     }
-    template <typename T> T read(const std::string & what) { return load<T>(take(sizeof(T), what)); }
-    std::string read_string(const std::string & what) {
-        const uint64_t n = read<uint64_t>(what + " length");
+    template <typename T> T read(const Where & where) { return load<T>(take(sizeof(T), where)); }
+    std::string read_string(const Where & where) {
+        const uint64_t n = read<uint64_t>(where);
         if (n > remaining())
-            fail(SPARK_ERR_INVALID_FORMAT, "%s: %s at offset %llu claims %llu bytes but only %llu remain%s", path_.c_str(), what.c_str(), ull(pos_ - 8), ull(n), ull(remaining()), size_ < file_size_ ? " within the header limit" : "");
-        const uint8_t * p = take(n, what);
+            fail(SPARK_ERR_INVALID_FORMAT, "%s: %s at offset %llu claims %llu bytes but only %llu remain%s", path_.c_str(), where.str().c_str(), ull(pos_ - 8), ull(n), ull(remaining()), size_ < file_size_ ? " within the header limit" : "");
+        const uint8_t * p = take(n, where);
         return std::string(reinterpret_cast<const char *>(p), size_t(n));
     }
 
@@ -358,61 +365,61 @@ private:
     const std::string & path_;
 };
 
-GgufType checked_value_type(uint32_t raw, const std::string & path, const std::string & what, uint64_t at) {
+GgufType checked_value_type(uint32_t raw, const std::string & path, const Where & where, uint64_t at) {
     if (raw >= kGgufTypeCount)
-        fail(SPARK_ERR_INVALID_FORMAT, "%s: %s at offset %llu has unknown value type %u", path.c_str(), what.c_str(), ull(at), raw);
+        fail(SPARK_ERR_INVALID_FORMAT, "%s: %s at offset %llu has unknown value type %u", path.c_str(), where.str().c_str(), ull(at), raw);
     return GgufType(raw);
 }
 
-GgufArray read_array_body(Cursor & c, int depth, const std::string & path, const std::string & what);
+GgufArray read_array_body(Cursor & c, int depth, const std::string & path, const Where & where);
 
-GgufValue read_scalar_or_string(Cursor & c, GgufType t, const std::string & path, const std::string & what) {
+GgufValue read_scalar_or_string(Cursor & c, GgufType t, const std::string & path, const Where & where) {
     switch (t) {
-        case GgufType::UINT8: return GgufValue(c.read<uint8_t>(what));
-        case GgufType::INT8: return GgufValue(c.read<int8_t>(what));
-        case GgufType::UINT16: return GgufValue(c.read<uint16_t>(what));
-        case GgufType::INT16: return GgufValue(c.read<int16_t>(what));
-        case GgufType::UINT32: return GgufValue(c.read<uint32_t>(what));
-        case GgufType::INT32: return GgufValue(c.read<int32_t>(what));
-        case GgufType::FLOAT32: return GgufValue(c.read<float>(what));
-        case GgufType::UINT64: return GgufValue(c.read<uint64_t>(what));
-        case GgufType::INT64: return GgufValue(c.read<int64_t>(what));
-        case GgufType::FLOAT64: return GgufValue(c.read<double>(what));
+        case GgufType::UINT8: return GgufValue(c.read<uint8_t>(where));
+        case GgufType::INT8: return GgufValue(c.read<int8_t>(where));
+        case GgufType::UINT16: return GgufValue(c.read<uint16_t>(where));
+        case GgufType::INT16: return GgufValue(c.read<int16_t>(where));
+        case GgufType::UINT32: return GgufValue(c.read<uint32_t>(where));
+        case GgufType::INT32: return GgufValue(c.read<int32_t>(where));
+        case GgufType::FLOAT32: return GgufValue(c.read<float>(where));
+        case GgufType::UINT64: return GgufValue(c.read<uint64_t>(where));
+        case GgufType::INT64: return GgufValue(c.read<int64_t>(where));
+        case GgufType::FLOAT64: return GgufValue(c.read<double>(where));
         case GgufType::BOOL: {
-            const uint8_t b = c.read<uint8_t>(what);
-            if (b > 1) fail(SPARK_ERR_INVALID_FORMAT, "%s: %s at offset %llu: bool byte is %u, not 0 or 1", path.c_str(), what.c_str(), ull(c.pos() - 1), b);
+            const uint8_t b = c.read<uint8_t>(where);
+            if (b > 1) fail(SPARK_ERR_INVALID_FORMAT, "%s: %s at offset %llu: bool byte is %u, not 0 or 1", path.c_str(), where.str().c_str(), ull(c.pos() - 1), b);
             return GgufValue(b != 0);
         }
-        case GgufType::STRING: return GgufValue(c.read_string(what));
-        case GgufType::ARRAY: return GgufValue(read_array_body(c, 1, path, what));
+        case GgufType::STRING: return GgufValue(c.read_string(where));
+        case GgufType::ARRAY: return GgufValue(read_array_body(c, 1, path, where));
     }
     fail(SPARK_ERR_INTERNAL, "unhandled GGUF type");
 }
 
 // An array after its ARRAY tag: element type, count, elements. `depth` is 1 for a top-level array.
-GgufArray read_array_body(Cursor & c, int depth, const std::string & path, const std::string & what) {
+GgufArray read_array_body(Cursor & c, int depth, const std::string & path, const Where & where) {
     if (depth > int(kGgufMaxArrayDepth))
-        fail(SPARK_ERR_INVALID_FORMAT, "%s: %s at offset %llu: arrays nested deeper than %d", path.c_str(), what.c_str(), ull(c.pos()), int(kGgufMaxArrayDepth));
+        fail(SPARK_ERR_INVALID_FORMAT, "%s: %s at offset %llu: arrays nested deeper than %d", path.c_str(), where.str().c_str(), ull(c.pos()), int(kGgufMaxArrayDepth));
     const uint64_t at = c.pos();
     GgufArray      a;
-    a.elem_type          = checked_value_type(c.read<uint32_t>(what + " element type"), path, what + " element type", at);
-    const uint64_t count = c.read<uint64_t>(what + " element count");
+    a.elem_type          = checked_value_type(c.read<uint32_t>(where), path, where, at);
+    const uint64_t count = c.read<uint64_t>(where);
     // Bounded by the bytes left before anything is allocated or looped over.
     if (count > c.remaining() / min_encoded_size(a.elem_type))
-        fail(SPARK_ERR_INVALID_FORMAT, "%s: %s at offset %llu: array of %llu %s elements cannot fit in the %llu bytes left", path.c_str(), what.c_str(), ull(at), ull(count), gguf_type_name(a.elem_type), ull(c.remaining()));
+        fail(SPARK_ERR_INVALID_FORMAT, "%s: %s at offset %llu: array of %llu %s elements cannot fit in the %llu bytes left", path.c_str(), where.str().c_str(), ull(at), ull(count), gguf_type_name(a.elem_type), ull(c.remaining()));
     a.count = size_t(count);
     if (a.elem_type == GgufType::STRING) {
         a.strings.reserve(std::min(a.count, kMaxReserve));
-        for (uint64_t i = 0; i < count; ++i) a.strings.push_back(c.read_string(what + " element"));
+        for (uint64_t i = 0; i < count; ++i) a.strings.push_back(c.read_string(where));
     } else if (a.elem_type == GgufType::ARRAY) {
         a.arrays.reserve(std::min(a.count, kMaxReserve));
-        for (uint64_t i = 0; i < count; ++i) a.arrays.push_back(GgufValue(read_array_body(c, depth + 1, path, what)));
+        for (uint64_t i = 0; i < count; ++i) a.arrays.push_back(GgufValue(read_array_body(c, depth + 1, path, where)));
     } else {
         const uint64_t  nbytes = count * gguf_fixed_size(a.elem_type);  // <= remaining: no overflow
-        const uint8_t * p      = c.take(nbytes, what);
+        const uint8_t * p      = c.take(nbytes, where);
         if (a.elem_type == GgufType::BOOL)
             for (uint64_t i = 0; i < count; ++i)
-                if (p[i] > 1) fail(SPARK_ERR_INVALID_FORMAT, "%s: %s: bool array element %llu is %u, not 0 or 1", path.c_str(), what.c_str(), ull(i), p[i]);
+                if (p[i] > 1) fail(SPARK_ERR_INVALID_FORMAT, "%s: %s: bool array element %llu is %u, not 0 or 1", path.c_str(), where.str().c_str(), ull(i), p[i]);
         a.raw.assign(p, p + nbytes);
     }
     return a;
@@ -436,8 +443,8 @@ void GgufFile::parse() {
 
     if (size >= 4 && load<uint32_t>(file_->data()) != kGgufMagic)
         fail(SPARK_ERR_INVALID_FORMAT, "%s: not a GGUF file (bad magic)", what);
-    c.read<uint32_t>("magic");
-    version_ = c.read<uint32_t>("version");
+    c.read<uint32_t>({"magic"});
+    version_ = c.read<uint32_t>({"version"});
     if (version_ == 0) fail(SPARK_ERR_INVALID_FORMAT, "%s: GGUF version 0 is invalid", what);
     if (version_ == 1) fail(SPARK_ERR_UNSUPPORTED, "%s: GGUF version 1 is not supported (only 2 and 3)", what);
     if (version_ > kGgufVersion) {
@@ -445,8 +452,8 @@ void GgufFile::parse() {
             fail(SPARK_ERR_UNSUPPORTED, "%s: GGUF version field is 0x%08x: a big-endian file? Only little-endian files are supported", what, version_);
         fail(SPARK_ERR_UNSUPPORTED, "%s: GGUF version %u is newer than the supported version %u", what, version_, kGgufVersion);
     }
-    const uint64_t n_tensors = c.read<uint64_t>("tensor count");
-    const uint64_t n_kv      = c.read<uint64_t>("metadata count");
+    const uint64_t n_tensors = c.read<uint64_t>({"tensor count"});
+    const uint64_t n_kv      = c.read<uint64_t>({"metadata count"});
     // Hostile counts are refused before anything is allocated for them.
     if (n_kv > c.remaining() / kMinKvBytes)
         fail(SPARK_ERR_INVALID_FORMAT, "%s: metadata count %llu cannot fit in the %llu header bytes", what, ull(n_kv), ull(c.remaining()));
@@ -458,14 +465,14 @@ void GgufFile::parse() {
     kv_.reserve(std::min(size_t(n_kv), kMaxReserve));
     for (uint64_t i = 0; i < n_kv; ++i) {
         const uint64_t at  = c.pos();
-        std::string    key = c.read_string(strfmt("key of metadata entry %llu", ull(i)));
+        std::string    key = c.read_string({"metadata key"});
         if (key.empty()) fail(SPARK_ERR_INVALID_FORMAT, "%s: metadata entry %llu at offset %llu has an empty key", what, ull(i), ull(at));
         if (key.size() > kMaxKeyBytes) fail(SPARK_ERR_INVALID_FORMAT, "%s: metadata key at offset %llu is %llu bytes (limit %llu)", what, ull(at), ull(key.size()), ull(kMaxKeyBytes));
         if (kv_index_.count(key)) fail(SPARK_ERR_INVALID_FORMAT, "%s: duplicate metadata key '%s'", what, key.c_str());
-        const std::string vwhat = "value of '" + key + "'";
-        const uint64_t    tat   = c.pos();
-        const GgufType    t     = checked_value_type(c.read<uint32_t>(vwhat + " type"), p, vwhat, tat);
-        GgufValue         v     = read_scalar_or_string(c, t, p, vwhat);
+        const Where    where{"value of", &key};
+        const uint64_t tat = c.pos();
+        const GgufType t   = checked_value_type(c.read<uint32_t>(where), p, where, tat);
+        GgufValue      v   = read_scalar_or_string(c, t, p, where);
         kv_index_.emplace(key, kv_.size());
         kv_.emplace_back(std::move(key), std::move(v));
     }
@@ -481,18 +488,19 @@ void GgufFile::parse() {
     for (uint64_t i = 0; i < n_tensors; ++i) {
         GgufTensorInfo t;
         const uint64_t at = c.pos();
-        t.name            = c.read_string(strfmt("name of tensor %llu", ull(i)));
+        t.name            = c.read_string({"tensor name"});
         if (t.name.empty()) fail(SPARK_ERR_INVALID_FORMAT, "%s: tensor %llu at offset %llu has an empty name", what, ull(i), ull(at));
         if (tensor_index_.count(t.name)) fail(SPARK_ERR_INVALID_FORMAT, "%s: duplicate tensor name '%s'", what, t.name.c_str());
         const char *   name   = t.name.c_str();
-        const uint32_t n_dims = c.read<uint32_t>(strfmt("n_dims of tensor '%s'", name));
+        const Where    where{"info of tensor", &t.name};
+        const uint32_t n_dims = c.read<uint32_t>(where);
         if (n_dims < 1 || n_dims > kGgufMaxDims) fail(SPARK_ERR_INVALID_FORMAT, "%s: tensor '%s' has %u dimensions (must be 1 to %d)", what, name, n_dims, int(kGgufMaxDims));
         for (uint32_t d = 0; d < n_dims; ++d) {
-            const uint64_t ne = c.read<uint64_t>(strfmt("ne[%u] of tensor '%s'", d, name));
+            const uint64_t ne = c.read<uint64_t>(where);
             if (ne > uint64_t(INT64_MAX)) fail(SPARK_ERR_INVALID_FORMAT, "%s: tensor '%s' has a negative dimension ne[%u]", what, name, d);
             t.ne.push_back(int64_t(ne));
         }
-        t.ggml_type = c.read<uint32_t>(strfmt("type of tensor '%s'", name));
+        t.ggml_type = c.read<uint32_t>(where);
         const size_t esize = ggml_plain_type_size(t.ggml_type);
         if (esize == 0) {
             if (std::string(ggml_type_name(t.ggml_type)) != "?")
@@ -504,7 +512,7 @@ void GgufFile::parse() {
             if (!checked_mul(nbytes, uint64_t(ne), nbytes))
                 fail(SPARK_ERR_INVALID_FORMAT, "%s: tensor '%s': the byte size of its dimensions overflows", what, name);
         t.nbytes = nbytes;
-        t.offset = c.read<uint64_t>(strfmt("data offset of tensor '%s'", name));
+        t.offset = c.read<uint64_t>(where);
         tensor_index_.emplace(t.name, raw_tensors_.size());
         raw_tensors_.push_back(std::move(t));
     }
