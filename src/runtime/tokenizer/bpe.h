@@ -80,6 +80,7 @@ public:
     // Model-form token string of an id ("" for ids not in the vocabulary).
     std::string_view    id_to_token(int32_t id) const;
     int32_t             max_id() const { return int32_t(id_to_token_.size()) - 1; }
+    size_t              vocab_size() const { return vocab_.size(); }  // distinct entries (HF get_vocab_size)
     const BpeOptions &  options() const { return options_; }
 
     // The merge loop on given initial symbols, with either strategy (exposed so tests can check

@@ -421,10 +421,14 @@ std::string percent_format(const std::string & fmt, const Value & args, int line
 
 // ---- arithmetic (Python semantics on int64/double; overflow is an error rather than a bigint)
 
-int64_t checked(bool overflow, int64_t v, int line) {
-    if (overflow) template_error(line, "integer overflow");
-    return v;
+template <typename Op> int64_t checked(Op op, int64_t a, int64_t b, int line) {
+    int64_t r;
+    if (op(a, b, &r)) template_error(line, "integer overflow");
+    return r;
 }
+constexpr auto kAdd = [](int64_t a, int64_t b, int64_t * r) { return __builtin_add_overflow(a, b, r); };
+constexpr auto kSub = [](int64_t a, int64_t b, int64_t * r) { return __builtin_sub_overflow(a, b, r); };
+constexpr auto kMul = [](int64_t a, int64_t b, int64_t * r) { return __builtin_mul_overflow(a, b, r); };
 
 Value arithmetic(const std::string & op, const Value & a, const Value & b, int line) {
     if (a.is_undefined()) undefined_error(line, a);
@@ -437,10 +441,7 @@ Value arithmetic(const std::string & op, const Value & a, const Value & b, int l
         template_error(line, "unsupported operand type(s) for " + op + ": '" + type_name(a) + "' and '" + type_name(b) + "'");
     };
     if (op == "+") {
-        if (ints) {
-            int64_t r;
-            return Value::integer(checked(__builtin_add_overflow(a.as_int(), b.as_int(), &r), r, line));
-        }
+        if (ints) return Value::integer(checked(kAdd, a.as_int(), b.as_int(), line));
         if (nums) return Value::number(a.as_double() + b.as_double());
         if (a.is_string() && b.is_string()) return Value::string(a.s + b.s);
         if (a.is_list() && b.is_list() && a.is_tuple == b.is_tuple) {
@@ -451,18 +452,12 @@ Value arithmetic(const std::string & op, const Value & a, const Value & b, int l
         return unsupported();
     }
     if (op == "-") {
-        if (ints) {
-            int64_t r;
-            return Value::integer(checked(__builtin_sub_overflow(a.as_int(), b.as_int(), &r), r, line));
-        }
+        if (ints) return Value::integer(checked(kSub, a.as_int(), b.as_int(), line));
         if (nums) return Value::number(a.as_double() - b.as_double());
         return unsupported();
     }
     if (op == "*") {
-        if (ints) {
-            int64_t r;
-            return Value::integer(checked(__builtin_mul_overflow(a.as_int(), b.as_int(), &r), r, line));
-        }
+        if (ints) return Value::integer(checked(kMul, a.as_int(), b.as_int(), line));
         if (nums) return Value::number(a.as_double() * b.as_double());
         const Value * seq = a.is_string() || a.is_list() ? &a : (b.is_string() || b.is_list() ? &b : nullptr);
         const Value * cnt = seq == &a ? &b : &a;
@@ -511,7 +506,7 @@ Value arithmetic(const std::string & op, const Value & a, const Value & b, int l
         if (!nums) return unsupported();
         if (ints && b.as_int() >= 0) {
             int64_t r = 1, base = a.as_int();
-            for (int64_t e = b.as_int(); e > 0; --e) r = checked(__builtin_mul_overflow(r, base, &r), r, line);
+            for (int64_t e = b.as_int(); e > 0; --e) r = checked(kMul, r, base, line);
             return Value::integer(r);
         }
         return Value::number(std::pow(a.as_double(), b.as_double()));
@@ -1087,9 +1082,10 @@ Flow Evaluator::render(const Body & body, Context & ctx, std::string & out) {
 // ------------------------------------------------------------------------------------------------
 // Filters
 
-double round_half_away(double x, int64_t digits) {
+// Python's round(x, digits): ties go to the even neighbour.
+double py_round(double x, int64_t digits) {
     const double scale = std::pow(10.0, double(digits));
-    return std::round(x * scale) / scale;
+    return std::nearbyint(x * scale) / scale;
 }
 
 List sorted(List items, bool reverse, bool case_sensitive, const std::function<Value(const Value &)> & key, int line) {
@@ -1308,7 +1304,7 @@ Value Evaluator::apply_filter(const std::string & name, const Value & v, CallArg
         if (!v.is_number()) template_error(line, "round filter needs a number");
         const double scale = std::pow(10.0, double(precision));
         double x = v.as_double();
-        if (method == "common") x = round_half_away(x, precision);
+        if (method == "common") x = py_round(x, precision);
         else if (method == "ceil") x = std::ceil(x * scale) / scale;
         else if (method == "floor") x = std::floor(x * scale) / scale;
         else template_error(line, "method must be common, ceil or floor");

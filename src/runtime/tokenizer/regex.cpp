@@ -96,8 +96,8 @@ Regex::Regex(const std::string & pattern, bool literal) : impl_(std::make_unique
     const std::string translated = literal ? pattern : translate_pattern(pattern);
     int        err     = 0;
     PCRE2_SIZE err_off = 0;
-    uint32_t   options = PCRE2_UTF | PCRE2_UCP;
-    if (literal) options |= PCRE2_LITERAL;
+    // PCRE2_LITERAL does not combine with PCRE2_UCP (which a literal does not need).
+    const uint32_t options = literal ? PCRE2_UTF | PCRE2_LITERAL : PCRE2_UTF | PCRE2_UCP;
     impl_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(), options, &err,
                                 &err_off, nullptr);
     if (!impl_->code) {

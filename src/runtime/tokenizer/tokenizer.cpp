@@ -42,6 +42,7 @@ struct Tokenizer::Impl {
     std::string                 chat_template;
 
     void parse_tokenizer_json();
+    void add_tokens(std::vector<AddedToken> tokens);
     void parse_config();
     void parse_generation_config();
     void build_pieces();
@@ -232,14 +233,45 @@ void Tokenizer::Impl::parse_tokenizer_json() {
     if (added_span) {
         const json a = parse_small_json(*added_span, what);
         if (!a.is_array()) fail(SPARK_ERR_INVALID_FORMAT, "tokenizer.json: \"added_tokens\" must be an array");
+        std::vector<AddedToken> tokens;
         for (const json & e : a) {
             AddedToken t = added_token_from_json(e, what);
             if (!e.contains("id") || !e["id"].is_number_integer() || e["id"].get<int64_t>() < 0 ||
                 e["id"].get<int64_t>() >= (int64_t(1) << 30))
                 fail(SPARK_ERR_INVALID_FORMAT, "tokenizer.json: added token '%s' has no valid \"id\"", t.content.c_str());
             t.id = int32_t(e["id"].get<int64_t>());
-            added.push_back(std::move(t));
+            tokens.push_back(std::move(t));
         }
+        add_tokens(std::move(tokens));
+    }
+}
+
+void Tokenizer::Impl::add_tokens(std::vector<AddedToken> tokens) {
+    // HF (AddedVocabulary::add_tokens) does not trust the ids written in the file: a token whose
+    // text is already known keeps that id (an added token or a vocabulary entry), a new one gets
+    // the next id after the vocabulary and the added tokens so far.
+    const auto vocab_size = int32_t(model->vocab_size());
+    for (AddedToken & t : tokens) {
+        if (t.content.empty()) continue;
+        const bool duplicate = std::any_of(added.begin(), added.end(), [&](const AddedToken & o) {
+            return o.content == t.content && o.single_word == t.single_word && o.lstrip == t.lstrip &&
+                   o.rstrip == t.rstrip && o.normalized == t.normalized && o.special == t.special;
+        });
+        if (duplicate) continue;
+        int32_t id = -1;
+        for (const AddedToken & o : added)
+            if (o.content == t.content) id = o.id;
+        if (id < 0) id = model->token_to_id(t.content);
+        if (id < 0) {
+            int32_t max_added = -1;
+            for (const AddedToken & o : added) max_added = std::max(max_added, o.id);
+            id = max_added < 0 ? vocab_size : (max_added >= vocab_size || vocab_size == 0 ? max_added + 1 : vocab_size);
+        }
+        t.id = id;
+        // A later token with the same id replaces the earlier one (HF's added_tokens_map_r).
+        added.erase(std::remove_if(added.begin(), added.end(), [&](const AddedToken & o) { return o.id == id; }),
+                    added.end());
+        added.push_back(std::move(t));
     }
 }
 
@@ -265,7 +297,7 @@ void Tokenizer::Impl::parse_config() {
             if (known) continue;
             AddedToken t = added_token_from_json(e, what);
             t.id = int32_t(id);
-            added.push_back(std::move(t));
+            add_tokens({std::move(t)});
         }
     }
     if (c.contains("chat_template")) {

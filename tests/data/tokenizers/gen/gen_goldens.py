@@ -1,0 +1,325 @@
+#!/usr/bin/env python3
+"""Generates the extra tokenizer / chat-template / Jinja goldens in tests/data/tokenizers from the
+Hugging Face reference implementations. Nothing here is hand-written expected output: every
+"ids", "decoded" and "rendered" value comes from the libraries.
+
+    python3 -m venv /tmp/venv && /tmp/venv/bin/pip install tokenizers transformers jinja2
+    /tmp/venv/bin/python tests/data/tokenizers/gen/gen_goldens.py
+
+Versions used for the committed files: see VERSIONS below (printed into versions.txt).
+"""
+import copy
+import json
+import os
+import sys
+
+import jinja2
+import tokenizers
+import transformers
+from tokenizers import Tokenizer
+from transformers import AutoTokenizer
+from transformers.utils.chat_template_utils import _compile_jinja_template
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATA = os.path.dirname(HERE)
+VERSIONS = {"tokenizers": tokenizers.__version__, "transformers": transformers.__version__, "jinja2": jinja2.__version__,
+            "python": sys.version.split()[0]}
+
+
+def write_jsonl(name, rows):
+    with open(os.path.join(DATA, name), "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    print(f"{name}: {len(rows)} lines")
+
+
+TEXTS = [
+    "Hello world", "  two leading spaces", "trailing spaces   ", "\t\ttabs\tinside\t", "a\u0085b next-line char",
+    "line1\nline2\r\nline3\rline4", "\n\n\n", " \n \n ", "x" * 300, "abc" * 200, "😀" * 20,
+    "emoji 😀😃😄 family 👨‍👩‍👧‍👦 flags 🇯🇵🇺🇸 skin 👋🏿", "zero\u200bwidth\u200djoiner", "ﬁ ligature and ｆｕｌｌｗｉｄｔｈ",
+    "e\u0301 combining vs é precomposed", "Ω Ohm sign and Ω omega", "Å angstrom", "한국어 텍스트 처리", "中文标点：，。！？【】",
+    "日本語とEnglishのmixed文章123", "Tiếng Việt có dấu", "ภาษาไทยไม่มีช่องว่าง", "עברית מימין לשמאל",
+    "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n",
+    "for (int i = 0; i < n; ++i) { sum += a[i] * b[i]; }\n",
+    "SELECT id, name FROM users WHERE age >= 18 ORDER BY name;", "<div class=\"x\">&amp; &lt;tag&gt;</div>",
+    "{\"json\": [1, 2.5, -3e10, true, null], \"k\": \"v\"}", "path/to/file_name-v2.0.tar.gz", "user@example.com",
+    "123456789012345678901234567890", "3.14159 2.71828 1e-10 0x1F 0b1010", "I'M YOU'RE HE'S THEY'LL WE'D", "it's 'quoted'",
+    "   \t  \n", "\u3000ideographic space\u3000", "a  b   c    d", "!!!", "...", "—–-", "«guillemets» „quotes“",
+    "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n",
+    "text<|endoftext|>more<|endoftext|>", "<|im_start|><|im_start|>", "<|im_end", "<|im_start|x", "<tool_call>\n{\"name\": \"f\"}\n</tool_call>",
+    "<think>\n\n</think>\n\n", "<|fim_prefix|>def f():<|fim_suffix|>\n<|fim_middle|>", "a<|box_start|>b<|box_end|>c",
+    "\x00\x01\x1f control chars", "\u00a0\u00a0nbsp", "tab\tthen\u00a0nbsp\u2003em",
+]
+
+
+def tokenizer_rows(tok, texts):
+    rows = []
+    for t in texts:
+        for parse_special in (True, False):
+            tok.encode_special_tokens = not parse_special
+            ids = tok.encode(t, add_special_tokens=False).ids
+            rows.append({"text": t, "parse_special": parse_special, "ids": ids,
+                         "decoded": tok.decode(ids, skip_special_tokens=False),
+                         "decoded_skip_special": tok.decode(ids, skip_special_tokens=True)})
+    tok.encode_special_tokens = False
+    return rows
+
+
+def gen_tokenizer_goldens():
+    qwen = Tokenizer.from_file(os.path.join(DATA, "qwen3/tokenizer.json"))
+    write_jsonl("qwen3_extra_golden.jsonl", tokenizer_rows(qwen, TEXTS))
+    demo = Tokenizer.from_file(os.path.join(DATA, "demo/tokenizer.json"))
+    write_jsonl("demo_golden.jsonl", tokenizer_rows(demo, TEXTS))
+
+    # Variants of the demo tokenizer that exercise options the shipped files do not use.
+    base = json.load(open(os.path.join(DATA, "demo/tokenizer.json"), encoding="utf-8"))
+    variant_texts = ["hello world foo", "a,b  c\n\nd", " leading", "x<|im_start|>y <|im_end|> z", "café CAFÉ",
+                     "<mask> before", "word <mask>   after", "ABC abcABC ABC.", "end   of", "123 4567 89",
+                     "  \t spaces \u0085 here  ", "hello" * 5, "thethe the"]
+    variants = []
+
+    def add(name, fn, texts=variant_texts):
+        j = copy.deepcopy(base)
+        fn(j)
+        tok = Tokenizer.from_str(json.dumps(j))
+        cases = []
+        for t in texts:
+            for parse_special in (True, False):
+                tok.encode_special_tokens = not parse_special
+                ids = tok.encode(t, add_special_tokens=False).ids
+                cases.append({"text": t, "parse_special": parse_special, "ids": ids,
+                              "decoded": tok.decode(ids, skip_special_tokens=False)})
+        variants.append({"variant": name, "tokenizer_json": j, "cases": cases})
+
+    def prefix_space(j):
+        j["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = True
+
+    def gpt2_regex(j):
+        j["pre_tokenizer"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+
+    def gpt2_regex_prefix(j):
+        j["pre_tokenizer"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
+
+    def flags(j):
+        nid = 8192
+        for content, lstrip, rstrip, single_word, normalized, special in [
+                ("<mask>", True, True, False, False, True), ("ABC", False, False, True, False, False),
+                ("end", False, True, False, False, False), ("café", False, False, False, True, False)]:
+            j["added_tokens"].append({"id": nid, "content": content, "single_word": single_word, "lstrip": lstrip,
+                                      "rstrip": rstrip, "normalized": normalized, "special": special})
+            nid += 1
+
+    def ignore_merges(j):
+        j["model"]["ignore_merges"] = True
+
+    def string_merges(j):
+        j["model"]["merges"] = [" ".join(m) for m in j["model"]["merges"]]
+
+    def split_behavior(behavior, invert):
+        def fn(j):
+            j["pre_tokenizer"]["pretokenizers"].insert(
+                0, {"type": "Split", "pattern": {"Regex": "\\s+"}, "behavior": behavior, "invert": invert})
+        return fn
+
+    def digits(j):
+        j["pre_tokenizer"]["pretokenizers"].insert(0, {"type": "Digits", "individual_digits": True})
+
+    def string_pattern(j):
+        j["pre_tokenizer"]["pretokenizers"].insert(
+            0, {"type": "Split", "pattern": {"String": "the"}, "behavior": "Isolated", "invert": False})
+
+    def no_decoder(j):
+        j["decoder"] = None
+
+    def nfkc_lowercase(j):
+        j["normalizer"] = {"type": "Sequence", "normalizers": [{"type": "NFKC"}, {"type": "Lowercase"}]}
+
+    add("add_prefix_space", prefix_space)
+    add("bytelevel_gpt2_regex", gpt2_regex)
+    add("bytelevel_gpt2_regex_prefix", gpt2_regex_prefix)
+    add("added_token_flags", flags)
+    add("ignore_merges", ignore_merges)
+    add("string_merges", string_merges)
+    for behavior in ["Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous"]:
+        for invert in (False, True):
+            add(f"split_{behavior}_{invert}", split_behavior(behavior, invert))
+    add("digits", digits)
+    add("split_string_pattern", string_pattern)
+    add("no_decoder", no_decoder)
+    add("nfkc_lowercase", nfkc_lowercase)
+    write_jsonl("variant_golden.jsonl", variants)
+
+
+# ---------------------------------------------------------------------------------------------
+# Chat templates (transformers.apply_chat_template on the Qwen3 tokenizer)
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Get the weather for a city. Use “celsius”.",
+                                      "parameters": {"type": "object", "properties": {
+                                          "city": {"type": "string", "description": "City name, e.g. Zürich"},
+                                          "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                                          "required": ["city"]}}},
+    {"type": "function", "function": {"name": "search", "description": "Search the web <b>&</b>",
+                                      "parameters": {"type": "object", "properties": {"q": {"type": "string"},
+                                                                                      "limit": {"type": "integer", "default": 5}}}}},
+]
+
+CHATS = [
+    {"messages": [{"role": "user", "content": "What's the weather in Paris?"}], "tools": TOOLS, "add_generation_prompt": True},
+    {"messages": [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "Weather?"}],
+     "tools": TOOLS, "add_generation_prompt": True},
+    {"messages": [
+        {"role": "user", "content": "What's the weather in Paris and Tokyo?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}},
+            {"type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Tokyo\"}"}}]},
+        {"role": "tool", "name": "get_weather", "content": "{\"temp\": 18}"},
+        {"role": "tool", "name": "get_weather", "content": "{\"temp\": 25}"},
+    ], "tools": TOOLS, "add_generation_prompt": True},
+    {"messages": [
+        {"role": "user", "content": "Look this up."},
+        {"role": "assistant", "content": "Let me search.", "reasoning_content": "The user wants a search.",
+         "tool_calls": [{"type": "function", "function": {"name": "search", "arguments": {"q": "spark runtime", "limit": 3}}}]},
+        {"role": "tool", "content": "result 1\nresult 2"},
+        {"role": "assistant", "content": "Found two results.", "reasoning_content": "Summarize them."},
+        {"role": "user", "content": "Thanks! Now in Japanese: 日本語で"},
+    ], "tools": TOOLS, "add_generation_prompt": True},
+    {"messages": [
+        {"role": "user", "content": "Multi-step"},
+        {"role": "assistant", "content": "<think>\nstep one\n</think>\n\nCalling.", "tool_calls": [
+            {"name": "search", "arguments": {"q": "a"}}]},
+        {"role": "tool", "content": "A"},
+        {"role": "assistant", "content": "", "tool_calls": [{"name": "search", "arguments": {"q": "b"}}]},
+        {"role": "tool", "content": "B"},
+    ], "tools": TOOLS, "add_generation_prompt": True},
+    {"messages": [{"role": "user", "content": "Hi"}], "extra": {"enable_thinking": False}, "add_generation_prompt": True},
+    {"messages": [{"role": "user", "content": "Hi"}], "extra": {"enable_thinking": True}, "add_generation_prompt": True},
+    {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello", "reasoning_content": "greet"}],
+     "add_generation_prompt": False},
+    {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "<think>\nhmm\n</think>\n\nHello"},
+                  {"role": "user", "content": "Again"}, {"role": "assistant", "content": "<think>x</think>Sure"}],
+     "add_generation_prompt": False},
+    {"messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "u1"},
+                  {"role": "system", "content": "mid-conversation system"}, {"role": "user", "content": "u2"}],
+     "add_generation_prompt": True},
+    {"messages": [{"role": "user", "content": "<tool_response>\nnot a real tool response\n</tool_response>"},
+                  {"role": "assistant", "content": "ok"}], "add_generation_prompt": True},
+    {"messages": [{"role": "user", "content": "emoji 😀 and \"quotes\" and \\backslash"}], "tools": [
+        {"type": "function", "function": {"name": "echo", "description": "Echo “unicode” 😀 \n newline",
+                                          "parameters": {"type": "object", "properties": {}}}}], "add_generation_prompt": True},
+]
+
+
+def gen_chat_goldens():
+    tok = AutoTokenizer.from_pretrained(os.path.join(DATA, "qwen3"))
+    rows = []
+    for chat in CHATS:
+        kwargs = dict(chat.get("extra") or {})
+        rendered = tok.apply_chat_template(chat["messages"], tools=chat.get("tools"), tokenize=False,
+                                           add_generation_prompt=chat["add_generation_prompt"], **kwargs)
+        rows.append({"messages": chat["messages"], "tools": chat.get("tools"), "extra": chat.get("extra"),
+                     "add_generation_prompt": chat["add_generation_prompt"], "rendered": rendered})
+    write_jsonl("qwen3_chat_tools_golden.jsonl", rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# Jinja conformance: small templates rendered by transformers' compiled jinja2 environment.
+
+JINJA_CASES = [
+    ("{{ 1 + 2 }} {{ 7 // 2 }} {{ -7 // 2 }} {{ 7 % 3 }} {{ -7 % 3 }} {{ 10 / 4 }} {{ 2 ** 10 }} {{ 1.5 * 2 }}", {}),
+    ("{{ 'a' ~ 1 ~ none ~ true ~ undefined_thing }}", {}),
+    ("{{ none }}|{{ true }}|{{ [1, 'a', none, 1.0, {'k': 'v'}] }}|{{ ('x',) }}|{{ {'a': [1, 2]} }}", {}),
+    ("{{ 1e16 }} {{ 1e15 }} {{ 0.0001 }} {{ 0.00001 }} {{ 1/3 }} {{ 2.5e-7 }} {{ 100.0 }} {{ -0.5 }}", {}),
+    ("{% for x in items %}{{ loop.index }}/{{ loop.index0 }}/{{ loop.revindex }}/{{ loop.revindex0 }}/{{ loop.first }}/{{ loop.last }}/{{ loop.length }};{% endfor %}",
+     {"items": ["a", "b", "c"]}),
+    ("{% for x in items if x > 1 %}{{ x }}{{ loop.length }}{% else %}empty{% endfor %}", {"items": [1, 2, 3]}),
+    ("{% for x in items %}{{ x }}{% else %}empty{% endfor %}", {"items": []}),
+    ("{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}{% for k in d %}{{ k }}{% endfor %}", {"d": {"b": 1, "a": 2}}),
+    ("{% for x in [1,2,3,4,5] %}{% if x == 2 %}{% continue %}{% endif %}{% if x == 4 %}{% break %}{% endif %}{{ x }}{% endfor %}", {}),
+    ("{% for i in [1,2] %}[{{ x }}]{% set x = i %}{% endfor %}[{{ x }}]", {}),
+    ("{% set x = 5 %}{% for i in [1,2] %}[{{ x }}]{% set x = i %}{% endfor %}[{{ x }}]", {}),
+    ("{% if true %}{% set y = 3 %}{% endif %}{{ y }}", {}),
+    ("{% set ns = namespace(n=0, s='') %}{% for i in range(5) %}{% set ns.n = ns.n + i %}{% set ns.s = ns.s ~ i %}{% endfor %}{{ ns.n }} {{ ns.s }}", {}),
+    ("{{ range(3) | list }} {{ range(1, 10, 3) | list }} {{ range(5, 0, -2) | list }}", {}),
+    ("{{ 'abc'[::-1] }} {{ [1,2,3,4][1:3] }} {{ [1,2,3,4][::2] }} {{ 'héllo'[1] }} {{ 'héllo'[-1] }} {{ [1,2,3][-1] }} {{ 'abcdef'[-3:] }} {{ [1,2,3][5:] }}", {}),
+    ("{{ x is defined }} {{ y is defined }} {{ none is none }} {{ 'a' is string }} {{ 1 is number }} {{ 1.5 is float }} {{ 1 is integer }} {{ true is boolean }} {{ {} is mapping }} {{ [] is iterable }} {{ 'a' is iterable }} {{ 3 is odd }} {{ 4 is even }} {{ 9 is divisibleby 3 }} {{ 'a' is lower }} {{ 'A' is upper }} {{ u is undefined }}",
+     {"x": 1}),
+    ("{{ 1 is sameas 1 }} {{ none is sameas none }} {{ x is not none }} {{ 'b' in 'abc' }} {{ 2 in [1,2] }} {{ 'k' in {'k': 1} }} {{ 3 not in [1,2] }} {{ true is true }} {{ 0 is false }}", {"x": 0}),
+    ("{{ 1 < 2 < 3 }} {{ 1 < 3 < 2 }} {{ 'a' < 'b' }} {{ [1, 2] < [1, 3] }} {{ 1 == 1.0 }} {{ true == 1 }} {{ 'a' != 'b' }}", {}),
+    ("{{ a and b }}|{{ a or b }}|{{ c or 'default' }}|{{ not a }}|{{ a and not b }}", {"a": "x", "b": "", "c": None}),
+    ("{{ 'yes' if x else 'no' }} {{ 'yes' if y }}|", {"x": 1, "y": 0}),
+    ("{{ x | tojson }}", {"x": {"b": 1, "a": [1, 2.5, "é\"\\\n\t<>&'", None, True], "c": {}, "d": []}}),
+    ("{{ x | tojson(indent=2) }}", {"x": {"b": 1, "a": [1, {"z": None}], "e": [], "f": {}}}),
+    ("{{ x | tojson(ensure_ascii=True) }}|{{ x | tojson(sort_keys=true) }}|{{ x | tojson(separators=(',', ':')) }}",
+     {"x": {"z": "日本😀", "a": 1}}),
+    ("{{ x | tojson(indent=4, sort_keys=True) }}", {"x": {"b": [1, [2, {"c": 3}]], "a": "s"}}),
+    ("{{ 'Hello World' | upper }} {{ 'Hello World' | lower }} {{ 'hello world-foo' | title }} {{ 'hello WORLD' | capitalize }} {{ '  pad  ' | trim }}|{{ 'xxhixx' | trim('x') }}", {}),
+    ("{{ [3, 1, 2] | sort }} {{ ['b', 'A', 'c'] | sort }} {{ [3, 1, 2] | sort(reverse=true) }} {{ items | sort(attribute='n') | map(attribute='n') | list }}",
+     {"items": [{"n": 2}, {"n": 1}, {"n": 3}]}),
+    ("{{ [1, 2, 3] | join(', ') }} {{ items | map(attribute='name') | join('/') }} {{ [1,2,3] | first }} {{ [1,2,3] | last }} {{ 'abc' | length }} {{ {'a':1} | length }} {{ [1,2] | count }}",
+     {"items": [{"name": "a"}, {"name": "b"}]}),
+    ("{{ items | selectattr('on') | map(attribute='n') | list }} {{ items | rejectattr('on') | map(attribute='n') | list }} {{ items | selectattr('n', 'equalto', 2) | list | length }} {{ [1,2,3,4] | select('odd') | list }} {{ [1,2,3,4] | reject('even') | list }}",
+     {"items": [{"n": 1, "on": True}, {"n": 2, "on": False}, {"n": 3, "on": True}]}),
+    ("{{ x | default('dflt') }} {{ y | default('dflt') }} {{ z | default('dflt', true) }} {{ z | d('d2') }}", {"y": "set", "z": ""}),
+    ("{{ '3' | int + 1 }} {{ '3.7' | float }} {{ 3.7 | int }} {{ 'x' | int }} {{ 42 | string ~ '!' }} {{ -3 | abs }} {{ 2.567 | round(2) }} {{ 2.5 | round }} {{ [1, 2, 3] | sum }} {{ [3, 1, 2] | max }} {{ [3, 1, 2] | min }}", {}),
+    ("{{ {'b': 2, 'a': 1} | items | list }} {{ {'b': 2, 'a': 1} | dictsort }} {{ [1, 1, 2, 'a', 'A'] | unique | list }} {{ [1, 2, 3] | reverse | list }} {{ 'abc' | reverse }} {{ 'a b  c' | wordcount }}", {}),
+    ("{{ 'a-b-c'.split('-') }} {{ ' a  b '.split() }} {{ 'a-b-c'.split('-', 1) }} {{ 'a-b-c'.rsplit('-', 1) }} {{ '  x  '.strip() }}|{{ 'xxaxx'.lstrip('x') }}|{{ 'xxaxx'.rstrip('x') }}", {}),
+    ("{{ 'hello'.startswith('he') }} {{ 'hello'.endswith(('lo', 'x')) }} {{ 'hello'.replace('l', 'L') }} {{ 'hello'.replace('l', 'L', 1) }} {{ 'hello'.upper() }} {{ 'HeLLo'.lower() }} {{ 'hello world'.title() }} {{ 'hello'.find('l') }} {{ 'hello'.count('l') }} {{ ', '.join(['a', 'b']) }}", {}),
+    ("{{ '{} and {}'.format('a', 'b') }} {{ '{0}{0}'.format('x') }} {{ '{name}!'.format(name='n') }} {{ '%s=%d' % ('a', 3) }} {{ '%05.2f' | format(3.14159) }}", {}),
+    ("{{ d.get('a') }} {{ d.get('zz') }} {{ d.get('zz', 'dflt') }} {{ d.keys() | list }} {{ d.values() | list }} {{ d['a'] }} {{ d.a }} {{ d.missing }}|{{ d['missing'] }}|", {"d": {"a": 1, "b": 2}}),
+    ("{% macro greet(name, punct='!') %}Hello {{ name }}{{ punct }}{% endmacro %}{{ greet('A') }} {{ greet('B', '?') }} {{ greet(name='C', punct='.') }}", {}),
+    ("{% macro wrap() %}<{{ caller() }}>{% endmacro %}{% call wrap() %}inner{% endcall %}", {}),
+    ("{% set greeting %}Hi {{ name }}{% endset %}[{{ greeting }}]{% set shout | upper %}quiet{% endset %}{{ shout }}", {"name": "Bob"}),
+    ("{% filter upper %}make me loud{% endfilter %}", {}),
+    ("{% with a = 1, b = 2 %}{{ a + b }}{% endwith %}[{{ a }}]", {}),
+    ("{# comment #}A{#- stripped -#}  B  {{- ' C ' -}}  D", {}),
+    ("line1\n  {% if true %}\n  inside\n  {% endif %}\nline2\n", {}),
+    ("  {%+ if true %}kept{% endif %}\n{% if true +%}\nkept newline{% endif %}", {}),
+    ("a\n{%- if true -%}\n  b  \n{%- endif -%}\n c", {}),
+    ("{% raw %}{{ not rendered }}{% endraw %}", {}),
+    ("{{ messages | length }}{% for m in messages %}{{ m.role }}:{{ m.content }}\n{% endfor %}",
+     {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}),
+    ("{{ 'Tab\\there' }} {{ \"dq 'single'\" }} {{ 'uni \\u00e9 \\x41' }} {{ 'adj' 'acent' }}", {}),
+    ("{% set a, b = [1, 2] %}{{ a }}{{ b }} {% for a, b in [[1, 2], [3, 4]] %}{{ a * b }}{% endfor %}", {}),
+    ("{{ [1, 2] + [3] }} {{ 'ab' * 3 }} {{ [0] * 3 }} {{ (1, 2) }} {{ () }}", {}),
+    ("{{ {'a': 1}['a'] }} {{ [[1, 2], [3]][0][1] }} {{ x.y.z }}", {"x": {"y": {"z": "deep"}}}),
+    ("{{ '  indented\nblock\n\nend' | indent(2) }}|{{ 'a\nb' | indent(2, true) }}|{{ 'a\n\nb' | indent(2, blank=true) }}", {}),
+    ("{{ loop_missing.index }}", {}),
+    ("{{ x.y }}", {}),
+    ("{{ 'a' + none }}", {}),
+    ("{{ raise_exception('bad input') }}", {}),
+    ("{{ 1 / 0 }}", {}),
+    ("{{ [1, 2] | foo }}", {}),
+    ("{% if x is banana %}{% endif %}", {}),
+    ("{% if %}{% endif %}", {}),
+    ("{% for x in y %}no end", {}),
+    ("{% endfor %}", {}),
+    ("{% include 'x.html' %}", {}),
+    ("{{ 'unclosed }}", {}),
+    ("{{ x ", {}),
+    ("{% break %}", {}),
+    ("{{ none.startswith('a') }}", {}),
+    ("{{ 'a' < 1 }}", {}),
+    ("{{ len([1]) }}", {}),
+]
+
+
+def gen_jinja_goldens():
+    rows = []
+    for template, variables in JINJA_CASES:
+        try:
+            rendered = _compile_jinja_template(template).render(**variables)
+            rows.append({"template": template, "vars": variables, "rendered": rendered})
+        except Exception as e:  # the interpreter must fail too (SPARK_ERR_TEMPLATE)
+            rows.append({"template": template, "vars": variables, "error": f"{type(e).__name__}: {e}"})
+    write_jsonl("jinja_golden.jsonl", rows)
+
+
+if __name__ == "__main__":
+    gen_tokenizer_goldens()
+    gen_chat_goldens()
+    gen_jinja_goldens()
+    with open(os.path.join(HERE, "versions.txt"), "w") as f:
+        for k, v in VERSIONS.items():
+            f.write(f"{k} {v}\n")
+    print(VERSIONS)
