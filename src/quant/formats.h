@@ -167,17 +167,18 @@ SPARK_HD uint16_t f32_to_bf16(float x) {
 // F16 (IEEE binary16), subnormals included.
 
 SPARK_HD float f16_to_f32(uint16_t h) {
-    const uint32_t sign     = uint32_t(h & 0x8000u) << 16;
-    const uint32_t exponent = (h >> 10) & 0x1Fu;
-    const uint32_t mantissa = h & 0x3FFu;
-    uint32_t       magnitude;
-    if (exponent == 0x1Fu)
-        magnitude = 0x7F800000u | (mantissa << 13);  // inf, NaN (payload kept)
-    else if (exponent == 0)
-        magnitude = f32_bits(float(mantissa) * 0x1p-24f);  // zero, subnormal: exact, normal f32
-    else
-        magnitude = ((exponent + (127u - 15u)) << 23) | (mantissa << 13);
-    return f32_from_bits(sign | magnitude);
+    // Masks rather than branches, so loops over it vectorize: normal numbers rebias the exponent
+    // (15 -> 127), inf/NaN move the all-ones exponent to all ones (payload kept), zero and
+    // subnormals are m * 2^-24 computed exactly (the result is a normal f32).
+    const uint32_t shifted   = uint32_t(h & 0x7FFFu) << 13;
+    const uint32_t exponent  = h & 0x7C00u;
+    const uint32_t normal    = shifted + ((127u - 15u) << 23);
+    const uint32_t inf_nan   = shifted + ((255u - 31u) << 23);
+    const uint32_t subnormal = f32_bits(float(h & 0x3FFu) * 0x1p-24f);
+    const uint32_t is_inf_nan = 0u - uint32_t(exponent == 0x7C00u);  // all ones or zero
+    const uint32_t is_small   = 0u - uint32_t(exponent == 0);
+    const uint32_t magnitude  = (inf_nan & is_inf_nan) | (subnormal & is_small) | (normal & ~(is_inf_nan | is_small));
+    return f32_from_bits((uint32_t(h & 0x8000u) << 16) | magnitude);
 }
 
 // RNE (matches `cvt.rn.f16.f32` for every non-NaN input): |x| >= 65520 (the midpoint between 65504

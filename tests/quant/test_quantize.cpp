@@ -43,6 +43,7 @@ TEST_CASE("quantize_nvfp4 follows the ModelOpt recipe step by step") {
     std::vector<float> w = gaussian(rng, n * k, 0.02f);
     for (int i = 0; i < 16; ++i) w[size_t(16 + i)] = 0.0f;                  // an all-zero block: scale 1.0
     for (int i = 0; i < 16; ++i) w[size_t(32 + i)] = 1e-9f * float(i - 8);  // tiny block: scale clamps at 2^-9
+    w[2] = -0.0f;
     w[3] = -0.0f;
     const QuantizedWeight q = quantize_nvfp4(w.data(), n, k);
     REQUIRE(q.weight.format == WeightFormat::NVFP4);
@@ -81,7 +82,7 @@ TEST_CASE("quantize_nvfp4 follows the ModelOpt recipe step by step") {
     CHECK(out_of_bound == 0);
     CHECK(scales[1] == 0x38);  // the zero block got scale 1.0
     CHECK(scales[2] == 0x01);  // the tiny block's scale clamped to 2^-9
-    CHECK((codes[1] >> 4) == 0);  // element 3 = -0.0 encodes as +0 like ModelOpt (x < 0 is false)
+    CHECK(codes[1] == 0x00);  // elements 2, 3 = -0.0 encode as +0 like ModelOpt (x < 0 is false)
 }
 
 TEST_CASE("quantize_nvfp4 round-trips values on its grid exactly") {
