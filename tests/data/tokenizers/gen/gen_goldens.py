@@ -78,10 +78,26 @@ def gen_tokenizer_goldens():
                      "  \t spaces \u0085 here  ", "hello" * 5, "thethe the"]
     variants = []
 
-    def add(name, fn, texts=variant_texts):
-        j = copy.deepcopy(base)
-        fn(j)
-        tok = Tokenizer.from_str(json.dumps(j))
+    # Each variant is a JSON Patch (RFC 6902) of the demo tokenizer.json; the test applies the same patch.
+    def apply_patch(doc, ops):
+        doc = copy.deepcopy(doc)
+        for op in ops:
+            parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+            parent = doc
+            for key in parts[:-1]:
+                parent = parent[int(key)] if isinstance(parent, list) else parent[key]
+            last = parts[-1]
+            if isinstance(parent, list):
+                if op["op"] == "add":
+                    parent.insert(len(parent) if last == "-" else int(last), op["value"])
+                else:
+                    parent[int(last)] = op["value"]
+            else:
+                parent[last] = op["value"]
+        return doc
+
+    def add(name, ops, texts=variant_texts):
+        tok = Tokenizer.from_str(json.dumps(apply_patch(base, ops)))
         cases = []
         for t in texts:
             for parse_special in (True, False):
@@ -89,64 +105,38 @@ def gen_tokenizer_goldens():
                 ids = tok.encode(t, add_special_tokens=False).ids
                 cases.append({"text": t, "parse_special": parse_special, "ids": ids,
                               "decoded": tok.decode(ids, skip_special_tokens=False)})
-        variants.append({"variant": name, "tokenizer_json": j, "cases": cases})
+        variants.append({"variant": name, "patch": ops, "cases": cases})
 
-    def prefix_space(j):
-        j["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = True
+    def added(content, lstrip, rstrip, single_word, normalized, special, file_id):
+        return {"op": "add", "path": "/added_tokens/-",
+                "value": {"id": file_id, "content": content, "single_word": single_word, "lstrip": lstrip,
+                          "rstrip": rstrip, "normalized": normalized, "special": special}}
 
-    def gpt2_regex(j):
-        j["pre_tokenizer"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    def split(behavior, invert):
+        return [{"op": "add", "path": "/pre_tokenizer/pretokenizers/0",
+                 "value": {"type": "Split", "pattern": {"Regex": "\\s+"}, "behavior": behavior, "invert": invert}}]
 
-    def gpt2_regex_prefix(j):
-        j["pre_tokenizer"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
-
-    def flags(j):
-        nid = 8192
-        for content, lstrip, rstrip, single_word, normalized, special in [
-                ("<mask>", True, True, False, False, True), ("ABC", False, False, True, False, False),
-                ("end", False, True, False, False, False), ("café", False, False, False, True, False)]:
-            j["added_tokens"].append({"id": nid, "content": content, "single_word": single_word, "lstrip": lstrip,
-                                      "rstrip": rstrip, "normalized": normalized, "special": special})
-            nid += 1
-
-    def ignore_merges(j):
-        j["model"]["ignore_merges"] = True
-
-    def string_merges(j):
-        j["model"]["merges"] = [" ".join(m) for m in j["model"]["merges"]]
-
-    def split_behavior(behavior, invert):
-        def fn(j):
-            j["pre_tokenizer"]["pretokenizers"].insert(
-                0, {"type": "Split", "pattern": {"Regex": "\\s+"}, "behavior": behavior, "invert": invert})
-        return fn
-
-    def digits(j):
-        j["pre_tokenizer"]["pretokenizers"].insert(0, {"type": "Digits", "individual_digits": True})
-
-    def string_pattern(j):
-        j["pre_tokenizer"]["pretokenizers"].insert(
-            0, {"type": "Split", "pattern": {"String": "the"}, "behavior": "Isolated", "invert": False})
-
-    def no_decoder(j):
-        j["decoder"] = None
-
-    def nfkc_lowercase(j):
-        j["normalizer"] = {"type": "Sequence", "normalizers": [{"type": "NFKC"}, {"type": "Lowercase"}]}
-
-    add("add_prefix_space", prefix_space)
-    add("bytelevel_gpt2_regex", gpt2_regex)
-    add("bytelevel_gpt2_regex_prefix", gpt2_regex_prefix)
-    add("added_token_flags", flags)
-    add("ignore_merges", ignore_merges)
-    add("string_merges", string_merges)
+    add("add_prefix_space", [{"op": "replace", "path": "/pre_tokenizer/pretokenizers/1/add_prefix_space", "value": True}])
+    add("bytelevel_gpt2_regex", [{"op": "replace", "path": "/pre_tokenizer", "value": {
+        "type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}}])
+    add("bytelevel_gpt2_regex_prefix", [{"op": "replace", "path": "/pre_tokenizer", "value": {
+        "type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}}])
+    # The ids written in the file are not what HF uses ("end" is already in the vocabulary).
+    add("added_token_flags", [added("<mask>", True, True, False, False, True, 8192),
+                              added("ABC", False, False, True, False, False, 8193),
+                              added("end", False, True, False, False, False, 8194),
+                              added("café", False, False, False, True, False, 8195)])
+    add("ignore_merges", [{"op": "replace", "path": "/model/ignore_merges", "value": True}])
+    add("string_merges", [{"op": "replace", "path": "/model/merges", "value": [" ".join(m) for m in base["model"]["merges"]]}])
     for behavior in ["Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous"]:
         for invert in (False, True):
-            add(f"split_{behavior}_{invert}", split_behavior(behavior, invert))
-    add("digits", digits)
-    add("split_string_pattern", string_pattern)
-    add("no_decoder", no_decoder)
-    add("nfkc_lowercase", nfkc_lowercase)
+            add(f"split_{behavior}_{invert}", split(behavior, invert))
+    add("digits", [{"op": "add", "path": "/pre_tokenizer/pretokenizers/0", "value": {"type": "Digits", "individual_digits": True}}])
+    add("split_string_pattern", [{"op": "add", "path": "/pre_tokenizer/pretokenizers/0", "value": {
+        "type": "Split", "pattern": {"String": "the"}, "behavior": "Isolated", "invert": False}}])
+    add("no_decoder", [{"op": "replace", "path": "/decoder", "value": None}])
+    add("nfkc_lowercase", [{"op": "replace", "path": "/normalizer", "value": {
+        "type": "Sequence", "normalizers": [{"type": "NFKC"}, {"type": "Lowercase"}]}}])
     write_jsonl("variant_golden.jsonl", variants)
 
 
