@@ -593,6 +593,13 @@ TEST_CASE("gguf writer: rejects invalid tensors and metadata with clear errors")
     CHECK_FAILS_WITH([&] { w.set_u32("spark.format_version", 1); }, SPARK_ERR_INVALID_ARGUMENT, "written by GgufWriter");
     CHECK_FAILS_WITH([&] { w.set_u32("bad key", 1); }, SPARK_ERR_INVALID_ARGUMENT, "printable ASCII");
     CHECK_FAILS_WITH([&] { w.set_u32("", 1); }, SPARK_ERR_INVALID_ARGUMENT, "1 to 65535");
+    CHECK_FAILS_WITH([&] { w.add_tensor("bad\xC3", DType::F32, {1}, 4); }, SPARK_ERR_INVALID_ARGUMENT, "not valid UTF-8");
+    CHECK_FAILS_WITH([&] { w.set_string("s.latin1", "caf\xE9"); }, SPARK_ERR_INVALID_ARGUMENT, "not valid UTF-8");
+    CHECK_FAILS_WITH([&] { w.set_string("s.overlong", "\xC0\xAF"); }, SPARK_ERR_INVALID_ARGUMENT, "not valid UTF-8");
+    CHECK_FAILS_WITH([&] { w.set_string("s.surrogate", "\xED\xA0\x80"); }, SPARK_ERR_INVALID_ARGUMENT, "not valid UTF-8");
+    CHECK_FAILS_WITH([&] { w.set_string("s.too_big", "\xF4\x90\x80\x80"); }, SPARK_ERR_INVALID_ARGUMENT, "not valid UTF-8");
+    CHECK_FAILS_WITH([&] { w.set_string_array("s.arr", {"ok", "\x80"}); }, SPARK_ERR_INVALID_ARGUMENT, "not valid UTF-8");
+    CHECK_NOTHROW(w.set_string("s.ok", "\xF0\x9F\x98\x80 \xE2\x82\xAC \xC3\xA9 \xF4\x8F\xBF\xBF"));
     const GgufValue inner = GgufValue::array(std::vector<int32_t>{1});
     CHECK_FAILS_WITH([&] { w.set("nested", GgufValue::array_of_arrays({inner})); }, SPARK_ERR_INVALID_ARGUMENT, "nested arrays");
     GgufArray lying;

@@ -784,9 +784,35 @@ bool is_reserved_writer_key(const std::string & key) {
            key == gguf_key::kTensorShapes;
 }
 
+// Well-formed UTF-8 (Unicode table 3-7: no overlong forms, no surrogates, at most U+10FFFF). GGUF
+// strings are UTF-8, and gguf-py cannot list a file whose strings are not.
+bool is_utf8(const std::string & s) {
+    const auto * p = reinterpret_cast<const unsigned char *>(s.data());
+    const size_t n = s.size();
+    for (size_t i = 0; i < n;) {
+        const unsigned c = p[i];
+        size_t   len;
+        unsigned lo = 0x80, hi = 0xBF;  // range of the second byte
+        if (c < 0x80) { ++i; continue; }
+        else if (c >= 0xC2 && c <= 0xDF) len = 2;
+        else if (c >= 0xE0 && c <= 0xEF) { len = 3; if (c == 0xE0) lo = 0xA0; if (c == 0xED) hi = 0x9F; }
+        else if (c >= 0xF0 && c <= 0xF4) { len = 4; if (c == 0xF0) lo = 0x90; if (c == 0xF4) hi = 0x8F; }
+        else return false;
+        if (n - i < len || p[i + 1] < lo || p[i + 1] > hi) return false;
+        for (size_t k = 2; k < len; ++k)
+            if (p[i + k] < 0x80 || p[i + k] > 0xBF) return false;
+        i += len;
+    }
+    return true;
+}
+
 void check_writable_value(const std::string & key, const GgufValue & v) {
+    if (const std::string * str = v.as_string())
+        if (!is_utf8(*str)) fail(SPARK_ERR_INVALID_ARGUMENT, "metadata '%s' is not valid UTF-8", key.c_str());
     const GgufArray * a = v.as_array();
     if (!a) return;
+    for (const std::string & e : a->strings)
+        if (!is_utf8(e)) fail(SPARK_ERR_INVALID_ARGUMENT, "metadata '%s' has an element that is not valid UTF-8", key.c_str());
     if (a->elem_type == GgufType::ARRAY)
         fail(SPARK_ERR_INVALID_ARGUMENT, "metadata '%s': nested arrays are not written (ggml's GGUF reader rejects files with them)", key.c_str());
     if (uint32_t(a->elem_type) >= kGgufTypeCount) fail(SPARK_ERR_INVALID_ARGUMENT, "metadata '%s': invalid array element type", key.c_str());
@@ -956,6 +982,7 @@ void GgufWriter::add_tensor(const std::string & name, DType dtype, std::vector<i
     if (name.empty()) fail(SPARK_ERR_INVALID_ARGUMENT, "tensor name is empty");
     if (name.size() > kSparkMaxTensorName)
         fail(SPARK_ERR_INVALID_ARGUMENT, "tensor name '%s' is %llu bytes; stock GGUF readers accept at most %llu", name.c_str(), ull(name.size()), ull(kSparkMaxTensorName));
+    if (!is_utf8(name)) fail(SPARK_ERR_INVALID_ARGUMENT, "tensor name '%s' is not valid UTF-8", name.c_str());
     if (tensor_index_.count(name)) fail(SPARK_ERR_INVALID_ARGUMENT, "tensor '%s' added twice", name.c_str());
     if (dtype >= DType::COUNT) fail(SPARK_ERR_INVALID_ARGUMENT, "tensor '%s': invalid dtype", name.c_str());
     if (shape.size() > kSparkMaxRank) fail(SPARK_ERR_INVALID_ARGUMENT, "tensor '%s' has rank %llu (at most %llu)", name.c_str(), ull(shape.size()), ull(kSparkMaxRank));

@@ -268,7 +268,8 @@ public:
     // Adds or replaces a KV pair (first insertion fixes its position). Keys are printable ASCII
     // without spaces, at most 65535 bytes. general.alignment, spark.format_version,
     // spark.tensor_dtypes and spark.tensor_shapes are the writer's own: setting them is an error.
-    // Nested arrays are refused (ggml's reader rejects a whole file that has one).
+    // Strings must be well-formed UTF-8. Nested arrays are refused (ggml's reader rejects a whole
+    // file that has one).
     void set(const std::string & key, GgufValue value);
     void set_string(const std::string & key, std::string v) { set(key, GgufValue(std::move(v))); }
     void set_u32(const std::string & key, uint32_t v) { set(key, GgufValue(v)); }
@@ -281,8 +282,8 @@ public:
     void set_string_array(const std::string & key, std::vector<std::string> v) { set(key, GgufValue::string_array(std::move(v))); }
     const GgufValue * find(const std::string & key) const;
 
-    // Declares a tensor. Error(SPARK_ERR_INVALID_ARGUMENT) for an empty, duplicate or > 63-byte
-    // name, a rank above 8, a negative dimension, or nbytes != numel * dtype size.
+    // Declares a tensor. Error(SPARK_ERR_INVALID_ARGUMENT) for an empty, duplicate, non-UTF-8 or
+    // > 63-byte name, a rank above 8, a negative dimension, or nbytes != numel * dtype size.
     void add_tensor(const std::string & name, DType dtype, std::vector<int64_t> shape, uint64_t nbytes);
     const std::vector<Tensor> & tensors() const { return tensors_; }
 
