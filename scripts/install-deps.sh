@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages spark builds and tests with. Nothing else is downloaded.
+set -euo pipefail
+packages=(
+    build-essential cmake ninja-build pkg-config git
+    libeigen3-dev          # CPU matmuls
+    nlohmann-json3-dev     # config.json, tokenizer.json
+    libpcre2-dev           # tokenizer pre-split regex (Unicode classes, JIT)
+    libutf8proc-dev        # NFC normalisation
+    doctest-dev            # unit tests
+    libcli11-dev           # command lines
+    libedit-dev            # spark-chat line editing
+    tmux                   # the interactive spark-chat test
+    python3                # small test scripts
+)
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+    exit 0
+fi
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
