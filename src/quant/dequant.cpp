@@ -106,7 +106,7 @@ struct Int4Params {
 
 // Output rows are K floats apart (a power of two in practice, so they share cache sets): each pass
 // over the tile writes kPackedRowsPerPass packed rows = 32 floats = two full cache lines per row,
-// which measured 2.5x faster than one packed row (half a line) per pass.
+// which measured up to 2.5x faster than one packed row (half a line) per pass.
 constexpr int64_t kPackedRowsPerPass = 4;
 
 // Groups aligned to packed rows (no g_idx, group_size % 8 == 0): for each group, a 16-entry table

@@ -4,9 +4,15 @@
 // matches the PTX conversion named next to it bit for bit; the decoders are exact. Sources:
 //   E2M1 / E4M3 tables and semantics: ../shared/research/formats.md §2 (OCP MX / OFP8 specs,
 //   NVIDIA/TensorRT-Model-Optimizer:modelopt/torch/quantization/qtensor/nvfp4_tensor.py);
-//   saturation and NaN rules: PTX ISA `cvt` (.satfinite) and the CUDA 13 toolkit's own host emulation
-//   of those instructions (cuda_fp4.hpp `__nv_cvt_double_to_fp4`, cuda_fp8.hpp
-//   `__nv_cvt_double_to_fp8`), which these encoders were checked against for all 2^32 inputs.
+//   saturation and NaN rules: PTX ISA `cvt` (.satfinite) and the CUDA 13 toolkit's own emulation of
+//   those instructions (cuda_fp4.hpp `__nv_cvt_double_to_fp4`, cuda_fp8.hpp `__nv_cvt_float_to_fp8`).
+//
+// Checked once for all 2^32 f32 inputs (tests/quant pins the cases that matter): this header compiled
+// for an H100 against the hardware `cvt.rn.satfinite.e4m3x2.f32` (NaN included) and
+// `cvt.rn.bf16.f32` / `cvt.rn.f16.f32` (non-NaN inputs; NaN policy below differs on purpose), with and
+// without --use_fast_math; f32_to_e2m1 against the toolkit's emulation of
+// `cvt.rn.satfinite.e2m1x2.f32` on host and device (the instruction itself needs sm_100a / sm_120a);
+// the decoders against `cvt.rn.f16x2.e4m3x2` / `.e5m2x2` and the toolkit's f16 / bf16 / e2m1 decoders.
 //
 // Only integer and float arithmetic is used (no <cmath>, no std::), and no f32 subnormal is ever
 // produced or consumed by arithmetic on the paths that matter, so device code built with

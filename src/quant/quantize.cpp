@@ -22,6 +22,13 @@ float round_even(float x) { return std::nearbyint(x); }
 uint16_t to_scale_type(float x, ScaleType t) { return t == ScaleType::BF16 ? f32_to_bf16(x) : f32_to_f16(x); }
 float    from_scale_type(uint16_t h, ScaleType t) { return t == ScaleType::BF16 ? bf16_to_f32(h) : f16_to_f32(h); }
 
+// A positive scale rounded to its storage type. A group so small that its scale underflows to zero
+// (GPTQ would then divide by zero) gets the smallest positive value of the type instead.
+float stored_positive_scale(float x, ScaleType t) {
+    const float s = from_scale_type(to_scale_type(x, t), t);
+    return s > 0.0f ? s : from_scale_type(1, t);
+}
+
 }  // namespace
 
 // NVIDIA/Model-Optimizer:modelopt/torch/quantization/qtensor/nvfp4_tensor.py, dynamic path:
@@ -36,8 +43,8 @@ QuantizedWeight quantize_nvfp4(const float * w, int64_t n, int64_t k) {
     q.data.resize(size_t(n * k / 2));
     q.scales.resize(size_t(n * n_blocks));
 
-    const float amax   = max_abs(w, n * k);
-    const float global = amax > 0.0f ? amax / (6.0f * 448.0f) : 1.0f;
+    const float amax    = max_abs(w, n * k);
+    const float global  = amax > 0.0f ? amax / (6.0f * 448.0f) : 1.0f;
     const float global6 = 6.0f * global;
 
     for (int64_t r = 0; r < n; ++r) {
@@ -45,27 +52,27 @@ QuantizedWeight quantize_nvfp4(const float * w, int64_t n, int64_t k) {
             const float * x           = w + r * k + b * 16;
             float         block_scale = max_abs(x, 16) / global6;
             if (block_scale == 0.0f) block_scale = 1.0f;
-            block_scale          = std::max(block_scale, 0x1p-9f);
-            const uint8_t code   = f32_to_e4m3(block_scale);
-            const float   denom  = e4m3_to_f32(code) * global;
+            block_scale                        = std::max(block_scale, 0x1p-9f);
+            const uint8_t code                 = f32_to_e4m3(block_scale);
+            const float   denom                = e4m3_to_f32(code) * global;
             q.scales[size_t(r * n_blocks + b)] = code;
-            uint8_t * out = q.data.data() + r * (k / 2) + b * 8;
+            uint8_t * out                      = q.data.data() + r * (k / 2) + b * 8;
             for (int j = 0; j < 8; ++j) {
-                const float even = x[2 * j] / denom, odd = x[2 * j + 1] / denom;
-                const uint8_t ce = even == 0.0f ? 0 : f32_to_e2m1(even);
-                const uint8_t co = odd == 0.0f ? 0 : f32_to_e2m1(odd);
-                out[j]           = pack_e2m1x2(ce, co);
+                const float   even = x[2 * j] / denom, odd = x[2 * j + 1] / denom;
+                const uint8_t ce   = even == 0.0f ? 0 : f32_to_e2m1(even);
+                const uint8_t co   = odd == 0.0f ? 0 : f32_to_e2m1(odd);
+                out[j]             = pack_e2m1x2(ce, co);
             }
         }
     }
 
-    QWeight & v     = q.weight;
-    v.format        = WeightFormat::NVFP4;
-    v.n             = n;
-    v.k             = k;
-    v.data          = q.data.data();
-    v.scales        = q.scales.data();
-    v.global_scale  = global;
+    QWeight & v    = q.weight;
+    v.format       = WeightFormat::NVFP4;
+    v.n            = n;
+    v.k            = k;
+    v.data         = q.data.data();
+    v.scales       = q.scales.data();
+    v.global_scale = global;
     return q;
 }
 
@@ -106,8 +113,7 @@ QuantizedWeight quantize_int4(const float * w, int64_t n, int64_t k, const Int4Q
                     hi = std::max(-lo, hi);
                     if (lo < 0.0f) lo = -hi;
                     if (lo == 0.0f && hi == 0.0f) lo = -1.0f, hi = 1.0f;
-                    scale = from_scale_type(to_scale_type((hi - lo) / 15.0f, options.scale_type),
-                                            options.scale_type);
+                    scale = stored_positive_scale((hi - lo) / 15.0f, options.scale_type);
                     break;
                 }
                 case Int4Scheme::SymmetricFullRange: {
@@ -120,8 +126,7 @@ QuantizedWeight quantize_int4(const float * w, int64_t n, int64_t k, const Int4Q
                 }
                 case Int4Scheme::Asymmetric: {
                     if (lo == 0.0f && hi == 0.0f) lo = -1.0f, hi = 1.0f;
-                    scale = from_scale_type(to_scale_type((hi - lo) / 15.0f, options.scale_type),
-                                            options.scale_type);
+                    scale = stored_positive_scale((hi - lo) / 15.0f, options.scale_type);
                     zero  = std::clamp(round_even(-lo / scale), 0.0f, 15.0f);
                     break;
                 }
@@ -132,24 +137,24 @@ QuantizedWeight quantize_int4(const float * w, int64_t n, int64_t k, const Int4Q
                 word            = int4_set(word, int(col % 8), uint32_t(zero));
             }
             for (int64_t i = begin; i < end; ++i) {
-                const float    v    = std::clamp(round_even(row[i] / scale + zero), 0.0f, 15.0f);
-                uint32_t &     word = words[(i / 8) * n + col];
-                word                = int4_set(word, int(i % 8), uint32_t(v));
+                const float q    = std::clamp(round_even(row[i] / scale + zero), 0.0f, 15.0f);
+                uint32_t &  word = words[(i / 8) * n + col];
+                word             = int4_set(word, int(i % 8), uint32_t(q));
             }
         }
     }
 
-    QWeight & v    = q.weight;
-    v.format       = WeightFormat::INT4;
-    v.n            = n;
-    v.k            = k;
-    v.data         = q.data.data();
-    v.scales       = q.scales.data();
-    v.zeros        = asym ? q.zeros.data() : nullptr;
-    v.group_size   = int32_t(group_size);
-    v.n_groups     = int32_t(n_groups);
-    v.zero_offset  = 0;
-    v.scale_type   = options.scale_type;
+    QWeight & v   = q.weight;
+    v.format      = WeightFormat::INT4;
+    v.n           = n;
+    v.k           = k;
+    v.data        = q.data.data();
+    v.scales      = q.scales.data();
+    v.zeros       = asym ? q.zeros.data() : nullptr;
+    v.group_size  = int32_t(group_size);
+    v.n_groups    = int32_t(n_groups);
+    v.zero_offset = 0;
+    v.scale_type  = options.scale_type;
     return q;
 }
 

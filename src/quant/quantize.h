@@ -52,6 +52,7 @@ struct Int4QuantizeOptions {
 // INT4 in the canonical GPTQ layout (qweight [K/8][N], scales [G][N], zeros [G][N/8] stored as z
 // with zero_offset 0 for Asymmetric, nullptr for the symmetric schemes). Requires k % 8 == 0, and
 // n % 8 == 0 for Asymmetric; K need not be a multiple of the group size (the last group is short).
+// A group whose scale would underflow the scale type gets the type's smallest positive value.
 QuantizedWeight quantize_int4(const float * w, int64_t n, int64_t k, const Int4QuantizeOptions & options);
 
 // FP8 E4M3 with one f32 scale per (block_n x block_k) block, scale = amax_block / 448 (1 for an

@@ -128,8 +128,12 @@ struct GroupParams {
 GroupParams ref_int4_params(const float * x, int64_t count, Int4Scheme scheme, ScaleType st) {
     float lo = 0, hi = 0;
     for (int64_t i = 0; i < count; ++i) lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
-    auto f16 = [st](float v) {  // rounded to the scale type
+    auto round_to_type = [st](float v) {
         return st == ScaleType::BF16 ? float_of(uint32_t(f32_to_bf16(v)) << 16) : float(ref_f16(f32_to_f16(v)));
+    };
+    auto f16 = [&](float v) {  // rounded to the scale type; an underflow to 0 becomes the smallest positive
+        const float r = round_to_type(v);
+        return r != 0.0f || v <= 0.0f ? r : (st == ScaleType::BF16 ? float_of(1u << 16) : float(ref_f16(1)));
     };
     switch (scheme) {
         case Int4Scheme::SymmetricGptq: {  // GPTQ find_params, sym
@@ -267,6 +271,20 @@ TEST_CASE("quantize_int4 round-trips values on its grid exactly (asymmetric, ful
         const QuantizedWeight q = quantize_int4(w.data(), n, k, {int32_t(gs), scheme, ScaleType::F16});
         CHECK(dequant(q.weight) == w);
         CHECK(relative_error(w.data(), q.weight) == 0.0);
+    }
+}
+
+TEST_CASE("quantize_int4 of groups too small for the scale type") {
+    // (max - min) / 15 below half the smallest f16 subnormal (2^-25) rounds to 0 in f16: GPTQ would
+    // divide by zero. The scale becomes 2^-24 and every value stays finite.
+    std::vector<float> w(8 * 32);
+    for (size_t i = 0; i < w.size(); ++i) w[i] = 1e-9f * float(int(i % 7) - 3);
+    for (Int4Scheme scheme : {Int4Scheme::SymmetricGptq, Int4Scheme::Asymmetric}) {
+        CAPTURE(int(scheme));
+        const QuantizedWeight q = quantize_int4(w.data(), 8, 32, {32, scheme, ScaleType::F16});
+        CHECK(static_cast<const uint16_t *>(q.weight.scales)[0] == 0x0001);
+        for (float x : dequant(q.weight)) CHECK(std::fabs(x) <= std::ldexp(1.0f, -24) * 8);
+        check_int4_recipe(w, 8, 32, {32, scheme, ScaleType::F16});
     }
 }
 
