@@ -17,6 +17,7 @@
 using spark::fail;
 
 struct spark_detok_stream {
+    spark_detok_stream(const spark::Tokenizer * t, bool skip) : tokenizer(t), skip_special(skip) {}
     const spark::Tokenizer * tokenizer;
     bool                     skip_special;
     bool                     first = true;  // for tokenizers that join tokens with spaces
@@ -108,7 +109,7 @@ SPARK_API spark_status spark_tokenize(const spark_tokenizer * tok, const char * 
         const std::vector<int32_t> ids = t.encode(std::string_view(text ? text : "", len), parse_special);
         if (ids.size() > size_t(INT32_MAX)) fail(SPARK_ERR_INVALID_ARGUMENT, "text produces more than INT32_MAX tokens");
         *n_tokens = int32_t(ids.size());
-        std::memcpy(tokens, ids.data(), sizeof(int32_t) * std::min(ids.size(), size_t(capacity)));
+        if (capacity > 0) std::memcpy(tokens, ids.data(), sizeof(int32_t) * std::min(ids.size(), size_t(capacity)));
         if (ids.size() > size_t(capacity))
             fail(SPARK_ERR_BUFFER_TOO_SMALL, "%zu tokens do not fit in a buffer of %d", ids.size(), capacity);
     });
@@ -135,7 +136,7 @@ SPARK_API spark_detok_stream * spark_detok_stream_init(const spark_tokenizer * t
         spark::set_last_error("tokenizer is NULL");
         return nullptr;
     }
-    return new (std::nothrow) spark_detok_stream{&tok->tokenizer, skip_special};
+    return new (std::nothrow) spark_detok_stream(&tok->tokenizer, skip_special);
 }
 
 SPARK_API spark_status spark_detok_stream_push(spark_detok_stream * s, spark_token token, char * buf, size_t capacity,
