@@ -158,3 +158,33 @@ TEST_CASE("message fields: content none, reasoning aliases, tool_calls, name") {
           "{\"thinking\": \"why\", \"role\": \"assistant\", \"content\": null, \"reasoning_content\": \"why\", "
           "\"tool_calls\": [{\"name\": \"f\", \"arguments\": {\"b\": 1, \"a\": 2}}], \"name\": \"bot\"}|None");
 }
+
+TEST_CASE("hostile templates and inputs fail cleanly") {
+    const spark_chat_message user{"user", "hi", nullptr, nullptr, nullptr};
+    char buf[64];
+    size_t len = 0;
+    auto apply = [&](const std::string & tmpl, const char * tools = nullptr) {
+        return spark_chat_apply_template(tmpl.c_str(), &user, 1, true, tools, nullptr, nullptr, nullptr, buf, sizeof buf, &len);
+    };
+    CHECK(apply("{{ " + std::string(100000, '(') + "1" + std::string(100000, ')') + " }}") == SPARK_ERR_TEMPLATE);
+    CHECK(apply("{{ " + std::string(100000, '[') + " }}") == SPARK_ERR_TEMPLATE);
+    std::string nested_ifs;
+    for (int k = 0; k < 5000; ++k) nested_ifs += "{% if true %}";
+    CHECK(apply(nested_ifs) == SPARK_ERR_TEMPLATE);
+    const std::string deep = std::string(50000, '[') + std::string(50000, ']');
+    CHECK(apply("{{ tools }}", deep.c_str()) == SPARK_ERR_INVALID_FORMAT);
+    CHECK(apply("{% set ns = namespace(x=[]) %}{% for i in range(2000) %}{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x }}") ==
+          SPARK_ERR_TEMPLATE);
+    CHECK(apply("{% for i in range(1000000) %}{% endfor %}") == SPARK_ERR_TEMPLATE);  // sandbox range limit
+    CHECK(apply("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}") == SPARK_ERR_TEMPLATE);
+    CHECK(apply("{{ 9223372036854775807 + 1 }}") == SPARK_ERR_TEMPLATE);
+    // Every prefix of the Qwen3 template either renders or fails with SPARK_ERR_TEMPLATE.
+    const std::string & t = qwen3_template();
+    int errors = 0;
+    for (size_t cut = 0; cut < t.size(); cut += 37) {
+        const spark_status st = apply(t.substr(0, cut));
+        CHECK((st == SPARK_OK || st == SPARK_ERR_TEMPLATE || st == SPARK_ERR_BUFFER_TOO_SMALL));
+        errors += st == SPARK_ERR_TEMPLATE;
+    }
+    CHECK(errors > 0);
+}

@@ -6,14 +6,37 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+
 namespace spark {
 
 namespace {
 
 using jinja::Value;
 
+// Deepest nesting of arrays/objects (outside strings); the conversion to template values recurses.
+size_t nesting_depth(const std::string & text) {
+    size_t depth = 0, max_depth = 0;
+    bool in_string = false;
+    for (size_t i = 0; i < text.size(); ++i) {
+        const char c = text[i];
+        if (in_string) {
+            if (c == '\\') ++i;
+            else if (c == '"') in_string = false;
+        } else if (c == '"') {
+            in_string = true;
+        } else if (c == '[' || c == '{') {
+            max_depth = std::max(max_depth, ++depth);
+        } else if ((c == ']' || c == '}') && depth > 0) {
+            --depth;
+        }
+    }
+    return max_depth;
+}
+
 nlohmann::ordered_json parse_json(const std::string & text, const char * what) {
     if (!unicode::is_valid_utf8(text)) fail(SPARK_ERR_INVALID_FORMAT, "%s is not valid UTF-8", what);
+    if (nesting_depth(text) > 128) fail(SPARK_ERR_INVALID_FORMAT, "%s is nested too deeply", what);
     try {
         return nlohmann::ordered_json::parse(text);
     } catch (const nlohmann::json::exception & e) {

@@ -110,6 +110,7 @@ private:
     }
 
     NodePtr parse_statement() {
+        DepthGuard guard(*this);
         const Token tok  = next();
         const std::string & name = tok.text;
         auto n  = std::make_unique<Node>();
@@ -307,7 +308,20 @@ private:
         return e;
     }
 
-    ExprPtr parse_expression(bool with_condexpr) { return with_condexpr ? parse_condexpr() : parse_or(); }
+    ExprPtr parse_expression(bool with_condexpr) {
+        DepthGuard guard(*this);
+        return with_condexpr ? parse_condexpr() : parse_or();
+    }
+
+    // Hostile templates must not exhaust the stack of this recursive-descent parser.
+    struct DepthGuard {
+        Parser & p;
+        explicit DepthGuard(Parser & parser) : p(parser) {
+            if (++p.depth_ > kMaxDepth) p.error("expressions or blocks are nested too deeply");
+        }
+        ~DepthGuard() { --p.depth_; }
+    };
+    static constexpr int kMaxDepth = 200;
 
     ExprPtr parse_condexpr() {
         ExprPtr e = parse_or();
@@ -433,6 +447,7 @@ private:
     }
 
     ExprPtr parse_unary(bool with_filter) {
+        DepthGuard guard(*this);
         ExprPtr e;
         if (is_op("-") || is_op("+")) {
             const Token op = next();
@@ -661,6 +676,7 @@ private:
     std::vector<Token> t_;
     size_t             p_          = 0;
     int                loop_depth_ = 0;
+    int                depth_      = 0;
 };
 
 }  // namespace

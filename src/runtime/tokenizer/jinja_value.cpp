@@ -51,8 +51,20 @@ Value Value::string(std::string x) {
     v.s    = std::move(x);
     return v;
 }
+namespace {
+constexpr uint16_t kMaxValueDepth = 200;
+
+uint16_t nested_depth(const Value & child, uint16_t current) {
+    const uint16_t d = std::max<uint16_t>(current, uint16_t(child.depth + 1));
+    if (d > kMaxValueDepth) template_error(0, "value nested too deeply");
+    return d;
+}
+}  // namespace
+
 Value Value::list_of(List items, bool tuple) {
     Value v;
+    v.depth = 1;
+    for (const Value & item : items) v.depth = nested_depth(item, v.depth);
     v.type     = Type::List;
     v.is_tuple = tuple;
     v.list     = std::make_shared<List>(std::move(items));
@@ -60,6 +72,8 @@ Value Value::list_of(List items, bool tuple) {
 }
 Value Value::dict_of(Dict d) {
     Value v;
+    v.depth = 1;
+    for (const auto & kv : d.items) v.depth = nested_depth(kv.second, nested_depth(kv.first, v.depth));
     v.type = Type::Dict;
     v.dict = std::make_shared<Dict>(std::move(d));
     return v;
@@ -202,7 +216,24 @@ std::string repr_string(const std::string & s) {
 
 }  // namespace
 
+namespace {
+constexpr int kMaxNesting = 256;  // values nested deeper than this are not printed (stack safety)
+
+struct NestingGuard {
+    static thread_local int depth;
+    NestingGuard() {
+        if (++depth > kMaxNesting) {
+            depth = 0;
+            template_error(0, "value nested too deeply");
+        }
+    }
+    ~NestingGuard() { if (depth > 0) --depth; }
+};
+thread_local int NestingGuard::depth = 0;
+}  // namespace
+
 std::string repr(const Value & v) {
+    NestingGuard guard;
     switch (v.type) {
         case Value::Type::String: return repr_string(v.s);
         case Value::Type::List: {
@@ -303,6 +334,7 @@ int compare(const Value & a, const Value & b, int line) {
 }
 
 Value from_json(const nlohmann::ordered_json & j) {
+    NestingGuard guard;
     using J = nlohmann::ordered_json::value_t;
     switch (j.type()) {
         case J::null: return Value::none();
@@ -377,6 +409,7 @@ std::string json_float(double v) {
 }
 
 void json_value(std::string & out, const Value & v, const JsonOptions & o, int level, int line) {
+    if (level > 256) template_error(line, "value nested too deeply for tojson");
     auto newline_indent = [&](int lvl) {
         out += '\n';
         for (int k = 0; k < lvl; ++k) out += o.use_indent_str ? o.indent_str : std::string(size_t(o.indent), ' ');

@@ -39,6 +39,7 @@ struct Value {
 
     Type    type     = Type::Undefined;
     bool    is_tuple = false;  // a List written as a tuple (repr "(a, b)"; not equal to a list)
+    uint16_t depth   = 0;      // nesting depth of lists/dicts, bounded so that recursion stays shallow
     bool    b        = false;
     int64_t i        = 0;
     double  f        = 0;
