@@ -99,7 +99,7 @@ TEST_CASE("jinja conformance cases match jinja2 (transformers' environment)") {
     CHECK(errors >= 10);
 }
 
-TEST_CASE("chat template errors: syntax, unknown constructs, raise_exception, bad JSON, buffers") {
+TEST_CASE("chat template errors: syntax - unknown constructs - raise_exception - bad JSON - buffers") {
     const spark_chat_message user{"user", "hi", nullptr, nullptr, nullptr};
     char buf[256];
     size_t len = 0;
@@ -147,7 +147,7 @@ TEST_CASE("chat template errors: syntax, unknown constructs, raise_exception, ba
     CHECK(buf[3] == '\0');
 }
 
-TEST_CASE("message fields: content none, reasoning aliases, tool_calls, name") {
+TEST_CASE("message fields: content none - reasoning aliases - tool_calls - name") {
     const spark_chat_message m{"assistant", nullptr, "why", "[{\"name\": \"f\", \"arguments\": {\"b\": 1, \"a\": 2}}]", "bot"};
     char buf[512];
     size_t len = 0;

@@ -66,7 +66,7 @@ TEST_CASE("demo tokenizer matches its goldens (tokenizers library)") {
     check_goldens(demo(), data_path("demo_golden.jsonl"), 20);
 }
 
-TEST_CASE("tokenizer variants match their goldens (add_prefix_space, use_regex, special flags)") {
+TEST_CASE("tokenizer variants match their goldens (add_prefix_space - use_regex - added token flags - split behaviors)") {
     const auto base = nlohmann::json::parse(read_file(data_path("demo/tokenizer.json")));
     size_t n = 0;
     for (const auto & entry : read_jsonl(data_path("variant_golden.jsonl"))) {
@@ -85,7 +85,7 @@ TEST_CASE("tokenizer variants match their goldens (add_prefix_space, use_regex, 
     CHECK(n >= 20);
 }
 
-TEST_CASE("special tokens, eos and end-of-generation ids") {
+TEST_CASE("special tokens - eos - end-of-generation ids") {
     const auto & q = qwen3();
     CHECK(q.n_vocab() == 151669);
     CHECK(q.find("<|im_end|>") == 151645);
@@ -202,7 +202,7 @@ TEST_CASE("encoding from several threads at once gives the same ids") {
 // ------------------------------------------------------------------------------------------------
 // C API
 
-TEST_CASE("C API: load, tokenize, pieces, detokenize with the buffer protocol") {
+TEST_CASE("C API: load - tokenize - pieces - detokenize with the buffer protocol") {
     spark_tokenizer * tok = nullptr;
     REQUIRE(spark_tokenizer_load(data_path("qwen3").c_str(), &tok) == SPARK_OK);
     REQUIRE(tok);
