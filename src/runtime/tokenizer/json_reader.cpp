@@ -72,9 +72,6 @@ bool JsonReader::next_key(std::string & key, bool & first) {
     skip_ws();
     if (pos_ >= text_.size()) error("expected '}' or a key");
     if (text_[pos_] == '}') {
-        if (!first) {
-            // fine: end after at least one member
-        }
         ++pos_;
         return false;
     }
