@@ -257,7 +257,8 @@ typedef struct spark_batch {
 SPARK_API spark_batch spark_batch_init(int32_t n_tokens, int32_t n_seq_max);
 SPARK_API void        spark_batch_free(spark_batch batch);
 
-/* Runs the model over the batch, appending to the KV cache / recurrent state.
+/* Runs the model over the batch, appending to the KV cache / recurrent state. A NULL batch.logits
+ * requests the logits of the last row only.
  * Returns:
  *   SPARK_OK                  logits of the requested rows are available
  *   SPARK_ERR_INVALID_ARGUMENT NULL ctx/batch or n_tokens <= 0
@@ -266,7 +267,8 @@ SPARK_API void        spark_batch_free(spark_batch batch);
  *                             a token in several sequences of a recurrent model
  *   SPARK_ERR_CONTEXT_FULL    the KV cache cannot hold the batch
  *   SPARK_ERR_OUT_OF_MEMORY / SPARK_ERR_DEVICE
- * On any error the memory is left exactly as before the call. */
+ * On a validation error (SPARK_ERR_INVALID_*, SPARK_ERR_CONTEXT_FULL) the memory is left exactly as
+ * before the call; after SPARK_ERR_DEVICE the context should be freed. */
 SPARK_API spark_status spark_decode(spark_context * ctx, const spark_batch * batch);
 
 /* Logits of the rows requested in the last spark_decode, in batch order: [n_outputs][n_vocab].
@@ -400,7 +402,9 @@ SPARK_API bool spark_tokenizer_is_special(const spark_tokenizer * tok, spark_tok
 SPARK_API spark_token spark_tokenizer_find(const spark_tokenizer * tok, const char * text);
 
 /* Encodes `len` bytes of UTF-8 text. With parse_special, added/special tokens in the text are
- * matched (as Hugging Face tokenizers does) and never split; otherwise they are plain text.
+ * matched (as Hugging Face tokenizers does) and never split; without it special tokens are plain
+ * text (non-special added tokens such as <think> are still matched, as in Hugging Face). No BOS/EOS
+ * is added (the tokenizer's post-processor is not applied).
  * Writes up to `capacity` ids to `tokens` and the total count to *n_tokens.
  * Returns SPARK_OK, SPARK_ERR_INVALID_TEXT (invalid UTF-8), SPARK_ERR_BUFFER_TOO_SMALL (*n_tokens
  * holds the needed capacity). */
@@ -421,7 +425,8 @@ SPARK_API spark_status spark_detokenize(const spark_tokenizer * tok, const spark
  * characters (never half of one), holding back an incomplete tail until it completes. */
 typedef struct spark_detok_stream spark_detok_stream;
 SPARK_API spark_detok_stream * spark_detok_stream_init(const spark_tokenizer * tok, bool skip_special);
-/* Appends the text made complete by `token` to buf (up to capacity; full length in *len). */
+/* Writes the text made complete by `token` to buf (up to capacity; full length in *len). On
+ * SPARK_ERR_BUFFER_TOO_SMALL the stream is unchanged, so the push can be retried with a larger buffer. */
 SPARK_API spark_status spark_detok_stream_push(spark_detok_stream * s, spark_token token, char * buf, size_t capacity, size_t * len);
 /* Returns what is held back (an incomplete tail becomes U+FFFD) and resets the stream. */
 SPARK_API spark_status spark_detok_stream_flush(spark_detok_stream * s, char * buf, size_t capacity, size_t * len);

@@ -17,15 +17,34 @@ Context::Context(Model & model, const spark_context_params & params) : model_(mo
     memory_ = std::make_unique<Memory>(model_, params_.n_ctx, params_.n_seq_max, params_.n_snapshots);
 }
 
-const float * Context::logits_ith(int32_t i) const {
+int32_t Context::output_index(int32_t i) const {
+    if (n_outputs_ == 0) return -1;
+    if (i < 0) return n_outputs_ + i >= 0 ? n_outputs_ + i : -1;
+    if (size_t(i) >= output_of_row_.size()) return -1;
+    return output_of_row_[size_t(i)];
+}
+
+const float * Context::logits() {
     if (n_outputs_ == 0) return nullptr;
-    if (i < 0) {
-        i = n_outputs_ + i;
-        if (i < 0) return nullptr;
-        return logits_.data() + size_t(i) * size_t(model_.hparams.n_vocab);
+    if (pending_logits_) {
+        const size_t row_bytes = size_t(model_.hparams.n_vocab) * 4;
+        for (auto [j, out] : pending_rows_)
+            model_.backend->download(logits_.data() + size_t(out) * size_t(model_.hparams.n_vocab), pending_logits_ + size_t(j) * row_bytes, row_bytes);
+        pending_logits_ = nullptr;
+        pending_rows_.clear();
     }
-    if (size_t(i) >= output_of_row_.size() || output_of_row_[size_t(i)] < 0) return nullptr;
-    return logits_.data() + size_t(output_of_row_[size_t(i)]) * size_t(model_.hparams.n_vocab);
+    return logits_.data();
+}
+
+const float * Context::logits_ith(int32_t i) {
+    const int32_t out = output_index(i);
+    if (out < 0) return nullptr;
+    return logits() + size_t(out) * size_t(model_.hparams.n_vocab);
+}
+
+int32_t Context::argmax_ith(int32_t i) const {
+    const int32_t out = output_index(i);
+    return out < 0 ? -1 : argmax_[size_t(out)];
 }
 
 void Context::validate(const spark_batch & b, std::vector<Row> & rows, std::vector<int32_t> & n_new) const {
@@ -69,6 +88,9 @@ void Context::decode(const spark_batch & batch) {
     for (int32_t i = 0; i < batch.n_tokens; ++i)
         if (batch.logits ? batch.logits[i] != 0 : i == batch.n_tokens - 1) output_of_row_[size_t(i)] = n_outputs_++;
     logits_.resize(size_t(n_outputs_) * size_t(n_vocab));
+    argmax_.assign(size_t(n_outputs_), -1);
+    pending_logits_ = nullptr;
+    pending_rows_.clear();
 
     std::vector<int32_t> start_len(static_cast<size_t>(params_.n_seq_max));
     for (int32_t s = 0; s < params_.n_seq_max; ++s) start_len[size_t(s)] = memory_->seq_length(s);
@@ -76,7 +98,7 @@ void Context::decode(const spark_batch & batch) {
         model_.backend->set_n_threads(params_.n_threads);
         for (size_t first = 0; first < rows.size(); first += size_t(params_.n_batch)) {
             const int32_t n = int32_t(std::min(rows.size() - first, size_t(params_.n_batch)));
-            run_step(rows.data() + first, n);
+            run_step(rows.data() + first, n, first + size_t(n) == rows.size());
         }
     } catch (...) {
         // Undo the lengths of this call; pages beyond them return to the free list.
@@ -87,7 +109,7 @@ void Context::decode(const spark_batch & batch) {
     }
 }
 
-void Context::run_step(const Row * rows, int32_t n) {
+void Context::run_step(const Row * rows, int32_t n, bool last) {
     Backend &       be = *model_.backend;
     const HParams & hp = model_.hparams;
 
@@ -115,6 +137,9 @@ void Context::run_step(const Row * rows, int32_t n) {
 
     Tensor * logits = model_.arch->build(gc);
     SPARK_ASSERT(logits->ne[0] == hp.n_vocab && logits->ne[1] == int64_t(out_rows.size()));
+    // Greedy choice on the backend: a greedy loop copies one id per step, not the logits.
+    Tensor * best = graph.argmax(logits);
+    graph.mark_output(best);
 
     MemoryPlan plan = plan_memory(graph);
     if (!arena_ || arena_->size() < plan.arena_bytes) {
@@ -133,11 +158,16 @@ void Context::run_step(const Row * rows, int32_t n) {
     be.compute(graph);
 
     if (any_out) {
-        const size_t row_bytes = size_t(hp.n_vocab) * 4;
+        std::vector<int32_t> ids(out_rows.size());
+        be.download(ids.data(), best->data, ids.size() * 4);  // the step's only synchronisation
         for (size_t j = 0; j < out_rows.size(); ++j) {
             const int32_t out = output_of_row_[size_t(rows[out_rows[j]].batch_index)];
-            be.download(logits_.data() + size_t(out) * size_t(hp.n_vocab), static_cast<const char *>(logits->data) + j * row_bytes, row_bytes);
+            argmax_[size_t(out)] = ids[j];
+            pending_rows_.push_back({int32_t(j), out});
         }
+        // The arena is reused by the next step: only the last step's logits may stay there.
+        pending_logits_ = static_cast<const char *>(logits->data);
+        if (!last) this->logits();
     }
     for (size_t r = 0; r < ranges.size(); r += 3) memory_->advance(ranges[r], ranges[r + 2]);
 }

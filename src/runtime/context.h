@@ -18,8 +18,12 @@ public:
     // Throws spark::Error; on a validation error (bad token, batch, context full) nothing changed.
     void decode(const spark_batch & batch);
 
-    const float * logits() const { return n_outputs_ ? logits_.data() : nullptr; }
-    const float * logits_ith(int32_t i) const;
+    // Logits of the last decode, [n_outputs][n_vocab] on the host (copied from the backend on first
+    // access: a greedy decode loop never copies them).
+    const float * logits();
+    const float * logits_ith(int32_t i);
+    // The argmax of output row i (as logits_ith), computed on the backend; -1 if row i has none.
+    int32_t       argmax_ith(int32_t i) const;
     int32_t       n_outputs() const { return n_outputs_; }
 
     Model &        model() { return model_; }
@@ -35,7 +39,8 @@ private:
         bool    want_logits;
     };
     void validate(const spark_batch & batch, std::vector<Row> & rows, std::vector<int32_t> & n_new) const;
-    void run_step(const Row * rows, int32_t n);
+    void run_step(const Row * rows, int32_t n, bool last);
+    int32_t output_index(int32_t i) const;  // batch row (or negative from the end) -> output index
 
     Model &                 model_;
     spark_context_params    params_;
@@ -43,8 +48,12 @@ private:
     std::unique_ptr<Buffer> arena_;
 
     std::vector<float>   logits_;        // [n_outputs][n_vocab]
+    std::vector<int32_t> argmax_;        // [n_outputs]
     std::vector<int32_t> output_of_row_; // batch row -> output index or -1
     int32_t              n_outputs_ = 0;
+    // Logits of the last step still on the backend: (row in the step's logits, output index).
+    const char *                         pending_logits_ = nullptr;
+    std::vector<std::pair<int32_t, int32_t>> pending_rows_;
 };
 
 }  // namespace spark

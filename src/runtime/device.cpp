@@ -34,3 +34,27 @@ std::unique_ptr<Backend> make_backend(const spark_model_params & params, spark_d
 }
 
 }  // namespace spark
+
+extern "C" {
+
+SPARK_API int32_t spark_cuda_device_count(void) {
+#if SPARK_HAS_CUDA
+    return spark::cuda_device_count();
+#else
+    return 0;
+#endif
+}
+
+SPARK_API spark_status spark_cuda_device_info(int32_t index, spark_device_info * out) {
+    return spark::api_guard([&] {
+        if (!out) spark::fail(SPARK_ERR_INVALID_ARGUMENT, "spark_cuda_device_info: out is NULL");
+#if SPARK_HAS_CUDA
+        spark::cuda_device_describe(index, *out);
+#else
+        (void) index;
+        spark::fail(SPARK_ERR_UNSUPPORTED, "this build of spark has no CUDA backend");
+#endif
+    });
+}
+
+}  // extern "C"

@@ -210,6 +210,14 @@ void apply_all(spark_sampler * s, Candidates & c) {
     else s->stage->apply(c);
 }
 
+// A chain that only picks the best token: the context's on-device argmax serves it.
+bool is_pure_greedy(const spark_sampler * s) {
+    if (!s->is_chain) return dynamic_cast<const Greedy *>(s->stage.get()) != nullptr;
+    for (const auto & c : s->chain)
+        if (!is_pure_greedy(c.get())) return false;
+    return true;
+}
+
 spark_token sample(spark_sampler * smpl, const float * logits, int32_t n_vocab) {
     Candidates c;
     c.items.resize(size_t(n_vocab));
@@ -256,6 +264,13 @@ SPARK_API spark_sampler * spark_sampler_init_penalties(int32_t last_n, float pen
 SPARK_API spark_status spark_sampler_sample(spark_sampler * smpl, spark_context * ctx, int32_t idx, spark_token * out) {
     return api_guard([&] {
         if (!smpl || !ctx || !out) fail(SPARK_ERR_INVALID_ARGUMENT, "spark_sampler_sample: NULL argument");
+        if (is_pure_greedy(smpl)) {
+            const int32_t t = ctx->impl->argmax_ith(idx);
+            if (t < 0) fail(SPARK_ERR_INVALID_ARGUMENT, "spark_sampler_sample: row %d of the last decode has no logits", idx);
+            spark_sampler_accept(smpl, t);
+            *out = t;
+            return;
+        }
         const float * logits = ctx->impl->logits_ith(idx);
         if (!logits) fail(SPARK_ERR_INVALID_ARGUMENT, "spark_sampler_sample: row %d of the last decode has no logits", idx);
         *out = sample(smpl, logits, int32_t(ctx->impl->model().hparams.n_vocab));

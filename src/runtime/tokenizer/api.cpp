@@ -1,5 +1,6 @@
 // C API of the tokenizer and the chat templates (spark.h, sections "Tokenizer" and "Chat templates").
 #include "graph/error.h"
+#include "runtime/io/gguf.h"
 #include "runtime/tokenizer/chat_template.h"
 #include "runtime/tokenizer/tokenizer.h"
 #include "runtime/tokenizer/unicode.h"
@@ -71,9 +72,17 @@ SPARK_API spark_status spark_tokenizer_load(const char * path, spark_tokenizer *
             std::ifstream f(path, std::ios::binary);
             if (!f) fail(SPARK_ERR_IO, "cannot read %s", path);
             f.read(magic, 4);
-            if (f.gcount() == 4 && std::memcmp(magic, "GGUF", 4) == 0)
-                fail(SPARK_ERR_UNSUPPORTED, "loading a tokenizer from a spark file is wired in by the model loader");
-            tok.reset(new spark_tokenizer{spark::Tokenizer::from_file(path)});
+            if (f.gcount() == 4 && std::memcmp(magic, "GGUF", 4) == 0) {
+                // A spark file stores the three source documents verbatim (docs/FORMAT.md).
+                auto gguf = spark::io::GgufFile::open(path);
+                auto json = gguf->get_string("tokenizer.huggingface.json");
+                if (!json) fail(SPARK_ERR_INVALID_FORMAT, "%s: the spark file holds no tokenizer (tokenizer.huggingface.json)", path);
+                tok.reset(new spark_tokenizer{spark::Tokenizer::from_json_strings(
+                    *json, gguf->get_string("spark.tokenizer_config_json").value_or(""),
+                    gguf->get_string("spark.generation_config_json").value_or(""))});
+            } else {
+                tok.reset(new spark_tokenizer{spark::Tokenizer::from_file(path)});
+            }
         }
         *out = tok.release();
     });

@@ -1,0 +1,416 @@
+// The CUDA backend: device memory, weight upload/repack, op dispatch with fusion, and CUDA-graph
+// replay of steps that repeat (batch-1 decode, small verify batches).
+//
+// Graph replay: a step's graph is fingerprinted (ops, shapes, strides, data pointers, parameters).
+// The first time a fingerprint is seen the step runs eagerly (workspace may grow); the second time
+// it is captured into a CUDA graph and launched; afterwards it is replayed. Everything that changes
+// between decode steps (token ids, positions, block tables) is device data uploaded before the
+// launch, so the captured kernels see the new step without re-capture.
+#include "backends/cuda/cuda_backend.h"
+
+#include "backends/cuda/arch.h"
+#include "backends/cuda/cuda_common.h"
+#include "backends/cuda/ops.h"
+
+#include <cstring>
+#include <deque>
+#include <list>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+namespace spark {
+
+namespace cuda {
+
+void throw_cuda_error(cudaError_t err, const char * call, const char * file, int line) {
+    const spark_status st = err == cudaErrorMemoryAllocation ? SPARK_ERR_OUT_OF_MEMORY : SPARK_ERR_DEVICE;
+    cudaGetLastError();  // clear a sticky launch error where possible
+    fail(st, "CUDA error %s (%s) in %s at %s:%d", cudaGetErrorName(err), cudaGetErrorString(err), call, file, line);
+}
+
+}  // namespace cuda
+
+namespace {
+
+using cuda::DeviceWeight;
+
+class DeviceBuffer final : public Buffer {
+public:
+    DeviceBuffer(size_t bytes, int device) : device_(device) {
+        size_ = bytes;
+        if (bytes == 0) return;
+        cudaError_t err = cudaMalloc(&data_, bytes);
+        if (err != cudaSuccess) {
+            cudaGetLastError();
+            size_t free_b = 0, total_b = 0;
+            cudaMemGetInfo(&free_b, &total_b);
+            fail(SPARK_ERR_OUT_OF_MEMORY, "out of GPU memory: cannot allocate %.1f MiB (%.1f MiB free of %.1f MiB)",
+                 double(bytes) / 1048576.0, double(free_b) / 1048576.0, double(total_b) / 1048576.0);
+        }
+        SPARK_CUDA_CHECK(cudaMemset(data_, 0, bytes));
+    }
+    ~DeviceBuffer() override {
+        if (data_) cudaFree(data_);
+    }
+
+private:
+    int device_;
+};
+
+class CudaBackend;
+
+class GrowingWorkspace final : public cuda::Workspace {
+public:
+    explicit GrowingWorkspace(CudaBackend & be) : be_(be) {}
+    void * get(size_t bytes) override;
+    bool   grew = false;     // set when get() reallocated (invalidates captured graphs)
+    bool   frozen = false;   // true while capturing
+    std::unique_ptr<Buffer> buf;
+
+private:
+    CudaBackend & be_;
+};
+
+struct CapturedStep {
+    uint64_t        fingerprint = 0;
+    int             seen        = 0;
+    cudaGraphExec_t exec        = nullptr;
+};
+
+class CudaBackend final : public Backend {
+public:
+    explicit CudaBackend(int device) : device_(device), workspace_(*this) {
+        int count = 0;
+        if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+            cudaGetLastError();
+            fail(SPARK_ERR_UNSUPPORTED, "no CUDA device is available (driver missing or no GPU)");
+        }
+        if (device < 0 || device >= count) fail(SPARK_ERR_UNSUPPORTED, "CUDA device %d does not exist (%d devices)", device, count);
+        cudaDeviceProp prop{};
+        SPARK_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+        props_.cc = prop.major * 100 + prop.minor * 10;
+        if (!cuda::cc_supported(props_.cc))
+            fail(SPARK_ERR_UNSUPPORTED, "GPU '%s' has compute capability %d.%d; spark needs 8.0 or newer (Ampere, Ada, Hopper, Blackwell)",
+                 prop.name, prop.major, prop.minor);
+        props_.sm_count           = prop.multiProcessorCount;
+        props_.max_smem_per_block = int(prop.sharedMemPerBlockOptin);
+        props_.l2_bytes           = size_t(prop.l2CacheSize);
+        name_                     = prop.name;
+        SPARK_CUDA_CHECK(cudaSetDevice(device));
+        SPARK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+        ctx_.stream       = stream_;
+        ctx_.workspace    = &workspace_;
+        ctx_.props        = &props_;
+        ctx_.backend      = this;
+        ctx_.expert_table = &CudaBackend::expert_table_thunk;
+    }
+
+    ~CudaBackend() override {
+        cudaSetDevice(device_);
+        if (stream_) cudaStreamSynchronize(stream_);
+        for (auto & s : steps_)
+            if (s.exec) cudaGraphExecDestroy(s.exec);
+        if (stream_) cudaStreamDestroy(stream_);
+    }
+
+    std::string name() const override { return "cuda:" + std::to_string(device_) + " (" + name_ + ")"; }
+    BackendCaps caps() const override { return {false, DType::BF16}; }
+
+    std::unique_ptr<Buffer> alloc(size_t bytes) override {
+        activate();
+        return std::make_unique<DeviceBuffer>(bytes, device_);
+    }
+    void upload(void * dst, const void * src, size_t n) override {
+        activate();
+        SPARK_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream_));
+    }
+    void download(void * dst, const void * src, size_t n) override {
+        activate();
+        SPARK_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream_));
+        SPARK_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
+    void copy(void * dst, const void * src, size_t n) override {
+        activate();
+        SPARK_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream_));
+    }
+    void fill_zero(void * dst, size_t n) override {
+        activate();
+        SPARK_CUDA_CHECK(cudaMemsetAsync(dst, 0, n, stream_));
+    }
+    void synchronize() override {
+        activate();
+        SPARK_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
+
+    QWeight prepare_weight(const QWeight & host, std::vector<std::unique_ptr<Buffer>> & storage) override {
+        activate();
+        struct Owner {
+            CudaBackend *                          be;
+            std::vector<std::unique_ptr<Buffer>> * storage;
+        } owner{this, &storage};
+        auto alloc_fn = [](void * o, size_t bytes) -> void * {
+            auto * ow = static_cast<Owner *>(o);
+            ow->storage->push_back(ow->be->alloc(bytes));
+            return ow->storage->back()->data();
+        };
+        DeviceWeight dw = cuda::upload_weight(host, alloc_fn, &owner, stream_);
+        std::lock_guard<std::mutex> lock(weights_mutex_);
+        weights_.push_back(dw);
+        QWeight out       = host;
+        out.data          = dw.data;
+        out.scales        = dw.scales;
+        out.zeros         = dw.zeros;
+        out.g_idx         = dw.perm;
+        out.device_layout = &weights_.back();
+        return out;
+    }
+
+    void compute(Graph & graph) override {
+        activate();
+        const uint64_t fp   = fingerprint(graph);
+        CapturedStep & step = lookup(fp);
+        if (step.exec && !workspace_.grew) {
+            SPARK_CUDA_CHECK(cudaGraphLaunch(step.exec, stream_));
+            return;
+        }
+        if (workspace_.grew) invalidate_graphs();
+        if (++step.seen < 2 || !graphs_enabled()) {
+            run_nodes(graph);  // eager: sizes the workspace for this shape
+            return;
+        }
+        // Capture this step, then launch it.
+        workspace_.frozen = true;
+        cudaGraph_t g     = nullptr;
+        SPARK_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+        try {
+            run_nodes(graph);
+        } catch (...) {
+            cudaStreamEndCapture(stream_, &g);
+            if (g) cudaGraphDestroy(g);
+            workspace_.frozen = false;
+            throw;
+        }
+        SPARK_CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
+        workspace_.frozen = false;
+        cudaGraphExec_t exec = nullptr;
+        cudaError_t     err  = cudaGraphInstantiate(&exec, g, 0);
+        cudaGraphDestroy(g);
+        SPARK_CUDA_CHECK(err);
+        step.exec = exec;
+        SPARK_CUDA_CHECK(cudaGraphLaunch(step.exec, stream_));
+    }
+
+    void activate() const { cudaSetDevice(device_); }
+    const cuda::DeviceProps & props() const { return props_; }
+
+private:
+    friend class GrowingWorkspace;
+
+    static bool graphs_enabled() {
+        static const bool enabled = [] {
+            const char * e = std::getenv("SPARK_CUDA_GRAPHS");
+            return !(e && std::string(e) == "0");
+        }();
+        return enabled;
+    }
+
+    // Which nodes a fused kernel covers: a SWIGLU of two matmuls over the same input.
+    static bool fusable_swiglu(const Tensor & sw, const std::vector<int> & uses) {
+        const Tensor * g = sw.src[0];
+        const Tensor * u = sw.src[1];
+        if (sw.op != Op::SWIGLU || !g || !u || g->op != u->op) return false;
+        if (g->op != Op::MATMUL && g->op != Op::MATMUL_ID) return false;
+        if (g->src[0] != u->src[0] || g->src[1] != u->src[1]) return false;
+        if (uses[size_t(g->id)] != 1 || uses[size_t(u->id)] != 1) return false;
+        if (g->flags & TENSOR_OUTPUT || u->flags & TENSOR_OUTPUT) return false;
+        const QWeight & wg = g->op == Op::MATMUL ? *g->weight : g->experts[0];
+        const QWeight & wu = u->op == Op::MATMUL ? *u->weight : u->experts[0];
+        return wg.format == wu.format && wg.n == wu.n && wg.k == wu.k;
+    }
+
+    void run_nodes(Graph & graph) {
+        const auto &     nodes = graph.nodes();
+        std::vector<int> uses(graph.tensors().size(), 0);
+        for (const Tensor * n : nodes)
+            for (const Tensor * s : n->src)
+                if (s) ++uses[size_t(s->id)];
+        std::vector<bool> skip(graph.tensors().size(), false);
+        // Mark the matmuls a fused SWIGLU computes itself.
+        for (const Tensor * n : nodes)
+            if (n->op == Op::SWIGLU && fusable_swiglu(*n, uses)) skip[size_t(n->src[0]->id)] = skip[size_t(n->src[1]->id)] = true;
+        for (const Tensor * n : nodes) {
+            if (skip[size_t(n->id)]) continue;
+            if (n->op == Op::SWIGLU && fusable_swiglu(*n, uses)) {
+                cuda::op_matmul_swiglu(*n, ctx_);
+                continue;
+            }
+            dispatch(*n);
+        }
+    }
+
+    void dispatch(const Tensor & t) {
+        switch (t.op) {
+            case Op::NONE:
+            case Op::VIEW: return;
+            case Op::CONT: return cuda::op_cont(t, ctx_);
+            case Op::CONCAT: return cuda::op_concat(t, ctx_);
+            case Op::GET_ROWS: return cuda::op_get_rows(t, ctx_);
+            case Op::MATMUL: return cuda::op_matmul(t, ctx_);
+            case Op::MATMUL_ID: return cuda::op_matmul_id(t, ctx_);
+            case Op::ADD:
+            case Op::MUL:
+            case Op::SWIGLU:
+            case Op::MUL_SIGMOID: return cuda::op_binary(t, ctx_);
+            case Op::SCALE: return cuda::op_scale(t, ctx_);
+            case Op::RMS_NORM: return cuda::op_rms_norm(t, ctx_);
+            case Op::L2_NORM: return cuda::op_l2_norm(t, ctx_);
+            case Op::ROPE: return cuda::op_rope(t, ctx_);
+            case Op::ATTENTION: return cuda::op_attention(t, ctx_);
+            case Op::MOE_ROUTE: return cuda::op_moe_route(t, ctx_);
+            case Op::MOE_COMBINE: return cuda::op_moe_combine(t, ctx_);
+            case Op::CONV1D_SSM: return cuda::op_conv1d_ssm(t, ctx_);
+            case Op::GATED_DELTA: return cuda::op_gated_delta(t, ctx_);
+            case Op::ARGMAX: return cuda::op_argmax(t, ctx_);
+            case Op::COUNT: break;
+        }
+        fail(SPARK_ERR_INTERNAL, "cuda backend: unknown op %d", int(t.op));
+    }
+
+    // FNV-1a over everything a captured launch depends on.
+    static uint64_t fingerprint(const Graph & graph) {
+        uint64_t h   = 1469598103934665603ull;
+        auto     mix = [&](const void * p, size_t n) {
+            const auto * b = static_cast<const unsigned char *>(p);
+            for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+        };
+        for (const Tensor & t : graph.tensors()) {
+            mix(&t.op, sizeof t.op);
+            mix(&t.type, sizeof t.type);
+            mix(t.ne, sizeof t.ne);
+            mix(t.nb, sizeof t.nb);
+            mix(&t.data, sizeof t.data);
+            mix(t.ip, sizeof t.ip);
+            mix(t.fp, sizeof t.fp);
+            mix(&t.weight, sizeof t.weight);
+            mix(&t.experts, sizeof t.experts);
+            for (const Tensor * s : t.src) {
+                const int32_t id = s ? s->id : -1;
+                mix(&id, sizeof id);
+            }
+        }
+        return h;
+    }
+
+    CapturedStep & lookup(uint64_t fp) {
+        for (auto it = steps_.begin(); it != steps_.end(); ++it)
+            if (it->fingerprint == fp) {
+                steps_.splice(steps_.begin(), steps_, it);  // most recent first
+                return steps_.front();
+            }
+        steps_.push_front(CapturedStep{fp, 0, nullptr});
+        while (steps_.size() > kMaxSteps) {
+            if (steps_.back().exec) cudaGraphExecDestroy(steps_.back().exec);
+            steps_.pop_back();
+        }
+        return steps_.front();
+    }
+
+    void invalidate_graphs() {
+        for (auto & s : steps_)
+            if (s.exec) {
+                cudaGraphExecDestroy(s.exec);
+                s.exec = nullptr;
+            }
+        workspace_.grew = false;
+    }
+
+    static const DeviceWeight * expert_table_thunk(void * be, const QWeight * experts, int32_t n) {
+        return static_cast<CudaBackend *>(be)->expert_table(experts, n);
+    }
+
+    // The device array of an expert set, built once (outside capture: the first run is eager).
+    const DeviceWeight * expert_table(const QWeight * experts, int32_t n) {
+        auto it = expert_tables_.find(experts);
+        if (it != expert_tables_.end()) return static_cast<const DeviceWeight *>(it->second->data());
+        if (workspace_.frozen) fail(SPARK_ERR_INTERNAL, "expert table built during graph capture");
+        std::vector<DeviceWeight> host(size_t(n));
+        for (int32_t e = 0; e < n; ++e) host[size_t(e)] = cuda::device_weight(experts[e]);
+        auto buf = alloc(host.size() * sizeof(DeviceWeight));
+        SPARK_CUDA_CHECK(cudaMemcpy(buf->data(), host.data(), host.size() * sizeof(DeviceWeight), cudaMemcpyHostToDevice));
+        const DeviceWeight * p = static_cast<const DeviceWeight *>(buf->data());
+        expert_tables_[experts] = std::move(buf);
+        return p;
+    }
+
+    static constexpr size_t kMaxSteps = 16;
+
+    int                     device_;
+    std::string             name_;
+    cuda::DeviceProps       props_;
+    cudaStream_t            stream_ = nullptr;
+    GrowingWorkspace        workspace_;
+    cuda::OpContext         ctx_;
+    std::list<CapturedStep> steps_;
+    std::mutex              weights_mutex_;
+    std::deque<DeviceWeight> weights_;
+    std::unordered_map<const QWeight *, std::unique_ptr<Buffer>> expert_tables_;
+};
+
+void * GrowingWorkspace::get(size_t bytes) {
+    if (buf && buf->size() >= bytes) return buf->data();
+    if (frozen) fail(SPARK_ERR_INTERNAL, "CUDA workspace would grow during graph capture (%zu bytes)", bytes);
+    be_.synchronize();  // kernels still queued may use the old buffer
+    buf.reset();
+    buf  = be_.alloc(bytes + bytes / 4);
+    grew = true;
+    return buf->data();
+}
+
+}  // namespace
+
+int cuda_device_count() {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+bool cuda_device_usable(int index) {
+    if (index < 0 || index >= cuda_device_count()) return false;
+    cudaDeviceProp p{};
+    if (cudaGetDeviceProperties(&p, index) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return cuda::cc_supported(p.major * 100 + p.minor * 10);
+}
+
+void cuda_device_describe(int index, spark_device_info & out) {
+    const int n = cuda_device_count();
+    if (n == 0) fail(SPARK_ERR_UNSUPPORTED, "no CUDA device is available");
+    if (index < 0 || index >= n) fail(SPARK_ERR_INVALID_ARGUMENT, "CUDA device %d does not exist (%d devices)", index, n);
+    cudaDeviceProp p{};
+    SPARK_CUDA_CHECK(cudaGetDeviceProperties(&p, index));
+    const int cc = p.major * 100 + p.minor * 10;
+    out          = spark_device_info{};
+    std::snprintf(out.name, sizeof out.name, "%s", p.name);
+    out.compute_capability = p.major * 10 + p.minor;
+    out.multiprocessors    = p.multiProcessorCount;
+    out.total_memory       = p.totalGlobalMem;
+    size_t free_b = 0, total_b = 0;
+    int    prev   = 0;
+    cudaGetDevice(&prev);
+    if (cudaSetDevice(index) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) out.free_memory = free_b;
+    cudaGetLastError();
+    cudaSetDevice(prev);
+    std::snprintf(out.kernel_paths, sizeof out.kernel_paths, "%s", cuda::kernel_paths(cc));
+    if (!cuda::cc_supported(cc))
+        fail(SPARK_ERR_UNSUPPORTED, "GPU '%s' has compute capability %d.%d; spark needs 8.0 or newer", p.name, p.major, p.minor);
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int device_index) { return std::make_unique<CudaBackend>(device_index); }
+
+}  // namespace spark

@@ -1,0 +1,43 @@
+// A weight as the CUDA kernels see it: device pointers in the device layout, produced at load time
+// from a canonical QWeight (src/quant/qweight.h) by upload_weight() — the checkpoint file stays
+// arch-neutral. Plain data: it is passed to kernels by value, and MoE expert tables are arrays of it
+// in device memory (one launch reads every routed expert's pointers).
+//
+// Device layouts (row-major over the N output rows, K contiguous: one warp streams a row with
+// 16-byte loads, and a GEMM tile of rows reads contiguous runs):
+//   F32 / F16 / BF16  data [N][K]
+//   NVFP4             data u8 [N][K/2] (element 2i in the low nibble), scales E4M3 [N][K/16],
+//                     global_scale (multiplier). Same as the checkpoint: uploaded as is.
+//   INT4              data u32 [N][K/8]: nibble j of word w of row n is q[n][8w + j]
+//                     (the GPTQ [K/8][N] words transposed by a device kernel);
+//                     scales f16|bf16 [N][G]; zeros u8 [N][G] = effective zero (offset applied),
+//                     nullptr = symmetric (zero 8);
+//                     act-order checkpoints: K is stored sorted by group and perm[k] is the input
+//                     channel of stored column k (kernels read x[perm[k]]); nullptr otherwise.
+//                     Group of stored column k: k / group_size.
+//   FP8               data E4M3 [N][K], scales f32 [ceil(N/block_n)][ceil(K/block_k)]. As is.
+#pragma once
+
+#include "quant/qweight.h"
+
+#include <cstdint>
+
+namespace spark::cuda {
+
+struct DeviceWeight {
+    WeightFormat    format       = WeightFormat::BF16;
+    ScaleType       scale_type   = ScaleType::F16;  // INT4
+    int32_t         group_size   = 0;               // INT4
+    int32_t         n_groups     = 0;               // INT4
+    int32_t         block_n      = 0;               // FP8
+    int32_t         block_k      = 0;               // FP8
+    int64_t         n            = 0;
+    int64_t         k            = 0;
+    float           global_scale = 1.0f;            // NVFP4
+    const void *    data         = nullptr;
+    const void *    scales       = nullptr;
+    const uint8_t * zeros        = nullptr;         // INT4
+    const int32_t * perm         = nullptr;         // INT4 act-order
+};
+
+}  // namespace spark::cuda

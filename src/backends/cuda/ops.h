@@ -1,0 +1,86 @@
+// The CUDA implementation of every graph op, one launcher per op (as cpu_ops.h for the CPU). A
+// launcher reads the node's bound inputs (device pointers) and enqueues kernels on ctx.stream; it
+// never synchronises and never allocates except through ctx.workspace (so a step can be captured
+// into a CUDA graph and replayed). Shapes and strides follow src/graph/graph.h.
+#pragma once
+
+#include "backends/cuda/device_weight.h"
+#include "graph/graph.h"
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace spark::cuda {
+
+// Scratch device memory for one op at a time (split-K partials, converted activations, MoE
+// routing tables). get() may grow the buffer only when growing is allowed (eager runs); during
+// graph capture a too-small workspace is an error, which cannot happen because every captured step
+// ran eagerly with the same shapes first.
+class Workspace {
+public:
+    virtual ~Workspace() = default;
+    virtual void * get(size_t bytes) = 0;
+};
+
+struct DeviceProps {
+    int cc                  = 0;  // major*100 + minor*10
+    int sm_count            = 0;
+    int max_smem_per_block  = 0;  // opt-in maximum (bytes)
+    size_t l2_bytes         = 0;
+};
+
+struct OpContext {
+    cudaStream_t        stream = nullptr;
+    Workspace *         workspace = nullptr;
+    const DeviceProps * props = nullptr;
+    // Device array of the DeviceWeights of a MATMUL_ID node's experts (built once, cached).
+    const DeviceWeight * (*expert_table)(void * backend, const QWeight * experts, int32_t n) = nullptr;
+    void *              backend = nullptr;
+};
+
+inline const DeviceWeight & device_weight(const QWeight & w) { return *static_cast<const DeviceWeight *>(w.device_layout); }
+
+// ---- matmul (src/backends/cuda/matmul/) ----
+// MATMUL: y = x W^T for any weight format; batch rows <= 8 use the dequant-in-register GEMV,
+// more use the tensor-core GEMM.
+void op_matmul(const Tensor & t, const OpContext & ctx);
+// MATMUL_ID: all routed experts of all tokens in one launch (GEMV) or grouped GEMM.
+void op_matmul_id(const Tensor & t, const OpContext & ctx);
+// Fused gate/up projections with SwiGLU: out = silu(x Wg^T) * (x Wu^T). `swiglu` is the SWIGLU node
+// whose src0 / src1 are the two MATMUL (or two MATMUL_ID) nodes over the same input and ids.
+void op_matmul_swiglu(const Tensor & swiglu, const OpContext & ctx);
+// Host-side upload and device repack of one weight (INT4 transpose, act-order sort, ...). Device
+// buffers are allocated with `alloc` (owned by the caller).
+DeviceWeight upload_weight(const QWeight & host, void * (*alloc)(void * owner, size_t bytes), void * owner, cudaStream_t stream);
+
+// ---- attention (src/backends/cuda/attention/) ----
+// ATTENTION: append k/v to the paged BF16 cache, then causal GQA attention; split-KV decode for
+// few query tokens, tiled for prefill.
+void op_attention(const Tensor & t, const OpContext & ctx);
+
+// ---- linear attention (src/backends/cuda/ssm/) ----
+void op_conv1d_ssm(const Tensor & t, const OpContext & ctx);
+void op_gated_delta(const Tensor & t, const OpContext & ctx);
+
+// ---- small ops (src/backends/cuda/elementwise/) ----
+void op_cont(const Tensor & t, const OpContext & ctx);
+void op_concat(const Tensor & t, const OpContext & ctx);
+void op_get_rows(const Tensor & t, const OpContext & ctx);
+void op_binary(const Tensor & t, const OpContext & ctx);  // ADD, MUL, SWIGLU, MUL_SIGMOID
+void op_scale(const Tensor & t, const OpContext & ctx);
+void op_rms_norm(const Tensor & t, const OpContext & ctx);
+void op_l2_norm(const Tensor & t, const OpContext & ctx);
+void op_rope(const Tensor & t, const OpContext & ctx);
+void op_argmax(const Tensor & t, const OpContext & ctx);
+void op_moe_route(const Tensor & t, const OpContext & ctx);
+void op_moe_combine(const Tensor & t, const OpContext & ctx);
+// Fused: out = rms_norm(a + b) * w, also writing the sum (residual stream) to `add`'s output.
+// `norm` is the RMS_NORM node whose src0 is the ADD node `add`.
+void op_add_rms_norm(const Tensor & add, const Tensor & norm, const OpContext & ctx);
+
+// Which kernel path each weight format takes on a device (for spark_cuda_device_info).
+const char * kernel_paths(int cc);
+
+}  // namespace spark::cuda

@@ -1,0 +1,107 @@
+// Every model fixture on the GPU against the transformers goldens.
+//
+// Tolerance (issue 6): relative logit error <= 1e-2 per position, ||gpu - golden|| / ||golden||,
+// and the same top-1 token wherever the golden top-1 leads the runner-up by more than 0.05. The GPU
+// path is looser than the CPU's 1e-3 because its KV cache is bf16 and the prefill GEMM rounds
+// activations to bf16 (relative rounding 2^-9 per element); the weights themselves are dequantized
+// exactly as on the CPU.
+#include "../models/harness.h"
+
+#include <cmath>
+
+using namespace test;
+
+namespace {
+
+struct PositionError {
+    double worst_rel   = 0.0;
+    int    top1_misses = 0;
+};
+
+PositionError compare(const std::vector<float> & got, const Golden & g) {
+    PositionError e;
+    const size_t  nv = size_t(g.n_vocab);
+    for (size_t p = 0; p < g.prompt.size(); ++p) {
+        const float * a = got.data() + p * nv;
+        const float * r = g.logits.data() + p * nv;
+        double        num = 0.0, den = 0.0;
+        size_t        best = 0, second = 1, best_got = 0;
+        for (size_t i = 0; i < nv; ++i) {
+            num += double(a[i] - r[i]) * (a[i] - r[i]);
+            den += double(r[i]) * r[i];
+            if (a[i] > a[best_got]) best_got = i;
+        }
+        if (r[second] > r[best]) std::swap(best, second);
+        for (size_t i = 2; i < nv; ++i) {
+            if (r[i] > r[best]) {
+                second = best;
+                best   = i;
+            } else if (r[i] > r[second]) {
+                second = i;
+            }
+        }
+        e.worst_rel = std::max(e.worst_rel, std::sqrt(num / den));
+        if (r[best] - r[second] > 0.05f && best_got != best) ++e.top1_misses;
+    }
+    return e;
+}
+
+void check_fixture(const std::string & name) {
+    const std::string dir = model_dir(name);
+    Golden     g   = load_golden(dir);
+    ModelPtr   m   = load_model(dir, SPARK_DEVICE_CUDA);
+    ContextPtr ctx = new_context(m.get());
+    auto       logits = prompt_logits(ctx.get(), g.prompt, int32_t(g.n_vocab));
+    auto       e      = compare(logits, g);
+    MESSAGE(name << ": worst relative logit error " << e.worst_rel << ", top-1 misses " << e.top1_misses);
+    CHECK(e.worst_rel <= 1e-2);
+    CHECK(e.top1_misses == 0);
+    // Token-by-token decode (the graph-captured single-token step) must agree as well.
+    ContextPtr ctx1    = new_context(m.get());
+    auto       by_token = prompt_logits(ctx1.get(), g.prompt, int32_t(g.n_vocab), {1});
+    auto       e1      = compare(by_token, g);
+    MESSAGE(name << " token by token: worst relative logit error " << e1.worst_rel);
+    CHECK(e1.worst_rel <= 1e-2);
+    CHECK(e1.top1_misses == 0);
+}
+
+}  // namespace
+
+TEST_CASE("GPU golden: every fixture") {
+    for (const char * name : {"qwen3-bf16", "qwen3-nvfp4-modelopt", "qwen3-nvfp4-ct", "qwen3-int4-autoround", "qwen3-int4-autoround-asym",
+                              "qwen3-fp8-block", "qwen3-fp8-ct-channel", "qwen3_moe-bf16", "qwen3_moe-nvfp4-modelopt",
+                              "qwen3_moe-nvfp4-ct", "qwen3_moe-int4-autoround", "qwen3_moe-int4-autoround-asym",
+                              "qwen3_moe-fp8-block", "qwen3_moe-fp8-ct-channel", "qwen3_next-bf16", "qwen3_next-nvfp4-modelopt",
+                              "qwen3_next-int4-autoround", "qwen3_next-fp8-block"}) {
+        SUBCASE(name) { check_fixture(name); }
+    }
+}
+
+TEST_CASE("GPU: an unusable device index gives a clear error") {
+    spark_model_params p = spark_model_default_params();
+    p.device             = SPARK_DEVICE_CUDA;
+    p.device_index       = 99;
+    spark_model * m      = nullptr;
+    CHECK(spark_model_load(model_dir("qwen3-bf16").c_str(), p, &m) == SPARK_ERR_UNSUPPORTED);
+    CHECK(std::string(spark_last_error()).find("does not exist") != std::string::npos);
+    CHECK(m == nullptr);
+}
+
+TEST_CASE("GPU: device info reports the device, its compute capability and kernel paths") {
+    REQUIRE(spark_cuda_device_count() > 0);
+    spark_device_info info{};
+    REQUIRE(spark_cuda_device_info(0, &info) == SPARK_OK);
+    MESSAGE("device: " << info.name << " cc " << info.compute_capability << " SMs " << info.multiprocessors << " paths: " << info.kernel_paths);
+    CHECK(info.compute_capability >= 80);
+    CHECK(std::string(info.kernel_paths).find("nvfp4") != std::string::npos);
+}
+
+TEST_CASE("GPU: a context larger than the device memory gives SPARK_ERR_OUT_OF_MEMORY") {
+    ModelPtr             m = load_model(model_dir("qwen3-bf16"), SPARK_DEVICE_CUDA);
+    spark_context_params p = spark_context_default_params();
+    p.n_ctx                = 1 << 30;  // ~1 TB of KV cache
+    spark_context * ctx    = nullptr;
+    CHECK(spark_context_init(m.get(), p, &ctx) == SPARK_ERR_OUT_OF_MEMORY);
+    CHECK(std::string(spark_last_error()).find("out of GPU memory") != std::string::npos);
+    CHECK(ctx == nullptr);
+}
