@@ -1,0 +1,425 @@
+// spark-chat: talk to a model. Renders the model's chat template, streams the answer token by token,
+// keeps the conversation (re-using the KV cache of the unchanged prefix), and has a few commands.
+//
+//   spark-chat [-m MODEL] [-p PROMPT] [--temp T] [--top-k K] [--top-p P] [--min-p P]
+//              [--repeat-penalty R] [--seed S] [-n N] [-c CTX] [--device cpu|cuda] [--system TEXT]
+//
+// With -p: one turn, only the answer on stdout (statistics on stderr). Without -p and with a pipe on
+// stdin: every line is one user turn. Otherwise interactive, with line editing and history; a line
+// ending in '\' continues on the next line, and a line of three double quotes starts / ends a
+// multi-line block. Ctrl-C stops the current answer, not the program.
+#include <spark/spark.h>
+
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#if SPARK_CHAT_HAS_LIBEDIT
+#include <editline/readline.h>
+#endif
+
+namespace {
+
+volatile std::sig_atomic_t g_interrupted = 0;
+volatile std::sig_atomic_t g_generating  = 0;
+
+void on_sigint(int) {
+    g_interrupted = 1;
+    if (!g_generating) {
+        static const char hint[] = "\n(Ctrl-C stops an answer; type /quit or press Ctrl-D to leave)\n";
+        ssize_t r = write(STDERR_FILENO, hint, sizeof hint - 1);
+        (void) r;
+    }
+}
+
+struct Options {
+    std::string model = SPARK_DEFAULT_MODEL;
+    std::string prompt, system, device = "cpu";
+    float       temp = 0.7f, top_p = 0.9f, min_p = 0.0f, repeat_penalty = 1.0f;
+    int32_t     top_k = 20, n_predict = 512, n_ctx = 0, n_threads = 0;
+    uint32_t    seed = 0;
+};
+
+struct Message {
+    std::string role, content;
+};
+
+struct TurnStats {
+    int32_t prompt_tokens = 0, prefill_tokens = 0, generated = 0;
+    double  prefill_s = 0, decode_s = 0;
+};
+
+class Chat {
+public:
+    Chat(spark_model * model, spark_context * ctx, const Options & o) : model_(model), ctx_(ctx), opt_(o) {
+        tok_  = spark_model_get_tokenizer(model);
+        tmpl_ = spark_tokenizer_chat_template(tok_);
+        if (!opt_.system.empty()) system_ = opt_.system;
+        make_sampler();
+    }
+    ~Chat() { spark_sampler_free(smpl_); }
+
+    void reset() {
+        history_.clear();
+        cached_.clear();
+        spark_memory_clear(ctx_);
+        spark_sampler_reset(smpl_);
+    }
+    void set_system(const std::string & s) {
+        system_ = s;
+        reset();
+    }
+
+    // One user turn: prints the answer to `out` as it is generated. Returns false on an error
+    // (already reported on stderr); the turn is then not kept in the history.
+    bool turn(const std::string & user, FILE * out) {
+        history_.push_back({"user", user});
+        std::vector<spark_token> prompt;
+        if (!render(prompt)) {
+            history_.pop_back();
+            return false;
+        }
+        const int32_t n_ctx = spark_n_ctx(ctx_);
+        if (int32_t(prompt.size()) >= n_ctx) {
+            std::fprintf(stderr, "spark-chat: the conversation is %zu tokens but the context holds %d; use /reset or a larger -c\n",
+                         prompt.size(), n_ctx);
+            history_.pop_back();
+            return false;
+        }
+        stats_ = TurnStats{};
+        stats_.prompt_tokens = int32_t(prompt.size());
+        if (!prefill(prompt)) {
+            history_.pop_back();
+            return false;
+        }
+        std::string answer = generate(out, n_ctx);
+        history_.push_back({"assistant", answer});
+        total_generated_ += stats_.generated;
+        return true;
+    }
+
+    void print_stats(FILE * f) const {
+        std::fprintf(f, "prompt %d tokens (%d new) in %.3f s = %.1f tok/s; answer %d tokens in %.3f s = %.1f tok/s; context %d/%d\n",
+                     stats_.prompt_tokens, stats_.prefill_tokens, stats_.prefill_s,
+                     stats_.prefill_s > 0 ? stats_.prefill_tokens / stats_.prefill_s : 0.0, stats_.generated, stats_.decode_s,
+                     stats_.decode_s > 0 ? stats_.generated / stats_.decode_s : 0.0, spark_memory_seq_length(ctx_, 0), spark_n_ctx(ctx_));
+    }
+
+private:
+    void make_sampler() {
+        smpl_ = spark_sampler_chain_init(spark_sampler_chain_default_params());
+        if (opt_.repeat_penalty != 1.0f) spark_sampler_chain_add(smpl_, spark_sampler_init_penalties(64, opt_.repeat_penalty));
+        if (opt_.temp <= 0.0f) {
+            spark_sampler_chain_add(smpl_, spark_sampler_init_greedy());
+            return;
+        }
+        spark_sampler_chain_add(smpl_, spark_sampler_init_top_k(opt_.top_k));
+        spark_sampler_chain_add(smpl_, spark_sampler_init_top_p(opt_.top_p, 1));
+        spark_sampler_chain_add(smpl_, spark_sampler_init_min_p(opt_.min_p, 1));
+        spark_sampler_chain_add(smpl_, spark_sampler_init_temp(opt_.temp));
+        spark_sampler_chain_add(smpl_, spark_sampler_init_dist(opt_.seed));
+    }
+
+    std::string piece_text(spark_token t) const {
+        if (t < 0) return {};
+        char   buf[256];
+        size_t len = 0;
+        if (spark_token_to_piece(tok_, t, buf, sizeof buf, &len) != SPARK_OK) return {};
+        return std::string(buf, len);
+    }
+
+    bool render(std::vector<spark_token> & tokens) {
+        std::vector<spark_chat_message> msgs;
+        if (!system_.empty()) msgs.push_back({"system", system_.c_str(), nullptr, nullptr, nullptr});
+        for (const Message & m : history_) msgs.push_back({m.role.c_str(), m.content.c_str(), nullptr, nullptr, nullptr});
+        const std::string bos = piece_text(spark_tokenizer_bos(tok_)), eos = piece_text(spark_tokenizer_eos(tok_));
+        std::string text(4096, '\0');
+        size_t      len = 0;
+        spark_status st;
+        while ((st = spark_chat_apply_template(tmpl_, msgs.data(), msgs.size(), true, nullptr, nullptr, bos.c_str(), eos.c_str(),
+                                               text.data(), text.size(), &len)) == SPARK_ERR_BUFFER_TOO_SMALL)
+            text.resize(len + 1);
+        if (st != SPARK_OK) {
+            std::fprintf(stderr, "spark-chat: cannot render the chat template: %s\n", spark_last_error());
+            return false;
+        }
+        text.resize(len);
+        int32_t n = 0;
+        tokens.resize(text.size() + 16);
+        while ((st = spark_tokenize(tok_, text.data(), text.size(), true, tokens.data(), int32_t(tokens.size()), &n)) == SPARK_ERR_BUFFER_TOO_SMALL)
+            tokens.resize(size_t(n));
+        if (st != SPARK_OK) {
+            std::fprintf(stderr, "spark-chat: cannot tokenize the conversation: %s\n", spark_last_error());
+            return false;
+        }
+        tokens.resize(size_t(n));
+        return true;
+    }
+
+    // Decodes what the KV cache does not hold yet (the cache keeps the longest common prefix).
+    bool prefill(const std::vector<spark_token> & prompt) {
+        size_t keep = 0;
+        while (keep < cached_.size() && keep < prompt.size() && cached_[keep] == prompt[keep]) ++keep;
+        if (keep == prompt.size()) --keep;  // the last token must be decoded for its logits
+        if (keep < cached_.size() && spark_memory_seq_rm(ctx_, 0, int32_t(keep), -1) != SPARK_OK) {
+            // Recurrent models cannot drop a partial tail: start over.
+            spark_memory_clear(ctx_);
+            keep = 0;
+        }
+        cached_.resize(keep);
+        const auto  t0    = std::chrono::steady_clock::now();
+        const int32_t chunk = 512;
+        spark_batch batch = spark_batch_init(chunk, 1);
+        bool        ok    = true;
+        for (size_t i = keep; i < prompt.size() && ok; i += size_t(chunk)) {
+            const int32_t n = int32_t(std::min(prompt.size() - i, size_t(chunk)));
+            for (int32_t j = 0; j < n; ++j) {
+                batch.token[j]     = prompt[i + size_t(j)];
+                batch.pos[j]       = int32_t(i) + j;
+                batch.n_seq_id[j]  = 1;
+                batch.seq_id[j][0] = 0;
+                batch.logits[j]    = i + size_t(j) + 1 == prompt.size();
+            }
+            batch.n_tokens = n;
+            if (spark_decode(ctx_, &batch) != SPARK_OK) {
+                std::fprintf(stderr, "spark-chat: decoding the prompt failed: %s\n", spark_last_error());
+                ok = false;
+                break;
+            }
+            cached_.insert(cached_.end(), prompt.begin() + long(i), prompt.begin() + long(i) + n);
+        }
+        spark_batch_free(batch);
+        stats_.prefill_tokens = int32_t(prompt.size() - keep);
+        stats_.prefill_s      = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (!ok) {
+            spark_memory_clear(ctx_);
+            cached_.clear();
+        }
+        return ok;
+    }
+
+    std::string generate(FILE * out, int32_t n_ctx) {
+        std::string          answer;
+        spark_detok_stream * stream = spark_detok_stream_init(tok_, true);
+        spark_batch          batch  = spark_batch_init(1, 1);
+        char                 buf[1024];
+        const auto           t0 = std::chrono::steady_clock::now();
+        g_interrupted = 0;
+        g_generating  = 1;
+        for (int32_t i = 0; i < opt_.n_predict; ++i) {
+            spark_token t;
+            if (spark_sampler_sample(smpl_, ctx_, -1, &t) != SPARK_OK) {
+                std::fprintf(stderr, "\nspark-chat: sampling failed: %s\n", spark_last_error());
+                break;
+            }
+            if (spark_tokenizer_is_eog(tok_, t)) break;
+            size_t len = 0;
+            if (spark_detok_stream_push(stream, t, buf, sizeof buf, &len) == SPARK_OK && len) {
+                std::fwrite(buf, 1, len, out);
+                std::fflush(out);
+                answer.append(buf, len);
+            }
+            ++stats_.generated;
+            if (g_interrupted) break;
+            if (int32_t(cached_.size()) + 1 >= n_ctx) {
+                std::fprintf(stderr, "\nspark-chat: context full (%d tokens); use /reset or a larger -c\n", n_ctx);
+                break;
+            }
+            batch.n_tokens     = 1;
+            batch.token[0]     = t;
+            batch.pos[0]       = int32_t(cached_.size());
+            batch.n_seq_id[0]  = 1;
+            batch.seq_id[0][0] = 0;
+            batch.logits[0]    = 1;
+            if (spark_decode(ctx_, &batch) != SPARK_OK) {
+                std::fprintf(stderr, "\nspark-chat: decoding failed: %s\n", spark_last_error());
+                break;
+            }
+            cached_.push_back(t);
+        }
+        g_generating = 0;
+        size_t len   = 0;
+        if (spark_detok_stream_flush(stream, buf, sizeof buf, &len) == SPARK_OK && len) {
+            std::fwrite(buf, 1, len, out);
+            answer.append(buf, len);
+        }
+        if (g_interrupted) std::fprintf(stderr, "\n[interrupted]");
+        std::fputc('\n', out);
+        std::fflush(out);
+        stats_.decode_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        spark_detok_stream_free(stream);
+        spark_batch_free(batch);
+        return answer;
+    }
+
+    spark_model *            model_;
+    spark_context *          ctx_;
+    const Options &          opt_;
+    const spark_tokenizer *  tok_  = nullptr;
+    const char *             tmpl_ = nullptr;
+    spark_sampler *          smpl_ = nullptr;
+    std::string              system_;
+    std::vector<Message>     history_;
+    std::vector<spark_token> cached_;  // tokens held by the KV cache (sequence 0)
+    TurnStats                stats_;
+    int64_t                  total_generated_ = 0;
+};
+
+bool read_line(const char * prompt, std::string & line, bool interactive) {
+#if SPARK_CHAT_HAS_LIBEDIT
+    if (interactive) {
+        char * s = readline(prompt);
+        if (!s) return false;
+        line = s;
+        if (!line.empty()) add_history(s);
+        std::free(s);
+        return true;
+    }
+#endif
+    if (interactive) {
+        std::fputs(prompt, stdout);
+        std::fflush(stdout);
+    }
+    return bool(std::getline(std::cin, line));
+}
+
+// A user message, possibly over several lines ('\' continuation or a """ block).
+bool read_message(std::string & msg, bool interactive) {
+    msg.clear();
+    std::string line;
+    bool        block = false;
+    for (;;) {
+        const char * prompt = msg.empty() && !block ? "> " : ". ";
+        if (!read_line(prompt, line, interactive)) return !msg.empty();
+        if (line == "\"\"\"") {
+            if (block) return true;
+            block = true;
+            continue;
+        }
+        if (block) {
+            msg += line + "\n";
+            continue;
+        }
+        if (!line.empty() && line.back() == '\\') {
+            msg += line.substr(0, line.size() - 1) + "\n";
+            continue;
+        }
+        msg += line;
+        return true;
+    }
+}
+
+const char * kHelp =
+    "commands:\n"
+    "  /reset          forget the conversation\n"
+    "  /system TEXT    set the system prompt (and reset)\n"
+    "  /stats          timings of the last answer\n"
+    "  /help           this text\n"
+    "  /quit           leave (or Ctrl-D)\n"
+    "a line ending in '\\' continues on the next line; a line of \"\"\" starts/ends a multi-line block;\n"
+    "Ctrl-C stops the current answer.\n";
+
+}  // namespace
+
+int main(int argc, char ** argv) {
+    Options  o;
+    CLI::App app{"spark-chat: chat with a model (Hugging Face directory or spark file)"};
+    app.add_option("-m,--model", o.model, "model directory or spark file (default: the bundled demo model)");
+    app.add_option("-p,--prompt", o.prompt, "one user message: print the answer and exit");
+    app.add_option("--system", o.system, "system prompt");
+    app.add_option("--temp", o.temp, "temperature (0: greedy)");
+    app.add_option("--top-k", o.top_k, "top-k (0: off)");
+    app.add_option("--top-p", o.top_p, "top-p (1: off)");
+    app.add_option("--min-p", o.min_p, "min-p (0: off)");
+    app.add_option("--repeat-penalty", o.repeat_penalty, "repetition penalty over the last 64 tokens (1: off)");
+    app.add_option("--seed", o.seed, "random seed");
+    app.add_option("-n,--max-tokens", o.n_predict, "maximum tokens per answer")->check(CLI::PositiveNumber);
+    app.add_option("-c,--ctx-size", o.n_ctx, "context size in tokens (0: the model's, at most 32768)");
+    app.add_option("-t,--threads", o.n_threads, "CPU threads (0: all)");
+    app.add_option("--device", o.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+    CLI11_PARSE(app, argc, argv);
+
+    spark_model_params mp = spark_model_default_params();
+    mp.device             = o.device == "cuda" ? SPARK_DEVICE_CUDA : o.device == "auto" ? SPARK_DEVICE_AUTO : SPARK_DEVICE_CPU;
+    mp.n_threads          = o.n_threads;
+    spark_model * model   = nullptr;
+    if (spark_model_load(o.model.c_str(), mp, &model) != SPARK_OK) {
+        std::fprintf(stderr, "spark-chat: cannot load the model '%s': %s\n", o.model.c_str(), spark_last_error());
+        return 1;
+    }
+    const spark_tokenizer * tok = spark_model_get_tokenizer(model);
+    if (!tok) {
+        std::fprintf(stderr, "spark-chat: '%s' has no tokenizer (tokenizer.json); spark-chat needs one\n", o.model.c_str());
+        spark_model_free(model);
+        return 1;
+    }
+    if (!spark_tokenizer_chat_template(tok)) {
+        std::fprintf(stderr, "spark-chat: '%s' has no chat template (tokenizer_config.json chat_template); spark-chat needs one\n", o.model.c_str());
+        spark_model_free(model);
+        return 1;
+    }
+    spark_model_info info{};
+    spark_model_get_info(model, &info);
+    spark_context_params cp = spark_context_default_params();
+    cp.n_ctx                = o.n_ctx > 0 ? o.n_ctx : std::min(info.n_ctx_train, 32768);
+    cp.n_threads            = o.n_threads;
+    spark_context * ctx     = nullptr;
+    if (spark_context_init(model, cp, &ctx) != SPARK_OK) {
+        std::fprintf(stderr, "spark-chat: cannot create a context of %d tokens: %s\n", cp.n_ctx, spark_last_error());
+        spark_model_free(model);
+        return 1;
+    }
+
+    struct sigaction sa {};
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, nullptr);
+#if SPARK_CHAT_HAS_LIBEDIT
+    rl_catch_signals = 0;
+#endif
+
+    int rc = 0;
+    {
+        Chat chat(model, ctx, o);
+        if (!o.prompt.empty()) {
+            rc = chat.turn(o.prompt, stdout) ? 0 : 1;
+            if (rc == 0) chat.print_stats(stderr);
+        } else {
+            const bool interactive = isatty(STDIN_FILENO) && isatty(STDOUT_FILENO);
+            if (interactive)
+                std::fprintf(stderr, "spark-chat: %s (%s, %s, %.1fM parameters) on %s. /help for commands.\n", o.model.c_str(),
+                             info.architecture, info.weight_format, double(info.n_params) / 1e6, o.device.c_str());
+            std::string msg;
+            while (read_message(msg, interactive)) {
+                g_interrupted = 0;
+                if (msg.empty()) continue;
+                if (msg == "/quit" || msg == "/exit") break;
+                if (msg == "/help") {
+                    std::fputs(kHelp, stderr);
+                } else if (msg == "/reset") {
+                    chat.reset();
+                    std::fprintf(stderr, "(conversation reset)\n");
+                } else if (msg.rfind("/system", 0) == 0) {
+                    chat.set_system(msg.size() > 8 ? msg.substr(8) : "");
+                    std::fprintf(stderr, "(system prompt set; conversation reset)\n");
+                } else if (msg == "/stats") {
+                    chat.print_stats(stderr);
+                } else if (msg[0] == '/') {
+                    std::fprintf(stderr, "unknown command %s; /help lists them\n", msg.c_str());
+                } else if (!chat.turn(msg, stdout)) {
+                    rc = interactive ? 0 : 1;
+                }
+            }
+        }
+    }
+    spark_context_free(ctx);
+    spark_model_free(model);
+    return rc;
+}

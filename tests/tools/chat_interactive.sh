@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Drives interactive spark-chat in a real terminal (tmux): two turns, /reset, an answer interrupted
+# with Ctrl-C followed by a new turn, /stats, /quit.
+set -uo pipefail
+build=$1
+root=$(cd "$(dirname "$0")/../.." && pwd)
+command -v tmux > /dev/null || { echo "tmux is required (scripts/install-deps.sh installs it)"; exit 1; }
+sock=spark-chat-test-$$
+session=chat
+tmux -L "$sock" kill-server 2> /dev/null || true
+trap 'tmux -L "$sock" kill-server 2> /dev/null || true' EXIT
+# A long answer limit so the interrupted turn is still running when Ctrl-C arrives.
+tmux -L "$sock" new-session -d -s $session -x 200 -y 50 \
+    "$build/examples/chat/spark-chat -m $root/examples/models/spark-demo-coder-moe --temp 0 -n 4000 -t 1; echo CHAT-EXITED-\$?; sleep 30"
+
+screen() { tmux -L "$sock" capture-pane -p -S -2000 -t $session; }
+wait_for() {  # wait_for PATTERN [COUNT]: until PATTERN occurs COUNT times
+    local n=${2:-1}
+    for _ in $(seq 1 150); do
+        [ "$(screen | grep -c -- "$1")" -ge "$n" ] && return 0
+        sleep 0.2
+    done
+    echo "timeout waiting for '$1' (x$n); screen:"; screen; exit 1
+}
+send() { tmux -L "$sock" send-keys -t $session -l -- "$1"; tmux -L "$sock" send-keys -t $session Enter; }
+
+wait_for "/help for commands"
+send 'Write a Python function `fibonacci(n)`: Return the n-th Fibonacci number.'
+wait_for "def fibonacci"
+wait_for '^>' 2
+send 'Write a Python function `add(a, b)`: Return the sum of a and b.'
+wait_for "def add"
+wait_for '^>' 3
+send '/reset'
+wait_for "conversation reset"
+# A prompt that makes the demo model repeat itself until -n: interrupt it.
+send 'Write a Python function `is_prime(n)`: Return True if n is a prime number.'
+wait_for "is_prime(n)" 2
+sleep 0.3
+tmux -L "$sock" send-keys -t $session C-c
+wait_for "\[interrupted\]"
+wait_for '^>' 5
+send 'Write a Python function `read_json(path)`: Load a JSON file and return its contents.'
+wait_for "def read_json"
+send '/stats'
+wait_for "tok/s"
+send '/quit'
+wait_for "CHAT-EXITED-0"
+echo "interactive spark-chat: ok"
+screen | tail -40
