@@ -1,0 +1,246 @@
+// Prefill GEMM (more than 8 rows): mma.sync m16n8k16 BF16 -> F32 on every target (sm_80+).
+//
+//   y[m][n] = sum_k a[m][k] * W[n][k],   a = activations already converted to BF16 (and permuted for
+//   act-order weights) by x_to_bf16_rows; W dequantized tile by tile into shared memory as BF16.
+//
+// Block: 8 warps (2 along M x 4 along N), tile BM x 128 (BM = 32 MT), K in stages of 32. Shared
+// memory rows are 32 BF16 + 8 padding (80 bytes), so ldmatrix and the 16-byte stores hit 8 distinct
+// 16-byte bank groups. Two stages: while the tensor cores work on stage s, the activation tile of
+// s + 1 arrives by cp.async and the weight chunks of s + 1 are loaded into registers (16 bytes per
+// thread and chunk), then decoded (formats.cuh: exact value * factor, rounded once to BF16) and
+// stored to the other buffer. BF16 weights skip the decode: cp.async straight into shared memory.
+// NVFP4 tiles hold e2m1 * e4m3 (exact in BF16); the per-tensor global scale multiplies the f32
+// accumulators in the epilogue.
+//
+// Fused gate/up (GLU): shared-memory weight rows 0-63 are gate rows n0..n0+63 and rows 64-127 the
+// same up rows; warp wn owns gate columns [16 wn, 16 wn + 16) and the matching up columns, so
+// silu(gate) * up is formed in registers.
+//
+// Grouped (MATMUL_ID): block x indexes the device-built tile table (expert, first row); rows past
+// the expert's end are zero-filled and not stored; output row = out_rows[sorted row].
+#pragma once
+
+#include "backends/cuda/matmul/formats.cuh"
+#include "backends/cuda/matmul/launch.h"
+
+namespace spark::cuda::mm {
+
+constexpr int kGemmLds = kGemmBK + 8;  // shared-memory row length in BF16 elements (80 bytes)
+
+template <class F, int MT, bool GLU>
+__global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
+    constexpr int  BM     = gemm_bm(MT);
+    constexpr int  BN     = 128;  // weight rows in shared memory per stage
+    constexpr int  NOUT   = gemm_bn(GLU);
+    constexpr int  NW     = GLU ? 2 : 1;
+    constexpr bool kDirect = F::kFormat == WeightFormat::BF16;
+    constexpr int  CPR    = kGemmBK / F::E;  // weight chunks per row and stage
+    constexpr int  BCH    = BN * CPR;        // weight chunks per stage
+    constexpr int  CPT    = (BCH + kGemmThreads - 1) / kGemmThreads;
+
+    __shared__ alignas(16) uint16_t sA[2][BM][kGemmLds];
+    __shared__ alignas(16) uint16_t sB[2][BN][kGemmLds];
+
+    const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+    const int wm = warp / 4, wn = warp % 4;
+
+    DeviceWeight w[NW];
+    int64_t      row0, row_end;
+    if (a.tiles != nullptr) {
+        if (int(blockIdx.x) >= __ldg(a.n_tiles)) return;
+        const int e = __ldg(a.tiles + 2 * blockIdx.x);
+        row0        = __ldg(a.tiles + 2 * blockIdx.x + 1);
+        row_end     = __ldg(a.expert_end + e);
+#pragma unroll
+        for (int i = 0; i < NW; ++i) w[i] = a.table[i][e];
+    } else {
+        row0    = int64_t(blockIdx.x) * BM;
+        row_end = a.m;
+#pragma unroll
+        for (int i = 0; i < NW; ++i) w[i] = a.w[i];
+    }
+    const int64_t N = a.n, K = a.k, KT = K / kGemmBK, KC = K / F::E;
+    const int64_t n0 = int64_t(blockIdx.y) * NOUT;
+
+    // Weight chunks this thread loads each stage: chunk q = tid + i * 256 -> smem row q / CPR,
+    // chunk q % CPR of the stage.
+    const uint8_t * brow[CPT];
+    int64_t         bn[CPT];
+    int             bwi[CPT];
+#pragma unroll
+    for (int i = 0; i < CPT; ++i) {
+        const int q  = tid + i * kGemmThreads;
+        const int r  = (q < BCH ? q : 0) / CPR;
+        const int wi = GLU ? r / 64 : 0;
+        const int64_t n = min(n0 + (GLU ? r % 64 : r), N - 1);  // rows past N compute unused columns
+        bwi[i]  = wi;
+        bn[i]   = n;
+        brow[i] = static_cast<const uint8_t *>(wi != 0 ? w[NW - 1].data : w[0].data) + n * KC * 16;
+    }
+
+    auto load_a = [&](int buf, int64_t kt) {
+#pragma unroll
+        for (int p = tid; p < BM * 4; p += kGemmThreads) {
+            const int     r  = p / 4, col = (p % 4) * 8;
+            const int64_t gr = row0 + r;
+            const bool    ok = gr < row_end;
+            cp_async_16(&sA[buf][r][col], a.a + (ok ? gr : 0) * a.lda + kt * kGemmBK + col, ok ? 16u : 0u);
+        }
+    };
+    // BF16 weights: cp.async (4 pieces of 16 bytes per row and stage).
+    auto load_b_direct = [&](int buf, int64_t kt) {
+#pragma unroll
+        for (int i = 0; i < CPT; ++i) {
+            const int q = tid + i * kGemmThreads;
+            if (q < BCH) cp_async_16(&sB[buf][q / CPR][(q % CPR) * F::E], brow[i] + (kt * CPR + q % CPR) * 16, 16u);
+        }
+    };
+
+    uint4          braw[CPT];
+    typename F::Sc bsc[CPT];
+    auto load_b_regs = [&](int64_t kt) {
+#pragma unroll
+        for (int i = 0; i < CPT; ++i) {
+            const int q = tid + i * kGemmThreads;
+            if (q < BCH) {
+                const int64_t c = kt * CPR + q % CPR;
+                braw[i]         = ld_nc_v4(brow[i] + c * 16);
+                // (a by-value select: indexing w[] with a runtime value would put it in local memory)
+                const DeviceWeight ws = (NW > 1 && bwi[i] != 0) ? w[NW - 1] : w[0];
+                bsc[i]                = F::load_scale(ws, bn[i], c, 1.0f);
+            }
+        }
+    };
+    auto store_b = [&](int buf) {
+#pragma unroll
+        for (int i = 0; i < CPT; ++i) {
+            const int q = tid + i * kGemmThreads;
+            if (q < BCH) {
+                uint16_t * dst = &sB[buf][q / CPR][(q % CPR) * F::E];
+#pragma unroll
+                for (int s = 0; s < F::NSUB; ++s) {
+                    float v[F::SUB];
+                    F::sub(braw[i], s, bsc[i], v);
+                    float f = 1.0f;
+                    if constexpr (F::SPS > 0) f = F::factor(bsc[i], s / F::SPS);
+                    uint32_t packed[F::SUB / 2];
+#pragma unroll
+                    for (int e = 0; e < F::SUB / 2; ++e) packed[e] = pack_bf16x2(v[2 * e] * f, v[2 * e + 1] * f);
+                    if constexpr (F::SUB == 8)
+                        *reinterpret_cast<uint4 *>(dst + s * 8) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+                    else
+                        *reinterpret_cast<uint2 *>(dst + s * 4) = make_uint2(packed[0], packed[1]);
+                }
+            }
+        }
+    };
+
+    float acc[MT][4][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
+
+    // Prologue: stage 0.
+    load_a(0, 0);
+    if constexpr (kDirect) {
+        load_b_direct(0, 0);
+    } else {
+        load_b_regs(0);
+    }
+    cp_async_commit();
+    if constexpr (!kDirect) store_b(0);
+    cp_async_wait_all();
+    __syncthreads();
+
+    for (int64_t kt = 0; kt < KT; ++kt) {
+        const int  cur  = int(kt & 1), nxt = cur ^ 1;
+        const bool more = kt + 1 < KT;
+        if (more) {
+            load_a(nxt, kt + 1);
+            if constexpr (kDirect) load_b_direct(nxt, kt + 1);
+            cp_async_commit();
+            if constexpr (!kDirect) load_b_regs(kt + 1);
+        }
+#pragma unroll
+        for (int kk = 0; kk < kGemmBK / 16; ++kk) {
+            uint32_t af[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+                ldmatrix_x4(af[mt], &sA[cur][wm * MT * 16 + mt * 16 + (lane % 16)][kk * 16 + (lane / 16) * 8]);
+            uint32_t bfr[4][2];
+#pragma unroll
+            for (int np = 0; np < 2; ++np) {
+                const int brow0 = GLU ? np * 64 + wn * 16 : wn * 32 + np * 16;
+                uint32_t  r[4];
+                ldmatrix_x4(r, &sB[cur][brow0 + (lane % 8) + (lane / 16) * 8][kk * 16 + ((lane / 8) % 2) * 8]);
+                bfr[2 * np][0]     = r[0];
+                bfr[2 * np][1]     = r[1];
+                bfr[2 * np + 1][0] = r[2];
+                bfr[2 * np + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < 4; ++nt) mma_bf16_16816(acc[mt][nt], af[mt], bfr[nt][0], bfr[nt][1]);
+        }
+        if constexpr (!kDirect) {
+            if (more) store_b(nxt);
+        }
+        cp_async_wait_all();
+        __syncthreads();
+    }
+
+    // Epilogue.
+    float gscale[NW];
+#pragma unroll
+    for (int i = 0; i < NW; ++i) gscale[i] = F::kFormat == WeightFormat::NVFP4 ? w[i].global_scale : 1.0f;
+    const int g = lane / 4, q4 = lane % 4;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int64_t gr = row0 + wm * MT * 16 + mt * 16 + g + h * 8;
+            if (gr >= row_end) continue;
+            const int64_t orow = a.out_rows != nullptr ? int64_t(__ldg(a.out_rows + gr)) : gr;
+            float *       yr   = a.y + orow * N;
+#pragma unroll
+            for (int nt = 0; nt < (GLU ? 2 : 4); ++nt) {
+                const int64_t col = n0 + (GLU ? wn * 16 : wn * 32) + nt * 8 + q4 * 2;
+                float         v0, v1;
+                if constexpr (GLU) {
+                    v0 = silu(acc[mt][nt][2 * h] * gscale[0]) * (acc[mt][nt + 2][2 * h] * gscale[NW - 1]);
+                    v1 = silu(acc[mt][nt][2 * h + 1] * gscale[0]) * (acc[mt][nt + 2][2 * h + 1] * gscale[NW - 1]);
+                } else {
+                    v0 = acc[mt][nt][2 * h] * gscale[0];
+                    v1 = acc[mt][nt][2 * h + 1] * gscale[0];
+                }
+                if (col + 1 < N && (reinterpret_cast<uintptr_t>(yr + col) & 7u) == 0) {
+                    *reinterpret_cast<float2 *>(yr + col) = make_float2(v0, v1);
+                } else {
+                    if (col < N) yr[col] = v0;
+                    if (col + 1 < N) yr[col + 1] = v1;
+                }
+            }
+        }
+}
+
+template <class F>
+void gemm_launch(int mt, bool glu, const GemmArgs & a, dim3 grid, cudaStream_t s) {
+    const dim3 block(kGemmThreads);
+    if (mt == 1) {
+        if (glu)
+            gemm_kernel<F, 1, true><<<grid, block, 0, s>>>(a);
+        else
+            gemm_kernel<F, 1, false><<<grid, block, 0, s>>>(a);
+    } else {
+        if (glu)
+            gemm_kernel<F, 4, true><<<grid, block, 0, s>>>(a);
+        else
+            gemm_kernel<F, 4, false><<<grid, block, 0, s>>>(a);
+    }
+}
+
+}  // namespace spark::cuda::mm

@@ -1,0 +1,11 @@
+// Prefill GEMM instantiations for bf16 weights (one format per file: the 6-target build compiles
+// them in parallel).
+#include "backends/cuda/matmul/gemm.cuh"
+
+namespace spark::cuda::mm {
+
+void gemm_launch_bf16(int mt, bool glu, const GemmArgs & a, dim3 grid, cudaStream_t s) {
+    gemm_launch<FmtBF16>(mt, glu, a, grid, s);
+}
+
+}  // namespace spark::cuda::mm

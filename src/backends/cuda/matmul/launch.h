@@ -1,0 +1,157 @@
+// Internal interface of the matmul kernels (src/backends/cuda/matmul/): plain argument structs shared
+// by the host dispatch (matmul.cpp, plain C++) and the kernel files (*.cu), and the launch functions
+// the kernel files export. Nothing here is part of the backend interface (ops.h).
+#pragma once
+
+#include "backends/cuda/device_weight.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace spark::cuda::mm {
+
+// ---- activation rows -------------------------------------------------------------------------
+// Where row r of the activations lives (F32, ne[0] = K contiguous).
+//   dense mode (k_slots == 0): r = i1 + ne1 * (i2 + ne2 * i3) at base + i1 nb1 + i2 nb2 + i3 nb3;
+//   pair mode  (k_slots > 0):  MATMUL_ID pair r = j + k_slots * t at base + j nb1 + t nb2
+//                              (nb1 = 0 when the k slots share one input row).
+struct XRows {
+    const char * base    = nullptr;
+    int64_t      ne1     = 1, ne2 = 1;
+    int64_t      nb1     = 0, nb2 = 0, nb3 = 0;  // bytes
+    int32_t      k_slots = 0;
+};
+
+// Routing ids of a MATMUL_ID: expert of pair (j, t) = p[j * s0 + t * s1] (strides in elements).
+struct Ids {
+    const int32_t * p         = nullptr;
+    int64_t         s0        = 0, s1 = 0;
+    int32_t         k_slots   = 1;
+    int32_t         n_experts = 0;
+};
+
+// ---- GEMV (rows <= 8) -------------------------------------------------------------------------
+constexpr int kGemvThreads = 256;  // 8 warps
+constexpr int kGemvMaxRows = 8;
+
+// Weight rows per warp, by the row template (1, 2, 4, 8): each loaded weight chunk is reused for
+// all R activation rows, and a lane keeps U (x2 for gate+up) 16-byte loads in flight.
+constexpr int gemv_rows_per_warp(int r_tmpl) { return r_tmpl <= 2 ? 4 : 2; }
+
+struct GemvArgs {
+    // Plain MATMUL: the weight(s) (w[1] = the up projection of a fused gate/up + SwiGLU).
+    DeviceWeight w[2];
+    // MATMUL_ID: device expert tables (table[1]: up experts); block z = pair j + k_slots * t reads
+    // its expert id on the device. nullptr for a plain matmul.
+    const DeviceWeight * table[2] = {nullptr, nullptr};
+    Ids ids;
+    // Activations. Plain: rows x[0 .. rows) (16-byte aligned; unused slots repeat row 0).
+    // MATMUL_ID: row of pair (j, t) = xbase + j * x_sj + t * x_st (elements, 16-byte aligned).
+    const float * x[kGemvMaxRows] = {};
+    const float * xbase = nullptr;
+    int64_t       x_sj = 0, x_st = 0;
+    int64_t       n = 0, k = 0;
+    int32_t       rows     = 1;  // valid activation rows (plain); 1 for MATMUL_ID
+    int32_t       out_rows = 1;  // rows of y: rows (plain) or k_slots * T (MATMUL_ID)
+    // Output: y [out_rows][n] (SwiGLU applied when fused), or, when split over K across blocks,
+    // partial [ksplit][nw][out_rows][n] summed by gemv_splitk_reduce.
+    float * y       = nullptr;
+    float * partial = nullptr;
+    // Work split: warps per block along K (1, 2, 4, 8; the others take different rows), and the
+    // chunks (16 bytes of a weight row) of K each block y-index covers.
+    int32_t wk               = 1;
+    int64_t chunks_per_split = 0;
+};
+
+// r_tmpl in {1, 2, 4, 8}; grid = (ceil(n / rows_per_block), ksplit, jobs).
+void gemv_launch_f32(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, cudaStream_t s);
+void gemv_launch_f16(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, cudaStream_t s);
+void gemv_launch_bf16(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, cudaStream_t s);
+void gemv_launch_nvfp4(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, cudaStream_t s);
+void gemv_launch_int4(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, cudaStream_t s);
+void gemv_launch_fp8(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, cudaStream_t s);
+
+// y[r][n] = sum over splits (then silu(gate) * up when nw == 2).
+void gemv_splitk_reduce(const float * partial, int ksplit, int nw, int64_t out_rows, int64_t n, float * y, cudaStream_t s);
+
+// ---- GEMM (rows > 8): mma.sync m16n8k16 BF16 ----------------------------------------------------
+constexpr int kGemmThreads = 256;  // 8 warps: 2 along M x 4 along N
+constexpr int kGemmBK      = 32;   // K per pipeline stage; the GEMM needs K % 32 == 0
+constexpr int gemm_bm(int mt) { return 2 * 16 * mt; }             // rows of activations per block
+constexpr int gemm_bn(bool glu) { return glu ? 64 : 128; }        // output columns per block
+
+struct GemmArgs {
+    // Activations converted to BF16 (and permuted for act-order weights): a[m][k], row stride lda.
+    const uint16_t * a   = nullptr;
+    int64_t          lda = 0;
+    int64_t          m   = 0;  // dense: rows; grouped: rows of `a` (= pairs)
+    int64_t          n = 0, k = 0;
+    DeviceWeight     w[2];
+    // Grouped (MATMUL_ID): block x = tile of the device-built table: tiles[2i] = expert,
+    // tiles[2i + 1] = first row; blocks past *n_tiles exit. Rows of expert e end at expert_end[e];
+    // out_rows[row] = output row of sorted row `row`.
+    const DeviceWeight * table[2]   = {nullptr, nullptr};
+    const int32_t *      tiles      = nullptr;
+    const int32_t *      n_tiles    = nullptr;
+    const int32_t *      expert_end = nullptr;
+    const int32_t *      out_rows   = nullptr;
+    float *              y          = nullptr;  // [rows][n]
+};
+
+// mt in {1, 4} (block rows 32 or 128); grid = (m tiles or max tiles, ceil(n / gemm_bn(glu))).
+void gemm_launch_f32(int mt, bool glu, const GemmArgs & a, dim3 grid, cudaStream_t s);
+void gemm_launch_f16(int mt, bool glu, const GemmArgs & a, dim3 grid, cudaStream_t s);
+void gemm_launch_bf16(int mt, bool glu, const GemmArgs & a, dim3 grid, cudaStream_t s);
+void gemm_launch_nvfp4(int mt, bool glu, const GemmArgs & a, dim3 grid, cudaStream_t s);
+void gemm_launch_int4(int mt, bool glu, const GemmArgs & a, dim3 grid, cudaStream_t s);
+void gemm_launch_fp8(int mt, bool glu, const GemmArgs & a, dim3 grid, cudaStream_t s);
+
+// ---- auxiliary kernels (aux.cu) -----------------------------------------------------------------
+
+// Activation rows -> contiguous F32 [rows][k] (GEMV input: alignment, act-order permutation).
+// perm: dense mode, one permutation (or nullptr); pair mode: the permutation of each pair's expert
+// from `table` (ids), when table is not null.
+void x_to_f32_rows(const XRows & x, int64_t rows, int64_t k, const int32_t * perm, const DeviceWeight * table,
+                   const Ids & ids, float * out, cudaStream_t s);
+
+// Activation rows -> BF16 [rows][k] (GEMM input). Grouped: row i of the output is pair
+// order[i] (order != nullptr), permuted by that pair's expert when table is not null.
+// rows_valid (device, may be nullptr): rows at or past *rows_valid are skipped (grouped GEMM: pairs
+// with an invalid expert id are not in `order`).
+void x_to_bf16_rows(const XRows & x, int64_t rows, int64_t k, const int32_t * perm, const int32_t * order,
+                    const int32_t * rows_valid, const DeviceWeight * table, const Ids & ids, uint16_t * out, cudaStream_t s);
+
+// MoE routing tables for the grouped GEMM, built on the device by one block:
+//   offsets[e] (e = 0 .. n_experts): first sorted row of expert e (offsets[n_experts] = valid pairs);
+//   order[row]: the pair (j + k_slots * t) of sorted row `row`;
+//   tiles[2 i], tiles[2 i + 1]: expert and first row of tile i (tiles of bm rows per expert);
+//   *n_tiles: number of tiles. Pairs with an out-of-range expert id are dropped (their output rows
+//   are zeroed by zero_invalid_pairs).
+// Workspace bytes (ints) needed: see moe_route_ints().
+inline int64_t moe_route_ints(int64_t pairs, int32_t n_experts, int64_t max_tiles) {
+    return (n_experts + 1) + pairs + 2 * max_tiles + 1;
+}
+void moe_route(const Ids & ids, int64_t n_tok, int32_t bm, int64_t max_tiles, int32_t * offsets, int32_t * order,
+               int32_t * tiles, int32_t * n_tiles, cudaStream_t s);
+// y rows of pairs whose expert id is out of range -> 0 (the GEMV path does this in-kernel).
+void zero_invalid_pairs(const Ids & ids, int64_t n_tok, int64_t n, float * y, cudaStream_t s);
+
+// out[i] = silu(gate[i]) * up[i] (unfused fallback).
+void swiglu_rows(const float * gate, const float * up, int64_t count, float * out, cudaStream_t s);
+
+// Generic fallback for any shape and format: one warp per output element, exact per-element
+// decode (weight_at). Plain: rows of x (XRows dense), w[0..nw); MATMUL_ID: pair rows, tables.
+struct GenericArgs {
+    XRows                x;
+    int64_t              rows = 0;
+    int64_t              n = 0, k = 0;
+    DeviceWeight         w[2];
+    const DeviceWeight * table[2] = {nullptr, nullptr};
+    Ids                  ids;
+    bool                 glu = false;
+    float *              y   = nullptr;  // [rows][n]
+};
+void generic_matmul(const GenericArgs & a, cudaStream_t s);
+
+}  // namespace spark::cuda::mm

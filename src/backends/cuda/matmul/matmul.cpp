@@ -1,0 +1,603 @@
+// Host side of the CUDA matmuls: picks a path per node and launches it (never synchronises, never
+// allocates except through ctx.workspace, reads no device data).
+//
+//   MATMUL      rows <= 8                 decode GEMV (gemv.cuh)
+//               rows > 8, K % 32 == 0     tensor-core GEMM (gemm.cuh) on BF16-converted activations
+//               other chunkable shapes    GEMV over row batches of 8
+//   MATMUL_ID   tokens <= 8               one GEMV launch over all (slot, token) pairs, expert ids
+//                                         read on the device
+//               more tokens               grouped GEMM: device-built grouping (moe_route), BF16
+//                                         gather, one GEMM launch over the maximum tile count
+//   SWIGLU of two MATMUL / MATMUL_ID      the same kernels with gate and up in one launch
+//   anything else                         generic per-element kernel (exact, slow)
+// "Chunkable": K a multiple of the 16-byte chunk (4 f32, 8 f16/bf16, 16 fp8, 32 int4/nvfp4
+// elements), INT4 groups of a multiple of 32 (or one group), FP8 k-blocks of a multiple of 16 (or
+// one block).
+#include "backends/cuda/arch.h"
+#include "backends/cuda/cuda_common.h"
+#include "backends/cuda/matmul/launch.h"
+#include "backends/cuda/matmul/tuning.h"
+#include "backends/cuda/ops.h"
+#include "graph/error.h"
+
+#include <algorithm>
+#include <cstdint>
+
+namespace spark::cuda {
+
+namespace mm {
+
+Overrides & overrides() {
+    static Overrides o;
+    return o;
+}
+
+namespace {
+
+int elems_per_chunk(WeightFormat f) {
+    switch (f) {
+        case WeightFormat::F32: return 4;
+        case WeightFormat::F16:
+        case WeightFormat::BF16: return 8;
+        case WeightFormat::FP8: return 16;
+        case WeightFormat::NVFP4:
+        case WeightFormat::INT4: return 32;
+    }
+    return 0;
+}
+
+bool chunk_ok(const DeviceWeight & w) {
+    const int e = elems_per_chunk(w.format);
+    if (e == 0 || w.k % e != 0) return false;
+    if (w.format == WeightFormat::INT4) return w.group_size % 32 == 0 || w.group_size >= w.k;
+    if (w.format == WeightFormat::FP8) return w.block_k % 16 == 0 || w.block_k >= w.k;
+    return true;
+}
+
+void gemv_launch_fmt(WeightFormat f, int r, bool glu, const GemvArgs & a, dim3 grid, cudaStream_t s) {
+    switch (f) {
+        case WeightFormat::F32: gemv_launch_f32(r, glu, a, grid, s); break;
+        case WeightFormat::F16: gemv_launch_f16(r, glu, a, grid, s); break;
+        case WeightFormat::BF16: gemv_launch_bf16(r, glu, a, grid, s); break;
+        case WeightFormat::NVFP4: gemv_launch_nvfp4(r, glu, a, grid, s); break;
+        case WeightFormat::INT4: gemv_launch_int4(r, glu, a, grid, s); break;
+        case WeightFormat::FP8: gemv_launch_fp8(r, glu, a, grid, s); break;
+    }
+    SPARK_CUDA_CHECK_LAUNCH();
+}
+
+void gemm_launch_fmt(WeightFormat f, int mt, bool glu, const GemmArgs & a, dim3 grid, cudaStream_t s) {
+    switch (f) {
+        case WeightFormat::F32: gemm_launch_f32(mt, glu, a, grid, s); break;
+        case WeightFormat::F16: gemm_launch_f16(mt, glu, a, grid, s); break;
+        case WeightFormat::BF16: gemm_launch_bf16(mt, glu, a, grid, s); break;
+        case WeightFormat::NVFP4: gemm_launch_nvfp4(mt, glu, a, grid, s); break;
+        case WeightFormat::INT4: gemm_launch_int4(mt, glu, a, grid, s); break;
+        case WeightFormat::FP8: gemm_launch_fp8(mt, glu, a, grid, s); break;
+    }
+    SPARK_CUDA_CHECK_LAUNCH();
+}
+
+// ---- GEMV work split ---------------------------------------------------------------------------
+
+struct GemvPlan {
+    int     r_tmpl = 1, wk = 1, ksplit = 1;
+    int64_t cps    = 0;  // chunks per split
+    dim3    grid;
+};
+
+GemvPlan plan_gemv(WeightFormat f, int64_t N, int64_t K, int64_t jobs, int rows, int nw, int sm_count) {
+    GemvPlan p;
+    p.r_tmpl          = rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : 8;
+    const int     e   = elems_per_chunk(f);
+    const int     U   = gemv_rows_per_warp(p.r_tmpl);
+    const int64_t KC  = K / e;
+    auto          blocks = [&](int wk) { return ceil_div(N, int64_t(kGemvThreads / 32 / wk) * U) * jobs; };
+    // Warps along K until the grid fills the GPU (about 4 blocks of 8 warps per SM), as long as
+    // every lane keeps at least one chunk.
+    int wk = 1;
+    while (wk < 8 && KC >= 64 * wk && blocks(wk) < 4 * int64_t(sm_count)) wk *= 2;
+    // Split K across blocks only for skinny matrices that are big enough for it to matter.
+    int64_t      ksplit = 1;
+    const double bytes  = double(N) * double(K) * 16.0 / e * nw * double(jobs);
+    if (overrides().gemv_ksplit > 0)
+        ksplit = overrides().gemv_ksplit;
+    else if (blocks(wk) < sm_count && bytes >= double(1 << 20))
+        ksplit = ceil_div(2 * int64_t(sm_count), blocks(wk));
+    ksplit            = std::clamp<int64_t>(ksplit, 1, std::max<int64_t>(1, std::min<int64_t>(64, KC / (32 * wk))));
+    const int64_t step = 32 * wk;
+    p.cps             = ceil_div(ceil_div(KC, ksplit), step) * step;
+    p.ksplit          = int(ceil_div(KC, p.cps));
+    p.wk              = wk;
+    p.grid            = dim3(unsigned(ceil_div(N, int64_t(kGemvThreads / 32 / wk) * U)), unsigned(p.ksplit), unsigned(jobs));
+    return p;
+}
+
+// ---- scratch: one workspace get() per op, carved into 256-byte aligned pieces --------------------
+
+struct Scratch {
+    char * base = nullptr;
+    size_t used = 0;
+    void * take(size_t bytes) {
+        void * p = base + used;
+        used += (bytes + 255) & ~size_t(255);
+        return p;
+    }
+};
+size_t aligned(size_t b) { return (b + 255) & ~size_t(255); }
+
+// ---- dense (MATMUL, fused gate/up) ---------------------------------------------------------------
+
+struct Dense {
+    const DeviceWeight * w[2] = {nullptr, nullptr};
+    int                  nw   = 1;
+    XRows                x;
+    int64_t              rows = 0;
+    float *              y    = nullptr;
+};
+
+enum class Path { Gemv, Gemm, Generic, Unfused };
+
+const float * row_ptr(const XRows & x, int64_t r) {
+    const int64_t i1 = r % x.ne1, i2 = (r / x.ne1) % x.ne2, i3 = r / (x.ne1 * x.ne2);
+    return reinterpret_cast<const float *>(x.base + i1 * x.nb1 + i2 * x.nb2 + i3 * x.nb3);
+}
+
+Path choose(const Dense & d) {
+    const DeviceWeight & w0   = *d.w[0];
+    const bool           fast = chunk_ok(w0) && (d.nw == 1 || (chunk_ok(*d.w[1]) && d.w[1]->format == w0.format &&
+                                                               d.w[1]->n == w0.n && d.w[1]->k == w0.k));
+    const bool perm = w0.perm || (d.nw == 2 && d.w[1]->perm);
+    const ForcePath force = overrides().path;
+    if (!fast || force == ForcePath::Generic) return Path::Generic;  // the generic kernel fuses too
+    if (d.nw == 2 && perm) return Path::Unfused;                     // gate and up need different x orders
+    if (force == ForcePath::Gemv) return Path::Gemv;
+    if (force == ForcePath::Gemm && w0.k % kGemmBK == 0) return Path::Gemm;
+    if (d.rows <= kGemvMaxRows) return Path::Gemv;
+    return w0.k % kGemmBK == 0 ? Path::Gemm : Path::Gemv;
+}
+
+bool rows_aligned(const Dense & d) {
+    for (int64_t r = 0; r < d.rows; ++r)
+        if (reinterpret_cast<uintptr_t>(row_ptr(d.x, r)) % 16 != 0) return false;
+    return true;
+}
+
+size_t scratch_bytes(const Dense & d, const OpContext & ctx);
+
+// Floats of split-K partials for the GEMV row batches of d (0: no batch splits K). Batches run one
+// after the other on the stream and share the buffer.
+size_t gemv_partial_floats(const Dense & d, const OpContext & ctx) {
+    const DeviceWeight & w = *d.w[0];
+    size_t               f = 0;
+    for (const int64_t rb : {std::min<int64_t>(d.rows, kGemvMaxRows), d.rows % kGemvMaxRows}) {
+        if (rb <= 0) continue;
+        const GemvPlan p = plan_gemv(w.format, w.n, w.k, 1, int(rb), d.nw, ctx.props->sm_count);
+        if (p.ksplit > 1) f = std::max(f, size_t(p.ksplit) * d.nw * size_t(rb) * size_t(w.n));
+    }
+    return f;
+}
+
+size_t gemv_scratch(const Dense & d, const OpContext & ctx) {
+    const DeviceWeight & w = *d.w[0];
+    size_t               b = 0;
+    if (w.perm || !rows_aligned(d)) b += aligned(size_t(d.rows * w.k) * 4);
+    b += aligned(gemv_partial_floats(d, ctx) * 4);
+    return b;
+}
+
+size_t scratch_bytes(const Dense & d, const OpContext & ctx) {
+    switch (choose(d)) {
+        case Path::Gemv: return gemv_scratch(d, ctx);
+        case Path::Gemm: return aligned(size_t(d.rows * d.w[0]->k) * 2);
+        case Path::Generic: return 0;
+        case Path::Unfused: {
+            Dense g = d, u = d;
+            g.nw = u.nw = 1;
+            u.w[0]      = d.w[1];
+            return aligned(size_t(d.rows * d.w[0]->n) * 4) + std::max(scratch_bytes(g, ctx), scratch_bytes(u, ctx));
+        }
+    }
+    return 0;
+}
+
+void run_gemv(const Dense & d, Scratch & scratch, const OpContext & ctx) {
+    const DeviceWeight & w = *d.w[0];
+    const int64_t        N = w.n, K = w.k;
+    const float *        staged = nullptr;
+    if (w.perm || !rows_aligned(d)) {
+        auto * buf = static_cast<float *>(scratch.take(size_t(d.rows * K) * 4));
+        x_to_f32_rows(d.x, d.rows, K, w.perm, nullptr, Ids{}, buf, ctx.stream);
+        staged = buf;
+    }
+    float * partial = nullptr;
+    for (int64_t b0 = 0; b0 < d.rows; b0 += kGemvMaxRows) {
+        const int      rb = int(std::min<int64_t>(d.rows - b0, kGemvMaxRows));
+        const GemvPlan p  = plan_gemv(w.format, N, K, 1, rb, d.nw, ctx.props->sm_count);
+        GemvArgs       a;
+        for (int i = 0; i < d.nw; ++i) a.w[i] = *d.w[i];
+        if (d.nw == 1) a.w[1] = a.w[0];
+        for (int r = 0; r < kGemvMaxRows; ++r) {
+            const int64_t row = b0 + (r < rb ? r : 0);
+            a.x[r]            = staged ? staged + row * K : row_ptr(d.x, row);
+        }
+        a.n = N;
+        a.k = K;
+        a.rows = a.out_rows = rb;
+        a.wk               = p.wk;
+        a.chunks_per_split = p.cps;
+        float * y          = d.y + b0 * N;
+        if (p.ksplit > 1) {
+            if (!partial) partial = static_cast<float *>(scratch.take(gemv_partial_floats(d, ctx) * 4));
+            a.partial = partial;
+        } else {
+            a.y = y;
+        }
+        gemv_launch_fmt(w.format, p.r_tmpl, d.nw == 2, a, p.grid, ctx.stream);
+        if (p.ksplit > 1) gemv_splitk_reduce(partial, p.ksplit, d.nw, rb, N, y, ctx.stream);
+    }
+}
+
+void run_gemm(const Dense & d, Scratch & scratch, const OpContext & ctx) {
+    const DeviceWeight & w  = *d.w[0];
+    auto *               xb = static_cast<uint16_t *>(scratch.take(size_t(d.rows * w.k) * 2));
+    x_to_bf16_rows(d.x, d.rows, w.k, w.perm, nullptr, nullptr, nullptr, Ids{}, xb, ctx.stream);
+    GemmArgs a;
+    a.a   = xb;
+    a.lda = w.k;
+    a.m   = d.rows;
+    a.n   = w.n;
+    a.k   = w.k;
+    for (int i = 0; i < d.nw; ++i) a.w[i] = *d.w[i];
+    if (d.nw == 1) a.w[1] = a.w[0];
+    a.y          = d.y;
+    const int mt = d.rows <= 64 ? 1 : 4;
+    const dim3 grid(unsigned(ceil_div(d.rows, gemm_bm(mt))), unsigned(ceil_div(w.n, gemm_bn(d.nw == 2))));
+    if (grid.y > 65535) fail(SPARK_ERR_UNSUPPORTED, "matmul: %lld output columns are too many for the GEMM grid", (long long) w.n);
+    gemm_launch_fmt(w.format, mt, d.nw == 2, a, grid, ctx.stream);
+}
+
+void run_generic_dense(const Dense & d, const OpContext & ctx) {
+    GenericArgs a;
+    a.x    = d.x;
+    a.rows = d.rows;
+    a.n    = d.w[0]->n;
+    a.k    = d.w[0]->k;
+    for (int i = 0; i < d.nw; ++i) a.w[i] = *d.w[i];
+    a.glu = d.nw == 2;
+    a.y   = d.y;
+    generic_matmul(a, ctx.stream);
+}
+
+void run_dense(const Dense & d, Scratch & scratch, const OpContext & ctx) {
+    switch (choose(d)) {
+        case Path::Gemv: return run_gemv(d, scratch, ctx);
+        case Path::Gemm: return run_gemm(d, scratch, ctx);
+        case Path::Generic: return run_generic_dense(d, ctx);
+        case Path::Unfused: {
+            // gate -> y, up -> a buffer, then y = silu(y) * up in place.
+            Dense g = d, u = d;
+            g.nw = u.nw = 1;
+            u.w[0]      = d.w[1];
+            u.y         = static_cast<float *>(scratch.take(size_t(d.rows * d.w[0]->n) * 4));
+            const size_t mark = scratch.used;
+            run_dense(g, scratch, ctx);
+            scratch.used = mark;  // the gate's scratch is free again once its kernels are queued
+            run_dense(u, scratch, ctx);
+            swiglu_rows(d.y, u.y, d.rows * d.w[0]->n, d.y, ctx.stream);
+            return;
+        }
+    }
+}
+
+void exec_dense(const Dense & d, const OpContext & ctx) {
+    if (d.rows <= 0 || d.w[0]->n <= 0) return;
+    const size_t bytes = scratch_bytes(d, ctx);
+    Scratch      scratch;
+    if (bytes > 0) scratch.base = static_cast<char *>(ctx.workspace->get(bytes));
+    run_dense(d, scratch, ctx);
+}
+
+XRows dense_rows(const Tensor & x) {
+    XRows r;
+    r.base = static_cast<const char *>(x.data);
+    r.ne1  = x.ne[1];
+    r.ne2  = x.ne[2];
+    r.nb1  = int64_t(x.nb[1]);
+    r.nb2  = int64_t(x.nb[2]);
+    r.nb3  = int64_t(x.nb[3]);
+    return r;
+}
+
+// ---- MATMUL_ID -------------------------------------------------------------------------------------
+
+struct Moe {
+    const DeviceWeight * table[2] = {nullptr, nullptr};
+    DeviceWeight         w0[2];  // host copies of expert 0 (format and shape)
+    int                  nw   = 1;
+    bool                 fast = true;
+    bool                 perm = false;
+    XRows                x;  // pair mode
+    Ids                  ids;
+    int64_t              n_tok = 0;
+    float *              y     = nullptr;  // [pairs][N]
+};
+
+enum class MoePath { Gemv, Grouped, Generic, Unfused };
+
+MoePath choose(const Moe & m) {
+    const ForcePath force = overrides().path;
+    if (!m.fast || force == ForcePath::Generic) return MoePath::Generic;
+    if (m.nw == 2 && m.perm) return MoePath::Unfused;
+    const int64_t pairs = int64_t(m.ids.k_slots) * m.n_tok;
+    const bool    gemm_ok = m.w0[0].k % kGemmBK == 0;
+    if (force == ForcePath::Gemm && gemm_ok) return MoePath::Grouped;
+    if (force == ForcePath::Gemv && pairs <= 65535) return MoePath::Gemv;
+    if (m.n_tok <= kGemvMaxRows && pairs <= 65535) return MoePath::Gemv;
+    if (gemm_ok) return MoePath::Grouped;
+    return pairs <= 65535 ? MoePath::Gemv : MoePath::Generic;
+}
+
+bool moe_x_aligned(const Moe & m) {
+    return reinterpret_cast<uintptr_t>(m.x.base) % 16 == 0 && m.x.nb1 % 16 == 0 && m.x.nb2 % 16 == 0;
+}
+
+struct GroupedLayout {
+    int     mt = 4, bm = 128;
+    int64_t max_tiles = 0;
+};
+
+GroupedLayout grouped_layout(const Moe & m) {
+    GroupedLayout g;
+    const int64_t pairs  = int64_t(m.ids.k_slots) * m.n_tok;
+    const int64_t active = std::min<int64_t>(pairs, m.ids.n_experts);
+    g.mt                 = pairs / std::max<int64_t>(1, active) >= 64 ? 4 : 1;  // rows per expert on average
+    g.bm                 = gemm_bm(g.mt);
+    g.max_tiles          = pairs / g.bm + active + 1;
+    return g;
+}
+
+size_t scratch_bytes(const Moe & m, const OpContext & ctx) {
+    const int64_t pairs = int64_t(m.ids.k_slots) * m.n_tok;
+    const int64_t N = m.w0[0].n, K = m.w0[0].k;
+    switch (choose(m)) {
+        case MoePath::Gemv: {
+            size_t b = 0;
+            if (m.perm || !moe_x_aligned(m)) b += aligned(size_t(pairs * K) * 4);
+            const GemvPlan p = plan_gemv(m.w0[0].format, N, K, pairs, 1, m.nw, ctx.props->sm_count);
+            if (p.ksplit > 1) b += aligned(size_t(p.ksplit) * m.nw * size_t(pairs * N) * 4);
+            return b;
+        }
+        case MoePath::Grouped: {
+            const GroupedLayout g = grouped_layout(m);
+            return aligned(size_t(moe_route_ints(pairs, m.ids.n_experts, g.max_tiles)) * 4) + aligned(size_t(pairs * K) * 2);
+        }
+        case MoePath::Generic: return 0;
+        case MoePath::Unfused: {
+            Moe g = m, u = m;
+            g.nw = u.nw = 1;
+            u.table[0]  = m.table[1];
+            u.w0[0]     = m.w0[1];
+            return aligned(size_t(pairs * N) * 4) + std::max(scratch_bytes(g, ctx), scratch_bytes(u, ctx));
+        }
+    }
+    return 0;
+}
+
+void run_moe(const Moe & m, Scratch & scratch, const OpContext & ctx) {
+    const int64_t pairs = int64_t(m.ids.k_slots) * m.n_tok;
+    const int64_t N = m.w0[0].n, K = m.w0[0].k;
+    switch (choose(m)) {
+        case MoePath::Gemv: {
+            GemvArgs a;
+            a.w[0] = m.w0[0];
+            a.w[1] = m.w0[m.nw - 1];
+            a.table[0] = m.table[0];
+            a.table[1] = m.table[m.nw - 1];
+            a.ids      = m.ids;
+            if (m.perm || !moe_x_aligned(m)) {
+                auto * buf = static_cast<float *>(scratch.take(size_t(pairs * K) * 4));
+                x_to_f32_rows(m.x, pairs, K, nullptr, m.perm ? m.table[0] : nullptr, m.ids, buf, ctx.stream);
+                a.xbase = buf;
+                a.x_sj  = K;
+                a.x_st  = K * m.ids.k_slots;
+            } else {
+                a.xbase = reinterpret_cast<const float *>(m.x.base);
+                a.x_sj  = m.x.nb1 / 4;
+                a.x_st  = m.x.nb2 / 4;
+            }
+            a.n = N;
+            a.k = K;
+            a.rows     = 1;
+            a.out_rows = int32_t(pairs);
+            const GemvPlan p = plan_gemv(m.w0[0].format, N, K, pairs, 1, m.nw, ctx.props->sm_count);
+            a.wk               = p.wk;
+            a.chunks_per_split = p.cps;
+            if (p.ksplit > 1)
+                a.partial = static_cast<float *>(scratch.take(size_t(p.ksplit) * m.nw * size_t(pairs * N) * 4));
+            else
+                a.y = m.y;
+            gemv_launch_fmt(m.w0[0].format, 1, m.nw == 2, a, p.grid, ctx.stream);
+            if (p.ksplit > 1) gemv_splitk_reduce(a.partial, p.ksplit, m.nw, pairs, N, m.y, ctx.stream);
+            return;
+        }
+        case MoePath::Grouped: {
+            const GroupedLayout g    = grouped_layout(m);
+            const int32_t       E    = m.ids.n_experts;
+            auto *              ints = static_cast<int32_t *>(scratch.take(size_t(moe_route_ints(pairs, E, g.max_tiles)) * 4));
+            int32_t *           offsets = ints;
+            int32_t *           order   = offsets + (E + 1);
+            int32_t *           tiles   = order + pairs;
+            int32_t *           n_tiles = tiles + 2 * g.max_tiles;
+            auto *              xb      = static_cast<uint16_t *>(scratch.take(size_t(pairs * K) * 2));
+            moe_route(m.ids, m.n_tok, g.bm, g.max_tiles, offsets, order, tiles, n_tiles, ctx.stream);
+            x_to_bf16_rows(m.x, pairs, K, nullptr, order, offsets + E, m.perm ? m.table[0] : nullptr, m.ids, xb, ctx.stream);
+            GemmArgs a;
+            a.a          = xb;
+            a.lda        = K;
+            a.m          = pairs;
+            a.n          = N;
+            a.k          = K;
+            a.w[0]       = m.w0[0];
+            a.w[1]       = m.w0[m.nw - 1];
+            a.table[0]   = m.table[0];
+            a.table[1]   = m.table[m.nw - 1];
+            a.tiles      = tiles;
+            a.n_tiles    = n_tiles;
+            a.expert_end = offsets + 1;
+            a.out_rows   = order;
+            a.y          = m.y;
+            const dim3 grid(unsigned(g.max_tiles), unsigned(ceil_div(N, gemm_bn(m.nw == 2))));
+            gemm_launch_fmt(m.w0[0].format, g.mt, m.nw == 2, a, grid, ctx.stream);
+            zero_invalid_pairs(m.ids, m.n_tok, N, m.y, ctx.stream);
+            return;
+        }
+        case MoePath::Generic: {
+            GenericArgs a;
+            a.x        = m.x;
+            a.rows     = pairs;
+            a.n        = N;
+            a.k        = K;
+            a.w[0]     = m.w0[0];
+            a.w[1]     = m.w0[m.nw - 1];
+            a.table[0] = m.table[0];
+            a.table[1] = m.table[m.nw - 1];
+            a.ids      = m.ids;
+            a.glu      = m.nw == 2;
+            a.y        = m.y;
+            generic_matmul(a, ctx.stream);
+            return;
+        }
+        case MoePath::Unfused: {
+            Moe g = m, u = m;
+            g.nw = u.nw = 1;
+            u.table[0]  = m.table[1];
+            u.w0[0]     = m.w0[1];
+            u.y         = static_cast<float *>(scratch.take(size_t(pairs * N) * 4));
+            const size_t mark = scratch.used;
+            run_moe(g, scratch, ctx);
+            scratch.used = mark;
+            run_moe(u, scratch, ctx);
+            swiglu_rows(m.y, u.y, pairs * N, m.y, ctx.stream);
+            return;
+        }
+    }
+}
+
+// Host-side description of a MATMUL_ID node's experts: format checks over all of them.
+void describe_experts(const Tensor & t, int i, Moe & m, const OpContext & ctx) {
+    if (t.n_experts <= 0 || !t.experts) fail(SPARK_ERR_INTERNAL, "matmul_id: no experts");
+    const DeviceWeight & e0 = device_weight(t.experts[0]);
+    m.w0[i]                 = e0;
+    m.table[i]              = ctx.expert_table(ctx.backend, t.experts, t.n_experts);
+    for (int32_t e = 0; e < t.n_experts; ++e) {
+        const DeviceWeight & w = device_weight(t.experts[e]);
+        if (w.format != e0.format || w.n != e0.n || w.k != e0.k)
+            fail(SPARK_ERR_UNSUPPORTED, "matmul_id: experts differ in format or shape (expert %d)", e);
+        m.fast = m.fast && chunk_ok(w);
+        m.perm = m.perm || w.perm != nullptr;
+    }
+}
+
+Moe moe_problem(const Tensor & mm, const OpContext & ctx) {
+    const Tensor & x   = *mm.src[0];
+    const Tensor & ids = *mm.src[1];
+    if (x.type != DType::F32 || x.nb[0] != 4 || ids.type != DType::I32 || ids.nb[0] != 4)
+        fail(SPARK_ERR_INTERNAL, "matmul_id: expects F32 activations and I32 ids with contiguous rows");
+    Moe m;
+    describe_experts(mm, 0, m, ctx);
+    if (x.ne[0] != m.w0[0].k) fail(SPARK_ERR_SHAPE_MISMATCH, "matmul_id: input has %lld columns, experts expect %lld", (long long) x.ne[0], (long long) m.w0[0].k);
+    m.ids.p         = static_cast<const int32_t *>(ids.data);
+    m.ids.s0        = int64_t(ids.nb[0] / 4);
+    m.ids.s1        = int64_t(ids.nb[1] / 4);
+    m.ids.k_slots   = int32_t(ids.ne[0]);
+    m.ids.n_experts = mm.n_experts;
+    m.n_tok         = ids.ne[1];
+    m.x.base        = static_cast<const char *>(x.data);
+    m.x.nb1         = x.ne[1] == 1 ? 0 : int64_t(x.nb[1]);
+    m.x.nb2         = int64_t(x.nb[2]);
+    m.x.k_slots     = m.ids.k_slots;
+    return m;
+}
+
+void exec_moe(const Moe & m, const OpContext & ctx) {
+    if (m.n_tok <= 0 || m.ids.k_slots <= 0 || m.w0[0].n <= 0) return;
+    const size_t bytes = scratch_bytes(m, ctx);
+    Scratch      scratch;
+    if (bytes > 0) scratch.base = static_cast<char *>(ctx.workspace->get(bytes));
+    run_moe(m, scratch, ctx);
+}
+
+void check_output(const Tensor & t, int64_t n) {
+    if (t.type != DType::F32 || !t.is_contiguous() || t.ne[0] != n)
+        fail(SPARK_ERR_INTERNAL, "matmul: output must be contiguous F32 with %lld columns", (long long) n);
+}
+
+}  // namespace
+}  // namespace mm
+
+void op_matmul(const Tensor & t, const OpContext & ctx) {
+    const Tensor & x = *t.src[0];
+    if (x.type != DType::F32 || x.nb[0] != 4) fail(SPARK_ERR_INTERNAL, "matmul: activations must be F32 with contiguous rows");
+    mm::Dense d;
+    d.w[0] = &device_weight(*t.weight);
+    if (x.ne[0] != d.w[0]->k)
+        fail(SPARK_ERR_SHAPE_MISMATCH, "matmul: input has %lld columns, weight expects %lld", (long long) x.ne[0], (long long) d.w[0]->k);
+    mm::check_output(t, d.w[0]->n);
+    d.x    = mm::dense_rows(x);
+    d.rows = x.nrows();
+    d.y    = static_cast<float *>(t.data);
+    mm::exec_dense(d, ctx);
+}
+
+void op_matmul_id(const Tensor & t, const OpContext & ctx) {
+    mm::Moe m = mm::moe_problem(t, ctx);
+    mm::check_output(t, m.w0[0].n);
+    m.y = static_cast<float *>(t.data);
+    mm::exec_moe(m, ctx);
+}
+
+void op_matmul_swiglu(const Tensor & swiglu, const OpContext & ctx) {
+    const Tensor * g = swiglu.src[0];
+    const Tensor * u = swiglu.src[1];
+    if (!g || !u || g->op != u->op || g->src[0] != u->src[0])
+        fail(SPARK_ERR_INTERNAL, "matmul_swiglu: SWIGLU sources must be two matmuls over the same input");
+    if (g->op == Op::MATMUL) {
+        const Tensor & x = *g->src[0];
+        if (x.type != DType::F32 || x.nb[0] != 4) fail(SPARK_ERR_INTERNAL, "matmul: activations must be F32 with contiguous rows");
+        mm::Dense d;
+        d.w[0] = &device_weight(*g->weight);
+        d.w[1] = &device_weight(*u->weight);
+        d.nw   = 2;
+        if (x.ne[0] != d.w[0]->k || d.w[1]->k != d.w[0]->k || d.w[1]->n != d.w[0]->n)
+            fail(SPARK_ERR_SHAPE_MISMATCH, "matmul_swiglu: gate [%lld, %lld] and up [%lld, %lld] do not match the input (%lld)",
+                 (long long) d.w[0]->n, (long long) d.w[0]->k, (long long) d.w[1]->n, (long long) d.w[1]->k, (long long) x.ne[0]);
+        mm::check_output(swiglu, d.w[0]->n);
+        d.x    = mm::dense_rows(x);
+        d.rows = x.nrows();
+        d.y    = static_cast<float *>(swiglu.data);
+        mm::exec_dense(d, ctx);
+        return;
+    }
+    if (g->op != Op::MATMUL_ID || g->src[1] != u->src[1]) fail(SPARK_ERR_INTERNAL, "matmul_swiglu: unexpected sources");
+    mm::Moe m = mm::moe_problem(*g, ctx);
+    mm::describe_experts(*u, 1, m, ctx);
+    if (m.w0[1].format != m.w0[0].format || m.w0[1].n != m.w0[0].n || m.w0[1].k != m.w0[0].k) {
+        m.fast = false;  // the generic kernel takes any pair of formats
+        if (m.w0[1].n != m.w0[0].n || m.w0[1].k != m.w0[0].k) fail(SPARK_ERR_SHAPE_MISMATCH, "matmul_swiglu: gate and up experts differ in shape");
+    }
+    m.nw = 2;
+    mm::check_output(swiglu, m.w0[0].n);
+    m.y = static_cast<float *>(swiglu.data);
+    mm::exec_moe(m, ctx);
+}
+
+const char * kernel_paths(int cc) {
+    if (!cc_supported(cc)) return "unsupported (compute capability below 8.0)";
+    return "f32=gemv-fma/gemm-bf16-mma f16=gemv-fma/gemm-bf16-mma bf16=gemv-fma/gemm-bf16-mma(cp.async) "
+           "nvfp4=gemv-f16bits/gemm-dequant-bf16-mma int4=gemv-magic2^23/gemm-dequant-bf16-mma "
+           "fp8=gemv-f16bits/gemm-dequant-bf16-mma moe=gemv-ids(1 launch)/grouped-gemm(device routing) "
+           "swiglu=fused-gate-up";
+}
+
+}  // namespace spark::cuda

@@ -1,0 +1,213 @@
+// upload_weight: canonical host QWeight (src/quant/qweight.h) -> DeviceWeight (device_weight.h).
+//
+// F32 / F16 / BF16, NVFP4 and FP8 are already row-major with K contiguous and are copied as they
+// are. INT4 arrives in GPTQ orientation and is repacked on the device from a staging copy:
+//   words  u32 [K/8][N] -> [N][K/8]        (32x32 tile transpose through shared memory)
+//   scales u16 [G][N]   -> [N][G]          (same)
+//   zeros  packed [G][N/8] nibbles + zero_offset -> u8 [N][G] effective zeros (nullptr: symmetric)
+// Act-order (a g_idx that is not k / group_size): input channels are sorted by group (stable), so
+// stored column k' is input channel perm[k'] and belongs to group k' / group_size; the nibbles are
+// gathered in that order and `perm` is uploaded for the kernels (which read x[perm[k']]). Groups of
+// unequal size cannot be expressed that way and are refused (SPARK_ERR_UNSUPPORTED).
+//
+// The function synchronises the stream before returning: the host buffers are not needed afterwards.
+#include "backends/cuda/cuda_common.h"
+#include "backends/cuda/ops.h"
+#include "graph/error.h"
+
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+namespace spark::cuda {
+
+namespace {
+
+constexpr int kTile = 32;
+
+// dst[n][w] = word w of row n in the device layout; src[w][n] GPTQ words. With perm, nibble j of the
+// output word is input channel perm[8w + j].
+__global__ void int4_words_kernel(const uint32_t * src, int64_t n, int64_t k8, const int32_t * perm, uint32_t * dst) {
+    __shared__ uint32_t tile[kTile][kTile + 1];
+    const int64_t n0 = int64_t(blockIdx.x) * kTile, w0 = int64_t(blockIdx.y) * kTile;
+    for (int i = int(threadIdx.y); i < kTile; i += int(blockDim.y)) {
+        const int64_t w = w0 + i, nn = n0 + threadIdx.x;
+        if (w < k8 && nn < n) {
+            uint32_t word = 0;
+            if (perm == nullptr) {
+                word = src[w * n + nn];
+            } else {
+                for (int j = 0; j < 8; ++j) {
+                    const int64_t k = perm[8 * w + j];
+                    word |= ((src[(k / 8) * n + nn] >> (4 * (k % 8))) & 0xFu) << (4 * j);
+                }
+            }
+            tile[i][threadIdx.x] = word;
+        }
+    }
+    __syncthreads();
+    for (int i = int(threadIdx.y); i < kTile; i += int(blockDim.y)) {
+        const int64_t nn = n0 + i, w = w0 + threadIdx.x;
+        if (nn < n && w < k8) dst[nn * k8 + w] = tile[threadIdx.x][i];
+    }
+}
+
+// [rows][cols] u16 -> [cols][rows].
+__global__ void transpose_u16_kernel(const uint16_t * src, int64_t rows, int64_t cols, uint16_t * dst) {
+    __shared__ uint16_t tile[kTile][kTile + 1];
+    const int64_t c0 = int64_t(blockIdx.x) * kTile, r0 = int64_t(blockIdx.y) * kTile;
+    for (int i = int(threadIdx.y); i < kTile; i += int(blockDim.y)) {
+        const int64_t r = r0 + i, c = c0 + threadIdx.x;
+        if (r < rows && c < cols) tile[i][threadIdx.x] = src[r * cols + c];
+    }
+    __syncthreads();
+    for (int i = int(threadIdx.y); i < kTile; i += int(blockDim.y)) {
+        const int64_t c = c0 + i, r = r0 + threadIdx.x;
+        if (c < cols && r < rows) dst[c * rows + r] = tile[threadIdx.x][i];
+    }
+}
+
+// packed zeros [G][N/8] -> u8 [N][G] (+ offset).
+__global__ void int4_zeros_kernel(const uint32_t * src, int64_t n, int64_t groups, int32_t offset, uint8_t * dst) {
+    const int64_t count = n * groups;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t nn = i / groups, g = i % groups;
+        const int32_t z  = int32_t((src[g * (n / 8) + nn / 8] >> (4 * (nn % 8))) & 0xFu) + offset;
+        dst[i]           = uint8_t(z);
+    }
+}
+
+struct Staging {
+    cudaStream_t        stream;
+    std::vector<void *> bufs;
+    void * get(size_t bytes) {
+        void * p = nullptr;
+        SPARK_CUDA_CHECK(cudaMallocAsync(&p, bytes, stream));
+        bufs.push_back(p);
+        return p;
+    }
+    ~Staging() {
+        for (void * p : bufs) cudaFreeAsync(p, stream);
+    }
+};
+
+// Act-order permutation: empty when g_idx is the trivial k / group_size.
+std::vector<int32_t> act_order_perm(const QWeight & w) {
+    const int64_t K = w.k, gs = w.group_size;
+    bool trivial = true;
+    for (int64_t k = 0; k < K; ++k) {
+        const int32_t g = w.g_idx[k];
+        if (g < 0 || g >= w.n_groups)
+            fail(SPARK_ERR_INVALID_FORMAT, "int4 weight: g_idx[%lld] = %d outside [0, %d)", (long long) k, g, w.n_groups);
+        trivial = trivial && g == k / gs;
+    }
+    if (trivial) return {};
+    std::vector<int32_t> perm(static_cast<size_t>(K));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::stable_sort(perm.begin(), perm.end(), [&](int32_t a, int32_t b) { return w.g_idx[a] < w.g_idx[b]; });
+    for (int64_t k = 0; k < K; ++k)
+        if (w.g_idx[perm[size_t(k)]] != k / gs)
+            fail(SPARK_ERR_UNSUPPORTED,
+                 "int4 weight with act-order: groups of unequal size (sorted channel %lld is in group %d, expected %lld); "
+                 "only g_idx with group_size channels per group is supported",
+                 (long long) k, w.g_idx[perm[size_t(k)]], (long long) (k / gs));
+    return perm;
+}
+
+}  // namespace
+
+DeviceWeight upload_weight(const QWeight & host, void * (*alloc)(void * owner, size_t bytes), void * owner, cudaStream_t stream) {
+    DeviceWeight d;
+    d.format       = host.format;
+    d.n            = host.n;
+    d.k            = host.k;
+    d.scale_type   = host.scale_type;
+    d.group_size   = host.group_size;
+    d.n_groups     = host.n_groups;
+    d.block_n      = host.block_n;
+    d.block_k      = host.block_k;
+    d.global_scale = host.global_scale;
+    if (host.n <= 0 || host.k <= 0 || !host.data)
+        fail(SPARK_ERR_INVALID_ARGUMENT, "upload_weight: empty %s weight [%lld, %lld]", weight_format_name(host.format),
+             (long long) host.n, (long long) host.k);
+    const QWeightBytes bytes = qweight_bytes(host);
+
+    auto upload = [&](const void * src, size_t n) -> void * {
+        void * dst = alloc(owner, n);
+        SPARK_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream));
+        return dst;
+    };
+
+    switch (host.format) {
+        case WeightFormat::F32:
+        case WeightFormat::F16:
+        case WeightFormat::BF16: d.data = upload(host.data, bytes.data); break;
+        case WeightFormat::NVFP4:
+            if (host.k % 16 != 0 || !host.scales)
+                fail(SPARK_ERR_UNSUPPORTED, "nvfp4 weight [%lld, %lld]: K must be a multiple of 16, with block scales",
+                     (long long) host.n, (long long) host.k);
+            d.data   = upload(host.data, bytes.data);
+            d.scales = upload(host.scales, bytes.scales);
+            break;
+        case WeightFormat::FP8:
+            if (host.block_n <= 0 || host.block_k <= 0 || !host.scales)
+                fail(SPARK_ERR_UNSUPPORTED, "fp8 weight [%lld, %lld]: missing block scales", (long long) host.n, (long long) host.k);
+            d.data   = upload(host.data, bytes.data);
+            d.scales = upload(host.scales, bytes.scales);
+            break;
+        case WeightFormat::INT4: {
+            const int64_t N = host.n, K = host.k, G = host.n_groups, gs = host.group_size;
+            if (K % 8 != 0 || gs <= 0 || G <= 0 || G * gs < K || !host.scales)
+                fail(SPARK_ERR_UNSUPPORTED, "int4 weight [%lld, %lld]: needs K %% 8 == 0 and groups covering K (group %lld, %lld groups)",
+                     (long long) N, (long long) K, (long long) gs, (long long) G);
+            if (host.zeros && N % 8 != 0)
+                fail(SPARK_ERR_UNSUPPORTED, "int4 weight [%lld, %lld]: packed zero points need N %% 8 == 0", (long long) N, (long long) K);
+            if (host.zeros && (host.zero_offset < 0 || host.zero_offset > 16))
+                fail(SPARK_ERR_UNSUPPORTED, "int4 weight: zero_offset %d", host.zero_offset);
+
+            std::vector<int32_t> perm;
+            if (host.g_idx) perm = act_order_perm(host);
+
+            Staging  staging{stream, {}};
+            void *   src_words  = staging.get(bytes.data);
+            void *   src_scales = staging.get(bytes.scales);
+            SPARK_CUDA_CHECK(cudaMemcpyAsync(src_words, host.data, bytes.data, cudaMemcpyHostToDevice, stream));
+            SPARK_CUDA_CHECK(cudaMemcpyAsync(src_scales, host.scales, bytes.scales, cudaMemcpyHostToDevice, stream));
+            int32_t * dperm = nullptr;
+            if (!perm.empty()) dperm = static_cast<int32_t *>(upload(perm.data(), perm.size() * sizeof(int32_t)));
+
+            const int64_t K8    = K / 8;
+            auto *        words = static_cast<uint32_t *>(alloc(owner, bytes.data));
+            {
+                const dim3 grid(unsigned(ceil_div(N, kTile)), unsigned(ceil_div(K8, kTile)));
+                int4_words_kernel<<<grid, dim3(kTile, 8), 0, stream>>>(static_cast<const uint32_t *>(src_words), N, K8, dperm, words);
+                SPARK_CUDA_CHECK_LAUNCH();
+            }
+            auto * scales = static_cast<uint16_t *>(alloc(owner, bytes.scales));
+            {
+                const dim3 grid(unsigned(ceil_div(N, kTile)), unsigned(ceil_div(G, kTile)));
+                transpose_u16_kernel<<<grid, dim3(kTile, 8), 0, stream>>>(static_cast<const uint16_t *>(src_scales), G, N, scales);
+                SPARK_CUDA_CHECK_LAUNCH();
+            }
+            uint8_t * zeros = nullptr;
+            if (host.zeros) {
+                void * src_zeros = staging.get(bytes.zeros);
+                SPARK_CUDA_CHECK(cudaMemcpyAsync(src_zeros, host.zeros, bytes.zeros, cudaMemcpyHostToDevice, stream));
+                zeros = static_cast<uint8_t *>(alloc(owner, size_t(N * G)));
+                const int blocks = int(std::min<int64_t>(4096, ceil_div(N * G, 256)));
+                int4_zeros_kernel<<<blocks, 256, 0, stream>>>(static_cast<const uint32_t *>(src_zeros), N, G, host.zero_offset, zeros);
+                SPARK_CUDA_CHECK_LAUNCH();
+            }
+            d.data   = words;
+            d.scales = scales;
+            d.zeros  = zeros;
+            d.perm   = dperm;
+            SPARK_CUDA_CHECK(cudaStreamSynchronize(stream));
+            break;  // staging buffers are released (stream-ordered) here
+        }
+    }
+    SPARK_CUDA_CHECK(cudaStreamSynchronize(stream));
+    return d;
+}
+
+}  // namespace spark::cuda
