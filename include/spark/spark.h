@@ -196,9 +196,20 @@ typedef struct spark_model_info {
     uint64_t weight_bytes_attention;   /* attention + linear-attention projections and norms */
     uint64_t weight_bytes_ffn;         /* dense MLPs, routers, experts, shared experts */
     uint64_t weight_bytes_output;      /* final norm + lm_head (0 extra when tied) */
+    /* Roofline figures of one single-token decode step: */
+    uint64_t decode_weight_bytes;      /* weight bytes the step reads: every dense weight, the top-k
+                                          routed experts of each MoE layer, one embedding row, lm_head */
+    uint64_t kv_bytes_per_token;       /* KV-cache bytes per cached token (read once per step) */
+    uint64_t recurrent_bytes;          /* linear-attention state of one sequence (read and written
+                                          once per step) */
 } spark_model_info;
 
 SPARK_API spark_status spark_model_get_info(const spark_model * model, spark_model_info * out);
+
+/* Measures the copy bandwidth of the model's device (bytes read + written per second, a
+ * device-to-device copy of 512 MiB; the CPU backend reports a host memcpy), for roofline reports.
+ * Takes tens of milliseconds. */
+SPARK_API spark_status spark_model_measure_bandwidth(const spark_model * model, double * bytes_per_second);
 
 /* Layer type of layer `il` (SPARK_LAYER_ATTENTION for all layers of dense/MoE models); -1 for a bad
  * index or handle. */

@@ -24,6 +24,19 @@ protected:
     size_t size_ = 0;
 };
 
+// A random weight of real shape for benchmarks (spark-bench's synthetic models): values of a plausible
+// magnitude, generated where the weight lives (on the GPU for CUDA: no host memory, no upload).
+struct RandomWeightSpec {
+    WeightFormat format     = WeightFormat::BF16;
+    int64_t      n          = 0;
+    int64_t      k          = 0;
+    int32_t      group_size = 128;  // INT4
+    int32_t      block_n    = 128;  // FP8
+    int32_t      block_k    = 128;  // FP8
+    uint64_t     seed       = 1;
+    float        scale      = 0.02f;  // standard deviation of the represented values (about)
+};
+
 struct BackendCaps {
     bool  host_memory = true;         // buffers are host-addressable
     DType kv_type     = DType::F32;   // element type of the KV cache
@@ -46,6 +59,13 @@ public:
     // checkpoint or converted buffers) that stays valid for the model's lifetime. The CPU backend
     // uses it as is; the CUDA backend uploads and repacks it into `storage` it allocates.
     virtual QWeight prepare_weight(const QWeight & host, std::vector<std::unique_ptr<Buffer>> & storage) = 0;
+
+    // A random weight in this backend's layout (see RandomWeightSpec); memory goes to `storage`.
+    virtual QWeight random_weight(const RandomWeightSpec & spec, std::vector<std::unique_ptr<Buffer>> & storage) = 0;
+
+    // Measured device-to-device copy bandwidth in bytes/s (bytes read + written), for roofline
+    // reports; 0 when not meaningful.
+    virtual double copy_bandwidth() { return 0.0; }
 
     // Executes every node of the graph in order. Inputs are already uploaded.
     virtual void compute(Graph & graph) = 0;

@@ -65,6 +65,15 @@ SPARK_API spark_status spark_model_get_info(const spark_model * model, spark_mod
     });
 }
 
+SPARK_API spark_status spark_model_measure_bandwidth(const spark_model * model, double * out) {
+    return api_guard([&] {
+        require(model && out, "spark_model_measure_bandwidth: NULL argument");
+        double bw = model->impl->backend->copy_bandwidth();
+        if (bw <= 0) fail(SPARK_ERR_UNSUPPORTED, "the %s backend cannot measure its bandwidth", model->impl->backend->name().c_str());
+        *out = bw;
+    });
+}
+
 SPARK_API int32_t spark_model_layer_type(const spark_model * model, int32_t il) {
     if (!model || il < 0 || il >= model->impl->hparams.n_layer) return -1;
     return model->impl->hparams.layer_kinds[size_t(il)] == LayerKind::Attention ? SPARK_LAYER_ATTENTION : SPARK_LAYER_LINEAR_ATTENTION;

@@ -6,6 +6,7 @@
 #include "runtime/io/safetensors.h"
 #include "runtime/models/arch.h"
 #include "runtime/model_source.h"
+#include "runtime/synthetic.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 #include <nlohmann/json.hpp>
@@ -64,12 +65,36 @@ void fill_info(Model & m, int64_t n_params) {
     i.n_layer_linear_attention = int32_t(hp.n_layer_of(LayerKind::LinearAttention));
     i.n_params                 = n_params;
     i.weight_bytes = i.weight_bytes_embedding + i.weight_bytes_attention + i.weight_bytes_ffn + i.weight_bytes_output;
+
+    // One decode step reads every weight except the embedding table (one row) and the experts the
+    // token was not routed to.
+    auto bytes = [](const QWeight & w) -> uint64_t { return w.n ? qweight_bytes(w).total() : 0; };
+    auto pbytes = [](const Param & p) -> uint64_t {
+        uint64_t n = p.data ? 4 : 0;
+        for (int64_t d : p.ne) n *= uint64_t(d);
+        return n;
+    };
+    uint64_t step = bytes(m.tok_embd) / uint64_t(std::max<int64_t>(hp.n_vocab, 1)) + bytes(m.output) + pbytes(m.output_norm);
+    for (const LayerWeights & L : m.layers) {
+        for (const QWeight * w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down, &L.router, &L.shexp_gate, &L.shexp_up,
+                                  &L.shexp_down, &L.shexp_router, &L.in_proj_qkvz, &L.in_proj_ba, &L.out_proj})
+            step += bytes(*w);
+        for (const Param * p : {&L.attn_norm, &L.ffn_norm, &L.q_norm, &L.k_norm, &L.ssm_conv, &L.ssm_A_log, &L.ssm_dt_bias, &L.ssm_norm}) step += pbytes(*p);
+        if (!L.exp_gate.empty())
+            step += uint64_t(hp.n_expert_used) * (bytes(L.exp_gate[0]) + bytes(L.exp_up[0]) + bytes(L.exp_down[0]));
+    }
+    i.decode_weight_bytes = step;
+    i.kv_bytes_per_token  = uint64_t(i.n_layer_attention) * 2 * uint64_t(hp.n_head_kv * hp.head_dim) * dtype_size(m.backend->caps().kv_type);
+    const uint64_t conv_channels = uint64_t(2 * hp.ssm_n_k_heads * hp.ssm_k_dim + hp.ssm_n_v_heads * hp.ssm_v_dim);
+    i.recurrent_bytes = uint64_t(i.n_layer_linear_attention) * 4 *
+                        (uint64_t(std::max<int64_t>(hp.ssm_conv_kernel - 1, 0)) * conv_channels + uint64_t(hp.ssm_k_dim * hp.ssm_v_dim * hp.ssm_n_v_heads));
 }
 
 }  // namespace
 
 std::unique_ptr<Model> load_model(const std::string & path, const spark_model_params & params) {
     if (path.empty()) fail(SPARK_ERR_INVALID_ARGUMENT, "empty model path");
+    if (is_synthetic_path(path)) return load_synthetic_model(path, params, fill_info);
     auto m  = std::make_unique<Model>();
     m->path = path;
 
@@ -97,7 +122,7 @@ std::unique_ptr<Model> load_model(const std::string & path, const spark_model_pa
     m->backend = make_backend(params, m->device);
 
     WeightResolver resolver(*m->source, m->quant, m->host_store);
-    ModelLoader    loader(*m, resolver, params);
+    CheckpointLoader loader(*m, resolver, params);
     loader.progress(0.0f);
     m->arch->load(*m, loader);
     loader.progress(1.0f);

@@ -2,8 +2,11 @@
 #include "backends/backend.h"
 #include "backends/cpu/cpu_ops.h"
 #include "graph/error.h"
+#include "quant/random_weights.h"
 
+#include <chrono>
 #include <cstdlib>
+#include <vector>
 #include <cstring>
 #include <new>
 #include <thread>
@@ -38,6 +41,96 @@ public:
     void fill_zero(void * dst, size_t n) override { std::memset(dst, 0, n); }
 
     QWeight prepare_weight(const QWeight & host, std::vector<std::unique_ptr<Buffer>> &) override { return host; }
+
+    // The canonical layouts (src/quant/qweight.h) filled element by element from
+    // src/quant/random_weights.h: the same logical weight the CUDA backend generates.
+    QWeight random_weight(const RandomWeightSpec & spec, std::vector<std::unique_ptr<Buffer>> & storage) override {
+        namespace rw = random_weights;
+        const int64_t N = spec.n, K = spec.k;
+        auto buffer = [&](size_t bytes) {
+            storage.push_back(alloc(bytes));
+            return storage.back()->data();
+        };
+        QWeight w;
+        w.format = spec.format;
+        w.n      = N;
+        w.k      = K;
+        switch (spec.format) {
+            case WeightFormat::F32:
+            case WeightFormat::F16:
+            case WeightFormat::BF16: {
+                const size_t es = spec.format == WeightFormat::F32 ? 4 : 2;
+                char *       d  = static_cast<char *>(buffer(size_t(N * K) * es));
+                for (int64_t n = 0; n < N; ++n)
+                    for (int64_t k = 0; k < K; ++k) {
+                        const float v = rw::dense(spec.seed, n, k, K, spec.scale);
+                        if (es == 4) std::memcpy(d + size_t(n * K + k) * 4, &v, 4);
+                        else {
+                            const uint16_t h = spec.format == WeightFormat::F16 ? f32_to_f16(v) : f32_to_bf16(v);
+                            std::memcpy(d + size_t(n * K + k) * 2, &h, 2);
+                        }
+                    }
+                w.data = d;
+                break;
+            }
+            case WeightFormat::NVFP4: {
+                auto * codes  = static_cast<uint8_t *>(buffer(size_t(N * K / 2)));
+                auto * scales = static_cast<uint8_t *>(buffer(size_t(N * K / 16)));
+                for (int64_t n = 0; n < N; ++n) {
+                    for (int64_t k = 0; k < K; k += 2)
+                        codes[(n * K + k) / 2] = uint8_t(rw::nvfp4_code(spec.seed, n, k, K) | (rw::nvfp4_code(spec.seed, n, k + 1, K) << 4));
+                    for (int64_t b = 0; b < K / 16; ++b) scales[n * (K / 16) + b] = rw::nvfp4_block_scale(spec.seed, n, b, K / 16);
+                }
+                w.data         = codes;
+                w.scales       = scales;
+                w.global_scale = rw::nvfp4_global_scale(spec.scale);
+                break;
+            }
+            case WeightFormat::INT4: {
+                const int64_t gs = spec.group_size > 0 ? spec.group_size : K, G = (K + gs - 1) / gs;
+                auto *        q  = static_cast<uint32_t *>(buffer(size_t(K / 8 * N) * 4));
+                auto *        sc = static_cast<uint16_t *>(buffer(size_t(G * N) * 2));
+                for (int64_t r = 0; r < K / 8; ++r)
+                    for (int64_t n = 0; n < N; ++n) {
+                        uint32_t word = 0;
+                        for (int j = 0; j < 8; ++j) word |= rw::int4_code(spec.seed, n, 8 * r + j, K) << (4 * j);
+                        q[r * N + n] = word;
+                    }
+                for (int64_t g = 0; g < G; ++g)
+                    for (int64_t n = 0; n < N; ++n) sc[g * N + n] = rw::int4_scale_f16(spec.seed, n, g, G, spec.scale);
+                w.data       = q;
+                w.scales     = sc;
+                w.group_size = int32_t(gs);
+                w.n_groups   = int32_t(G);
+                w.scale_type = ScaleType::F16;
+                break;
+            }
+            case WeightFormat::FP8: {
+                const int64_t bn = spec.block_n, bk = spec.block_k, NB = (N + bn - 1) / bn, KB = (K + bk - 1) / bk;
+                auto *        d  = static_cast<uint8_t *>(buffer(size_t(N * K)));
+                auto *        sc = static_cast<float *>(buffer(size_t(NB * KB) * 4));
+                for (int64_t n = 0; n < N; ++n)
+                    for (int64_t k = 0; k < K; ++k) d[n * K + k] = rw::fp8_code(spec.seed, n, k, K);
+                for (int64_t a = 0; a < NB; ++a)
+                    for (int64_t b = 0; b < KB; ++b) sc[a * KB + b] = rw::fp8_block_scale(spec.seed, a, b, KB, spec.scale);
+                w.data    = d;
+                w.scales  = sc;
+                w.block_n = int32_t(bn);
+                w.block_k = int32_t(bk);
+                break;
+            }
+        }
+        return w;
+    }
+
+    double copy_bandwidth() override {
+        const size_t      bytes = size_t(256) << 20;
+        std::vector<char> a(bytes, 1), b(bytes, 2);
+        const auto        t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < 4; ++i) std::memcpy(i % 2 ? a.data() : b.data(), i % 2 ? b.data() : a.data(), bytes);
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        return 2.0 * double(bytes) * 4 / s;
+    }
 
     void set_n_threads(int n) override {
         if (n <= 0) n = int(std::max(1u, std::thread::hardware_concurrency()));

@@ -145,25 +145,41 @@ public:
 
     QWeight prepare_weight(const QWeight & host, std::vector<std::unique_ptr<Buffer>> & storage) override {
         activate();
-        struct Owner {
-            CudaBackend *                          be;
-            std::vector<std::unique_ptr<Buffer>> * storage;
-        } owner{this, &storage};
-        auto alloc_fn = [](void * o, size_t bytes) -> void * {
-            auto * ow = static_cast<Owner *>(o);
-            ow->storage->push_back(ow->be->alloc(bytes));
-            return ow->storage->back()->data();
-        };
-        DeviceWeight dw = cuda::upload_weight(host, alloc_fn, &owner, stream_);
-        std::lock_guard<std::mutex> lock(weights_mutex_);
-        weights_.push_back(dw);
-        QWeight out       = host;
-        out.data          = dw.data;
-        out.scales        = dw.scales;
-        out.zeros         = dw.zeros;
-        out.g_idx         = dw.perm;
-        out.device_layout = &weights_.back();
-        return out;
+        Owner owner{this, &storage};
+        return remember(host, cuda::upload_weight(host, &Owner::alloc, &owner, stream_));
+    }
+
+    QWeight random_weight(const RandomWeightSpec & spec, std::vector<std::unique_ptr<Buffer>> & storage) override {
+        activate();
+        Owner   owner{this, &storage};
+        QWeight logical;
+        logical.format = spec.format;
+        logical.n      = spec.n;
+        logical.k      = spec.k;
+        return remember(logical, cuda::random_device_weight(spec, &Owner::alloc, &owner, stream_));
+    }
+
+    double copy_bandwidth() override {
+        if (copy_bandwidth_ > 0) return copy_bandwidth_;
+        activate();
+        const size_t bytes = size_t(512) << 20;
+        auto         a = alloc(bytes), b = alloc(bytes);
+        cudaEvent_t  t0, t1;
+        SPARK_CUDA_CHECK(cudaEventCreate(&t0));
+        SPARK_CUDA_CHECK(cudaEventCreate(&t1));
+        SPARK_CUDA_CHECK(cudaMemcpyAsync(b->data(), a->data(), bytes, cudaMemcpyDeviceToDevice, stream_));  // warm-up
+        SPARK_CUDA_CHECK(cudaEventRecord(t0, stream_));
+        const int reps = 10;
+        for (int i = 0; i < reps; ++i)
+            SPARK_CUDA_CHECK(cudaMemcpyAsync(i % 2 ? a->data() : b->data(), i % 2 ? b->data() : a->data(), bytes, cudaMemcpyDeviceToDevice, stream_));
+        SPARK_CUDA_CHECK(cudaEventRecord(t1, stream_));
+        SPARK_CUDA_CHECK(cudaEventSynchronize(t1));
+        float ms = 0;
+        SPARK_CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
+        cudaEventDestroy(t0);
+        cudaEventDestroy(t1);
+        copy_bandwidth_ = 2.0 * double(bytes) * reps / (double(ms) * 1e-3);  // bytes read + written
+        return copy_bandwidth_;
     }
 
     void compute(Graph & graph) override {
@@ -206,6 +222,34 @@ public:
 
 private:
     friend class GrowingWorkspace;
+
+    struct Owner {
+        CudaBackend *                          be;
+        std::vector<std::unique_ptr<Buffer>> * storage;
+        static void * alloc(void * o, size_t bytes) {
+            auto * ow = static_cast<Owner *>(o);
+            ow->storage->push_back(ow->be->alloc(bytes));
+            return ow->storage->back()->data();
+        }
+    };
+
+    // Keeps the DeviceWeight (kernels read it through QWeight::device_layout).
+    QWeight remember(const QWeight & logical, const DeviceWeight & dw) {
+        std::lock_guard<std::mutex> lock(weights_mutex_);
+        weights_.push_back(dw);
+        QWeight out       = logical;
+        out.data          = dw.data;
+        out.scales        = dw.scales;
+        out.zeros         = dw.zeros;
+        out.g_idx         = dw.perm;
+        out.group_size    = dw.group_size;
+        out.n_groups      = dw.n_groups;
+        out.global_scale  = dw.global_scale;
+        out.block_n       = dw.block_n;
+        out.block_k       = dw.block_k;
+        out.device_layout = &weights_.back();
+        return out;
+    }
 
     static bool graphs_enabled() {
         static const bool enabled = [] {
@@ -355,6 +399,7 @@ private:
     std::mutex              weights_mutex_;
     std::deque<DeviceWeight> weights_;
     std::unordered_map<const QWeight *, std::unique_ptr<Buffer>> expert_tables_;
+    double                  copy_bandwidth_ = 0.0;
 };
 
 void * GrowingWorkspace::get(size_t bytes) {

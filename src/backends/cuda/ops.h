@@ -4,6 +4,7 @@
 // into a CUDA graph and replayed). Shapes and strides follow src/graph/graph.h.
 #pragma once
 
+#include "backends/backend.h"
 #include "backends/cuda/device_weight.h"
 #include "graph/graph.h"
 
@@ -54,6 +55,9 @@ void op_matmul_swiglu(const Tensor & swiglu, const OpContext & ctx);
 // Host-side upload and device repack of one weight (INT4 transpose, act-order sort, ...). Device
 // buffers are allocated with `alloc` (owned by the caller).
 DeviceWeight upload_weight(const QWeight & host, void * (*alloc)(void * owner, size_t bytes), void * owner, cudaStream_t stream);
+
+// A random weight generated on the device in the device layout (src/backends/cuda/random_weights.cu).
+DeviceWeight random_device_weight(const RandomWeightSpec & spec, void * (*alloc)(void * owner, size_t bytes), void * owner, cudaStream_t stream);
 
 // ---- attention (src/backends/cuda/attention/) ----
 // ATTENTION: append k/v to the paged BF16 cache, then causal GQA attention; split-KV decode for

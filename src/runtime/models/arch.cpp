@@ -17,32 +17,28 @@ std::unique_ptr<Architecture> make_architecture(const std::string & model_type) 
     fail(SPARK_ERR_UNSUPPORTED, "architecture '%s' is not supported", model_type.c_str());
 }
 
-QWeight ModelLoader::linear(const std::string & module, int64_t n, int64_t k, uint64_t * counter) {
-    QWeight host = resolver_.linear(module, n, k);
-    n_params_ += n * k;
-    if (counter) *counter += qweight_bytes(host).total();
+QWeight ModelLoader::count(const QWeight & w, uint64_t * counter) {
+    n_params_ += w.n * w.k;
+    if (counter) *counter += qweight_bytes(w).total();
+    return w;
+}
+
+QWeight CheckpointLoader::linear(const std::string & module, int64_t n, int64_t k, uint64_t * counter) {
+    QWeight host = count(resolver_.linear(module, n, k), counter);
     return model_.backend->prepare_weight(host, model_.storage);
 }
 
-QWeight ModelLoader::dense(const std::string & name, int64_t n, int64_t k, uint64_t * counter) {
-    QWeight host = resolver_.dense(name, n, k);
-    n_params_ += n * k;
-    if (counter) *counter += qweight_bytes(host).total();
+QWeight CheckpointLoader::dense(const std::string & name, int64_t n, int64_t k, uint64_t * counter) {
+    QWeight host = count(resolver_.dense(name, n, k), counter);
     return model_.backend->prepare_weight(host, model_.storage);
 }
 
-Param ModelLoader::param_from(const std::vector<float> & values, std::vector<int64_t> ne, uint64_t * counter) {
-    auto buf = model_.backend->alloc(values.size() * sizeof(float));
-    model_.backend->upload(buf->data(), values.data(), values.size() * sizeof(float));
-    Param p{buf->data(), std::move(ne)};
-    n_params_ += int64_t(values.size());
-    if (counter) *counter += values.size() * sizeof(float);
-    model_.storage.push_back(std::move(buf));
-    return p;
+Param CheckpointLoader::param(const std::string & name, std::initializer_list<int64_t> hf_shape, uint64_t * counter) {
+    return param_from(name, resolver_.f32(name, hf_shape), hf_shape, counter);
 }
 
-Param ModelLoader::param(const std::string & name, std::initializer_list<int64_t> hf_shape, uint64_t * counter) {
-    std::vector<float>   v = resolver_.f32(name, hf_shape);
+Param ModelLoader::param_from(const std::string & name, const std::vector<float> & values, std::initializer_list<int64_t> hf_shape,
+                              uint64_t * counter) {
     std::vector<int64_t> ne(hf_shape.begin(), hf_shape.end());
     std::reverse(ne.begin(), ne.end());
     // Collapse to at most 2 dims (conv1d's [C, 1, K] becomes ne = {K, C}).
@@ -50,7 +46,13 @@ Param ModelLoader::param(const std::string & name, std::initializer_list<int64_t
     for (int64_t d : ne)
         if (d != 1 || compact.empty()) compact.push_back(d);
     if (compact.size() > 2) fail(SPARK_ERR_INTERNAL, "parameter '%s' has more than 2 non-unit dims", name.c_str());
-    return param_from(v, compact, counter);
+    auto buf = model_.backend->alloc(values.size() * sizeof(float));
+    model_.backend->upload(buf->data(), values.data(), values.size() * sizeof(float));
+    Param p{buf->data(), std::move(compact)};
+    n_params_ += int64_t(values.size());
+    if (counter) *counter += values.size() * sizeof(float);
+    model_.storage.push_back(std::move(buf));
+    return p;
 }
 
 }  // namespace spark

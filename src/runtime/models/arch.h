@@ -13,31 +13,46 @@ namespace spark {
 
 class Memory;
 
-// Loading helpers shared by the architectures: resolve checkpoint tensors into backend weights.
+// How an architecture gets its weights: from a checkpoint (CheckpointLoader) or random of the same
+// shapes for benchmarks (SyntheticLoader, src/runtime/synthetic.cpp). Architectures only name the
+// tensors and their logical shapes.
 class ModelLoader {
 public:
-    ModelLoader(Model & model, WeightResolver & resolver, const spark_model_params & params)
-        : model_(model), resolver_(resolver), params_(params) {}
+    ModelLoader(Model & model, const spark_model_params & params) : model_(model), params_(params) {}
+    virtual ~ModelLoader() = default;
 
     // A Linear weight [n, k] of `module` in whatever format the checkpoint holds.
-    QWeight linear(const std::string & module, int64_t n, int64_t k, uint64_t * bytes_counter = nullptr);
-    QWeight dense(const std::string & name, int64_t n, int64_t k, uint64_t * bytes_counter = nullptr);
-    // A float32 parameter; `ne` in ggml order, `hf_shape` the checkpoint's shape.
-    Param   param(const std::string & name, std::initializer_list<int64_t> hf_shape, uint64_t * bytes_counter = nullptr);
-    // A parameter computed on the host (e.g. converted), uploaded as is.
-    Param   param_from(const std::vector<float> & values, std::vector<int64_t> ne, uint64_t * bytes_counter = nullptr);
-    bool    has_module(const std::string & module) const { return resolver_.has_module(module); }
+    virtual QWeight linear(const std::string & module, int64_t n, int64_t k, uint64_t * bytes_counter = nullptr) = 0;
+    // A dense matrix [n, k] (the token embedding).
+    virtual QWeight dense(const std::string & name, int64_t n, int64_t k, uint64_t * bytes_counter = nullptr) = 0;
+    // A float32 parameter; `hf_shape` is the checkpoint's shape (uploaded in ggml order).
+    virtual Param   param(const std::string & name, std::initializer_list<int64_t> hf_shape, uint64_t * bytes_counter = nullptr) = 0;
+
     // Reports loading progress in [0, 1]; throws SPARK_ERR_ABORTED when the callback says stop.
     void    progress(float fraction);
     int64_t n_params() const { return n_params_; }
-    bool    has(const std::string & name) const { return resolver_.has(name); }
-    WeightResolver & resolver() { return resolver_; }
+
+protected:
+    // Uploads host values as a parameter; `hf_shape` collapses to at most 2 ggml dims.
+    Param param_from(const std::string & name, const std::vector<float> & values, std::initializer_list<int64_t> hf_shape, uint64_t * counter);
+    QWeight count(const QWeight & w, uint64_t * counter);
+
+    Model &            model_;
+    spark_model_params params_;
+    int64_t            n_params_ = 0;
+};
+
+// Weights from checkpoint tensors (a safetensors directory or a spark file).
+class CheckpointLoader final : public ModelLoader {
+public:
+    CheckpointLoader(Model & model, WeightResolver & resolver, const spark_model_params & params)
+        : ModelLoader(model, params), resolver_(resolver) {}
+    QWeight linear(const std::string & module, int64_t n, int64_t k, uint64_t * counter) override;
+    QWeight dense(const std::string & name, int64_t n, int64_t k, uint64_t * counter) override;
+    Param   param(const std::string & name, std::initializer_list<int64_t> hf_shape, uint64_t * counter) override;
 
 private:
-    Model &          model_;
     WeightResolver & resolver_;
-    spark_model_params params_;
-    int64_t          n_params_ = 0;
 };
 
 // Everything an architecture needs to build the graph of one step.
