@@ -1,0 +1,239 @@
+// A CPU emulator for the CUDA kernels of src/backends/cuda/attention and src/backends/cuda/ssm.
+//
+// Every CUDA thread of a block is a fiber (ucontext) on one OS thread; fibers switch only at
+// __syncthreads, at warp collectives (shuffles, ldmatrix, mma) and at exit. The scheduler picks a
+// random runnable fiber, so code between barriers runs in random warp orders. Warp collectives need
+// all 32 lanes and block barriers all live threads: a divergent collective or barrier deadlocks,
+// which the scheduler reports. ldmatrix / mma follow the PTX fragment layouts; ldmatrix and
+// cp.async check that their shared-memory addresses lie inside the block's dynamic shared memory
+// and are 16-byte aligned. cp.async copies land either at issue or only at the matching
+// cp.async.wait_group (randomly per launch), shared memory starts filled with NaN bytes. Blocks run
+// one after another (static __shared__ arrays are plain statics).
+//
+// Not modelled: timing, bank conflicts, register limits, the tensor cores' internal rounding
+// (products are summed in double here).
+#pragma once
+
+#include <ucontext.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <math.h>
+#include <random>
+#include <vector>
+
+// ---- CUDA spellings
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __restrict__
+#define __shared__ static
+#define __align__(n) alignas(n)
+
+struct uint3 {
+    unsigned x = 0, y = 0, z = 0;
+};
+struct dim3 {
+    unsigned x = 1, y = 1, z = 1;
+    dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+typedef struct CUstream_st * cudaStream_t;
+
+inline uint3 threadIdx, blockIdx;
+inline dim3  blockDim, gridDim;
+
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+
+namespace emu {
+
+[[noreturn]] inline void die(const char * msg) {
+    std::fprintf(stderr, "emu: %s (block %u,%u,%u thread %u,%u)\n", msg, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x,
+                 threadIdx.y);
+    std::abort();
+}
+
+struct Copy {
+    void *       dst;
+    const void * src;
+    bool         pred;
+};
+
+struct Fiber {
+    ucontext_t                     ctx{};
+    std::vector<char>              stack;
+    uint3                          idx;
+    bool                           done = false, waiting = false;
+    std::vector<Copy>              open_group;
+    std::vector<std::vector<Copy>> groups;  // committed, oldest first
+};
+
+struct Barrier {
+    int              expected = 0, arrived = 0;
+    std::vector<int> waiters;
+};
+
+struct Warp {
+    Barrier      bar;
+    uint32_t     u[32][8];
+    float        f[32][4];
+    int          i[32];
+    const void * addr[32];
+};
+
+struct Sched {
+    ucontext_t            main{};
+    std::vector<Fiber>    fibers;
+    int                   cur = -1;
+    Barrier               block_bar;
+    std::vector<Warp>     warps;
+    std::vector<unsigned char> smem;
+    std::function<void()> body;
+    std::mt19937          rng{1};
+    bool                  lazy_copies = false;
+    long long             n_collectives = 0;
+};
+
+inline Sched & S() {
+    static Sched s;
+    return s;
+}
+
+inline void apply(const Copy & c) {
+    if (c.pred) std::memcpy(c.dst, c.src, 16);
+    else std::memset(c.dst, 0, 16);
+}
+
+inline void yield() {
+    Sched & s = S();
+    swapcontext(&s.fibers[size_t(s.cur)].ctx, &s.main);
+}
+
+inline void arrive(Barrier & b) {
+    Sched & s = S();
+    if (++b.arrived >= b.expected) {
+        b.arrived = 0;
+        for (int w : b.waiters) s.fibers[size_t(w)].waiting = false;
+        b.waiters.clear();
+        return;
+    }
+    b.waiters.push_back(s.cur);
+    s.fibers[size_t(s.cur)].waiting = true;
+    yield();
+}
+
+inline int lane() { return int(threadIdx.x + threadIdx.y * blockDim.x) & 31; }
+inline Warp & warp() { return S().warps[size_t(int(threadIdx.x + threadIdx.y * blockDim.x) >> 5)]; }
+inline void warp_sync() {
+    ++S().n_collectives;
+    arrive(warp().bar);
+}
+
+inline unsigned char * dyn_smem() { return S().smem.data(); }
+
+inline void check_smem(const void * p, const char * what) {
+    Sched &              s = S();
+    const unsigned char * b = s.smem.data();
+    const auto *         c = static_cast<const unsigned char *>(p);
+    if (c < b || c + 16 > b + s.smem.size()) die(what);
+    if ((reinterpret_cast<uintptr_t>(c) & 15u) != 0) die("unaligned 16-byte shared-memory access");
+}
+
+inline void trampoline() {
+    Sched & s = S();
+    s.body();
+    Fiber & f = s.fibers[size_t(s.cur)];
+    f.done    = true;
+    // An exited thread no longer takes part in __syncthreads.
+    Barrier & b = s.block_bar;
+    --b.expected;
+    if (b.expected > 0 && b.arrived >= b.expected) {
+        b.arrived = 0;
+        for (int w : b.waiters) s.fibers[size_t(w)].waiting = false;
+        b.waiters.clear();
+    }
+}
+
+// Runs `kernel` (a call of the kernel function with its arguments) over the grid.
+inline void launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()> & kernel, uint64_t seed = 1) {
+    Sched & s = S();
+    s.rng.seed(uint32_t(seed));
+    s.lazy_copies  = (s.rng() & 1) != 0;
+    const int n    = int(block.x * block.y * block.z);
+    if (n % 32 != 0) {
+        std::fprintf(stderr, "emu: block size %d is not a multiple of 32\n", n);
+        std::abort();
+    }
+    gridDim  = grid;
+    blockDim = block;
+    s.body   = kernel;
+    for (unsigned bz = 0; bz < grid.z; ++bz)
+        for (unsigned by = 0; by < grid.y; ++by)
+            for (unsigned bx = 0; bx < grid.x; ++bx) {
+                blockIdx = uint3{bx, by, bz};
+                s.smem.assign(smem_bytes + 16, 0xFF);  // NaN in bf16 and f32
+                s.fibers.assign(size_t(n), Fiber{});
+                s.warps.assign(size_t(n / 32), Warp{});
+                for (Warp & w : s.warps) w.bar.expected = 32;
+                s.block_bar = Barrier{};
+                s.block_bar.expected = n;
+                for (int t = 0; t < n; ++t) {
+                    Fiber & f = s.fibers[size_t(t)];
+                    f.idx     = uint3{unsigned(t) % block.x, (unsigned(t) / block.x) % block.y, unsigned(t) / (block.x * block.y)};
+                    f.stack.resize(256 * 1024);
+                    getcontext(&f.ctx);
+                    f.ctx.uc_stack.ss_sp   = f.stack.data();
+                    f.ctx.uc_stack.ss_size = f.stack.size();
+                    f.ctx.uc_link          = &s.main;
+                    makecontext(&f.ctx, trampoline, 0);
+                }
+                std::vector<int> runnable;
+                for (;;) {
+                    runnable.clear();
+                    bool all_done = true;
+                    for (int t = 0; t < n; ++t) {
+                        const Fiber & f = s.fibers[size_t(t)];
+                        if (!f.done) all_done = false;
+                        if (!f.done && !f.waiting) runnable.push_back(t);
+                    }
+                    if (all_done) break;
+                    if (runnable.empty()) {
+                        threadIdx = s.fibers[0].idx;
+                        die("deadlock: every live thread waits at a barrier or warp collective (divergent sync?)");
+                    }
+                    s.cur     = runnable[s.rng() % runnable.size()];
+                    threadIdx = s.fibers[size_t(s.cur)].idx;
+                    swapcontext(&s.main, &s.fibers[size_t(s.cur)].ctx);
+                }
+            }
+}
+
+}  // namespace emu
+
+// ---- CUDA built-ins used by the kernels
+inline void __syncthreads() { emu::arrive(emu::S().block_bar); }
+
+inline float __shfl_xor_sync(unsigned, float v, int m) {
+    emu::Warp & w = emu::warp();
+    const int   l = emu::lane();
+    w.f[l][0]     = v;
+    emu::warp_sync();
+    const float r = w.f[l ^ m][0];
+    emu::warp_sync();
+    return r;
+}
+inline int __shfl_xor_sync(unsigned, int v, int m) {
+    emu::Warp & w = emu::warp();
+    const int   l = emu::lane();
+    w.i[l]        = v;
+    emu::warp_sync();
+    const int r = w.i[l ^ m];
+    emu::warp_sync();
+    return r;
+}

@@ -1,0 +1,416 @@
+// Runs the attention and linear-attention CUDA kernels on the CPU warp emulator (emu/) against
+// double-precision references that follow the CPU backend (src/backends/cpu/ops_attention.cpp,
+// ops_ssm.cpp). No GPU needed; checks indexing, masking, paging, split-KV / combine, sequence runs,
+// the cp.async pipelines and the mma / ldmatrix fragment bookkeeping.
+//
+// Build and run (from the repository root; a few minutes on two cores):
+//   g++ -std=c++20 -O2 -g -fsanitize=address,undefined -Idev/kernels/attention/emu -Isrc -Iinclude \
+//       dev/kernels/attention/emu_test.cpp -o /tmp/emu_test && /tmp/emu_test [filter]
+#include "backends/cuda/attention/attention_append.cuh"
+#include "backends/cuda/attention/attention_kernels.cuh"
+#include "backends/cuda/ssm/ssm_kernels.cuh"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+using namespace spark::cuda;
+
+namespace {
+
+std::mt19937_64 rng(12345);
+
+float randn() {
+    static std::normal_distribution<float> nd(0.0f, 1.0f);
+    return nd(rng);
+}
+
+double nmse(const std::vector<float> & got, const std::vector<double> & ref) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+        if (!std::isfinite(got[i])) return INFINITY;
+        num += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    return den > 0 ? num / den : num;
+}
+
+int failures = 0;
+
+void report(const std::string & name, double e, double tol, const char * what, double secs) {
+    const bool ok = e <= tol;
+    if (!ok) ++failures;
+    std::printf("%-4s %-58s %-6s nmse %.3e (tol %.0e) %.1fs\n", ok ? "ok" : "FAIL", name.c_str(), what, e, tol, secs);
+    std::fflush(stdout);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Attention
+// ------------------------------------------------------------------------------------------------
+struct SeqSpec {
+    int slot, start, n;  // n new tokens at positions start .. start+n-1
+};
+
+struct AttnCase {
+    std::string          name;
+    int                  D, n_head, n_kv;
+    std::vector<SeqSpec> seqs;
+    int                  max_pages, n_slots;
+    int                  sm_count  = 132;
+    double               tol_out   = 1e-5;
+    bool                 strided_q = false;  // q rows interleaved with a gate (as Qwen3-Next's q_proj)
+};
+
+void run_attention(const AttnCase & tc) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const int  D = tc.D, H = tc.n_head, KV = tc.n_kv, page = 64;
+    int        T = 0;
+    for (const SeqSpec & s : tc.seqs) T += s.n;
+    const int n_pages = tc.max_pages * tc.n_slots + 3;
+    const int64_t row = int64_t(KV) * D;
+
+    // Block table: every slot gets max_pages distinct random pages.
+    std::vector<int32_t> pages(static_cast<size_t>(n_pages));
+    std::iota(pages.begin(), pages.end(), 0);
+    std::shuffle(pages.begin(), pages.end(), rng);
+    std::vector<int32_t> bt(size_t(tc.n_slots) * tc.max_pages, -1);
+    for (int s = 0; s < tc.n_slots; ++s)
+        for (int p = 0; p < tc.max_pages; ++p) bt[size_t(s) * tc.max_pages + p] = pages[size_t(s * tc.max_pages + p)];
+
+    // Caches: random bf16 values (earlier positions), f32 mirror for the reference.
+    const size_t          n_cache = size_t(n_pages) * page * row;
+    std::vector<uint16_t> kc(n_cache), vc(n_cache);
+    std::vector<double>   kf(n_cache), vf(n_cache);
+    for (size_t i = 0; i < n_cache; ++i) {
+        kc[i] = ptx::bf16_bits(randn());
+        vc[i] = ptx::bf16_bits(randn());
+        kf[i] = ptx::bf16_float(kc[i]);
+        vf[i] = ptx::bf16_float(vc[i]);
+    }
+    // Step inputs.
+    const int            q_row = tc.strided_q ? 2 * D : D;
+    std::vector<float>   q(size_t(T) * H * q_row), k(size_t(T) * KV * D), v(size_t(T) * KV * D);
+    std::vector<int32_t> pos, seq;
+    for (auto & x : q) x = randn();
+    for (auto & x : k) x = randn();
+    for (auto & x : v) x = randn();
+    for (const SeqSpec & s : tc.seqs)
+        for (int i = 0; i < s.n; ++i) {
+            pos.push_back(s.start + i);
+            seq.push_back(s.slot);
+        }
+
+    auto cache_row = [&](int slot, int p) { return int64_t(bt[size_t(slot) * tc.max_pages + p / page]) * page + p % page; };
+    // Reference: append exact f32 k/v, attention in double.
+    std::vector<double> ref(size_t(T) * H * D), ref_bf(size_t(T) * H * D);
+    std::vector<double> kf_bf = kf, vf_bf = vf;  // "ideal GPU": appended values rounded to bf16
+    for (int t = 0; t < T; ++t) {
+        const int64_t r = cache_row(seq[size_t(t)], pos[size_t(t)]);
+        for (int i = 0; i < KV * D; ++i) {
+            kf[size_t(r * row + i)]    = k[size_t(t) * KV * D + i];
+            vf[size_t(r * row + i)]    = v[size_t(t) * KV * D + i];
+            kf_bf[size_t(r * row + i)] = ptx::bf16_round(k[size_t(t) * KV * D + i]);
+            vf_bf[size_t(r * row + i)] = ptx::bf16_round(v[size_t(t) * KV * D + i]);
+        }
+    }
+    const double scale = 1.0 / std::sqrt(double(D));
+    auto         attend = [&](const std::vector<double> & K, const std::vector<double> & V, std::vector<double> & out) {
+        std::vector<double> sc;
+        for (int t = 0; t < T; ++t)
+            for (int h = 0; h < H; ++h) {
+                const int kvh = h / (H / KV), n = pos[size_t(t)] + 1;
+                sc.assign(size_t(n), 0.0);
+                double m = -INFINITY;
+                for (int p = 0; p < n; ++p) {
+                    const int64_t r = cache_row(seq[size_t(t)], p);
+                    double        s = 0;
+                    for (int d = 0; d < D; ++d) s += double(q[(size_t(t) * H + h) * q_row + d]) * K[size_t(r * row + kvh * D + d)];
+                    sc[size_t(p)] = s * scale;
+                    m             = std::max(m, sc[size_t(p)]);
+                }
+                double sum = 0;
+                for (auto & s : sc) sum += (s = std::exp(s - m));
+                for (int d = 0; d < D; ++d) {
+                    double acc = 0;
+                    for (int p = 0; p < n; ++p) acc += sc[size_t(p)] * V[size_t(cache_row(seq[size_t(t)], p) * row + kvh * D + d)];
+                    out[(size_t(t) * H + h) * D + d] = acc / sum;
+                }
+            }
+    };
+    attend(kf, vf, ref);
+    attend(kf_bf, vf_bf, ref_bf);
+
+    // Emulated GPU run.
+    std::vector<float> out(size_t(T) * H * D, NAN);
+    attn::AttnParams   p;
+    p.q = reinterpret_cast<const char *>(q.data());
+    p.q_nb1 = int64_t(q_row) * 4;
+    p.q_nb2 = int64_t(H) * q_row * 4;
+    p.k = reinterpret_cast<const char *>(k.data());
+    p.k_nb1 = int64_t(D) * 4;
+    p.k_nb2 = int64_t(KV) * D * 4;
+    p.v = reinterpret_cast<const char *>(v.data());
+    p.v_nb1 = p.k_nb1;
+    p.v_nb2 = p.k_nb2;
+    p.k_cache = kc.data();
+    p.v_cache = vc.data();
+    p.pos = pos.data();
+    p.seq = seq.data();
+    p.block_table = bt.data();
+    p.out = out.data();
+    p.out_nb1 = int64_t(H) * D * 4;
+    p.n_tok = T;
+    p.n_head = H;
+    p.n_kv = KV;
+    p.group = H / KV;
+    p.head_dim = D;
+    p.page_size = page;
+    p.n_pages = n_pages;
+    p.max_pages = tc.max_pages;
+    p.n_slots = tc.n_slots;
+    p.scale_log2 = float(scale) * 1.4426950408889634f;
+    const attn::AttnPlan plan = attn::plan_attention(D, T, H, KV, tc.max_pages, page, tc.sm_count);
+    p.n_splits = plan.n_splits;
+    std::vector<float> ws(plan.workspace_bytes / 4 + 1, NAN);
+    p.part_o  = ws.data();
+    p.part_ml = ws.data() + size_t(plan.n_splits) * T * H * D;
+
+    const uint64_t seed = rng();
+    emu::launch(dim3(T), dim3(attn::kThreads), 0, [&] { attn::attn_append_kernel(p); }, seed);
+    const dim3 grid(plan.grid_x, plan.grid_y, plan.grid_z);
+    if (plan.path == attn::AttnPath::Decode) {
+        auto run = [&](auto kernel, int smem) { emu::launch(grid, dim3(attn::kThreads), size_t(smem), [&] { kernel(p); }, seed + 1); };
+        if (D == 64) run(attn::attn_decode_kernel<64>, attn::DecodeCfg<64>::kSmem);
+        if (D == 128) run(attn::attn_decode_kernel<128>, attn::DecodeCfg<128>::kSmem);
+        if (D == 256) run(attn::attn_decode_kernel<256>, attn::DecodeCfg<256>::kSmem);
+        if (plan.n_splits > 1) {
+            auto comb = [&](auto kernel) { emu::launch(dim3(H, T), dim3(D), 0, [&] { kernel(p); }, seed + 2); };
+            if (D == 64) comb(attn::attn_combine_kernel<64>);
+            if (D == 128) comb(attn::attn_combine_kernel<128>);
+            if (D == 256) comb(attn::attn_combine_kernel<256>);
+        }
+    } else {
+        auto run = [&](auto kernel, int smem) { emu::launch(grid, dim3(attn::kThreads), size_t(smem), [&] { kernel(p); }, seed + 1); };
+        if (D == 64) run(attn::attn_prefill_kernel<64>, attn::PrefillCfg<64>::kSmem);
+        if (D == 128) run(attn::attn_prefill_kernel<128>, attn::PrefillCfg<128>::kSmem);
+        if (D == 256) run(attn::attn_prefill_kernel<256>, attn::PrefillCfg<256>::kSmem);
+    }
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+    std::vector<float> kc_f(n_cache), vc_f(n_cache);
+    for (size_t i = 0; i < n_cache; ++i) {
+        kc_f[i] = ptx::bf16_float(kc[i]);
+        vc_f[i] = ptx::bf16_float(vc[i]);
+    }
+    char info[96];
+    std::snprintf(info, sizeof info, " [%s T=%d splits=%d]", plan.path == attn::AttnPath::Decode ? "decode" : "prefill", T,
+                  plan.n_splits);
+    report(tc.name + info, nmse(out, ref), tc.tol_out, "out", secs);
+    // The kernel's own arithmetic error (against a reference that rounds this step's k, v to bf16
+    // as the cache does): ~1e-11 for decode (Q and P as bf16 hi + lo), ~4e-6 for prefill (bf16 Q, P).
+    const double tol_kernel = plan.path == attn::AttnPath::Decode ? 1e-9 : 1e-5;
+    report(tc.name + info, nmse(out, ref_bf), tol_kernel, "kernel", 0);
+    report(tc.name + info, std::max(nmse(kc_f, kf), nmse(vc_f, vf)), 5e-6, "cache", 0);
+}
+
+// ------------------------------------------------------------------------------------------------
+// conv1d_ssm
+// ------------------------------------------------------------------------------------------------
+struct RangeSpec {
+    int slot, n;
+};
+
+void run_conv(const std::string & name, int C, int K, const std::vector<RangeSpec> & rs, int n_slots) {
+    const auto t0 = std::chrono::steady_clock::now();
+    int        T  = 0;
+    std::vector<int32_t> ranges;
+    for (const RangeSpec & r : rs) {
+        ranges.insert(ranges.end(), {r.slot, T, r.n});
+        T += r.n;
+    }
+    std::vector<float> x(size_t(T) * C), w(size_t(C) * K), st(size_t(n_slots) * (K - 1) * C);
+    for (auto & e : x) e = randn();
+    for (auto & e : w) e = randn() * 0.5f;
+    for (auto & e : st) e = randn();
+    std::vector<double> ref(size_t(T) * C), ref_st(st.begin(), st.end());
+    for (const RangeSpec & r : rs) {
+        const int first = ranges[size_t(&r - rs.data()) * 3 + 1];
+        for (int c = 0; c < C; ++c) {
+            double * s = ref_st.data() + size_t(r.slot) * (K - 1) * C;
+            for (int i = 0; i < r.n; ++i) {
+                const double xin = x[size_t(first + i) * C + c];
+                double       acc = w[size_t(c) * K + K - 1] * xin;
+                for (int j = 0; j < K - 1; ++j) acc += w[size_t(c) * K + j] * s[size_t(j) * C + c];
+                ref[size_t(first + i) * C + c] = acc / (1.0 + std::exp(-acc));
+                for (int j = 0; j + 1 < K - 1; ++j) s[size_t(j) * C + c] = s[size_t(j + 1) * C + c];
+                s[size_t(K - 2) * C + c] = xin;
+            }
+        }
+    }
+    std::vector<float> out(size_t(T) * C, NAN);
+    ssm::ConvParams    p;
+    p.x = reinterpret_cast<const char *>(x.data());
+    p.x_nb1 = int64_t(C) * 4;
+    p.w = w.data();
+    p.state = st.data();
+    p.ranges = ranges.data();
+    p.out = out.data();
+    p.out_nb1 = int64_t(C) * 4;
+    p.C = C;
+    p.K = K;
+    p.n_slots = n_slots;
+    p.n_seqs = int(rs.size());
+    const bool one = T == int(rs.size());
+    const dim3 block = one ? dim3(256, 1) : dim3(32, 8);
+    emu::launch(dim3((C + block.x - 1) / block.x, p.n_seqs), block, 0, [&] { ssm::conv1d_ssm_kernel(p); }, rng());
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    report(name, nmse(out, ref), 1e-10, "out", secs);
+    report(name, nmse(st, ref_st), 1e-12, "state", 0);
+}
+
+// ------------------------------------------------------------------------------------------------
+// gated delta rule
+// ------------------------------------------------------------------------------------------------
+void run_gdn(const std::string & name, int dk, int dv, int n_kh, int n_vh, const std::vector<RangeSpec> & rs, int n_slots) {
+    const auto t0 = std::chrono::steady_clock::now();
+    int        T  = 0;
+    std::vector<int32_t> ranges;
+    for (const RangeSpec & r : rs) {
+        ranges.insert(ranges.end(), {r.slot, T, r.n});
+        T += r.n;
+    }
+    // k, q ~ unit-norm-ish (as after l2_norm), v ~ N(0, 1); strided v (a view of a wider buffer).
+    const int          v_row = n_vh * dv + 24;
+    std::vector<float> q(size_t(T) * n_kh * dk), k(q.size()), v(size_t(T) * v_row), a(size_t(T) * n_vh), b(a.size());
+    std::vector<float> A_log(static_cast<size_t>(n_vh)), dt(static_cast<size_t>(n_vh)), st(size_t(n_slots) * n_vh * dk * dv);
+    const float        ks = 1.0f / std::sqrt(float(dk));
+    for (auto & e : q) e = randn() * ks;
+    for (auto & e : k) e = randn() * ks;
+    for (auto & e : v) e = randn();
+    for (auto & e : a) e = randn();
+    for (auto & e : b) e = randn();
+    for (auto & e : A_log) e = randn() * 0.5f - 1.0f;
+    for (auto & e : dt) e = randn() * 0.5f;
+    for (auto & e : st) e = randn() * 0.1f;
+    std::vector<double> ref(size_t(T) * n_vh * dv), ref_st(st.begin(), st.end());
+    for (const RangeSpec & r : rs) {
+        const int first = ranges[size_t(&r - rs.data()) * 3 + 1];
+        for (int h = 0; h < n_vh; ++h) {
+            double *  S  = ref_st.data() + (size_t(r.slot) * n_vh + h) * dk * dv;
+            const int kh = h / (n_vh / n_kh);
+            for (int i = 0; i < r.n; ++i) {
+                const int    tok = first + i;
+                const float * qt = &q[(size_t(tok) * n_kh + kh) * dk];
+                const float * kt = &k[(size_t(tok) * n_kh + kh) * dk];
+                const float * vt = &v[size_t(tok) * v_row + size_t(h) * dv];
+                const double x   = double(a[size_t(tok) * n_vh + h]) + dt[size_t(h)];
+                const double sp  = x > 20 ? x : std::log1p(std::exp(x));
+                const double g = -std::exp(double(A_log[size_t(h)])) * sp, beta = 1 / (1 + std::exp(-double(b[size_t(tok) * n_vh + h])));
+                const double decay = std::exp(g);
+                for (int e = 0; e < dk * dv; ++e) S[e] *= decay;
+                for (int j = 0; j < dv; ++j) {
+                    double kv = 0;
+                    for (int ii = 0; ii < dk; ++ii) kv += S[ii * dv + j] * kt[ii];
+                    const double delta = (vt[j] - kv) * beta;
+                    double       o     = 0;
+                    for (int ii = 0; ii < dk; ++ii) {
+                        S[ii * dv + j] += kt[ii] * delta;
+                        o += S[ii * dv + j] * qt[ii];
+                    }
+                    ref[(size_t(tok) * n_vh + h) * dv + j] = o;
+                }
+            }
+        }
+    }
+    std::vector<float> out(size_t(T) * n_vh * dv, NAN);
+    ssm::GdnParams     p;
+    p.q = reinterpret_cast<const char *>(q.data());
+    p.q_nb1 = int64_t(dk) * 4;
+    p.q_nb2 = int64_t(n_kh) * dk * 4;
+    p.k = reinterpret_cast<const char *>(k.data());
+    p.k_nb1 = p.q_nb1;
+    p.k_nb2 = p.q_nb2;
+    p.v = reinterpret_cast<const char *>(v.data());
+    p.v_nb1 = int64_t(dv) * 4;
+    p.v_nb2 = int64_t(v_row) * 4;
+    p.a = reinterpret_cast<const char *>(a.data());
+    p.a_nb1 = int64_t(n_vh) * 4;
+    p.b = reinterpret_cast<const char *>(b.data());
+    p.b_nb1 = p.a_nb1;
+    p.A_log = A_log.data();
+    p.dt_bias = dt.data();
+    p.state = st.data();
+    p.ranges = ranges.data();
+    p.out = out.data();
+    p.out_nb1 = int64_t(dv) * 4;
+    p.out_nb2 = int64_t(n_vh) * dv * 4;
+    p.dk = dk;
+    p.dv = dv;
+    p.n_kh = n_kh;
+    p.n_vh = n_vh;
+    p.n_slots = n_slots;
+    p.n_seqs = int(rs.size());
+    const dim3 grid(n_vh * (dv / ssm::kGdnCols), p.n_seqs);
+    if (dk == 64) emu::launch(grid, dim3(ssm::kGdnThreads), 0, [&] { ssm::gated_delta_kernel<64>(p); }, rng());
+    if (dk == 128) emu::launch(grid, dim3(ssm::kGdnThreads), 0, [&] { ssm::gated_delta_kernel<128>(p); }, rng());
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    report(name, nmse(out, ref), 1e-9, "out", secs);
+    report(name, nmse(st, ref_st), 1e-9, "state", 0);
+}
+
+}  // namespace
+
+int main(int argc, char ** argv) {
+    const std::string filter = argc > 1 ? argv[1] : "";
+    auto              want   = [&](const std::string & n) { return filter.empty() || n.find(filter) != std::string::npos; };
+
+    // Decode: one token at contexts 1, 17, 300, 4096; head dims and GQA groups.
+    std::vector<AttnCase> cases = {
+        {"dec d64 g1 ctx1", 64, 4, 4, {{0, 0, 1}}, 2, 1},
+        {"dec d64 g2 ctx17", 64, 8, 4, {{1, 16, 1}}, 2, 2},
+        {"dec d128 g8 ctx17 strided-q", 128, 16, 2, {{0, 16, 1}}, 4, 1, 132, 1e-5, true},
+        {"dec d128 g8 ctx300", 128, 32, 4, {{0, 299, 1}}, 16, 1},
+        {"dec d128 g8 ctx300 cap8k", 128, 16, 2, {{0, 299, 1}}, 128, 1},
+        {"dec d128 g16 ctx4096", 128, 32, 2, {{0, 4095, 1}}, 64, 1, 16},
+        {"dec d256 g8 ctx300", 256, 16, 2, {{1, 299, 1}}, 8, 2},
+        {"dec d256 g8 ctx4096", 256, 16, 2, {{0, 4095, 1}}, 72, 1, 16},
+        {"dec d64 g1 ctx4096", 64, 2, 2, {{0, 4095, 1}}, 64, 1, 8},
+        {"dec d128 g2 ctx1", 128, 4, 2, {{0, 0, 1}}, 64, 1},
+        // Verify batches of one sequence, several sequences in one step.
+        {"verify d128 g8 T=2", 128, 16, 2, {{0, 100, 2}}, 4, 1},
+        {"verify d128 g8 T=5", 128, 16, 2, {{0, 250, 5}}, 64, 1, 16},
+        {"verify d64 g16 T=8", 64, 32, 2, {{0, 70, 8}}, 4, 1},
+        {"verify d256 g2 T=8", 256, 8, 4, {{0, 130, 8}}, 4, 1},
+        {"multi d128 g8 2 seqs", 128, 16, 2, {{0, 33, 1}, {1, 200, 1}}, 8, 2, 16},
+        {"multi d64 g1 3 seqs", 64, 4, 4, {{2, 5, 1}, {0, 150, 3}, {1, 0, 1}}, 4, 3},
+        {"multi d256 g8 3 seqs", 256, 16, 2, {{1, 90, 2}, {0, 10, 1}, {2, 400, 1}}, 8, 3, 16},
+        // Prefill.
+        {"prefill d128 g8 T=64", 128, 16, 2, {{0, 0, 64}}, 2, 1, 132, 3e-5},
+        {"prefill d64 g1 T=100 +ctx", 64, 4, 4, {{0, 37, 100}}, 4, 1, 132, 3e-5},
+        {"prefill d256 g8 T=96 +ctx", 256, 16, 2, {{0, 50, 96}}, 4, 1, 132, 3e-5},
+        {"prefill d128 g2 T=200 3 seqs", 128, 8, 4, {{1, 0, 70}, {0, 64, 100}, {2, 5, 30}}, 4, 3, 132, 3e-5},
+        {"prefill d128 g16 T=12", 128, 32, 2, {{0, 3, 12}}, 1, 1, 132, 3e-5},
+        {"prefill d64 g2 T=512", 64, 4, 2, {{0, 0, 512}}, 8, 1, 132, 3e-5},
+    };
+    for (const AttnCase & c : cases)
+        if (want(c.name)) run_attention(c);
+
+    if (want("conv")) {
+        run_conv("conv K4 C256 decode 2 seqs", 256, 4, {{1, 1}, {0, 1}}, 3);
+        run_conv("conv K4 C1000 T=7", 1000, 4, {{0, 7}}, 1);
+        run_conv("conv K4 C512 T=2,1,40", 512, 4, {{2, 2}, {0, 1}, {1, 40}}, 3);
+        run_conv("conv K3 C96 T=5", 96, 3, {{0, 5}}, 1);
+    }
+    if (want("gdn")) {
+        run_gdn("gdn dk128 dv128 nk2 nv4 T=1", 128, 128, 2, 4, {{0, 1}}, 1);
+        run_gdn("gdn dk64 dv64 nk1 nv2 T=7", 64, 64, 1, 2, {{0, 7}}, 1);
+        run_gdn("gdn dk128 dv128 nk1 nv2 T=40,1,3", 128, 128, 1, 2, {{2, 40}, {0, 1}, {1, 3}}, 3);
+        run_gdn("gdn dk64 dv128 nk2 nv2 T=17", 64, 128, 2, 2, {{0, 17}}, 1);
+    }
+    std::printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
+    return failures ? 1 : 0;
+}

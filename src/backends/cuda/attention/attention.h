@@ -1,0 +1,175 @@
+// Paged-KV causal GQA attention on CUDA: parameters, tile configurations and launch planning (plain
+// host C++; the kernels are in attention_kernels.cuh). op_attention (attention_op.cpp) validates a
+// graph node, fills AttnParams and calls launch_attention; the kernel lab in dev/kernels/attention
+// drives the same entry points directly.
+//
+// One step runs up to three kernels on the stream:
+//   1. append: this step's k, v (f32) rounded to bf16 and written at (seq[t], pos[t]) of the cache;
+//   2. decode (T <= kDecodeMaxTokens) or prefill (larger T);
+//   3. combine (decode with n_splits > 1): merges the per-split partial softmax states.
+//
+// Decode (flash-decoding, split-KV, GQA-grouped, tensor cores): grid (row groups, n_splits, n_kv).
+// A "row" is a (token, query head) pair of one KV head: row R = t * group + j is query head
+// kv * group + j of token t, so one block holds 16 rows = all query heads that share the KV head
+// (group <= 16) for as many tokens as fit; every K/V element a block loads serves all its rows.
+// Tokens of one block may belong to different sequences: the block walks the runs of equal seq[t]
+// (tokens of a sequence are contiguous in a step) and masks the rows of other runs. For each run,
+// the KV range 0 .. L-1 (L = the run's largest position + 1, read on the device) is cut into
+// n_splits chunks (a multiple of the tile, at least kMinChunk positions); block y takes chunk y and
+// exits at once when the chunk starts past L. n_splits depends only on shapes (max_pages, T,
+// head counts) and the SM count, never on device data, so a decode step can be captured into a CUDA
+// graph and replayed with new positions. Inside a block, 4 warps share a cp.async pipeline of K/V
+// tiles (one tile never crosses a page); for each tile each warp scores kN/4 positions for all 16
+// rows (mma m16n8k16), the block agrees on the running row maxima through shared memory, then each
+// warp accumulates O for its D/4 output dims over all kN positions. Q and P enter the tensor cores
+// as bf16 hi + lo pairs (x = hi + lo, two mma each), so the products are accurate to ~2^-16 and the
+// only bf16 rounding of consequence is that of the cache itself. Decode is memory-bound; the extra
+// mma cost nothing measurable.
+//
+// Prefill (flash-attention 2 style): grid (ceil(T * group / 64), n_kv), 4 warps x 16 rows each,
+// KV tiles of kN positions through single K and V buffers (the V load overlaps the scores, the next
+// K load overlaps P V). Q and P are single bf16 (as flash-attention), accumulation and softmax in
+// f32. A warp skips the tiles past its rows' positions (causal).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+namespace spark::cuda::attn {
+
+struct AttnParams {
+    // q [D, n_head, T], k, v [D, n_kv, T]: f32, contiguous along D, byte strides for heads / tokens.
+    const char * q = nullptr;
+    int64_t      q_nb1 = 0, q_nb2 = 0;
+    const char * k = nullptr;
+    int64_t      k_nb1 = 0, k_nb2 = 0;
+    const char * v = nullptr;
+    int64_t      v_nb1 = 0, v_nb2 = 0;
+    // bf16 bits, [n_pages][page_size][n_kv * D] each.
+    uint16_t * k_cache = nullptr;
+    uint16_t * v_cache = nullptr;
+    const int32_t * pos = nullptr;          // [T]
+    const int32_t * seq = nullptr;          // [T]
+    const int32_t * block_table = nullptr;  // [n_slots][max_pages]
+    float *         out = nullptr;          // [D * n_head, T], row stride out_nb1 bytes
+    int64_t         out_nb1 = 0;
+    float *         part_o  = nullptr;  // decode workspace: [n_splits][T * n_head][D]
+    float *         part_ml = nullptr;  //                   [n_splits][T * n_head][2] (max, sum)
+    int   n_tok = 0, n_head = 0, n_kv = 0, group = 0, head_dim = 0;
+    int   page_size = 0, n_pages = 0, max_pages = 0, n_slots = 0;
+    int   n_splits = 1;
+    float scale_log2 = 0.0f;  // softmax scale * log2(e): scores are kept in the log2 domain
+};
+
+constexpr int kDecodeMaxTokens = 8;   // T above this takes the prefill kernel
+constexpr int kMinChunk        = 128;  // smallest KV chunk of one decode split (positions)
+constexpr int kThreads         = 128;  // every attention kernel: 4 warps
+
+// Tile configuration of the decode kernel for head_dim D (shared-memory offsets in bytes).
+template <int D> struct DecodeCfg {
+    static constexpr int kN      = D <= 128 ? 64 : 32;  // KV positions per tile
+    static constexpr int kStages = D <= 64 ? 4 : 2;     // cp.async pipeline depth
+    static constexpr int kRows   = 16;                  // (token, head) rows per block
+    static constexpr int kStr    = D + 8;   // smem row stride of Q, K, V (bf16 elements; 16 B pad: no bank conflicts)
+    static constexpr int kPStr   = kN + 8;  // smem row stride of P
+    static constexpr int kPW     = kN / 4;  // positions per warp in the score phase
+    static constexpr int kDW     = D / 4;   // output dims per warp in the P V phase
+    static constexpr int kQBytes    = kRows * kStr * 2;
+    static constexpr int kTileBytes = kN * kStr * 2;
+    static constexpr int kPBytes    = kRows * kPStr * 2;
+    static constexpr int kOffQhi = 0;
+    static constexpr int kOffQlo = kOffQhi + kQBytes;
+    static constexpr int kOffKV  = kOffQlo + kQBytes;  // stage s: K at s * 2 tiles, V right after
+    static constexpr int kOffPhi = kOffKV + kStages * 2 * kTileBytes;
+    static constexpr int kOffPlo = kOffPhi + kPBytes;
+    static constexpr int kOffRed = kOffPlo + kPBytes;           // f32 red_max[4][16], red_sum[4][16]
+    static constexpr int kOffTok = kOffRed + 2 * 4 * kRows * 4;  // i32 pos[16], seq[16]
+    static constexpr int kSmem   = kOffTok + 2 * kRows * 4;
+    static_assert(D % 64 == 0 && kPW % 8 == 0 && kDW % 16 == 0 && kN % 16 == 0, "decode tile shape");
+    static_assert(kQBytes % 16 == 0 && kTileBytes % 16 == 0 && kPBytes % 16 == 0, "16-byte aligned smem");
+};
+
+// Tile configuration of the prefill kernel.
+template <int D> struct PrefillCfg {
+    static constexpr int kN    = D <= 128 ? 64 : 32;
+    static constexpr int kRows = 64;  // 4 warps x 16 rows
+    static constexpr int kStr  = D + 8;
+    static constexpr int kQBytes    = kRows * kStr * 2;
+    static constexpr int kTileBytes = kN * kStr * 2;
+    static constexpr int kOffQ   = 0;
+    static constexpr int kOffK   = kOffQ + kQBytes;
+    static constexpr int kOffV   = kOffK + kTileBytes;
+    static constexpr int kOffTok = kOffV + kTileBytes;  // i32 pos[64], seq[64]
+    static constexpr int kSmem   = kOffTok + 2 * kRows * 4;
+    static_assert(D % 64 == 0 && kN % 16 == 0, "prefill tile shape");
+};
+
+enum class AttnPath { Decode, Prefill };
+
+struct AttnPlan {
+    AttnPath path     = AttnPath::Decode;
+    int      n_splits = 1;
+    int      grid_x = 1, grid_y = 1, grid_z = 1;  // of the decode / prefill kernel
+    int      smem     = 0;                        // dynamic shared memory of that kernel
+    size_t   workspace_bytes = 0;                 // decode partials (n_splits > 1)
+};
+
+inline bool head_dim_supported(int d) { return d == 64 || d == 128 || d == 256; }
+
+// Shared memory of the decode / prefill kernel for head_dim d (0: unsupported).
+inline int decode_smem(int d) {
+    return d == 64 ? DecodeCfg<64>::kSmem : d == 128 ? DecodeCfg<128>::kSmem : d == 256 ? DecodeCfg<256>::kSmem : 0;
+}
+inline int prefill_smem(int d) {
+    return d == 64 ? PrefillCfg<64>::kSmem : d == 128 ? PrefillCfg<128>::kSmem : d == 256 ? PrefillCfg<256>::kSmem : 0;
+}
+inline int decode_tile(int d) { return d <= 128 ? 64 : 32; }
+inline int prefill_tile(int d) { return d <= 128 ? 64 : 32; }
+
+// The launch configuration from shapes only (graph-capture safe). sm_count sizes the split count:
+// about two resident blocks per SM when the sequence is long enough to fill them.
+inline AttnPlan plan_attention(int head_dim, int n_tok, int n_head, int n_kv, int max_pages, int page_size, int sm_count) {
+    AttnPlan    p;
+    const int   group  = n_head / n_kv;
+    const int64_t rows = int64_t(n_tok) * group;  // rows per KV head
+    if (n_tok <= kDecodeMaxTokens) {
+        p.path                   = AttnPath::Decode;
+        const int64_t n_rg       = (rows + 15) / 16;
+        const int64_t per_split  = n_rg * n_kv;
+        const int64_t target     = 2 * int64_t(sm_count > 0 ? sm_count : 1);
+        const int64_t max_ctx    = int64_t(max_pages) * page_size;
+        const int64_t max_useful = (max_ctx + kMinChunk - 1) / kMinChunk;
+        int64_t       n_splits   = (target + per_split - 1) / per_split;
+        if (n_splits > max_useful) n_splits = max_useful;
+        if (n_splits < 1) n_splits = 1;
+        if (n_splits > 1024) n_splits = 1024;
+        p.n_splits = int(n_splits);
+        p.grid_x   = int(n_rg);
+        p.grid_y   = p.n_splits;
+        p.grid_z   = n_kv;
+        p.smem     = decode_smem(head_dim);
+        if (p.n_splits > 1)
+            p.workspace_bytes = size_t(p.n_splits) * size_t(n_tok) * size_t(n_head) * (size_t(head_dim) + 2) * sizeof(float);
+    } else {
+        p.path   = AttnPath::Prefill;
+        p.grid_x = int((rows + 63) / 64);
+        p.grid_y = n_kv;
+        p.grid_z = 1;
+        p.smem   = prefill_smem(head_dim);
+    }
+    return p;
+}
+
+// Enqueues append + attention (+ combine) on `stream`. `p` must have head_dim supported and, for
+// decode with plan.n_splits > 1, part_o / part_ml pointing into plan.workspace_bytes of scratch
+// (part_ml right after the n_splits * T * n_head * D floats of part_o). Throws spark::Error.
+void launch_attention(const AttnParams & p, const AttnPlan & plan, cudaStream_t stream);
+
+// The pieces (attention_decode.cu / attention_prefill.cu).
+void launch_append(const AttnParams & p, cudaStream_t stream);
+void launch_decode(const AttnParams & p, const AttnPlan & plan, cudaStream_t stream);
+void launch_prefill(const AttnParams & p, const AttnPlan & plan, cudaStream_t stream);
+
+}  // namespace spark::cuda::attn

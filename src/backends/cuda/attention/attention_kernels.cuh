@@ -1,0 +1,484 @@
+// Attention kernels (design: attention.h). Included by attention_decode.cu / attention_prefill.cu
+// and by the CPU warp emulator (dev/kernels/attention/emu), so only the wrappers of ptx.cuh and
+// plain CUDA built-ins are used here.
+#pragma once
+
+#include "backends/cuda/attention/attention.h"
+#include "backends/cuda/attention/ptx.cuh"
+
+#include <cmath>
+#include <cstdint>
+
+namespace spark::cuda::attn {
+
+// ---------------------------------------------------------------------------------------------
+// Shared helpers
+// ---------------------------------------------------------------------------------------------
+
+// The tokens [t_begin, t_end) a block's rows cover, their positions and slots into smem.
+__device__ __forceinline__ void load_token_meta(const AttnParams & p, int t_begin, int t_end, int * tok_pos, int * tok_seq) {
+    for (int i = threadIdx.x; i < t_end - t_begin; i += blockDim.x) {
+        tok_pos[i] = p.pos[t_begin + i];
+        tok_seq[i] = p.seq[t_begin + i];
+    }
+}
+
+// The next run of equal sequence slots starting at token t (block-uniform: reads smem only).
+// Returns te (exclusive end) and the run's KV length L (largest position + 1, clamped to the
+// cache capacity; 0 for an invalid slot).
+__device__ __forceinline__ int next_run(const AttnParams & p, const int * tok_pos, const int * tok_seq, int t_begin,
+                                        int t, int t_end, int & L) {
+    const int s       = tok_seq[t - t_begin];
+    int       max_pos = tok_pos[t - t_begin];
+    int       te      = t + 1;
+    while (te < t_end && tok_seq[te - t_begin] == s) {
+        max_pos = max(max_pos, tok_pos[te - t_begin]);
+        ++te;
+    }
+    const int cap = p.max_pages * p.page_size;
+    L             = (s >= 0 && s < p.n_slots) ? min(max_pos + 1, cap) : 0;
+    if (L < 0) L = 0;
+    return te;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decode: split-KV, 16 rows per block. grid (row groups, n_splits, n_kv), block kThreads.
+// ---------------------------------------------------------------------------------------------
+template <int D> __global__ void __launch_bounds__(kThreads) attn_decode_kernel(const AttnParams p) {
+    using C = DecodeCfg<D>;
+    constexpr int kN = C::kN, kStr = C::kStr, kPStr = C::kPStr, kPW = C::kPW, kDW = C::kDW, kS = C::kStages;
+    SPARK_DYNAMIC_SMEM(smem);
+    uint16_t * q_hi    = reinterpret_cast<uint16_t *>(smem + C::kOffQhi);
+    uint16_t * q_lo    = reinterpret_cast<uint16_t *>(smem + C::kOffQlo);
+    uint16_t * kv_s    = reinterpret_cast<uint16_t *>(smem + C::kOffKV);
+    uint16_t * p_hi    = reinterpret_cast<uint16_t *>(smem + C::kOffPhi);
+    uint16_t * p_lo    = reinterpret_cast<uint16_t *>(smem + C::kOffPlo);
+    float *    red_max = reinterpret_cast<float *>(smem + C::kOffRed);
+    float *    red_sum = red_max + 4 * 16;
+    int *      tok_pos = reinterpret_cast<int *>(smem + C::kOffTok);
+    int *      tok_seq = tok_pos + 16;
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    const int split = blockIdx.y, kvh = blockIdx.z;
+    const int n_rows  = p.n_tok * p.group;  // rows of this KV head
+    const int R0      = blockIdx.x * 16;
+    const int t_begin = R0 / p.group;
+    const int t_end   = min(p.n_tok, (R0 + 15) / p.group + 1);
+
+    load_token_meta(p, t_begin, t_end, tok_pos, tok_seq);
+    // Q rows, pre-scaled into the log2 domain, as bf16 hi + lo.
+    for (int i = tid; i < 16 * (D / 2); i += kThreads) {
+        const int r = i / (D / 2), d = (i % (D / 2)) * 2;
+        const int R = R0 + r;
+        float     x0 = 0.0f, x1 = 0.0f;
+        if (R < n_rows) {
+            const int     t  = R / p.group, h = kvh * p.group + R % p.group;
+            const float * qr = reinterpret_cast<const float *>(p.q + t * p.q_nb2 + h * p.q_nb1);
+            x0               = qr[d] * p.scale_log2;
+            x1               = qr[d + 1] * p.scale_log2;
+        }
+        const float h0 = ptx::bf16_round(x0), h1 = ptx::bf16_round(x1);
+        *reinterpret_cast<uint32_t *>(q_hi + r * kStr + d) = ptx::pack_bf16x2(h0, h1);
+        *reinterpret_cast<uint32_t *>(q_lo + r * kStr + d) = ptx::pack_bf16x2(x0 - h0, x1 - h1);
+    }
+    __syncthreads();
+
+    // This thread's two rows (mma C layout): g and g + 8.
+    int row_tok[2], row_pos[2], row_head[2];
+    for (int rr = 0; rr < 2; ++rr) {
+        const int R  = R0 + g + 8 * rr;
+        row_tok[rr]  = R < n_rows ? R / p.group : -1;
+        row_head[rr] = R < n_rows ? kvh * p.group + R % p.group : -1;
+        row_pos[rr]  = R < n_rows ? tok_pos[row_tok[rr] - t_begin] : -1;
+    }
+
+    const int64_t row_elems = int64_t(p.n_kv) * D;
+    const int64_t all_rows  = int64_t(p.n_tok) * p.n_head;
+
+    for (int t = t_begin; t < t_end;) {
+        int       L  = 0;
+        const int te = next_run(p, tok_pos, tok_seq, t_begin, t, t_end, L);
+        bool      in_run[2];
+        for (int rr = 0; rr < 2; ++rr) in_run[rr] = row_tok[rr] >= t && row_tok[rr] < te;
+
+        // This block's chunk of 0 .. L-1.
+        int chunk = (L + p.n_splits - 1) / p.n_splits;
+        chunk     = (chunk + kN - 1) / kN * kN;
+        chunk     = max(chunk, kMinChunk);
+        const int c0      = split * chunk;
+        const int c1      = min(L, c0 + chunk);
+        const int n_tiles = c1 > c0 ? (c1 - c0 + kN - 1) / kN : 0;
+        const int s       = tok_seq[t - t_begin];
+        const int32_t * bt = p.block_table + int64_t(L > 0 ? s : 0) * p.max_pages;
+
+        float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+        float o[kDW / 8][4];
+        for (int nd = 0; nd < kDW / 8; ++nd)
+            for (int e = 0; e < 4; ++e) o[nd][e] = 0.0f;
+
+        // K and V rows of tile `it` into its stage (zero-filled past c1).
+        auto load_tile = [&](int it) {
+            uint16_t *    ks      = kv_s + (it % kS) * 2 * kN * kStr;
+            uint16_t *    vs      = ks + kN * kStr;
+            const int     p0      = c0 + it * kN;
+            const int     page    = bt[p0 / p.page_size];
+            const bool    page_ok = page >= 0 && page < p.n_pages;
+            const int64_t row0    = (int64_t(page_ok ? page : 0) * p.page_size + p0 % p.page_size) * row_elems + int64_t(kvh) * D;
+            for (int i = tid; i < kN * (D / 8); i += kThreads) {
+                const int     r   = i / (D / 8), cc = i % (D / 8);
+                const bool    ok  = page_ok && p0 + r < c1;
+                const int64_t off = ok ? row0 + int64_t(r) * row_elems + cc * 8 : 0;
+                ptx::cp_async_16(ks + r * kStr + cc * 8, p.k_cache + off, ok);
+                ptx::cp_async_16(vs + r * kStr + cc * 8, p.v_cache + off, ok);
+            }
+        };
+
+        for (int st = 0; st < kS - 1; ++st) {
+            if (st < n_tiles) load_tile(st);
+            ptx::cp_async_commit();
+        }
+        for (int it = 0; it < n_tiles; ++it) {
+            ptx::cp_async_wait<kS - 2>();
+            __syncthreads();  // tile `it` visible; everyone is done with tile it-1 (its stage is refilled next)
+            if (it + kS - 1 < n_tiles) load_tile(it + kS - 1);
+            ptx::cp_async_commit();
+
+            const uint16_t * ks = kv_s + (it % kS) * 2 * kN * kStr;
+            const uint16_t * vs = ks + kN * kStr;
+            const int        p0 = c0 + it * kN;
+
+            // ---- scores S[16 rows][this warp's kPW positions]
+            float sc[kPW / 8][4];
+            for (int j = 0; j < kPW / 8; ++j)
+                for (int e = 0; e < 4; ++e) sc[j][e] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk) {
+                uint32_t ah[4], al[4];
+                ptx::ldsm_x4(ah, q_hi + (lane & 15) * kStr + kk * 16 + (lane >> 4) * 8);
+                ptx::ldsm_x4(al, q_lo + (lane & 15) * kStr + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+                for (int j = 0; j < kPW / 8; ++j) {
+                    uint32_t b[2];
+                    ptx::ldsm_x2(b, ks + (warp * kPW + j * 8 + (lane & 7)) * kStr + kk * 16 + ((lane >> 3) & 1) * 8);
+                    ptx::mma_bf16(sc[j], ah, b[0], b[1]);
+                    ptx::mma_bf16(sc[j], al, b[0], b[1]);
+                }
+            }
+            // ---- mask, per-row maximum over the block's kN positions
+            float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int j = 0; j < kPW / 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int  rr  = e >> 1;
+                    const int  ps  = p0 + warp * kPW + j * 8 + c * 2 + (e & 1);
+                    const bool ok  = in_run[rr] && ps < c1 && ps <= row_pos[rr];
+                    sc[j][e]       = ok ? sc[j][e] : -INFINITY;
+                    mx[rr]         = fmaxf(mx[rr], sc[j][e]);
+                }
+            for (int rr = 0; rr < 2; ++rr) {
+                mx[rr] = fmaxf(mx[rr], __shfl_xor_sync(0xffffffffu, mx[rr], 1));
+                mx[rr] = fmaxf(mx[rr], __shfl_xor_sync(0xffffffffu, mx[rr], 2));
+            }
+            if (c == 0) {
+                red_max[warp * 16 + g]     = mx[0];
+                red_max[warp * 16 + g + 8] = mx[1];
+            }
+            __syncthreads();
+            float alpha[2], m_use[2];
+            for (int rr = 0; rr < 2; ++rr) {
+                float tmax = red_max[g + 8 * rr];
+                for (int w = 1; w < 4; ++w) tmax = fmaxf(tmax, red_max[w * 16 + g + 8 * rr]);
+                const float m_new = fmaxf(m[rr], tmax);
+                m_use[rr]         = m_new == -INFINITY ? 0.0f : m_new;  // fully masked so far: p = 0, no NaN
+                alpha[rr]         = exp2f(m[rr] - m_use[rr]);
+                m[rr]             = m_new;
+            }
+            // ---- P = exp2(S - m) to smem as bf16 hi + lo; row sums of this warp's positions
+            float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int j = 0; j < kPW / 8; ++j) {
+                const int col = warp * kPW + j * 8 + c * 2;
+#pragma unroll
+                for (int rr = 0; rr < 2; ++rr) {
+                    const float e0 = exp2f(sc[j][2 * rr] - m_use[rr]);
+                    const float e1 = exp2f(sc[j][2 * rr + 1] - m_use[rr]);
+                    sum[rr] += e0 + e1;
+                    const float h0 = ptx::bf16_round(e0), h1 = ptx::bf16_round(e1);
+                    *reinterpret_cast<uint32_t *>(p_hi + (g + 8 * rr) * kPStr + col) = ptx::pack_bf16x2(h0, h1);
+                    *reinterpret_cast<uint32_t *>(p_lo + (g + 8 * rr) * kPStr + col) = ptx::pack_bf16x2(e0 - h0, e1 - h1);
+                }
+            }
+            for (int rr = 0; rr < 2; ++rr) {
+                sum[rr] += __shfl_xor_sync(0xffffffffu, sum[rr], 1);
+                sum[rr] += __shfl_xor_sync(0xffffffffu, sum[rr], 2);
+            }
+            if (c == 0) {
+                red_sum[warp * 16 + g]     = sum[0];
+                red_sum[warp * 16 + g + 8] = sum[1];
+            }
+            __syncthreads();
+            for (int rr = 0; rr < 2; ++rr) {
+                float tsum = 0.0f;
+                for (int w = 0; w < 4; ++w) tsum += red_sum[w * 16 + g + 8 * rr];
+                l[rr] = l[rr] * alpha[rr] + tsum;
+            }
+#pragma unroll
+            for (int nd = 0; nd < kDW / 8; ++nd) {
+                o[nd][0] *= alpha[0];
+                o[nd][1] *= alpha[0];
+                o[nd][2] *= alpha[1];
+                o[nd][3] *= alpha[1];
+            }
+            // ---- O[16 rows][this warp's kDW dims] += P V
+#pragma unroll
+            for (int kk = 0; kk < kN / 16; ++kk) {
+                uint32_t ah[4], al[4];
+                ptx::ldsm_x4(ah, p_hi + (lane & 15) * kPStr + kk * 16 + (lane >> 4) * 8);
+                ptx::ldsm_x4(al, p_lo + (lane & 15) * kPStr + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+                for (int np = 0; np < kDW / 16; ++np) {
+                    uint32_t b[4];
+                    ptx::ldsm_x4_trans(b, vs + (kk * 16 + (lane & 15)) * kStr + warp * kDW + np * 16 + (lane >> 4) * 8);
+                    ptx::mma_bf16(o[2 * np], ah, b[0], b[1]);
+                    ptx::mma_bf16(o[2 * np], al, b[0], b[1]);
+                    ptx::mma_bf16(o[2 * np + 1], ah, b[2], b[3]);
+                    ptx::mma_bf16(o[2 * np + 1], al, b[2], b[3]);
+                }
+            }
+        }
+        ptx::cp_async_wait<0>();
+        __syncthreads();  // smem free for the next run
+
+        // ---- results of this run's rows
+        for (int rr = 0; rr < 2; ++rr) {
+            if (!in_run[rr]) continue;
+            const int dcol = warp * kDW + c * 2;
+            if (p.n_splits == 1) {
+                const float inv = l[rr] > 0.0f ? 1.0f / l[rr] : 0.0f;
+                float *     out = reinterpret_cast<float *>(reinterpret_cast<char *>(p.out) + row_tok[rr] * p.out_nb1) + int64_t(row_head[rr]) * D;
+                for (int nd = 0; nd < kDW / 8; ++nd) {
+                    out[dcol + nd * 8]     = o[nd][2 * rr] * inv;
+                    out[dcol + nd * 8 + 1] = o[nd][2 * rr + 1] * inv;
+                }
+            } else {
+                const int64_t base = int64_t(split) * all_rows + int64_t(row_tok[rr]) * p.n_head + row_head[rr];
+                if (warp == 0 && c == 0) {
+                    p.part_ml[2 * base]     = m[rr];
+                    p.part_ml[2 * base + 1] = l[rr];
+                }
+                if (n_tiles > 0) {  // empty chunks leave part_o unwritten (combine skips l == 0)
+                    float * po = p.part_o + base * D;
+                    for (int nd = 0; nd < kDW / 8; ++nd) {
+                        po[dcol + nd * 8]     = o[nd][2 * rr];
+                        po[dcol + nd * 8 + 1] = o[nd][2 * rr + 1];
+                    }
+                }
+            }
+        }
+        t = te;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Combine the decode splits. grid (n_head, T), block D.
+// ---------------------------------------------------------------------------------------------
+template <int D> __global__ void __launch_bounds__(256) attn_combine_kernel(const AttnParams p) {
+    const int     h = blockIdx.x, t = blockIdx.y, d = threadIdx.x;
+    const int64_t all_rows = int64_t(p.n_tok) * p.n_head;
+    const int64_t R        = int64_t(t) * p.n_head + h;
+    float         M        = -INFINITY;
+    for (int s = 0; s < p.n_splits; ++s) {
+        const float * ml = p.part_ml + 2 * (int64_t(s) * all_rows + R);
+        if (ml[1] > 0.0f) M = fmaxf(M, ml[0]);
+    }
+    float acc = 0.0f, sum = 0.0f;
+    for (int s = 0; s < p.n_splits; ++s) {
+        const float * ml = p.part_ml + 2 * (int64_t(s) * all_rows + R);
+        if (ml[1] > 0.0f) {
+            const float w = exp2f(ml[0] - M);
+            sum += w * ml[1];
+            acc += w * p.part_o[(int64_t(s) * all_rows + R) * D + d];
+        }
+    }
+    float * out = reinterpret_cast<float *>(reinterpret_cast<char *>(p.out) + t * p.out_nb1) + int64_t(h) * D;
+    out[d]      = sum > 0.0f ? acc / sum : 0.0f;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Prefill: 64 rows per block, 16 per warp. grid (ceil(T * group / 64), n_kv), block kThreads.
+// ---------------------------------------------------------------------------------------------
+template <int D> __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(const AttnParams p) {
+    using C = PrefillCfg<D>;
+    constexpr int kN = C::kN, kStr = C::kStr;
+    SPARK_DYNAMIC_SMEM(smem);
+    uint16_t * q_s     = reinterpret_cast<uint16_t *>(smem + C::kOffQ);
+    uint16_t * k_s     = reinterpret_cast<uint16_t *>(smem + C::kOffK);
+    uint16_t * v_s     = reinterpret_cast<uint16_t *>(smem + C::kOffV);
+    int *      tok_pos = reinterpret_cast<int *>(smem + C::kOffTok);
+    int *      tok_seq = tok_pos + C::kRows;
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    const int kvh     = blockIdx.y;
+    const int n_rows  = p.n_tok * p.group;
+    const int R0      = blockIdx.x * C::kRows;
+    const int t_begin = R0 / p.group;
+    const int t_end   = min(p.n_tok, (R0 + C::kRows - 1) / p.group + 1);
+
+    load_token_meta(p, t_begin, t_end, tok_pos, tok_seq);
+    for (int i = tid; i < C::kRows * (D / 2); i += kThreads) {
+        const int r = i / (D / 2), d = (i % (D / 2)) * 2;
+        const int R = R0 + r;
+        float     x0 = 0.0f, x1 = 0.0f;
+        if (R < n_rows) {
+            const int     t  = R / p.group, h = kvh * p.group + R % p.group;
+            const float * qr = reinterpret_cast<const float *>(p.q + t * p.q_nb2 + h * p.q_nb1);
+            x0               = qr[d] * p.scale_log2;
+            x1               = qr[d + 1] * p.scale_log2;
+        }
+        *reinterpret_cast<uint32_t *>(q_s + r * kStr + d) = ptx::pack_bf16x2(x0, x1);
+    }
+    __syncthreads();
+
+    int row_tok[2], row_pos[2], row_head[2];
+    for (int rr = 0; rr < 2; ++rr) {
+        const int R  = R0 + warp * 16 + g + 8 * rr;
+        row_tok[rr]  = R < n_rows ? R / p.group : -1;
+        row_head[rr] = R < n_rows ? kvh * p.group + R % p.group : -1;
+        row_pos[rr]  = R < n_rows ? tok_pos[row_tok[rr] - t_begin] : -1;
+    }
+    const int64_t row_elems = int64_t(p.n_kv) * D;
+
+    for (int t = t_begin; t < t_end;) {
+        int       L  = 0;
+        const int te = next_run(p, tok_pos, tok_seq, t_begin, t, t_end, L);
+        bool      in_run[2];
+        int       warp_max = -1;  // largest position any of this warp's rows in the run attends to
+        for (int rr = 0; rr < 2; ++rr) {
+            in_run[rr] = row_tok[rr] >= t && row_tok[rr] < te;
+            if (in_run[rr]) warp_max = max(warp_max, row_pos[rr]);
+        }
+        for (int off = 1; off < 32; off <<= 1) warp_max = max(warp_max, __shfl_xor_sync(0xffffffffu, warp_max, off));
+        const int       n_tiles = (L + kN - 1) / kN;
+        const int       s       = tok_seq[t - t_begin];
+        const int32_t * bt      = p.block_table + int64_t(L > 0 ? s : 0) * p.max_pages;
+
+        float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this thread's partial row sums
+        float o[D / 8][4];
+        for (int nd = 0; nd < D / 8; ++nd)
+            for (int e = 0; e < 4; ++e) o[nd][e] = 0.0f;
+
+        auto load_rows = [&](uint16_t * dst, const uint16_t * cache, int it) {
+            const int     p0      = it * kN;
+            const int     page    = bt[p0 / p.page_size];
+            const bool    page_ok = page >= 0 && page < p.n_pages;
+            const int64_t row0    = (int64_t(page_ok ? page : 0) * p.page_size + p0 % p.page_size) * row_elems + int64_t(kvh) * D;
+            for (int i = tid; i < kN * (D / 8); i += kThreads) {
+                const int     r   = i / (D / 8), cc = i % (D / 8);
+                const bool    ok  = page_ok && p0 + r < L;
+                const int64_t off = ok ? row0 + int64_t(r) * row_elems + cc * 8 : 0;
+                ptx::cp_async_16(dst + r * kStr + cc * 8, cache + off, ok);
+            }
+        };
+
+        if (n_tiles > 0) load_rows(k_s, p.k_cache, 0);
+        ptx::cp_async_commit();
+        for (int it = 0; it < n_tiles; ++it) {
+            ptx::cp_async_wait<0>();
+            __syncthreads();  // K(it) visible; everyone is done with V(it-1)
+            load_rows(v_s, p.v_cache, it);
+            ptx::cp_async_commit();
+
+            const int  p0     = it * kN;
+            const bool active = p0 <= warp_max;  // warp-uniform
+            float      sc[kN / 8][4];
+            if (active) {
+                for (int j = 0; j < kN / 8; ++j)
+                    for (int e = 0; e < 4; ++e) sc[j][e] = 0.0f;
+#pragma unroll
+                for (int kk = 0; kk < D / 16; ++kk) {
+                    uint32_t a[4];
+                    ptx::ldsm_x4(a, q_s + (warp * 16 + (lane & 15)) * kStr + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+                    for (int j = 0; j < kN / 8; ++j) {
+                        uint32_t b[2];
+                        ptx::ldsm_x2(b, k_s + (j * 8 + (lane & 7)) * kStr + kk * 16 + ((lane >> 3) & 1) * 8);
+                        ptx::mma_bf16(sc[j], a, b[0], b[1]);
+                    }
+                }
+                float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+                for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int  rr = e >> 1;
+                        const int  ps = p0 + j * 8 + c * 2 + (e & 1);
+                        const bool ok = in_run[rr] && ps <= row_pos[rr];
+                        sc[j][e]      = ok ? sc[j][e] : -INFINITY;
+                        mx[rr]        = fmaxf(mx[rr], sc[j][e]);
+                    }
+                for (int rr = 0; rr < 2; ++rr) {
+                    mx[rr]             = fmaxf(mx[rr], __shfl_xor_sync(0xffffffffu, mx[rr], 1));
+                    mx[rr]             = fmaxf(mx[rr], __shfl_xor_sync(0xffffffffu, mx[rr], 2));
+                    const float m_new  = fmaxf(m[rr], mx[rr]);
+                    const float m_use  = m_new == -INFINITY ? 0.0f : m_new;
+                    const float alpha  = exp2f(m[rr] - m_use);
+                    m[rr]              = m_new;
+                    float sum          = 0.0f;
+#pragma unroll
+                    for (int j = 0; j < kN / 8; ++j) {
+                        sc[j][2 * rr]     = exp2f(sc[j][2 * rr] - m_use);
+                        sc[j][2 * rr + 1] = exp2f(sc[j][2 * rr + 1] - m_use);
+                        sum += sc[j][2 * rr] + sc[j][2 * rr + 1];
+                    }
+                    l[rr] = l[rr] * alpha + sum;
+#pragma unroll
+                    for (int nd = 0; nd < D / 8; ++nd) {
+                        o[nd][2 * rr] *= alpha;
+                        o[nd][2 * rr + 1] *= alpha;
+                    }
+                }
+            }
+            ptx::cp_async_wait<0>();
+            __syncthreads();  // V(it) visible; everyone is done with K(it)
+            if (it + 1 < n_tiles) load_rows(k_s, p.k_cache, it + 1);
+            ptx::cp_async_commit();
+            if (active) {
+#pragma unroll
+                for (int kk = 0; kk < kN / 16; ++kk) {
+                    uint32_t a[4];
+                    a[0] = ptx::pack_bf16x2(sc[2 * kk][0], sc[2 * kk][1]);
+                    a[1] = ptx::pack_bf16x2(sc[2 * kk][2], sc[2 * kk][3]);
+                    a[2] = ptx::pack_bf16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+                    a[3] = ptx::pack_bf16x2(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+#pragma unroll
+                    for (int np = 0; np < D / 16; ++np) {
+                        uint32_t b[4];
+                        ptx::ldsm_x4_trans(b, v_s + (kk * 16 + (lane & 15)) * kStr + np * 16 + (lane >> 4) * 8);
+                        ptx::mma_bf16(o[2 * np], a, b[0], b[1]);
+                        ptx::mma_bf16(o[2 * np + 1], a, b[2], b[3]);
+                    }
+                }
+            }
+        }
+        ptx::cp_async_wait<0>();
+        __syncthreads();  // smem free for the next run
+
+        for (int rr = 0; rr < 2; ++rr) {
+            l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 1);
+            l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 2);
+        }
+        for (int rr = 0; rr < 2; ++rr) {
+            if (!in_run[rr]) continue;
+            const float inv = l[rr] > 0.0f ? 1.0f / l[rr] : 0.0f;
+            float *     out = reinterpret_cast<float *>(reinterpret_cast<char *>(p.out) + row_tok[rr] * p.out_nb1) + int64_t(row_head[rr]) * D;
+            for (int nd = 0; nd < D / 8; ++nd) {
+                out[nd * 8 + c * 2]     = o[nd][2 * rr] * inv;
+                out[nd * 8 + c * 2 + 1] = o[nd][2 * rr + 1] * inv;
+            }
+        }
+        t = te;
+    }
+}
+
+}  // namespace spark::cuda::attn

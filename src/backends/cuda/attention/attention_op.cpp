@@ -1,0 +1,98 @@
+// ATTENTION on CUDA: validates the node (graph.h, Graph::attention), fills AttnParams, takes the
+// decode workspace and enqueues the kernels (attention.h). Host code only; never synchronises.
+#include "backends/cuda/attention/attention.h"
+#include "backends/cuda/cuda_common.h"
+#include "backends/cuda/ops.h"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+
+namespace spark::cuda {
+
+namespace {
+
+bool rows_of_f32(const Tensor & x) { return x.type == DType::F32 && x.nb[0] == 4 && x.ne[3] == 1; }
+
+bool aligned16(const void * p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+}  // namespace
+
+void op_attention(const Tensor & t, const OpContext & ctx) {
+    const Tensor & q  = *t.src[0];
+    const Tensor & k  = *t.src[1];
+    const Tensor & v  = *t.src[2];
+    const Tensor & kc = *t.src[3];
+    const Tensor & vc = *t.src[4];
+    const Tensor & ps = *t.src[5];
+    const Tensor & sq = *t.src[6];
+    const Tensor & bt = *t.src[7];
+
+    const int64_t hd = q.ne[0], n_head = q.ne[1], n_tok = q.ne[2], n_kv = k.ne[1];
+    if (kc.type != DType::BF16 || vc.type != DType::BF16)
+        fail(SPARK_ERR_UNSUPPORTED, "attention (CUDA): the KV cache must be BF16 (got %s / %s)", dtype_name(kc.type), dtype_name(vc.type));
+    if (!attn::head_dim_supported(int(hd)))
+        fail(SPARK_ERR_UNSUPPORTED, "attention (CUDA): head_dim %lld is not supported (64, 128 or 256)", (long long)hd);
+    if (!rows_of_f32(q) || !rows_of_f32(k) || !rows_of_f32(v))
+        fail(SPARK_ERR_UNSUPPORTED, "attention (CUDA): q, k, v must be F32 with contiguous rows");
+    SPARK_ASSERT(n_kv > 0 && n_head % n_kv == 0 && k.ne[0] == hd && v.ne[0] == hd && v.ne[1] == n_kv);
+    SPARK_ASSERT(k.ne[2] == n_tok && v.ne[2] == n_tok);
+    if (n_tok == 0) return;
+
+    const int64_t page_size = kc.ne[1], n_pages = kc.ne[2];
+    SPARK_ASSERT(kc.ne[0] == hd * n_kv && vc.ne[0] == kc.ne[0] && vc.ne[1] == page_size && vc.ne[2] == n_pages);
+    if (!kc.is_contiguous() || !vc.is_contiguous() || !aligned16(kc.data) || !aligned16(vc.data))
+        fail(SPARK_ERR_UNSUPPORTED, "attention (CUDA): the KV cache must be contiguous and 16-byte aligned");
+    const int tile = std::max(attn::decode_tile(int(hd)), attn::prefill_tile(int(hd)));
+    if (page_size % tile != 0)
+        fail(SPARK_ERR_UNSUPPORTED, "attention (CUDA): KV page size %lld is not a multiple of %d", (long long)page_size, tile);
+    SPARK_ASSERT(ps.type == DType::I32 && sq.type == DType::I32 && bt.type == DType::I32);
+    SPARK_ASSERT(ps.ne[0] == n_tok && sq.ne[0] == n_tok && ps.is_contiguous() && sq.is_contiguous() && bt.is_contiguous());
+    SPARK_ASSERT(t.type == DType::F32 && t.nb[0] == 4 && t.ne[0] == hd * n_head && t.ne[1] == n_tok);
+    // Index arithmetic inside the kernels uses 32-bit ints for positions, rows and pages.
+    if (bt.ne[0] * page_size > INT32_MAX || n_tok * n_head > INT32_MAX || n_pages > INT32_MAX)
+        fail(SPARK_ERR_UNSUPPORTED, "attention (CUDA): cache or batch too large");
+
+    attn::AttnParams p;
+    p.q           = static_cast<const char *>(q.data);
+    p.q_nb1       = int64_t(q.nb[1]);
+    p.q_nb2       = int64_t(q.nb[2]);
+    p.k           = static_cast<const char *>(k.data);
+    p.k_nb1       = int64_t(k.nb[1]);
+    p.k_nb2       = int64_t(k.nb[2]);
+    p.v           = static_cast<const char *>(v.data);
+    p.v_nb1       = int64_t(v.nb[1]);
+    p.v_nb2       = int64_t(v.nb[2]);
+    p.k_cache     = static_cast<uint16_t *>(kc.data);
+    p.v_cache     = static_cast<uint16_t *>(vc.data);
+    p.pos         = static_cast<const int32_t *>(ps.data);
+    p.seq         = static_cast<const int32_t *>(sq.data);
+    p.block_table = static_cast<const int32_t *>(bt.data);
+    p.out         = static_cast<float *>(t.data);
+    p.out_nb1     = int64_t(t.nb[1]);
+    p.n_tok       = int(n_tok);
+    p.n_head      = int(n_head);
+    p.n_kv        = int(n_kv);
+    p.group       = int(n_head / n_kv);
+    p.head_dim    = int(hd);
+    p.page_size   = int(page_size);
+    p.n_pages     = int(n_pages);
+    p.max_pages   = int(bt.ne[0]);
+    p.n_slots     = int(bt.ne[1]);
+    p.scale_log2  = t.fp[0] * 1.4426950408889634f;
+
+    const attn::AttnPlan plan = attn::plan_attention(p.head_dim, p.n_tok, p.n_head, p.n_kv, p.max_pages, p.page_size, ctx.props->sm_count);
+    if (plan.smem > ctx.props->max_smem_per_block)
+        fail(SPARK_ERR_UNSUPPORTED, "attention (CUDA): head_dim %d needs %d bytes of shared memory per block, the device has %d",
+             p.head_dim, plan.smem, ctx.props->max_smem_per_block);
+    p.n_splits = plan.n_splits;
+    if (plan.workspace_bytes) {
+        float * ws = static_cast<float *>(ctx.workspace->get(plan.workspace_bytes));
+        p.part_o   = ws;
+        p.part_ml  = ws + int64_t(plan.n_splits) * n_tok * n_head * hd;
+    }
+    attn::launch_attention(p, plan, ctx.stream);
+}
+
+}  // namespace spark::cuda

@@ -1,0 +1,115 @@
+// CONV1D_SSM and GATED_DELTA on CUDA: node validation and launches (design: ssm.h).
+#include "backends/cuda/cuda_common.h"
+#include "backends/cuda/ops.h"
+#include "backends/cuda/ssm/ssm_kernels.cuh"
+
+namespace spark::cuda {
+
+namespace ssm {
+
+void launch_conv1d(const ConvParams & p, bool one_token_per_seq, cudaStream_t stream) {
+    if (p.n_seqs <= 0 || p.C <= 0) return;
+    if (p.K < 2 || p.K > kConvMaxK) fail(SPARK_ERR_UNSUPPORTED, "conv1d_ssm (CUDA): kernel size %d is not supported (2..%d)", p.K, kConvMaxK);
+    if (p.n_seqs > 65535) fail(SPARK_ERR_UNSUPPORTED, "conv1d_ssm (CUDA): %d sequences in one step", p.n_seqs);
+    const dim3 block = one_token_per_seq ? dim3(256, 1) : dim3(32, 8);
+    const dim3 grid(unsigned((p.C + block.x - 1) / block.x), unsigned(p.n_seqs));
+    conv1d_ssm_kernel<<<grid, block, 0, stream>>>(p);
+    SPARK_CUDA_CHECK_LAUNCH();
+}
+
+void launch_gated_delta(const GdnParams & p, cudaStream_t stream) {
+    if (p.n_seqs <= 0) return;
+    if (p.dv % kGdnCols != 0)
+        fail(SPARK_ERR_UNSUPPORTED, "gated_delta (CUDA): value head dim %d is not a multiple of %d", p.dv, kGdnCols);
+    if (p.n_seqs > 65535) fail(SPARK_ERR_UNSUPPORTED, "gated_delta (CUDA): %d sequences in one step", p.n_seqs);
+    const dim3 grid(unsigned(p.n_vh * (p.dv / kGdnCols)), unsigned(p.n_seqs));
+    switch (p.dk) {
+        case 64: gated_delta_kernel<64><<<grid, kGdnThreads, 0, stream>>>(p); break;
+        case 128: gated_delta_kernel<128><<<grid, kGdnThreads, 0, stream>>>(p); break;
+        default: fail(SPARK_ERR_UNSUPPORTED, "gated_delta (CUDA): key head dim %d is not supported (64, 128)", p.dk);
+    }
+    SPARK_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace ssm
+
+namespace {
+bool f32_rows(const Tensor & x) { return x.type == DType::F32 && x.nb[0] == 4; }
+}  // namespace
+
+void op_conv1d_ssm(const Tensor & t, const OpContext & ctx) {
+    const Tensor & x  = *t.src[0];
+    const Tensor & w  = *t.src[1];
+    const Tensor & st = *t.src[2];
+    const Tensor & rg = *t.src[7];
+    if (!f32_rows(x) || w.type != DType::F32 || !w.is_contiguous() || st.type != DType::F32 || !st.is_contiguous())
+        fail(SPARK_ERR_UNSUPPORTED, "conv1d_ssm (CUDA): x, w and the state must be F32 (w and state contiguous)");
+    SPARK_ASSERT(rg.type == DType::I32 && rg.ne[0] == 3 && rg.is_contiguous());
+    SPARK_ASSERT(t.type == DType::F32 && t.nb[0] == 4 && x.ne[2] == 1 && x.ne[3] == 1);
+    const int64_t C = x.ne[0], K = w.ne[0], T = x.ne[1];
+    SPARK_ASSERT(w.ne[1] == C && st.ne[0] == (K - 1) * C);
+    if (C > INT32_MAX / 2) fail(SPARK_ERR_UNSUPPORTED, "conv1d_ssm (CUDA): %lld channels", (long long)C);
+    ssm::ConvParams p;
+    p.x       = static_cast<const char *>(x.data);
+    p.x_nb1   = int64_t(x.nb[1]);
+    p.w       = static_cast<const float *>(w.data);
+    p.state   = static_cast<float *>(st.data);
+    p.ranges  = static_cast<const int32_t *>(rg.data);
+    p.out     = static_cast<float *>(t.data);
+    p.out_nb1 = int64_t(t.nb[1]);
+    p.C       = int(C);
+    p.K       = int(K);
+    p.n_slots = int(st.ne[1]);
+    p.n_seqs  = int(rg.ne[1]);
+    // Every sequence of a step has at least one token, so T == S means one token each (decode).
+    ssm::launch_conv1d(p, T == rg.ne[1], ctx.stream);
+}
+
+void op_gated_delta(const Tensor & t, const OpContext & ctx) {
+    const Tensor & q  = *t.src[0];
+    const Tensor & k  = *t.src[1];
+    const Tensor & v  = *t.src[2];
+    const Tensor & a  = *t.src[3];
+    const Tensor & b  = *t.src[4];
+    const Tensor & Al = *t.src[5];
+    const Tensor & dt = *t.src[6];
+    const Tensor & st = *t.src[7];
+    const Tensor & rg = *t.src[8];
+    if (!f32_rows(q) || !f32_rows(k) || !f32_rows(v) || !f32_rows(a) || !f32_rows(b) || Al.type != DType::F32 ||
+        dt.type != DType::F32 || !Al.is_contiguous() || !dt.is_contiguous() || st.type != DType::F32 || !st.is_contiguous())
+        fail(SPARK_ERR_UNSUPPORTED, "gated_delta (CUDA): inputs and state must be F32 with contiguous rows");
+    SPARK_ASSERT(rg.type == DType::I32 && rg.ne[0] == 3 && rg.is_contiguous());
+    SPARK_ASSERT(t.type == DType::F32 && t.nb[0] == 4);
+    const int64_t dk = q.ne[0], n_kh = q.ne[1], dv = v.ne[0], n_vh = v.ne[1];
+    SPARK_ASSERT(n_kh > 0 && n_vh % n_kh == 0 && st.ne[0] == dk * dv * n_vh);
+    ssm::GdnParams p;
+    p.q       = static_cast<const char *>(q.data);
+    p.q_nb1   = int64_t(q.nb[1]);
+    p.q_nb2   = int64_t(q.nb[2]);
+    p.k       = static_cast<const char *>(k.data);
+    p.k_nb1   = int64_t(k.nb[1]);
+    p.k_nb2   = int64_t(k.nb[2]);
+    p.v       = static_cast<const char *>(v.data);
+    p.v_nb1   = int64_t(v.nb[1]);
+    p.v_nb2   = int64_t(v.nb[2]);
+    p.a       = static_cast<const char *>(a.data);
+    p.a_nb1   = int64_t(a.nb[1]);
+    p.b       = static_cast<const char *>(b.data);
+    p.b_nb1   = int64_t(b.nb[1]);
+    p.A_log   = static_cast<const float *>(Al.data);
+    p.dt_bias = static_cast<const float *>(dt.data);
+    p.state   = static_cast<float *>(st.data);
+    p.ranges  = static_cast<const int32_t *>(rg.data);
+    p.out     = static_cast<float *>(t.data);
+    p.out_nb1 = int64_t(t.nb[1]);
+    p.out_nb2 = int64_t(t.nb[2]);
+    p.dk      = int(dk);
+    p.dv      = int(dv);
+    p.n_kh    = int(n_kh);
+    p.n_vh    = int(n_vh);
+    p.n_slots = int(st.ne[1]);
+    p.n_seqs  = int(rg.ne[1]);
+    ssm::launch_gated_delta(p, ctx.stream);
+}
+
+}  // namespace spark::cuda

@@ -1,0 +1,67 @@
+// Linear-attention ops of Qwen3-Next on CUDA (graph.h: Graph::conv1d_ssm, Graph::gated_delta):
+// parameters and launchers (ssm.cu); kernels in ssm_kernels.cuh.
+//
+// conv1d_ssm: grid (channel blocks, sequences). Thread (c, y) computes the outputs of channel c for
+// the sequence's tokens y, y + blockDim.y, ...; every output reads its K inputs directly (from x, or
+// from the previous state for the first K-1 tokens), so the tokens are independent. After a block
+// barrier the y = 0 threads write the new state (the last K-1 inputs). A (slot, channel) belongs to
+// one block, so the in-place update needs no other synchronisation. Decode steps (one token per
+// sequence) use 256 channels x 1 token per block, others 32 channels x 8 tokens.
+//
+// gated_delta: grid (n_v_heads * dv / 32, sequences), 128 threads. A block owns 32 columns of one
+// head's state S (dk x dv, f32) in registers: warp w has columns 8w .. 8w+7 of the block, lane l
+// column 8w + l % 8 and rows l / 8 + 4 r (r < dk / 4). The delta rule is independent per column:
+// kv = S^T k and o = S^T q are column sums (reduced over the 4 lanes sharing a column by two
+// shuffles), the update S += k delta^T touches the column only. Tokens are processed in order inside
+// the kernel with S kept on chip; k, q, v and the gates of 16 tokens at a time are staged in shared
+// memory. S is read once and written once per step.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+namespace spark::cuda::ssm {
+
+constexpr int kConvMaxK = 8;  // conv kernel sizes 2 .. kConvMaxK
+
+struct ConvParams {
+    const char *    x = nullptr;  // [C, T] f32, row stride x_nb1 bytes
+    int64_t         x_nb1 = 0;
+    const float *   w = nullptr;      // [C][K]
+    float *         state = nullptr;  // [n_slots][K-1][C]
+    const int32_t * ranges = nullptr;  // [S][3]: slot, first token, count
+    float *         out = nullptr;     // [C, T]
+    int64_t         out_nb1 = 0;
+    int             C = 0, K = 0, n_slots = 0, n_seqs = 0;
+};
+
+constexpr int kGdnCols    = 32;  // state columns per block
+constexpr int kGdnTok     = 16;  // tokens staged in shared memory at a time
+constexpr int kGdnThreads = 128;
+
+struct GdnParams {
+    const char * q = nullptr;  // [dk, n_kh, T]
+    int64_t      q_nb1 = 0, q_nb2 = 0;
+    const char * k = nullptr;  // [dk, n_kh, T]
+    int64_t      k_nb1 = 0, k_nb2 = 0;
+    const char * v = nullptr;  // [dv, n_vh, T]
+    int64_t      v_nb1 = 0, v_nb2 = 0;
+    const char * a = nullptr;  // [n_vh, T]
+    int64_t      a_nb1 = 0;
+    const char * b = nullptr;  // [n_vh, T]
+    int64_t      b_nb1 = 0;
+    const float * A_log = nullptr;    // [n_vh]
+    const float * dt_bias = nullptr;  // [n_vh]
+    float *       state = nullptr;    // [n_slots][n_vh][dk][dv]
+    const int32_t * ranges = nullptr;  // [S][3]
+    float *       out = nullptr;       // [dv, n_vh, T]
+    int64_t       out_nb1 = 0, out_nb2 = 0;
+    int           dk = 0, dv = 0, n_kh = 0, n_vh = 0, n_slots = 0, n_seqs = 0;
+};
+
+// Enqueue the kernels (ssm.cu). Throw spark::Error for unsupported shapes.
+void launch_conv1d(const ConvParams & p, bool one_token_per_seq, cudaStream_t stream);
+void launch_gated_delta(const GdnParams & p, cudaStream_t stream);
+
+}  // namespace spark::cuda::ssm

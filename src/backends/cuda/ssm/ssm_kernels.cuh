@@ -1,0 +1,142 @@
+// Kernels of the linear-attention ops (design: ssm.h). Included by ssm.cu and by the CPU warp
+// emulator (dev/kernels/attention/emu): plain CUDA built-ins only.
+#pragma once
+
+#include "backends/cuda/attention/ptx.cuh"
+#include "backends/cuda/ssm/ssm.h"
+
+#include <cmath>
+#include <cstdint>
+
+namespace spark::cuda::ssm {
+
+__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }  // torch threshold 20
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// grid (ceil(C / blockDim.x), n_seqs), block (channels, token lanes).
+__global__ void __launch_bounds__(256) conv1d_ssm_kernel(const ConvParams p) {
+    const int       c     = blockIdx.x * blockDim.x + threadIdx.x;
+    const int32_t * r     = p.ranges + 3 * int64_t(blockIdx.y);
+    const int       slot  = r[0], first = r[1], count = r[2];
+    const int       K     = p.K;
+    const bool      ok    = slot >= 0 && slot < p.n_slots && count > 0;  // block-uniform
+    const bool      alive = ok && c < p.C;
+    float *         st    = p.state + (ok ? int64_t(slot) : 0) * (K - 1) * p.C + (c < p.C ? c : 0);
+
+    // Taps and the previous K-1 inputs (oldest first), all indices compile-time: registers.
+    float wr[kConvMaxK], hist[kConvMaxK - 1];
+    float w_last = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kConvMaxK; ++j) wr[j] = (alive && j < K) ? p.w[int64_t(c) * K + j] : 0.0f;
+#pragma unroll
+    for (int j = 0; j < kConvMaxK - 1; ++j) hist[j] = (alive && j < K - 1) ? st[int64_t(j) * p.C] : 0.0f;
+    if (alive) w_last = p.w[int64_t(c) * K + K - 1];
+
+    // Input m of the sequence (m < 0: from the previous state).
+    auto input = [&](int m) -> float {
+        if (m >= 0) return reinterpret_cast<const float *>(p.x + int64_t(first + m) * p.x_nb1)[c];
+        const int idx = K - 1 + m;
+        float     v   = 0.0f;
+#pragma unroll
+        for (int q = 0; q < kConvMaxK - 1; ++q)
+            if (q == idx) v = hist[q];
+        return v;
+    };
+
+    if (alive) {
+        for (int i = threadIdx.y; i < count; i += blockDim.y) {
+            float acc = w_last * input(i);  // the CPU reference's order: current tap first
+#pragma unroll
+            for (int j = 0; j < kConvMaxK - 1; ++j)
+                if (j < K - 1) acc += wr[j] * input(i - (K - 1) + j);
+            reinterpret_cast<float *>(reinterpret_cast<char *>(p.out) + int64_t(first + i) * p.out_nb1)[c] = silu_f(acc);
+        }
+    }
+    __syncthreads();  // every thread has read the old state of its channel
+    if (alive && threadIdx.y == 0) {
+        float nh[kConvMaxK - 1];
+#pragma unroll
+        for (int j = 0; j < kConvMaxK - 1; ++j) nh[j] = j < K - 1 ? input(count - (K - 1) + j) : 0.0f;
+#pragma unroll
+        for (int j = 0; j < kConvMaxK - 1; ++j)
+            if (j < K - 1) st[int64_t(j) * p.C] = nh[j];
+    }
+}
+
+// grid (n_vh * dv / kGdnCols, n_seqs), block kGdnThreads.
+template <int DK> __global__ void __launch_bounds__(kGdnThreads, 4) gated_delta_kernel(const GdnParams p) {
+    constexpr int R = DK / 4;  // state rows per thread
+    __shared__ float k_s[kGdnTok][DK], q_s[kGdnTok][DK], v_s[kGdnTok][kGdnCols], dec_s[kGdnTok], beta_s[kGdnTok];
+
+    const int       ncb  = p.dv / kGdnCols;
+    const int       h    = blockIdx.x / ncb, cb = blockIdx.x % ncb;
+    const int32_t * rg   = p.ranges + 3 * int64_t(blockIdx.y);
+    const int       slot = rg[0], first = rg[1], count = rg[2];
+    if (slot < 0 || slot >= p.n_slots || count <= 0) return;  // block-uniform
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int jl = warp * 8 + (lane & 7);  // column within the block
+    const int j  = cb * kGdnCols + jl;     // column of S (value dim)
+    const int i0 = lane >> 3;              // rows i0 + 4 r
+    const int kh = h / (p.n_vh / p.n_kh);
+
+    float * S = p.state + (int64_t(slot) * p.n_vh + h) * DK * p.dv;
+    float   s[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) s[r] = S[int64_t(i0 + 4 * r) * p.dv + j];
+    const float neg_A = -expf(p.A_log[h]);
+    const float dtb   = p.dt_bias[h];
+
+    for (int c0 = 0; c0 < count; c0 += kGdnTok) {
+        const int nc = min(kGdnTok, count - c0);
+        __syncthreads();  // the previous tokens are consumed
+        for (int idx = tid; idx < nc * DK; idx += kGdnThreads) {
+            const int tt = idx / DK, i = idx % DK, tok = first + c0 + tt;
+            k_s[tt][i] = reinterpret_cast<const float *>(p.k + tok * p.k_nb2 + kh * p.k_nb1)[i];
+            q_s[tt][i] = reinterpret_cast<const float *>(p.q + tok * p.q_nb2 + kh * p.q_nb1)[i];
+        }
+        for (int idx = tid; idx < nc * kGdnCols; idx += kGdnThreads) {
+            const int tt = idx / kGdnCols, jj = idx % kGdnCols, tok = first + c0 + tt;
+            v_s[tt][jj] = reinterpret_cast<const float *>(p.v + tok * p.v_nb2 + h * p.v_nb1)[cb * kGdnCols + jj];
+        }
+        if (tid < nc) {
+            const int   tok = first + c0 + tid;
+            const float a   = reinterpret_cast<const float *>(p.a + tok * p.a_nb1)[h];
+            const float b   = reinterpret_cast<const float *>(p.b + tok * p.b_nb1)[h];
+            dec_s[tid]      = expf(neg_A * softplus_f(a + dtb));
+            beta_s[tid]     = sigmoid_f(b);
+        }
+        __syncthreads();
+        for (int tt = 0; tt < nc; ++tt) {
+            const float decay = dec_s[tt], beta = beta_s[tt];
+            float       kr[R];
+            float       kv = 0.0f;
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                kr[r] = k_s[tt][i0 + 4 * r];
+                s[r] *= decay;
+                kv += s[r] * kr[r];
+            }
+            kv += __shfl_xor_sync(0xffffffffu, kv, 8);
+            kv += __shfl_xor_sync(0xffffffffu, kv, 16);
+            const float delta = (v_s[tt][jl] - kv) * beta;
+            float       o     = 0.0f;
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                s[r] += kr[r] * delta;
+                o += s[r] * q_s[tt][i0 + 4 * r];
+            }
+            o += __shfl_xor_sync(0xffffffffu, o, 8);
+            o += __shfl_xor_sync(0xffffffffu, o, 16);
+            if (i0 == 0) {
+                const int tok = first + c0 + tt;
+                reinterpret_cast<float *>(reinterpret_cast<char *>(p.out) + tok * p.out_nb2 + h * p.out_nb1)[j] = o;
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) S[int64_t(i0 + 4 * r) * p.dv + j] = s[r];
+}
+
+}  // namespace spark::cuda::ssm
