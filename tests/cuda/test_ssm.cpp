@@ -1,0 +1,130 @@
+// The linear-attention ops on CUDA (src/backends/cuda/ssm/) against the CPU backend:
+//   CONV1D_SSM: causal depthwise conv (kernel 4, also 2 and 3) + silu with the rolling per-slot
+//               state, channels 256 .. 8192 (Qwen3-Next: 8192), one token per sequence (decode),
+//               7 and 64 tokens, several sequences of different lengths in one step;
+//   GATED_DELTA: the gated delta rule, dk = dv = 64 and 128, key heads 1..16, value heads 2..32
+//               (Qwen3-Next: 16 / 32 at 128), T = 1, 7, 64, several sequences; v is a strided view
+//               as in the model (a slice of the conv output).
+// Outputs and the updated states (harness states) are compared; the CUDA side is also captured
+// into a CUDA graph and replayed (bit-identical results required).
+//
+// Tolerances (normalized mean squared error against the CPU, see op_harness.h), with the reason:
+//   1e-10  conv: float32 on both sides; only the order of the K products (fma contraction) and
+//          expf in silu differ, ulp-level (nmse ~1e-14). The state is copied inputs: exact, but it
+//          shares the case's tolerance.
+//   1e-9   delta rule: float32 on both sides with the same operation order per element except the
+//          dk-long sums (kv = S^T k, o = S^T q: 4 interleaved partial sums + 2 shuffles on the GPU,
+//          sequential on the CPU) and expf/log1pf in the gates; the recurrence is contractive
+//          (unit-norm-scale k, beta < 1, decay < 1), so the rounding does not grow over 64 tokens.
+//          The CPU warp emulator measures ~2e-14 against a double reference.
+// Any indexing mistake (wrong head, column, slot or token) gives nmse >= 1e-2.
+#include "op_harness.h"
+
+#include "graph/graph.h"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+using namespace test;
+
+namespace {
+
+constexpr double kConvTol  = 1e-10;
+constexpr double kDeltaTol = 1e-9;
+
+struct Range {
+    int slot, n;
+};
+
+// Step metadata for sequences `rs` (tokens grouped by sequence, as the runtime orders them).
+spark::StepInputs step_inputs(OpBuilder & b, const std::vector<Range> & rs, int & n_tok) {
+    std::vector<int32_t> pos, seq, ranges;
+    n_tok = 0;
+    for (const Range & r : rs) {
+        ranges.insert(ranges.end(), {r.slot, n_tok, r.n});
+        for (int i = 0; i < r.n; ++i) {
+            pos.push_back(100 + i);
+            seq.push_back(r.slot);
+        }
+        n_tok += r.n;
+    }
+    spark::StepInputs s;
+    s.pos        = b.input_i32({n_tok}, pos);
+    s.seq        = b.input_i32({n_tok}, seq);
+    s.seq_ranges = b.input_i32({3, int64_t(rs.size())}, ranges);
+    return s;
+}
+
+std::string ranges_name(const std::vector<Range> & rs) {
+    std::string s;
+    for (const Range & r : rs) s += " [slot " + std::to_string(r.slot) + " x" + std::to_string(r.n) + "]";
+    return s;
+}
+
+void conv_case(OpHarness & h, int C, int K, const std::vector<Range> & rs, int n_slots) {
+    h.set_replay_check(true);
+    h.check("conv1d_ssm C" + std::to_string(C) + " K" + std::to_string(K) + ranges_name(rs), kConvTol, [&](OpBuilder & b) {
+        int               T    = 0;
+        spark::StepInputs step = step_inputs(b, rs, T);
+        Tensor *          x    = b.input({C, T});
+        Tensor *          w    = b.param({K, C}, 0.5f);
+        Tensor *          st   = b.state({int64_t(K - 1) * C, n_slots}, 1.0f);
+        return b.graph().conv1d_ssm(x, w, st, step);
+    });
+}
+
+void delta_case(OpHarness & h, int dk, int dv, int n_kh, int n_vh, const std::vector<Range> & rs, int n_slots) {
+    h.set_replay_check(true);
+    const std::string name = "gated_delta dk" + std::to_string(dk) + " dv" + std::to_string(dv) + " heads " +
+                             std::to_string(n_kh) + "/" + std::to_string(n_vh) + ranges_name(rs);
+    h.check(name, kDeltaTol, [&](OpBuilder & b) {
+        int               T    = 0;
+        spark::StepInputs step = step_inputs(b, rs, T);
+        spark::Graph &    g    = b.graph();
+        const float       ks   = 1.0f / std::sqrt(float(dk));  // |q|, |k| ~ 1, as after l2_norm
+        Tensor *          q    = b.input({dk, n_kh, T}, ks);
+        Tensor *          k    = b.input({dk, n_kh, T}, ks);
+        // v: a strided slice of a wider row, as the model's view of the conv output.
+        Tensor * vw    = b.input({int64_t(dv) * n_vh + 64, T});
+        Tensor * v     = g.view(vw, {dv, n_vh, T}, {4, size_t(dv) * 4, vw->nb[1]}, 64 * 4);
+        Tensor * a     = b.input({n_vh, T});
+        Tensor * bb    = b.input({n_vh, T});
+        Tensor * A_log = b.param({n_vh}, 0.5f, -1.0f);  // decay exp(g) ~ 0.5 .. 0.95
+        Tensor * dt    = b.param({n_vh}, 0.5f);
+        Tensor * st    = b.state({int64_t(dk) * dv * n_vh, n_slots}, 0.1f);
+        return g.gated_delta(q, k, v, a, bb, A_log, dt, st, step);
+    });
+}
+
+}  // namespace
+
+TEST_CASE("conv1d_ssm") {
+    OpHarness h(201);
+    // Decode: one token per sequence.
+    conv_case(h, 8192, 4, {{0, 1}}, 1);
+    conv_case(h, 256, 4, {{2, 1}, {0, 1}, {1, 1}}, 3);
+    conv_case(h, 1000, 4, {{1, 1}, {0, 1}}, 2);  // channels not a multiple of the block
+    // Several tokens.
+    conv_case(h, 8192, 4, {{0, 7}}, 1);
+    conv_case(h, 2048, 4, {{0, 64}}, 2);
+    conv_case(h, 256, 4, {{1, 2}, {0, 1}, {2, 64}}, 3);  // fewer tokens than the window, then more
+    conv_case(h, 512, 3, {{0, 9}}, 1);
+    conv_case(h, 300, 2, {{0, 5}, {1, 1}}, 2);
+}
+
+TEST_CASE("gated_delta") {
+    OpHarness h(202);
+    // Qwen3-Next shape: 16 key heads, 32 value heads, 128 x 128.
+    delta_case(h, 128, 128, 16, 32, {{0, 1}}, 1);
+    delta_case(h, 128, 128, 16, 32, {{1, 1}, {0, 1}}, 2);
+    delta_case(h, 128, 128, 16, 32, {{0, 64}}, 1);
+    delta_case(h, 128, 128, 1, 2, {{0, 7}}, 1);
+    delta_case(h, 128, 128, 4, 16, {{2, 7}, {0, 1}, {1, 64}}, 3);
+    delta_case(h, 64, 64, 1, 2, {{0, 1}}, 1);
+    delta_case(h, 64, 64, 2, 8, {{0, 7}}, 1);
+    delta_case(h, 64, 64, 8, 8, {{1, 64}, {0, 3}}, 2);
+    delta_case(h, 64, 128, 2, 4, {{0, 17}}, 1);
+}
