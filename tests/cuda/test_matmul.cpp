@@ -1,0 +1,574 @@
+// The CUDA matmuls (src/backends/cuda/matmul/) against the CPU backend: MATMUL for every weight
+// format, MATMUL_ID (MoE experts), and the fused gate/up + SwiGLU, at the shapes the models use
+// (Qwen3-8B: hidden 4096, kv 1024, intermediate 12288 class; Qwen3-30B-A3B: hidden 2048, kv 512,
+// 128 experts top-8, expert width 768; the 151936-row lm_head), with N not a multiple of any tile,
+// strided / misaligned / 4-D activations, strided expert ids, and shapes that must take the
+// fallback paths.
+//
+// Tolerances (normalized mean squared error against the CPU, see op_harness.h), with the reason:
+//   kGemv 1e-10  decode GEMV (rows <= 8), MATMUL_ID with <= 8 tokens, the generic fallback: the GPU
+//                decodes exactly the weights src/quant/dequant.cpp produces (INT4 s*(q-z) and
+//                NVFP4 e2m1*f32(e4m3*global) are exact in f32, FP8 and the scales only reassociate)
+//                and accumulates in f32 with activations in f32. Only the summation order differs:
+//                relative error about sqrt(K / 2) * 2^-24 = 3e-6 at K = 4096 for each side, nmse
+//                ~1e-11. A wrong nibble, scale, group or row is nmse >= 1e-4.
+//   kGemm 1e-5   tensor-core GEMM (rows > 8, K % 32 == 0): activations and dequantized weights are
+//                rounded to BF16 (relative error <= 2^-9 each, RMS about 2^-9 / sqrt(3) = 1.1e-3),
+//                products summed in f32 with random signs: nmse about 2 * 1.3e-6 = 2.5e-6 when both
+//                operands round (INT4 scale * (q - z), FP8 e4m3 * scale, F16, F32), 1.3e-6 when only
+//                the activations do (BF16, NVFP4 e2m1 * e4m3). 1e-5 leaves a 4x margin.
+//   kGemmGlu 2e-5 the same for silu(gate) * up: the relative errors of both factors add.
+#include "op_harness.h"
+
+#include "backends/cuda/matmul/tuning.h"
+#include "backends/cuda/ops.h"
+#include "graph/error.h"
+#include "graph/graph.h"
+#include "quant/quantize.h"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <deque>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+using namespace test;
+using spark::Graph;
+
+namespace mm = spark::cuda::mm;
+
+namespace {
+
+constexpr double kGemv    = 1e-10;
+constexpr double kGemm    = 1e-5;
+constexpr double kGemmGlu = 2e-5;
+
+struct Spec {
+    std::string name;
+    WeightSpec  w;
+};
+
+WeightSpec plain(WeightFormat f) {
+    WeightSpec s;
+    s.format = f;
+    return s;
+}
+WeightSpec int4_spec(int32_t group, bool sym, bool act_order = false) {
+    WeightSpec s;
+    s.format     = WeightFormat::INT4;
+    s.group_size = group;
+    s.symmetric  = sym;
+    s.act_order  = act_order;
+    return s;
+}
+WeightSpec fp8_spec(int32_t bn, int32_t bk) {  // bk = 0: the whole K (per-channel / per-tensor)
+    WeightSpec s;
+    s.format  = WeightFormat::FP8;
+    s.block_n = bn;
+    s.block_k = bk;
+    return s;
+}
+
+// Every format variant (FP8 per-tensor needs N, so it is added per shape).
+std::vector<Spec> all_specs(int64_t n) {
+    return {
+        {"f32", plain(WeightFormat::F32)},
+        {"f16", plain(WeightFormat::F16)},
+        {"bf16", plain(WeightFormat::BF16)},
+        {"nvfp4", plain(WeightFormat::NVFP4)},
+        {"int4-sym-g128", int4_spec(128, true)},
+        {"int4-asym-g128", int4_spec(128, false)},
+        {"int4-sym-g32", int4_spec(32, true)},
+        {"int4-asym-g64", int4_spec(64, false)},
+        {"int4-sym-channel", int4_spec(-1, true)},
+        {"int4-asym-channel", int4_spec(-1, false)},
+        {"int4-sym-g128-actorder", int4_spec(128, true, true)},
+        {"int4-asym-g32-actorder", int4_spec(32, false, true)},
+        {"fp8-block128", fp8_spec(128, 128)},
+        {"fp8-channel", fp8_spec(1, 0)},
+        {"fp8-tensor", fp8_spec(int32_t(n), 0)},
+    };
+}
+
+// The main formats, for the larger shapes.
+std::vector<Spec> main_specs() {
+    return {
+        {"bf16", plain(WeightFormat::BF16)},
+        {"nvfp4", plain(WeightFormat::NVFP4)},
+        {"int4-sym-g128", int4_spec(128, true)},
+        {"int4-asym-g128", int4_spec(128, false)},
+        {"fp8-block128", fp8_spec(128, 128)},
+    };
+}
+
+// Whether the dispatch takes the tensor-core GEMM (see src/backends/cuda/matmul/matmul.cpp).
+bool takes_gemm(int64_t rows, int64_t k, const WeightSpec & s) {
+    if (rows <= 8 || k % 32 != 0) return false;
+    if (s.format == WeightFormat::INT4 && s.group_size > 0 && s.group_size % 32 != 0 && s.group_size < k) return false;
+    if (s.format == WeightFormat::FP8 && s.block_k > 0 && s.block_k % 16 != 0 && s.block_k < k) return false;
+    return true;
+}
+
+std::string name_of(const char * what, const std::string & spec, int64_t n, int64_t k, int64_t rows) {
+    return std::string(what) + " " + spec + " N=" + std::to_string(n) + " K=" + std::to_string(k) + " rows=" + std::to_string(rows);
+}
+
+// Forces a dispatch path for one scope.
+struct ForceGuard {
+    mm::Overrides saved = mm::overrides();
+    ForceGuard(mm::ForcePath p, int ksplit = 0) {
+        mm::overrides().path        = p;
+        mm::overrides().gemv_ksplit = ksplit;
+    }
+    ~ForceGuard() { mm::overrides() = saved; }
+};
+
+double tol_for(int64_t rows, int64_t k, const WeightSpec & s) { return takes_gemm(rows, k, s) ? kGemm : kGemv; }
+
+std::string rows_str(const std::vector<int64_t> & rows) {
+    std::string r;
+    for (const int64_t x : rows) {
+        if (!r.empty()) r += ',';
+        r += std::to_string(x);
+    }
+    return r;
+}
+
+// One weight (generated once: the harness's host generator is the test's main cost) multiplied with
+// activation batches of several row counts, all of one tolerance class.
+void check_rows(OpHarness & h, const Spec & s, int64_t n, int64_t k, const std::vector<int64_t> & rows, double tol,
+                const char * what) {
+    if (rows.empty()) return;
+    h.check_multi(std::string(what) + " " + s.name + " N=" + std::to_string(n) + " K=" + std::to_string(k) + " rows=" + rows_str(rows), tol,
+                  [&](OpBuilder & b) {
+                      const QWeight &        w = b.weight(n, k, s.w);
+                      std::vector<Tensor *> out;
+                      for (const int64_t r : rows) out.push_back(b.graph().matmul(b.input({k, r}), w));
+                      return out;
+                  });
+}
+
+// Row counts split by the path the dispatch takes: decode GEMV (kGemv) and GEMM (kGemm).
+void check_matmul(OpHarness & h, const Spec & s, int64_t n, int64_t k, const std::vector<int64_t> & rows, const char * what = "matmul") {
+    std::vector<int64_t> gemv, gemm;
+    for (const int64_t r : rows) (takes_gemm(r, k, s.w) ? gemm : gemv).push_back(r);
+    check_rows(h, s, n, k, gemv, kGemv, what);
+    check_rows(h, s, n, k, gemm, kGemm, what);
+}
+
+// k distinct experts per token from a fixed generator (the same on both backends); `hot` >= 0 puts
+// that expert in slot 0 of every token (many rows for one expert: several GEMM tiles).
+std::vector<int32_t> route_ids(int32_t n_experts, int32_t k, int64_t T, uint64_t seed, int32_t hot = -1) {
+    std::mt19937_64      rng(seed);
+    std::vector<int32_t> ids(static_cast<size_t>(k * T)), all(static_cast<size_t>(n_experts));
+    for (int64_t t = 0; t < T; ++t) {
+        std::iota(all.begin(), all.end(), 0);
+        std::shuffle(all.begin(), all.end(), rng);
+        if (hot >= 0) std::iter_swap(all.begin(), std::find(all.begin(), all.end(), hot));
+        for (int32_t j = 0; j < k; ++j) ids[size_t(t * k + j)] = all[size_t(j)];
+    }
+    return ids;
+}
+
+struct MoeCase {
+    int32_t experts = 128, k = 8;
+    int64_t T = 1, K = 2048, N = 768;
+    bool    shared_x    = true;   // x [K, 1, T] (gate/up) or [K, k, T] (down)
+    bool    strided_ids = false;  // ids as a view of a [2k, T] tensor (as MOE_ROUTE produces them)
+    int32_t hot         = -1;
+};
+
+Tensor * moe_ids(OpBuilder & b, const MoeCase & c, uint64_t seed) {
+    const std::vector<int32_t> ids = route_ids(c.experts, c.k, c.T, seed, c.hot);
+    if (!c.strided_ids) return b.input_i32({c.k, c.T}, ids);
+    std::vector<int32_t> packed(size_t(2 * c.k * c.T), -7);  // first k of each column: junk
+    for (int64_t t = 0; t < c.T; ++t)
+        for (int32_t j = 0; j < c.k; ++j) packed[size_t(t * 2 * c.k + c.k + j)] = ids[size_t(t * c.k + j)];
+    Tensor * r = b.input_i32({2 * c.k, c.T}, packed);
+    return b.graph().view(r, {c.k, c.T}, {4, r->nb[1]}, size_t(c.k) * 4);
+}
+
+std::string moe_name(const char * what, const std::string & spec, const MoeCase & c) {
+    return std::string(what) + " " + spec + " E=" + std::to_string(c.experts) + " top" + std::to_string(c.k) +
+           " T=" + std::to_string(c.T) + " K=" + std::to_string(c.K) + " N=" + std::to_string(c.N) +
+           (c.shared_x ? " A=1" : " A=k") + (c.strided_ids ? " strided-ids" : "") + (c.hot >= 0 ? " hot" : "");
+}
+
+double moe_tol(const MoeCase & c, const WeightSpec & s, bool glu) {
+    if (c.T <= 8 || !takes_gemm(c.T * c.k, c.K, s)) return kGemv;
+    return glu ? kGemmGlu : kGemm;
+}
+
+void check_moe(OpHarness & h, const Spec & s, const MoeCase & c) {
+    h.check(moe_name("matmul_id", s.name, c), moe_tol(c, s.w, false), [&](OpBuilder & b) {
+        Tensor *        x   = c.shared_x ? b.input({c.K, 1, c.T}) : b.input({c.K, c.k, c.T});
+        Tensor *        ids = moe_ids(b, c, 99 + uint64_t(c.T));
+        const QWeight * ex  = b.experts(c.experts, c.N, c.K, s.w);
+        return b.graph().matmul_id(x, ex, c.experts, ids);
+    });
+}
+
+void check_moe_swiglu(OpHarness & h, const Spec & s, const MoeCase & c) {
+    h.check(moe_name("moe gate/up+swiglu", s.name, c), moe_tol(c, s.w, true), [&](OpBuilder & b) {
+        Graph &         g   = b.graph();
+        Tensor *        x   = b.input({c.K, 1, c.T});
+        Tensor *        ids = moe_ids(b, c, 7 + uint64_t(c.T));
+        const QWeight * eg  = b.experts(c.experts, c.N, c.K, s.w);
+        const QWeight * eu  = b.experts(c.experts, c.N, c.K, s.w);
+        return g.swiglu(g.matmul_id(x, eg, c.experts, ids), g.matmul_id(x, eu, c.experts, ids));
+    });
+}
+
+void check_swiglu(OpHarness & h, const Spec & s, int64_t n, int64_t k, int64_t rows) {
+    const double tol = takes_gemm(rows, k, s.w) ? kGemmGlu : kGemv;
+    h.check(name_of("gate/up+swiglu", s.name, n, k, rows), tol, [&](OpBuilder & b) {
+        Graph &         g  = b.graph();
+        Tensor *        x  = b.input({k, rows});
+        const QWeight & wg = b.weight(n, k, s.w);
+        const QWeight & wu = b.weight(n, k, s.w);
+        return g.swiglu(g.matmul(x, wg), g.matmul(x, wu));
+    });
+}
+
+// INT4 variants the harness's WeightSpec cannot express (BF16 scales): quantized here from a fixed
+// seed, prepared for whichever backend the builder belongs to (a probe weight tells: prepared CUDA
+// weights carry a device layout).
+struct ExtraWeights {
+    OpHarness &                                 h;
+    std::deque<spark::QuantizedWeight>          host;
+    std::vector<std::unique_ptr<spark::Buffer>> storage;
+    std::deque<QWeight>                         prepared;
+
+    const QWeight & int4_bf16_scales(OpBuilder & b, int64_t n, int64_t k, int32_t group, bool sym, uint64_t seed) {
+        const bool cuda = b.weight(8, 32, plain(WeightFormat::BF16)).device_layout != nullptr;
+        std::mt19937_64                 rng(seed);
+        std::normal_distribution<float> dist(0.0f, 0.05f);
+        std::vector<float>              w(size_t(n * k));
+        for (float & v : w) v = dist(rng);
+        spark::Int4QuantizeOptions o;
+        o.group_size = group;
+        o.scheme     = sym ? spark::Int4Scheme::SymmetricGptq : spark::Int4Scheme::Asymmetric;
+        o.scale_type = spark::ScaleType::BF16;
+        host.push_back(spark::quantize_int4(w.data(), n, k, o));
+        prepared.push_back((cuda ? h.cuda() : h.cpu()).prepare_weight(host.back().weight, storage));
+        return prepared.back();
+    }
+};
+
+}  // namespace
+
+TEST_CASE("matmul: every format x decode and prefill row counts (K 2048, N 1000)") {
+    OpHarness     h(11);
+    const int64_t n = 1000, k = 2048;  // N is not a multiple of any row tile; N % 8 == 0 for packed zeros
+    for (const Spec & s : all_specs(n)) check_matmul(h, s, n, k, {1, 2, 5, 8, 17, 64, 300});
+}
+
+TEST_CASE("matmul: real shapes (Qwen3-8B / Qwen3-30B-A3B projections)") {
+    OpHarness h(12);
+    struct Shape {
+        int64_t              n, k;
+        std::vector<int64_t> rows;
+        bool                 all_main;  // every main format, or bf16 + int4 only (large shapes)
+    };
+    const Shape shapes[] = {
+        {128, 2048, {1, 8}, true},          // MoE router
+        {512, 2048, {1, 5, 64}, true},      // 30B-A3B k/v projection
+        {2048, 4096, {1, 17}, true},        // 30B-A3B o projection
+        {1024, 4096, {1, 3}, true},         // 8B k/v projection
+        {4096, 4096, {1, 8, 300}, false},   // 8B q/o projection
+        {6144, 4096, {1, 512}, false},      // wide projection, 512-row prefill
+        {4096, 12288, {1, 40}, false},      // 8B down projection (deep K)
+        {1, 2048, {1, 2}, true},            // Qwen3-Next shared-expert gate (one row)
+    };
+    for (const Shape & sh : shapes)
+        for (const Spec & s : main_specs())
+            if (sh.all_main || s.name == "bf16" || s.name == "int4-sym-g128") check_matmul(h, s, sh.n, sh.k, sh.rows);
+}
+
+TEST_CASE("matmul: lm_head 151936 x 2048 bf16") {
+    OpHarness h(13);
+    check_matmul(h, {"bf16", plain(WeightFormat::BF16)}, 151936, 2048, {1, 3});
+}
+
+TEST_CASE("matmul: INT4 with BF16 scales (sym / asym, groups 32 / 128 / channel)") {
+    OpHarness    h(14);
+    ExtraWeights extra{h, {}, {}, {}};
+    const int64_t n = 1000, k = 2048;
+    for (const int32_t group : {32, 128, -1})
+        for (const bool sym : {true, false})
+            for (const int64_t rows : {1, 5, 40}) {
+                const std::string spec = std::string("int4-") + (sym ? "sym" : "asym") + "-g" + std::to_string(group) + "-bf16scales";
+                const double      tol  = rows > 8 ? kGemm : kGemv;
+                h.check(name_of("matmul", spec, n, k, rows), tol, [&](OpBuilder & b) {
+                    Tensor *        x = b.input({k, rows});
+                    const QWeight & w = extra.int4_bf16_scales(b, n, k, group, sym, 1000 + uint64_t(group) * 2 + sym);
+                    return b.graph().matmul(x, w);
+                });
+            }
+}
+
+TEST_CASE("matmul: activation layouts (row views, misaligned rows, 4-D batch)") {
+    OpHarness     h(15);
+    const int64_t n = 1000, k = 2048;
+    for (const Spec & s : main_specs())
+        for (const int64_t rows : {1, 6, 40}) {
+            const double tol = tol_for(rows, k, s.w);
+            h.check_multi(name_of("matmul views", s.name, n, k, rows), tol, [&](OpBuilder & b) {
+                const QWeight & w  = b.weight(n, k, s.w);
+                Graph &         g  = b.graph();
+                // Rows of a wider tensor, 16-byte aligned: read in place.
+                Tensor * xa = b.input({k + 64, rows});
+                Tensor * a  = g.view(xa, {k, rows}, {4, xa->nb[1]}, 64 * 4);
+                // Rows starting 4 bytes off a 16-byte boundary: staged.
+                Tensor * xm = b.input({k + 3, rows});
+                Tensor * m  = g.view(xm, {k, rows}, {4, xm->nb[1]}, 4);
+                return std::vector<Tensor *>{g.matmul(a, w), g.matmul(m, w)};
+            });
+        }
+    // [K, 2, 3] and [K, 3, 2, 2]: rows over ne1..ne3.
+    for (const Spec & s : main_specs()) {
+        h.check(name_of("matmul 3-D", s.name, n, k, 6), kGemv, [&](OpBuilder & b) {
+            Tensor *        x = b.input({k, 2, 3});
+            const QWeight & w = b.weight(n, k, s.w);
+            return b.graph().matmul(x, w);
+        });
+        h.check(name_of("matmul 4-D", s.name, n, k, 12), tol_for(12, k, s.w), [&](OpBuilder & b) {
+            Tensor *        x = b.input({k, 3, 2, 2});
+            const QWeight & w = b.weight(n, k, s.w);
+            return b.graph().matmul(x, w);
+        });
+    }
+}
+
+TEST_CASE("matmul: shapes that need the fallback paths") {
+    OpHarness h(16);
+    // K % 32 != 0 but a multiple of the 16-byte chunk: GEMV, in row batches of 8 beyond 8 rows.
+    check_matmul(h, {"bf16", plain(WeightFormat::BF16)}, 1000, 1000, {1, 17}, "matmul K%32!=0");
+    check_matmul(h, {"fp8-channel", fp8_spec(1, 0)}, 1000, 2064, {3, 20}, "matmul K%32!=0");
+    // No chunked path: generic per-element kernel.
+    check_matmul(h, {"f32", plain(WeightFormat::F32)}, 1000, 1002, {1, 17}, "matmul generic (K%4!=0)");
+    check_matmul(h, {"nvfp4", plain(WeightFormat::NVFP4)}, 1000, 2064, {1, 17}, "matmul generic (K%32==16)");
+    check_matmul(h, {"int4-sym-g16", int4_spec(16, true)}, 1000, 2048, {1, 17}, "matmul generic (group 16)");
+    check_matmul(h, {"fp8-block128x72", fp8_spec(128, 72)}, 1000, 2048, {1, 17}, "matmul generic (block_k 72)");
+    // FP8 blocks with partial edge blocks in both directions (N 1000, K 2080 with 128x128 blocks).
+    check_matmul(h, {"fp8-block128", fp8_spec(128, 128)}, 1000, 2080, {1, 8, 33}, "matmul partial blocks");
+}
+
+TEST_CASE("matmul: every path forced on every format") {
+    OpHarness     h(17);
+    const int64_t n = 1000, k = 2048;
+    for (const Spec & s : all_specs(n)) {
+        {
+            ForceGuard f(mm::ForcePath::Generic);
+            check_rows(h, s, n, k, {1, 9}, kGemv, "matmul forced-generic");
+        }
+        {
+            ForceGuard f(mm::ForcePath::Gemv, 4);  // K split across blocks + the reduction kernel
+            check_rows(h, s, n, k, {1, 5, 19}, kGemv, "matmul forced-gemv-splitk");
+        }
+        {
+            ForceGuard f(mm::ForcePath::Gemm);
+            check_rows(h, s, n, k, {1, 5}, kGemm, "matmul forced-gemm");
+        }
+    }
+}
+
+TEST_CASE("matmul: fused gate/up + SwiGLU (dense FFN)") {
+    OpHarness h(18);
+    for (const Spec & s : main_specs())
+        for (const int64_t rows : {1, 5, 17, 300}) check_swiglu(h, s, 1000, 2048, rows);
+    // Act-order: gate and up have their own input orders (unfused fallback).
+    for (const int64_t rows : {1, 20}) check_swiglu(h, {"int4-sym-g128-actorder", int4_spec(128, true, true)}, 1000, 2048, rows);
+    // Real FFN shapes: Qwen3-8B intermediate 12288 at hidden 4096; Qwen3-Next shared expert 512.
+    check_swiglu(h, {"int4-sym-g128", int4_spec(128, true)}, 12288, 4096, 1);
+    check_swiglu(h, {"bf16", plain(WeightFormat::BF16)}, 3072, 4096, 64);
+    for (const int64_t rows : {1, 3}) check_swiglu(h, {"nvfp4", plain(WeightFormat::NVFP4)}, 512, 2048, rows);
+    {
+        ForceGuard f(mm::ForcePath::Gemv, 3);
+        check_swiglu(h, {"bf16", plain(WeightFormat::BF16)}, 1000, 4096, 2);
+    }
+    {
+        ForceGuard f(mm::ForcePath::Generic);
+        check_swiglu(h, {"fp8-block128", fp8_spec(128, 128)}, 1000, 2048, 3);
+    }
+}
+
+TEST_CASE("matmul_id: 128 experts top-8 (Qwen3-30B-A3B shapes)") {
+    OpHarness  h(19);
+    const Spec s{"int4-sym-g128", int4_spec(128, true)};
+    MoeCase    up;  // gate/up projection: x [2048, 1, T] shared by the 8 slots; decode = one launch
+    up.T = 1;
+    check_moe(h, s, up);
+    MoeCase down;  // down projection: x [768, 8, T], one input row per slot; prefill = grouped GEMM
+    down.T        = 64;
+    down.K        = 768;
+    down.N        = 2048;
+    down.shared_x = false;
+    check_moe(h, s, down);
+}
+
+TEST_CASE("matmul_id: main formats, decode and prefill token counts") {
+    OpHarness h(24);
+    for (const Spec & s : main_specs())
+        for (const int64_t T : {1, 3, 8, 17, 64}) {
+            MoeCase up;
+            up.experts = 16;
+            up.k       = 4;
+            up.T       = T;
+            up.K       = 1024;
+            up.N       = 768;
+            check_moe(h, s, up);
+            MoeCase down = up;
+            down.K        = 768;
+            down.N        = 1024;
+            down.shared_x = false;
+            check_moe(h, s, down);
+        }
+}
+
+TEST_CASE("matmul_id: every format, strided ids, act-order, skewed routing, forced paths") {
+    OpHarness h(20);
+    for (const Spec & s : all_specs(768)) {
+        for (const int64_t T : {2, 24}) {
+            MoeCase c;
+            c.experts     = 8;
+            c.k           = 4;
+            c.T           = T;
+            c.K           = 1024;
+            c.N           = 768;
+            c.strided_ids = true;
+            c.shared_x    = T == 2;
+            check_moe(h, s, c);
+        }
+    }
+    // One expert in every token: several GEMM tiles for that expert.
+    for (const Spec & s : main_specs()) {
+        MoeCase c;
+        c.experts = 8;
+        c.k       = 2;
+        c.T       = 300;
+        c.K       = 1024;
+        c.N       = 520;
+        c.hot     = 5;
+        check_moe(h, s, c);
+    }
+    // Qwen3-Next routing: 512 experts top-10 (expert width 512; K reduced to 512 to keep the test fast).
+    {
+        MoeCase c;
+        c.experts = 512;
+        c.k       = 10;
+        c.K       = 512;
+        c.N       = 512;
+        c.T       = 40;
+        check_moe(h, {"int4-sym-g128", int4_spec(128, true)}, c);
+    }
+    for (const Spec & s : main_specs()) {
+        MoeCase c;
+        c.experts = 16;
+        c.k       = 4;
+        c.K       = 1024;
+        c.N       = 300;
+        {
+            ForceGuard f(mm::ForcePath::Generic);
+            c.T = 5;
+            check_moe(h, s, c);
+        }
+        {
+            ForceGuard f(mm::ForcePath::Gemv, 2);
+            c.T = 12;
+            h.check(moe_name("matmul_id forced-gemv-splitk", s.name, c), kGemv, [&](OpBuilder & b) {
+                Tensor *        x   = b.input({c.K, 1, c.T});
+                Tensor *        ids = moe_ids(b, c, 3);
+                const QWeight * ex  = b.experts(c.experts, c.N, c.K, s.w);
+                return b.graph().matmul_id(x, ex, c.experts, ids);
+            });
+        }
+        {
+            ForceGuard f(mm::ForcePath::Gemm);
+            c.T = 2;
+            h.check(moe_name("matmul_id forced-gemm", s.name, c), kGemm, [&](OpBuilder & b) {
+                Tensor *        x   = b.input({c.K, 1, c.T});
+                Tensor *        ids = moe_ids(b, c, 5);
+                const QWeight * ex  = b.experts(c.experts, c.N, c.K, s.w);
+                return b.graph().matmul_id(x, ex, c.experts, ids);
+            });
+        }
+    }
+}
+
+TEST_CASE("matmul_id: fused gate/up + SwiGLU over experts") {
+    OpHarness h(21);
+    for (const Spec & s : main_specs())
+        for (const int64_t T : {1, 4, 40}) {
+            MoeCase c;
+            c.experts = 16;
+            c.k       = 8;
+            c.T       = T;
+            c.K       = 2048;
+            c.N       = 768;
+            check_moe_swiglu(h, s, c);
+        }
+    // Act-order experts (unfused fallback).
+    for (const int64_t T : {1, 12}) {
+        MoeCase c;
+        c.experts = 16;
+        c.k       = 4;
+        c.T       = T;
+        c.K       = 1024;
+        c.N       = 512;
+        check_moe_swiglu(h, {"int4-asym-g128-actorder", int4_spec(128, false, true)}, c);
+    }
+}
+
+TEST_CASE("matmul: CUDA-graph capture and replay give identical results") {
+    OpHarness h(22);
+    h.set_replay_check(true);
+    check_matmul(h, {"int4-sym-g128", int4_spec(128, true)}, 1000, 2048, {1, 40});
+    check_matmul(h, {"nvfp4", plain(WeightFormat::NVFP4)}, 1000, 2048, {3, 40});
+    {
+        ForceGuard f(mm::ForcePath::Gemv, 4);
+        check_rows(h, {"bf16", plain(WeightFormat::BF16)}, 1000, 4096, {2}, kGemv, "matmul forced-gemv-splitk");
+    }
+    MoeCase c;
+    c.experts = 16;
+    c.T       = 1;
+    check_moe_swiglu(h, {"int4-sym-g128", int4_spec(128, true)}, c);
+    c.T = 30;
+    check_moe(h, {"fp8-block128", fp8_spec(128, 128)}, c);
+    check_swiglu(h, {"bf16", plain(WeightFormat::BF16)}, 1000, 2048, 1);
+}
+
+TEST_CASE("upload_weight: act-order with unequal groups is refused") {
+    OpHarness                  h(23);
+    const int64_t              n = 64, k = 256;
+    std::vector<float>         w(static_cast<size_t>(n * k), 0.01f);
+    spark::Int4QuantizeOptions o;
+    o.group_size               = 128;
+    spark::QuantizedWeight q   = spark::quantize_int4(w.data(), n, k, o);
+    std::vector<int32_t>   g_idx(static_cast<size_t>(k));
+    for (int64_t i = 0; i < k; ++i) g_idx[size_t(i)] = i % 3 == 0 ? 1 : 0;  // 86 in group 1, 170 in group 0
+    QWeight bad = q.weight;
+    bad.g_idx   = g_idx.data();
+    std::vector<std::unique_ptr<spark::Buffer>> storage;
+    try {
+        h.cuda().prepare_weight(bad, storage);
+        FAIL("uneven act-order groups were accepted");
+    } catch (const spark::Error & e) {
+        CHECK(e.status() == SPARK_ERR_UNSUPPORTED);
+    }
+    // A permutation with equal groups is accepted.
+    for (int64_t i = 0; i < k; ++i) g_idx[size_t(i)] = int32_t((i * 37 % k) / 128);
+    QWeight good = q.weight;
+    good.g_idx   = g_idx.data();
+    CHECK_NOTHROW(h.cuda().prepare_weight(good, storage));
+}
+
+TEST_CASE("kernel_paths names a path for every format") {
+    const std::string p = spark::cuda::kernel_paths(900);
+    for (const char * f : {"f32=", "f16=", "bf16=", "nvfp4=", "int4=", "fp8=", "moe="}) CHECK(p.find(f) != std::string::npos);
+    CHECK(std::string(spark::cuda::kernel_paths(750)).find("unsupported") != std::string::npos);
+}
