@@ -74,6 +74,7 @@ std::vector<int32_t> random_ids(size_t n, int32_t hi, uint32_t seed) {
 }  // namespace
 
 TEST_CASE("cuda elementwise: CONT of strided views") {
+    // kExact: a byte copy.
     OpHarness h(11);
     for (int64_t rows : kRows) {
         // Column slice of a wider matrix (the second half of each row): aligned float4 path.
@@ -100,6 +101,7 @@ TEST_CASE("cuda elementwise: CONT of strided views") {
 }
 
 TEST_CASE("cuda elementwise: CONCAT") {
+    // kExact: a byte copy.
     OpHarness h(12);
     for (int64_t rows : kRows) {
         h.check(shape_name("concat 128+64+2048", 2240, rows), kExact, [&](OpBuilder & b) {
@@ -118,6 +120,7 @@ TEST_CASE("cuda elementwise: CONCAT") {
 }
 
 TEST_CASE("cuda elementwise: GET_ROWS") {
+    // kExact: F16/BF16 -> F32 widening is exact, F32 rows are copied.
     OpHarness h(13);
     const int64_t n_vocab = 1000;
     for (int64_t rows : kRows) {
@@ -168,6 +171,7 @@ TEST_CASE("cuda elementwise: GET_ROWS with an out-of-range id writes zeros") {
 }
 
 TEST_CASE("cuda elementwise: ADD / MUL / SWIGLU / MUL_SIGMOID / SCALE") {
+    // ADD, MUL, SCALE kExact (one IEEE op per element); SWIGLU, MUL_SIGMOID kF32 (expf ulps).
     OpHarness h(14);
     for (int64_t rows : kRows)
         for (int64_t n : kWidths) {
@@ -210,6 +214,7 @@ TEST_CASE("cuda elementwise: ADD / MUL / SWIGLU / MUL_SIGMOID / SCALE") {
 }
 
 TEST_CASE("cuda elementwise: RMS_NORM / L2_NORM") {
+    // kF32: float32 tree sum of squares on the GPU vs the CPU's double sum (relative ~1e-7).
     OpHarness h(15);
     for (int64_t rows : kRows)
         for (int64_t n : {int64_t(64), int64_t(128), int64_t(2048), int64_t(4096), int64_t(10240)}) {
@@ -239,6 +244,7 @@ TEST_CASE("cuda elementwise: RMS_NORM / L2_NORM") {
 }
 
 TEST_CASE("cuda elementwise: ROPE (full and partial)") {
+    // kF32: identical inv_freq and angle bits; CUDA sincosf vs glibc sinf/cosf differ by <= 2 ulp.
     OpHarness h(16);
     h.set_replay_check(true);  // the frequency table travels as a kernel parameter in the graph
     for (int64_t rows : kRows) {
@@ -263,6 +269,7 @@ TEST_CASE("cuda elementwise: ROPE (full and partial)") {
 }
 
 TEST_CASE("cuda elementwise: ARGMAX") {
+    // kExact: the output is I32, compared exactly by the harness.
     OpHarness h(17);
     h.set_replay_check(true);  // two kernels and workspace partials inside a captured graph
     for (int64_t rows : {int64_t(1), int64_t(7)}) {
@@ -304,6 +311,7 @@ TEST_CASE("cuda elementwise: ARGMAX") {
 }
 
 TEST_CASE("cuda elementwise: MOE_ROUTE (softmax + top-k + renormalisation, one kernel)") {
+    // Weights kF32 (expf ulps, float vs double softmax sum); ids are I32, compared exactly.
     OpHarness h(18);
     h.set_replay_check(true);
     struct Cfg {
@@ -349,6 +357,8 @@ TEST_CASE("cuda elementwise: MOE_ROUTE (softmax + top-k + renormalisation, one k
 }
 
 TEST_CASE("cuda elementwise: MOE_COMBINE") {
+    // kF32: the GPU uses the CPU's operation order without FMA (bit-identical to a non-native CPU
+    // build); a -march=native CPU build may contract to FMA, an ulp-level difference.
     OpHarness h(19);
     for (int64_t rows : kRows)
         for (int64_t hdim : {int64_t(2048), int64_t(4096), int64_t(130)}) {
@@ -362,6 +372,7 @@ TEST_CASE("cuda elementwise: MOE_COMBINE") {
 }
 
 TEST_CASE("cuda elementwise: RMS_NORM of an ADD through the graph") {
+    // kF32 (worst of the exact sum and the norm).
     OpHarness h(20);
     for (int64_t rows : kRows)
         for (int64_t n : {int64_t(2048), int64_t(4096)})

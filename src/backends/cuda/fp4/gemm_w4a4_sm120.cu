@@ -20,6 +20,8 @@
 #include "backends/cuda/fp4/w4a4.h"
 #include "graph/error.h"
 
+#include <atomic>
+
 #if defined(__CUDA_ARCH__) && !SPARK_ARCH_FP4_MMA_SYNC
 #error "gemm_w4a4_sm120.cu must be compiled for sm_120a / sm_121a only (arch-specific targets)"
 #endif
@@ -138,13 +140,18 @@ constexpr int kSmallRows = 8;
 namespace fp4_detail {
 
 bool gemm_nvfp4_w4a4_sm120_runs_here() {
+    // Asked once per device (the first call of a step runs eagerly, before any graph capture).
+    constexpr int            kMaxDevices = 64;
+    static std::atomic<int8_t> known[kMaxDevices] = {};  // 0 unknown, 1 yes, 2 no
+    int                       dev = 0;
+    SPARK_CUDA_CHECK(cudaGetDevice(&dev));
+    if (dev >= 0 && dev < kMaxDevices && known[dev].load() != 0) return known[dev].load() == 1;
     cudaFuncAttributes attr{};
     const cudaError_t  err = cudaFuncGetAttributes(&attr, gemm_w4a4_kernel<1, 1, 4, 1>);
-    if (err != cudaSuccess) {
-        cudaGetLastError();  // clear: "no kernel image" is an answer, not a failure
-        return false;
-    }
-    return true;
+    if (err != cudaSuccess) cudaGetLastError();  // "no kernel image" is an answer, not a failure
+    const bool ok = err == cudaSuccess;
+    if (dev >= 0 && dev < kMaxDevices) known[dev].store(ok ? 1 : 2);
+    return ok;
 }
 
 void gemm_nvfp4_w4a4_sm120(const DeviceWeight & w, const uint8_t * a_codes, const uint8_t * a_scales, float a_global, int64_t rows,
