@@ -20,6 +20,9 @@ if(SPARK_CUDA_ENABLED)
     if(CUDAToolkit_VERSION VERSION_LESS 13.0)
         message(FATAL_ERROR "spark needs CUDA >= 13.0 (for sm_121a); found ${CUDAToolkit_VERSION}")
     endif()
+    # CMake 3.25 (Debian 12) does not know nvcc's C++20 flag yet: tell it.
+    set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+    set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
     set(CMAKE_CUDA_STANDARD 20)
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     # The generic kernels are built for every target; per-arch files only for their own (see

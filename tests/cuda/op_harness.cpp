@@ -31,7 +31,7 @@ public:
 
     Tensor * input(std::vector<int64_t> ne, float scale) override {
         Tensor * t = make_leaf(ne, DType::F32, /*external=*/false);
-        std::vector<float> v(size_t(t->nelements()));
+        std::vector<float> v(static_cast<size_t>(t->nelements()));
         for (float & x : v) x = normal() * scale;
         pending_.push_back({t, bytes_of(v)});
         return t;
@@ -46,7 +46,7 @@ public:
 
     Tensor * param(std::vector<int64_t> ne, float scale, float offset) override {
         Tensor * t = make_leaf(ne, DType::F32, true);
-        std::vector<float> v(size_t(t->nelements()));
+        std::vector<float> v(static_cast<size_t>(t->nelements()));
         for (float & x : v) x = offset + normal() * scale;
         auto buf = be_.alloc(v.size() * 4);
         be_.upload(buf->data(), v.data(), v.size() * 4);
@@ -58,7 +58,7 @@ public:
     Tensor * state(std::vector<int64_t> ne, float scale, bool kv) override {
         const DType type = kv ? be_.caps().kv_type : DType::F32;
         Tensor *    t    = make_leaf(ne, type, true);
-        std::vector<float> v(size_t(t->nelements()));
+        std::vector<float> v(static_cast<size_t>(t->nelements()));
         for (float & x : v) {
             x = normal() * scale;
             if (kv) x = bf16_to_f32(f32_to_bf16(x));  // representable in every KV dtype
@@ -171,7 +171,7 @@ private:
     // A random weight quantized by the reference quantizers (identical for both backends, since the
     // generator state is the same); kept alive in host memory for the backend's prepare_weight.
     QWeight make_host_weight(int64_t n, int64_t k, const WeightSpec & spec) {
-        std::vector<float> w(size_t(n * k));
+        std::vector<float> w(static_cast<size_t>(n * k));
         for (float & x : w) x = normal() * 0.05f;
         QWeight q;
         switch (spec.format) {
@@ -211,18 +211,18 @@ private:
                 }
                 // Act-order: quantize with groups over a random permutation of the input channels,
                 // then store the codes in channel order with g_idx[k] = group of channel k.
-                std::vector<int64_t> perm(size_t(k));
+                std::vector<int64_t> perm(static_cast<size_t>(k));
                 std::iota(perm.begin(), perm.end(), 0);
                 std::shuffle(perm.begin(), perm.end(), rng_);
                 std::vector<float> wp(w.size());
                 for (int64_t r = 0; r < n; ++r)
                     for (int64_t c = 0; c < k; ++c) wp[size_t(r * k + c)] = w[size_t(r * k + perm[size_t(c)])];
                 QuantizedWeight qp = quantize_int4(wp.data(), n, k, o);
-                std::vector<uint8_t> codes_p(size_t(n * k)), codes(size_t(n * k));
+                std::vector<uint8_t> codes_p(static_cast<size_t>(n * k)), codes(static_cast<size_t>(n * k));
                 unpack_nibbles(reinterpret_cast<const int32_t *>(qp.data.data()), k / 8 * n, codes_p.data());  // [K][N] in permuted order
                 for (int64_t c = 0; c < k; ++c)
                     for (int64_t r = 0; r < n; ++r) codes[size_t(perm[size_t(c)] * n + r)] = codes_p[size_t(c * n + r)];
-                std::vector<int32_t> g_idx(size_t(k));
+                std::vector<int32_t> g_idx(static_cast<size_t>(k));
                 const int64_t gs = spec.group_size > 0 ? spec.group_size : k;
                 for (int64_t c = 0; c < k; ++c) g_idx[size_t(perm[size_t(c)])] = int32_t(c / gs);
                 pack_nibbles(codes.data(), n * k, reinterpret_cast<int32_t *>(qp.data.data()));

@@ -378,7 +378,7 @@ private:
         auto it = expert_tables_.find(experts);
         if (it != expert_tables_.end()) return static_cast<const DeviceWeight *>(it->second->data());
         if (workspace_.frozen) fail(SPARK_ERR_INTERNAL, "expert table built during graph capture");
-        std::vector<DeviceWeight> host(size_t(n));
+        std::vector<DeviceWeight> host(static_cast<size_t>(n));
         for (int32_t e = 0; e < n; ++e) host[size_t(e)] = cuda::device_weight(experts[e]);
         auto buf = alloc(host.size() * sizeof(DeviceWeight));
         SPARK_CUDA_CHECK(cudaMemcpy(buf->data(), host.data(), host.size() * sizeof(DeviceWeight), cudaMemcpyHostToDevice));
