@@ -31,6 +31,22 @@ struct Ids {
     int32_t         n_experts = 0;
 };
 
+// ---- planning (plan.cpp) ----------------------------------------------------------------------
+// Elements of one 16-byte chunk of a weight row (4 f32, 8 f16/bf16, 16 fp8, 32 int4/nvfp4).
+int elems_per_chunk(WeightFormat f);
+// Whether the chunked kernels (GEMV, GEMM tile loader) take this weight: K a multiple of the chunk,
+// INT4 groups a multiple of 32 (or one group), FP8 k-blocks a multiple of 16 (or one block).
+bool chunk_ok(const DeviceWeight & w);
+
+struct GemvPlan {
+    int     r_tmpl = 1, wk = 1, ksplit = 1;
+    int64_t cps    = 0;  // chunks per split (gridDim.y blocks cover K)
+    dim3    grid;
+};
+// The GEMV launch for `rows` (<= 8) activation rows, `jobs` MATMUL_ID pairs (1 for MATMUL), nw
+// weights (2: fused gate/up).
+GemvPlan plan_gemv(WeightFormat f, int64_t N, int64_t K, int64_t jobs, int rows, int nw, int sm_count);
+
 // ---- GEMV (rows <= 8) -------------------------------------------------------------------------
 constexpr int kGemvThreads = 256;  // 8 warps
 constexpr int kGemvMaxRows = 8;
