@@ -128,9 +128,10 @@ inline int prefill_smem(int d) {
 inline int decode_tile(int d) { return d <= 128 ? 64 : 32; }
 inline int prefill_tile(int d) { return d <= 128 ? 64 : 32; }
 
-// The launch configuration from shapes only (graph-capture safe). sm_count sizes the split count:
-// about two resident blocks per SM when the sequence is long enough to fill them.
-inline AttnPlan plan_attention(int head_dim, int n_tok, int n_head, int n_kv, int max_pages, int page_size, int sm_count) {
+// The launch configuration from shapes only (graph-capture safe). The split count aims at one wave
+// of resident decode blocks (sm_count x blocks_per_sm) when the sequence is long enough to fill it.
+inline AttnPlan plan_attention(int head_dim, int n_tok, int n_head, int n_kv, int max_pages, int page_size, int sm_count,
+                               int blocks_per_sm = 2) {
     AttnPlan    p;
     const int   group  = n_head / n_kv;
     const int64_t rows = int64_t(n_tok) * group;  // rows per KV head
@@ -138,7 +139,7 @@ inline AttnPlan plan_attention(int head_dim, int n_tok, int n_head, int n_kv, in
         p.path                   = AttnPath::Decode;
         const int64_t n_rg       = (rows + 15) / 16;
         const int64_t per_split  = n_rg * n_kv;
-        const int64_t target     = 2 * int64_t(sm_count > 0 ? sm_count : 1);
+        const int64_t target     = int64_t(blocks_per_sm > 0 ? blocks_per_sm : 1) * (sm_count > 0 ? sm_count : 1);
         const int64_t max_ctx    = int64_t(max_pages) * page_size;
         const int64_t max_useful = (max_ctx + kMinChunk - 1) / kMinChunk;
         int64_t       n_splits   = (target + per_split - 1) / per_split;
@@ -166,6 +167,10 @@ inline AttnPlan plan_attention(int head_dim, int n_tok, int n_head, int n_kv, in
 // decode with plan.n_splits > 1, part_o / part_ml pointing into plan.workspace_bytes of scratch
 // (part_ml right after the n_splits * T * n_head * D floats of part_o). Throws spark::Error.
 void launch_attention(const AttnParams & p, const AttnPlan & plan, cudaStream_t stream);
+
+// Resident decode blocks per SM on the current device for head_dim d (occupancy query, cached per
+// device; at least 1).
+int decode_blocks_per_sm(int head_dim);
 
 // The pieces (attention_decode.cu / attention_prefill.cu).
 void launch_append(const AttnParams & p, cudaStream_t stream);

@@ -44,7 +44,7 @@ __device__ __forceinline__ int next_run(const AttnParams & p, const int * tok_po
 // ---------------------------------------------------------------------------------------------
 // Decode: split-KV, 16 rows per block. grid (row groups, n_splits, n_kv), block kThreads.
 // ---------------------------------------------------------------------------------------------
-template <int D> __global__ void __launch_bounds__(kThreads) attn_decode_kernel(const AttnParams p) {
+template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_decode_kernel(const AttnParams p) {
     using C = DecodeCfg<D>;
     constexpr int kN = C::kN, kStr = C::kStr, kPStr = C::kPStr, kPW = C::kPW, kDW = C::kDW, kS = C::kStages;
     SPARK_DYNAMIC_SMEM(smem);
@@ -321,7 +321,8 @@ template <int D> __global__ void __launch_bounds__(kThreads) attn_prefill_kernel
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
     const int kvh     = blockIdx.y;
     const int n_rows  = p.n_tok * p.group;
-    const int R0      = blockIdx.x * C::kRows;
+    // Blocks of later tokens attend to more positions: launch them first (smaller tail).
+    const int R0      = int(gridDim.x - 1 - blockIdx.x) * C::kRows;
     const int t_begin = R0 / p.group;
     const int t_end   = min(p.n_tok, (R0 + C::kRows - 1) / p.group + 1);
 

@@ -82,10 +82,13 @@ void op_attention(const Tensor & t, const OpContext & ctx) {
     p.n_slots     = int(bt.ne[1]);
     p.scale_log2  = t.fp[0] * 1.4426950408889634f;
 
-    const attn::AttnPlan plan = attn::plan_attention(p.head_dim, p.n_tok, p.n_head, p.n_kv, p.max_pages, p.page_size, ctx.props->sm_count);
-    if (plan.smem > ctx.props->max_smem_per_block)
+    const int smem_need = p.n_tok <= attn::kDecodeMaxTokens ? attn::decode_smem(p.head_dim) : attn::prefill_smem(p.head_dim);
+    if (smem_need > ctx.props->max_smem_per_block)
         fail(SPARK_ERR_UNSUPPORTED, "attention (CUDA): head_dim %d needs %d bytes of shared memory per block, the device has %d",
-             p.head_dim, plan.smem, ctx.props->max_smem_per_block);
+             p.head_dim, smem_need, ctx.props->max_smem_per_block);
+    const int            per_sm = p.n_tok <= attn::kDecodeMaxTokens ? attn::decode_blocks_per_sm(p.head_dim) : 1;
+    const attn::AttnPlan plan   = attn::plan_attention(p.head_dim, p.n_tok, p.n_head, p.n_kv, p.max_pages, p.page_size,
+                                                       ctx.props->sm_count, per_sm);
     p.n_splits = plan.n_splits;
     if (plan.workspace_bytes) {
         float * ws = static_cast<float *>(ctx.workspace->get(plan.workspace_bytes));
