@@ -8,11 +8,12 @@
 // one block, so the in-place update needs no other synchronisation. Decode steps (one token per
 // sequence) use 256 channels x 1 token per block, others 32 channels x 8 tokens.
 //
-// gated_delta: grid (n_v_heads * dv / 32, sequences), 128 threads. A block owns 32 columns of one
-// head's state S (dk x dv, f32) in registers: warp w has columns 8w .. 8w+7 of the block, lane l
-// column 8w + l % 8 and rows l / 8 + 4 r (r < dk / 4). The delta rule is independent per column:
-// kv = S^T k and o = S^T q are column sums (reduced over the 4 lanes sharing a column by two
-// shuffles), the update S += k delta^T touches the column only. Tokens are processed in order inside
+// gated_delta: grid (n_v_heads * dv / 16, sequences), 128 threads. A block owns 16 columns of one
+// head's state S (dk x dv, f32) in registers: warp w has columns 4w .. 4w+3 of the block, lane l
+// column 4w + l % 4 and rows l / 4 + 8 r (r < dk / 8). The delta rule is independent per column:
+// kv = S^T k and o = S^T q are column sums (reduced over the 8 lanes sharing a column by three
+// shuffles), the update S += k delta^T touches the column only. (Qwen3-Next: 32 heads x 8 = 256
+// blocks per sequence.) Tokens are processed in order inside
 // the kernel with S kept on chip; k, q, v and the gates of 16 tokens at a time are staged in shared
 // memory. S is read once and written once per step.
 #pragma once
@@ -36,7 +37,7 @@ struct ConvParams {
     int             C = 0, K = 0, n_slots = 0, n_seqs = 0;
 };
 
-constexpr int kGdnCols    = 32;  // state columns per block
+constexpr int kGdnCols    = 16;  // state columns per block
 constexpr int kGdnTok     = 16;  // tokens staged in shared memory at a time
 constexpr int kGdnThreads = 128;
 

@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(256) conv1d_ssm_kernel(const ConvParams p) {
 
 // grid (n_vh * dv / kGdnCols, n_seqs), block kGdnThreads.
 template <int DK> __global__ void __launch_bounds__(kGdnThreads, 4) gated_delta_kernel(const GdnParams p) {
-    constexpr int R = DK / 4;  // state rows per thread
+    constexpr int R = DK / 8;  // state rows per thread
     __shared__ float k_s[kGdnTok][DK], q_s[kGdnTok][DK], v_s[kGdnTok][kGdnCols], dec_s[kGdnTok], beta_s[kGdnTok];
 
     const int       ncb  = p.dv / kGdnCols;
@@ -76,15 +76,15 @@ template <int DK> __global__ void __launch_bounds__(kGdnThreads, 4) gated_delta_
     if (slot < 0 || slot >= p.n_slots || count <= 0) return;  // block-uniform
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int jl = warp * 8 + (lane & 7);  // column within the block
+    const int jl = warp * 4 + (lane & 3);  // column within the block
     const int j  = cb * kGdnCols + jl;     // column of S (value dim)
-    const int i0 = lane >> 3;              // rows i0 + 4 r
+    const int i0 = lane >> 2;              // rows i0 + 8 r
     const int kh = h / (p.n_vh / p.n_kh);
 
     float * S = p.state + (int64_t(slot) * p.n_vh + h) * DK * p.dv;
     float   s[R];
 #pragma unroll
-    for (int r = 0; r < R; ++r) s[r] = S[int64_t(i0 + 4 * r) * p.dv + j];
+    for (int r = 0; r < R; ++r) s[r] = S[int64_t(i0 + 8 * r) * p.dv + j];
     const float neg_A = -expf(p.A_log[h]);
     const float dtb   = p.dt_bias[h];
 
@@ -114,10 +114,11 @@ template <int DK> __global__ void __launch_bounds__(kGdnThreads, 4) gated_delta_
             float       kv = 0.0f;
 #pragma unroll
             for (int r = 0; r < R; ++r) {
-                kr[r] = k_s[tt][i0 + 4 * r];
+                kr[r] = k_s[tt][i0 + 8 * r];
                 s[r] *= decay;
                 kv += s[r] * kr[r];
             }
+            kv += __shfl_xor_sync(0xffffffffu, kv, 4);
             kv += __shfl_xor_sync(0xffffffffu, kv, 8);
             kv += __shfl_xor_sync(0xffffffffu, kv, 16);
             const float delta = (v_s[tt][jl] - kv) * beta;
@@ -125,8 +126,9 @@ template <int DK> __global__ void __launch_bounds__(kGdnThreads, 4) gated_delta_
 #pragma unroll
             for (int r = 0; r < R; ++r) {
                 s[r] += kr[r] * delta;
-                o += s[r] * q_s[tt][i0 + 4 * r];
+                o += s[r] * q_s[tt][i0 + 8 * r];
             }
+            o += __shfl_xor_sync(0xffffffffu, o, 4);
             o += __shfl_xor_sync(0xffffffffu, o, 8);
             o += __shfl_xor_sync(0xffffffffu, o, 16);
             if (i0 == 0) {
@@ -136,7 +138,7 @@ template <int DK> __global__ void __launch_bounds__(kGdnThreads, 4) gated_delta_
         }
     }
 #pragma unroll
-    for (int r = 0; r < R; ++r) S[int64_t(i0 + 4 * r) * p.dv + j] = s[r];
+    for (int r = 0; r < R; ++r) S[int64_t(i0 + 8 * r) * p.dv + j] = s[r];
 }
 
 }  // namespace spark::cuda::ssm
