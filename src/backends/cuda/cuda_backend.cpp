@@ -283,10 +283,17 @@ private:
         // Mark the matmuls a fused SWIGLU computes itself.
         for (const Tensor * n : nodes)
             if (n->op == Op::SWIGLU && fusable_swiglu(*n, uses)) skip[size_t(n->src[0]->id)] = skip[size_t(n->src[1]->id)] = true;
-        for (const Tensor * n : nodes) {
+        for (size_t i = 0; i < nodes.size(); ++i) {
+            const Tensor * n = nodes[i];
             if (skip[size_t(n->id)]) continue;
             if (n->op == Op::SWIGLU && fusable_swiglu(*n, uses)) {
                 cuda::op_matmul_swiglu(*n, ctx_);
+                continue;
+            }
+            // Residual add followed by the next layer's norm of that sum: one kernel.
+            if (n->op == Op::ADD && i + 1 < nodes.size() && nodes[i + 1]->op == Op::RMS_NORM && nodes[i + 1]->src[0] == n) {
+                cuda::op_add_rms_norm(*n, *nodes[i + 1], ctx_);
+                ++i;
                 continue;
             }
             dispatch(*n);
