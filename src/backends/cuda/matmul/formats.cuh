@@ -108,7 +108,7 @@ struct FmtInt4 {
         float magic_zero;  // 2^23 + zero
     };
     __device__ static Sc load_scale(const DeviceWeight & w, int64_t n, int64_t c, float) {
-        const int64_t  g   = (c * 32) / w.group_size;
+        const uint32_t g   = uint32_t(c * 32) / uint32_t(w.group_size);  // 32-bit: K < 2^31
         const int64_t  idx = n * w.n_groups + g;
         const uint16_t h   = __ldg(static_cast<const uint16_t *>(w.scales) + idx);
         const uint32_t z   = w.zeros ? uint32_t(__ldg(w.zeros + idx)) : 8u;
@@ -170,8 +170,8 @@ struct FmtFp8 {
         float s;
     };
     __device__ static Sc load_scale(const DeviceWeight & w, int64_t n, int64_t c, float) {
-        const int64_t k_blocks = (w.k + w.block_k - 1) / w.block_k;
-        const int64_t idx      = (n / w.block_n) * k_blocks + (c * 16) / w.block_k;
+        const uint32_t k_blocks = (uint32_t(w.k) + uint32_t(w.block_k) - 1) / uint32_t(w.block_k);  // 32-bit: N, K < 2^31
+        const int64_t  idx      = int64_t(uint32_t(n) / uint32_t(w.block_n)) * k_blocks + uint32_t(c * 16) / uint32_t(w.block_k);
         return {__ldg(static_cast<const float *>(w.scales) + idx) * 256.0f};
     }
     __device__ static float factor(const Sc & sc, int) { return sc.s; }

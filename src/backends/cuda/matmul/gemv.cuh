@@ -82,8 +82,8 @@ __device__ __forceinline__ void gemv_chunk(const uint4 (&raw)[NW][U], const type
 
 template <class F, int R, bool GLU>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvArgs a) {
-    constexpr int U  = gemv_rows_per_warp(R);
     constexpr int NW = GLU ? 2 : 1;
+    constexpr int U  = gemv_rows_per_warp(R, NW, F::E);
     constexpr int kWarps = kGemvThreads / 32;
 
     const int     lane   = int(threadIdx.x) & 31;

@@ -51,9 +51,13 @@ GemvPlan plan_gemv(WeightFormat f, int64_t N, int64_t K, int64_t jobs, int rows,
 constexpr int kGemvThreads = 256;  // 8 warps
 constexpr int kGemvMaxRows = 8;
 
-// Weight rows per warp, by the row template (1, 2, 4, 8): each loaded weight chunk is reused for
-// all R activation rows, and a lane keeps U (x2 for gate+up) 16-byte loads in flight.
-constexpr int gemv_rows_per_warp(int r_tmpl) { return r_tmpl <= 2 ? 4 : 2; }
+// Weight rows per warp (U), by the row template r (1, 2, 4, 8), the number of fused weights nw
+// (2: gate + up) and the chunk's element count e: a lane keeps U * nw 16-byte loads in flight per
+// step (4 for 1-2 rows, fewer where the R-row accumulators and decoded values need the registers).
+constexpr int gemv_rows_per_warp(int r, int nw, int e) {
+    const int loads = r <= 2 ? 4 : r <= 4 ? 2 : (e >= 32 ? 1 : 2);
+    return loads / nw > 0 ? loads / nw : 1;
+}
 
 struct GemvArgs {
     // Plain MATMUL: the weight(s) (w[1] = the up projection of a fused gate/up + SwiGLU).

@@ -37,7 +37,7 @@ GemvPlan plan_gemv(WeightFormat f, int64_t N, int64_t K, int64_t jobs, int rows,
     GemvPlan p;
     p.r_tmpl          = rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : 8;
     const int     e   = elems_per_chunk(f);
-    const int     U   = gemv_rows_per_warp(p.r_tmpl);
+    const int     U   = gemv_rows_per_warp(p.r_tmpl, nw, e);
     const int64_t KC  = K / e;
     auto          blocks = [&](int wk) { return ceil_div(N, int64_t(kGemvThreads / 32 / wk) * U) * jobs; };
     // Warps along K until the grid fills the GPU (about 4 blocks of 8 warps per SM), as long as
