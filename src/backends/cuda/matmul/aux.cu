@@ -183,7 +183,9 @@ __global__ void generic_kernel(const GenericArgs a) {
     const float * x  = x_row(a.x, r);
     const int     nw = a.glu ? 2 : 1;
     float         acc[2] = {0.0f, 0.0f};
-    for (int i = 0; i < nw; ++i) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        if (i >= nw) break;
         DeviceWeight w;
         if (a.table[0] != nullptr) {
             const int32_t e = pair_expert(a.ids, r);
