@@ -5,7 +5,16 @@
 //
 // Build and run (from the repository root; a few minutes on two cores):
 //   g++ -std=c++20 -O2 -g -fsanitize=address,undefined -Idev/kernels/attention/emu -Isrc -Iinclude \
-//       dev/kernels/attention/emu_test.cpp -o /tmp/emu_test && /tmp/emu_test [filter]
+//       dev/kernels/attention/emu_test.cpp -o /tmp/emu_test && /tmp/emu_test [filter [seed]]
+// With -DEMU_CPU_ORACLE and the CPU backend's objects linked (ops_attention, ops_ssm, thread_pool,
+// graph, dtype, error from a spark build), every case is also compared with the real CPU ops at the
+// tolerances of tests/cuda/test_attention.cpp and test_ssm.cpp ("vs CPU" lines).
+#ifdef EMU_CPU_ORACLE
+// The real CPU backend ops as a second oracle (the one the cross-backend tests use).
+#include "backends/cpu/cpu_ops.h"
+#include "backends/cpu/thread_pool.h"
+#include "graph/graph.h"
+#endif
 #include "backends/cuda/attention/attention_append.cuh"
 #include "backends/cuda/attention/attention_kernels.cuh"
 #include "backends/cuda/ssm/ssm_kernels.cuh"
@@ -40,6 +49,28 @@ double nmse(const std::vector<float> & got, const std::vector<double> & ref) {
 }
 
 int failures = 0;
+
+#ifdef EMU_CPU_ORACLE
+spark::cpu::ThreadPool & pool() {
+    static spark::cpu::ThreadPool p(2);
+    return p;
+}
+// A tensor over host data; nb empty: contiguous.
+spark::Tensor make_tensor(spark::DType type, std::vector<int64_t> ne, void * data, std::vector<size_t> nb = {}) {
+    spark::Tensor t;
+    t.type       = type;
+    const size_t es = spark::dtype_size(type);
+    for (size_t i = 0; i < 4; ++i) t.ne[i] = i < ne.size() ? ne[i] : 1;
+    size_t stride = es;
+    for (size_t i = 0; i < 4; ++i) {
+        t.nb[i] = i < nb.size() ? nb[i] : stride;
+        stride  = t.nb[i] * size_t(t.ne[i]);
+    }
+    t.data = data;
+    return t;
+}
+std::vector<double> to_double(const std::vector<float> & v) { return std::vector<double>(v.begin(), v.end()); }
+#endif
 
 void report(const std::string & name, double e, double tol, const char * what, double secs) {
     const bool ok = e <= tol;
@@ -105,6 +136,13 @@ void run_attention(const AttnCase & tc) {
         }
 
     auto cache_row = [&](int slot, int p) { return int64_t(bt[size_t(slot) * tc.max_pages + p / page]) * page + p % page; };
+#ifdef EMU_CPU_ORACLE
+    std::vector<float> kc0(n_cache), vc0(n_cache);  // the CPU backend's float cache before the step
+    for (size_t i = 0; i < n_cache; ++i) {
+        kc0[i] = float(kf[i]);
+        vc0[i] = float(vf[i]);
+    }
+#endif
     // Reference: append exact f32 k/v, attention in double.
     std::vector<double> ref(size_t(T) * H * D), ref_bf(size_t(T) * H * D);
     std::vector<double> kf_bf = kf, vf_bf = vf;  // "ideal GPU": appended values rounded to bf16
@@ -215,6 +253,27 @@ void run_attention(const AttnCase & tc) {
     const double tol_kernel = plan.path == attn::AttnPath::Decode ? 1e-9 : 1e-5;
     report(tc.name + info, nmse(out, ref_bf), tol_kernel, "kernel", 0);
     report(tc.name + info, std::max(nmse(kc_f, kf), nmse(vc_f, vf)), 5e-6, "cache", 0);
+#ifdef EMU_CPU_ORACLE
+    {
+        using spark::DType;
+        spark::Tensor tq  = make_tensor(DType::F32, {D, H, T}, q.data(), {4, size_t(q_row) * 4, size_t(H) * q_row * 4});
+        spark::Tensor tk  = make_tensor(DType::F32, {D, KV, T}, k.data());
+        spark::Tensor tv  = make_tensor(DType::F32, {D, KV, T}, v.data());
+        spark::Tensor tkc = make_tensor(DType::F32, {row, page, n_pages}, kc0.data());
+        spark::Tensor tvc = make_tensor(DType::F32, {row, page, n_pages}, vc0.data());
+        spark::Tensor tp  = make_tensor(DType::I32, {T}, pos.data());
+        spark::Tensor ts  = make_tensor(DType::I32, {T}, seq.data());
+        spark::Tensor tb  = make_tensor(DType::I32, {tc.max_pages, tc.n_slots}, bt.data());
+        std::vector<float> cpu_out(out.size());
+        spark::Tensor      to = make_tensor(DType::F32, {int64_t(D) * H, T}, cpu_out.data());
+        spark::Tensor *    srcs[8] = {&tq, &tk, &tv, &tkc, &tvc, &tp, &ts, &tb};
+        for (int i = 0; i < 8; ++i) to.src[i] = srcs[i];
+        to.fp[0] = float(scale);
+        spark::cpu::op_attention(to, pool());
+        report(tc.name + info, nmse(out, to_double(cpu_out)), tc.tol_out, "vs CPU", 0);
+        report(tc.name + info, std::max(nmse(kc_f, to_double(kc0)), nmse(vc_f, to_double(vc0))), tc.tol_out, "vsCPUc", 0);
+    }
+#endif
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -237,6 +296,22 @@ void run_conv(const std::string & name, int C, int K, const std::vector<RangeSpe
     for (auto & e : w) e = randn() * 0.5f;
     for (auto & e : st) e = randn();
     std::vector<double> ref(size_t(T) * C), ref_st(st.begin(), st.end());
+#ifdef EMU_CPU_ORACLE
+    std::vector<float> cpu_st(st), cpu_out(size_t(T) * C);
+    {
+        using spark::DType;
+        spark::Tensor tx = make_tensor(DType::F32, {C, T}, x.data());
+        spark::Tensor tw = make_tensor(DType::F32, {K, C}, w.data());
+        spark::Tensor ts = make_tensor(DType::F32, {int64_t(K - 1) * C, n_slots}, cpu_st.data());
+        spark::Tensor tr = make_tensor(DType::I32, {3, int64_t(rs.size())}, ranges.data());
+        spark::Tensor to = make_tensor(DType::F32, {C, T}, cpu_out.data());
+        to.src[0] = &tx;
+        to.src[1] = &tw;
+        to.src[2] = &ts;
+        to.src[7] = &tr;
+        spark::cpu::op_conv1d_ssm(to, pool());
+    }
+#endif
     for (const RangeSpec & r : rs) {
         const int first = ranges[size_t(&r - rs.data()) * 3 + 1];
         for (int c = 0; c < C; ++c) {
@@ -270,6 +345,10 @@ void run_conv(const std::string & name, int C, int K, const std::vector<RangeSpe
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     report(name, nmse(out, ref), 1e-10, "out", secs);
     report(name, nmse(st, ref_st), 1e-12, "state", 0);
+#ifdef EMU_CPU_ORACLE
+    report(name, nmse(out, to_double(cpu_out)), 1e-10, "vs CPU", 0);
+    report(name, nmse(st, to_double(cpu_st)), 1e-10, "vsCPUs", 0);
+#endif
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -297,6 +376,25 @@ void run_gdn(const std::string & name, int dk, int dv, int n_kh, int n_vh, const
     for (auto & e : dt) e = randn() * 0.5f;
     for (auto & e : st) e = randn() * 0.1f;
     std::vector<double> ref(size_t(T) * n_vh * dv), ref_st(st.begin(), st.end());
+#ifdef EMU_CPU_ORACLE
+    std::vector<float> cpu_st(st), cpu_out(size_t(T) * n_vh * dv);
+    {
+        using spark::DType;
+        spark::Tensor tq  = make_tensor(DType::F32, {dk, n_kh, T}, q.data());
+        spark::Tensor tk  = make_tensor(DType::F32, {dk, n_kh, T}, k.data());
+        spark::Tensor tv  = make_tensor(DType::F32, {dv, n_vh, T}, v.data(), {4, size_t(dv) * 4, size_t(v_row) * 4});
+        spark::Tensor ta  = make_tensor(DType::F32, {n_vh, T}, a.data());
+        spark::Tensor tb  = make_tensor(DType::F32, {n_vh, T}, b.data());
+        spark::Tensor tA  = make_tensor(DType::F32, {n_vh}, A_log.data());
+        spark::Tensor tdt = make_tensor(DType::F32, {n_vh}, dt.data());
+        spark::Tensor ts  = make_tensor(DType::F32, {int64_t(dk) * dv * n_vh, n_slots}, cpu_st.data());
+        spark::Tensor tr  = make_tensor(DType::I32, {3, int64_t(rs.size())}, ranges.data());
+        spark::Tensor to  = make_tensor(DType::F32, {dv, n_vh, T}, cpu_out.data());
+        spark::Tensor * srcs[9] = {&tq, &tk, &tv, &ta, &tb, &tA, &tdt, &ts, &tr};
+        for (int i = 0; i < 9; ++i) to.src[i] = srcs[i];
+        spark::cpu::op_gated_delta(to, pool());
+    }
+#endif
     for (const RangeSpec & r : rs) {
         const int first = ranges[size_t(&r - rs.data()) * 3 + 1];
         for (int h = 0; h < n_vh; ++h) {
@@ -360,13 +458,19 @@ void run_gdn(const std::string & name, int dk, int dv, int n_kh, int n_vh, const
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     report(name, nmse(out, ref), 1e-9, "out", secs);
     report(name, nmse(st, ref_st), 1e-9, "state", 0);
+#ifdef EMU_CPU_ORACLE
+    report(name, nmse(out, to_double(cpu_out)), 1e-9, "vs CPU", 0);
+    report(name, nmse(st, to_double(cpu_st)), 1e-9, "vsCPUs", 0);
+#endif
 }
 
 }  // namespace
 
 int main(int argc, char ** argv) {
+    // emu_test [filter [seed]]: the seed varies inputs, warp schedules and cp.async landing times.
     const std::string filter = argc > 1 ? argv[1] : "";
-    auto              want   = [&](const std::string & n) { return filter.empty() || n.find(filter) != std::string::npos; };
+    if (argc > 2) rng.seed(std::stoull(argv[2]));
+    auto want = [&](const std::string & n) { return filter.empty() || n.find(filter) != std::string::npos; };
 
     // Decode: one token at contexts 1, 17, 300, 4096; head dims and GQA groups.
     std::vector<AttnCase> cases = {

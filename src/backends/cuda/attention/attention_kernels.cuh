@@ -66,21 +66,6 @@ template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_decode_kern
     const int t_end   = min(p.n_tok, (R0 + 15) / p.group + 1);
 
     load_token_meta(p, t_begin, t_end, tok_pos, tok_seq);
-    // Q rows, pre-scaled into the log2 domain, as bf16 hi + lo.
-    for (int i = tid; i < 16 * (D / 2); i += kThreads) {
-        const int r = i / (D / 2), d = (i % (D / 2)) * 2;
-        const int R = R0 + r;
-        float     x0 = 0.0f, x1 = 0.0f;
-        if (R < n_rows) {
-            const int     t  = R / p.group, h = kvh * p.group + R % p.group;
-            const float * qr = reinterpret_cast<const float *>(p.q + t * p.q_nb2 + h * p.q_nb1);
-            x0               = qr[d] * p.scale_log2;
-            x1               = qr[d + 1] * p.scale_log2;
-        }
-        const float h0 = ptx::bf16_round(x0), h1 = ptx::bf16_round(x1);
-        *reinterpret_cast<uint32_t *>(q_hi + r * kStr + d) = ptx::pack_bf16x2(h0, h1);
-        *reinterpret_cast<uint32_t *>(q_lo + r * kStr + d) = ptx::pack_bf16x2(x0 - h0, x1 - h1);
-    }
     __syncthreads();
 
     // This thread's two rows (mma C layout): g and g + 8.
@@ -94,6 +79,26 @@ template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_decode_kern
 
     const int64_t row_elems = int64_t(p.n_kv) * D;
     const int64_t all_rows  = int64_t(p.n_tok) * p.n_head;
+
+    // Q rows, pre-scaled into the log2 domain, as bf16 hi + lo. Written after the first run's
+    // K/V loads are in flight; read after the first tile's barrier.
+    auto load_q = [&]() {
+        for (int i = tid; i < 16 * (D / 2); i += kThreads) {
+            const int r = i / (D / 2), d = (i % (D / 2)) * 2;
+            const int R = R0 + r;
+            float     x0 = 0.0f, x1 = 0.0f;
+            if (R < n_rows) {
+                const int     t  = R / p.group, h = kvh * p.group + R % p.group;
+                const float * qr = reinterpret_cast<const float *>(p.q + t * p.q_nb2 + h * p.q_nb1);
+                x0               = qr[d] * p.scale_log2;
+                x1               = qr[d + 1] * p.scale_log2;
+            }
+            const float h0 = ptx::bf16_round(x0), h1 = ptx::bf16_round(x1);
+            *reinterpret_cast<uint32_t *>(q_hi + r * kStr + d) = ptx::pack_bf16x2(h0, h1);
+            *reinterpret_cast<uint32_t *>(q_lo + r * kStr + d) = ptx::pack_bf16x2(x0 - h0, x1 - h1);
+        }
+    };
+    bool q_loaded = false;
 
     for (int t = t_begin; t < t_end;) {
         int       L  = 0;
@@ -136,6 +141,10 @@ template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_decode_kern
         for (int st = 0; st < kS - 1; ++st) {
             if (st < n_tiles) load_tile(st);
             ptx::cp_async_commit();
+        }
+        if (!q_loaded) {
+            load_q();
+            q_loaded = true;
         }
         for (int it = 0; it < n_tiles; ++it) {
             ptx::cp_async_wait<kS - 2>();
