@@ -21,6 +21,7 @@
 // An indexing, masking or paging mistake gives nmse >= 1e-3.
 #include "op_harness.h"
 
+#include "graph/error.h"
 #include "graph/graph.h"
 
 #include <doctest/doctest.h>
@@ -161,4 +162,28 @@ TEST_CASE("attention prefill: several sequences in one step") {
     run(h, {128, 32, 4, {{1, 0, 100}, {0, 64, 37}, {2, 300, 200}}}, kPrefillTol);
     run(h, {64, 4, 4, {{0, 0, 64}, {1, 0, 64}}}, kPrefillTol);
     run(h, {256, 16, 2, {{2, 10, 70}, {0, 0, 1}, {1, 500, 90}}}, kPrefillTol);
+}
+
+TEST_CASE("attention: unsupported shapes are clear errors") {
+    // head_dim 96 has no kernel instance: SPARK_ERR_UNSUPPORTED from the launcher, not a crash.
+    auto build = [](OpBuilder & b) {
+        spark::Graph &    g  = b.graph();
+        Tensor *          q  = b.input({96, 4, 1});
+        Tensor *          k  = b.input({96, 2, 1});
+        Tensor *          v  = b.input({96, 2, 1});
+        Tensor *          kc = b.state({96 * 2, kPage, 2}, 1.0f, true);
+        Tensor *          vc = b.state({96 * 2, kPage, 2}, 1.0f, true);
+        spark::StepInputs step;
+        step.pos         = b.input_i32({1}, {5});
+        step.seq         = b.input_i32({1}, {0});
+        step.block_table = b.input_i32({1, 1}, {1});
+        return g.attention(q, k, v, kc, vc, step, 0.1f);
+    };
+    try {
+        run_cuda_only(build);
+        FAIL("head_dim 96 ran");
+    } catch (const spark::Error & e) {
+        CHECK(e.status() == SPARK_ERR_UNSUPPORTED);
+        MESSAGE(e.what());
+    }
 }

@@ -20,11 +20,13 @@
 // Any indexing mistake (wrong head, column, slot or token) gives nmse >= 1e-2.
 #include "op_harness.h"
 
+#include "graph/error.h"
 #include "graph/graph.h"
 
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -127,4 +129,33 @@ TEST_CASE("gated_delta") {
     delta_case(h, 64, 64, 2, 8, {{0, 7}}, 1);
     delta_case(h, 64, 64, 8, 8, {{1, 64}, {0, 3}}, 2);
     delta_case(h, 64, 128, 2, 4, {{0, 17}}, 1);
+}
+
+TEST_CASE("linear attention: unsupported shapes are clear errors") {
+    auto expect_unsupported = [](const char * what, const std::function<Tensor *(OpBuilder &)> & build) {
+        try {
+            run_cuda_only(build);
+            FAIL(what << " ran");
+        } catch (const spark::Error & e) {
+            CHECK(e.status() == SPARK_ERR_UNSUPPORTED);
+            MESSAGE(e.what());
+        }
+    };
+    expect_unsupported("conv kernel 9", [](OpBuilder & b) {
+        int               T    = 0;
+        spark::StepInputs step = step_inputs(b, {{0, 1}}, T);
+        return b.graph().conv1d_ssm(b.input({64, T}), b.param({9, 64}), b.state({8 * 64, 1}), step);
+    });
+    expect_unsupported("delta rule dk 96", [](OpBuilder & b) {
+        int               T    = 0;
+        spark::StepInputs step = step_inputs(b, {{0, 1}}, T);
+        return b.graph().gated_delta(b.input({96, 1, T}), b.input({96, 1, T}), b.input({64, 2, T}), b.input({2, T}),
+                                     b.input({2, T}), b.param({2}), b.param({2}), b.state({96 * 64 * 2, 1}), step);
+    });
+    expect_unsupported("delta rule dv 40", [](OpBuilder & b) {
+        int               T    = 0;
+        spark::StepInputs step = step_inputs(b, {{0, 1}}, T);
+        return b.graph().gated_delta(b.input({64, 1, T}), b.input({64, 1, T}), b.input({40, 2, T}), b.input({2, T}),
+                                     b.input({2, T}), b.param({2}), b.param({2}), b.state({64 * 40 * 2, 1}), step);
+    });
 }
