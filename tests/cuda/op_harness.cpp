@@ -219,9 +219,11 @@ private:
                     for (int64_t c = 0; c < k; ++c) wp[size_t(r * k + c)] = w[size_t(r * k + perm[size_t(c)])];
                 QuantizedWeight qp = quantize_int4(wp.data(), n, k, o);
                 std::vector<uint8_t> codes_p(static_cast<size_t>(n * k)), codes(static_cast<size_t>(n * k));
-                unpack_nibbles(reinterpret_cast<const int32_t *>(qp.data.data()), k / 8 * n, codes_p.data());  // [K][N] in permuted order
-                for (int64_t c = 0; c < k; ++c)
-                    for (int64_t r = 0; r < n; ++r) codes[size_t(perm[size_t(c)] * n + r)] = codes_p[size_t(c * n + r)];
+                // Unpacked GPTQ words: element (k, n) sits at 8 * ((k / 8) * N + n) + k % 8.
+                auto at = [&](int64_t kk, int64_t nn) { return size_t(8 * ((kk / 8) * n + nn) + kk % 8); };
+                unpack_nibbles(reinterpret_cast<const int32_t *>(qp.data.data()), k / 8 * n, codes_p.data());
+                for (int64_t c = 0; c < k; ++c)  // permuted column c is input channel perm[c]
+                    for (int64_t r = 0; r < n; ++r) codes[at(perm[size_t(c)], r)] = codes_p[at(c, r)];
                 std::vector<int32_t> g_idx(static_cast<size_t>(k));
                 const int64_t gs = spec.group_size > 0 ? spec.group_size : k;
                 for (int64_t c = 0; c < k; ++c) g_idx[size_t(perm[size_t(c)])] = int32_t(c / gs);
@@ -274,7 +276,7 @@ double nmse(const std::vector<float> & got, const std::vector<float> & ref) {
 }  // namespace
 
 struct OpHarness::Impl {
-    std::unique_ptr<Backend> cpu  = make_cpu_backend(2);
+    std::unique_ptr<Backend> cpu  = make_cpu_backend(0);  // all cores: the oracle runs big shapes too
     std::unique_ptr<Backend> cuda = make_cuda_backend(0);
 };
 
