@@ -329,7 +329,7 @@ private:
     }
 
     // FNV-1a over everything a captured launch depends on.
-    static uint64_t fingerprint(const Graph & graph) {
+    uint64_t fingerprint(const Graph & graph) {
         uint64_t h   = 1469598103934665603ull;
         auto     mix = [&](const void * p, size_t n) {
             const auto * b = static_cast<const unsigned char *>(p);
@@ -343,8 +343,17 @@ private:
             mix(&t.data, sizeof t.data);
             mix(t.ip, sizeof t.ip);
             mix(t.fp, sizeof t.fp);
-            mix(&t.weight, sizeof t.weight);
-            mix(&t.experts, sizeof t.experts);
+            // Weights by their device pointers, not by the address of the host struct (which a later,
+            // different weight may reuse).
+            if (t.weight) {
+                mix(&t.weight->data, sizeof t.weight->data);
+                mix(&t.weight->scales, sizeof t.weight->scales);
+                mix(&t.weight->zeros, sizeof t.weight->zeros);
+            }
+            if (t.experts) {
+                const void * table = expert_table_cached(t.experts, t.n_experts);
+                mix(&table, sizeof table);
+            }
             for (const Tensor * s : t.src) {
                 const int32_t id = s ? s->id : -1;
                 mix(&id, sizeof id);
@@ -380,17 +389,35 @@ private:
         return static_cast<CudaBackend *>(be)->expert_table(experts, n);
     }
 
-    // The device array of an expert set, built once (outside capture: the first run is eager).
-    const DeviceWeight * expert_table(const QWeight * experts, int32_t n) {
-        auto it = expert_tables_.find(experts);
-        if (it != expert_tables_.end()) return static_cast<const DeviceWeight *>(it->second->data());
-        if (workspace_.frozen) fail(SPARK_ERR_INTERNAL, "expert table built during graph capture");
+    // The device array of an expert set, built once (outside capture: the first run is eager). The
+    // cache is keyed by the experts' device pointers, so a different expert set at a reused host
+    // address gets its own table.
+    struct ExpertTable {
+        std::vector<DeviceWeight> host;
+        std::unique_ptr<Buffer>   device;
+    };
+    static std::vector<DeviceWeight> expert_weights(const QWeight * experts, int32_t n) {
         std::vector<DeviceWeight> host(static_cast<size_t>(n));
         for (int32_t e = 0; e < n; ++e) host[size_t(e)] = cuda::device_weight(experts[e]);
-        auto buf = alloc(host.size() * sizeof(DeviceWeight));
-        SPARK_CUDA_CHECK(cudaMemcpy(buf->data(), host.data(), host.size() * sizeof(DeviceWeight), cudaMemcpyHostToDevice));
-        const DeviceWeight * p = static_cast<const DeviceWeight *>(buf->data());
-        expert_tables_[experts] = std::move(buf);
+        return host;
+    }
+    // (Checked by the first and last experts' device pointers: cheap enough for every step.)
+    const void * expert_table_cached(const QWeight * experts, int32_t n) {
+        auto it = expert_tables_.find(experts);
+        if (it == expert_tables_.end() || it->second.host.size() != size_t(n) || it->second.host.front().data != experts[0].data ||
+            it->second.host.back().data != experts[n - 1].data)
+            return nullptr;
+        return it->second.device->data();
+    }
+    const DeviceWeight * expert_table(const QWeight * experts, int32_t n) {
+        if (const void * p = expert_table_cached(experts, n)) return static_cast<const DeviceWeight *>(p);
+        if (workspace_.frozen) fail(SPARK_ERR_INTERNAL, "expert table built during graph capture");
+        ExpertTable t;
+        t.host   = expert_weights(experts, n);
+        t.device = alloc(t.host.size() * sizeof(DeviceWeight));
+        SPARK_CUDA_CHECK(cudaMemcpy(t.device->data(), t.host.data(), t.host.size() * sizeof(DeviceWeight), cudaMemcpyHostToDevice));
+        const DeviceWeight * p  = static_cast<const DeviceWeight *>(t.device->data());
+        expert_tables_[experts] = std::move(t);
         return p;
     }
 
@@ -405,7 +432,7 @@ private:
     std::list<CapturedStep> steps_;
     std::mutex              weights_mutex_;
     std::deque<DeviceWeight> weights_;
-    std::unordered_map<const QWeight *, std::unique_ptr<Buffer>> expert_tables_;
+    std::unordered_map<const QWeight *, ExpertTable> expert_tables_;
     double                  copy_bandwidth_ = 0.0;
 };
 
