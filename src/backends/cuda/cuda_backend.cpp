@@ -37,7 +37,9 @@ using cuda::DeviceWeight;
 
 class DeviceBuffer final : public Buffer {
 public:
-    DeviceBuffer(size_t bytes, int device) : device_(device) {
+    // Zeroed on `stream` (the backend's non-blocking stream): a cudaMemset on the legacy default
+    // stream would not be ordered with the uploads and kernels that follow on ours.
+    DeviceBuffer(size_t bytes, int device, cudaStream_t stream) : device_(device) {
         size_ = bytes;
         if (bytes == 0) return;
         cudaError_t err = cudaMalloc(&data_, bytes);
@@ -48,7 +50,7 @@ public:
             fail(SPARK_ERR_OUT_OF_MEMORY, "out of GPU memory: cannot allocate %.1f MiB (%.1f MiB free of %.1f MiB)",
                  double(bytes) / 1048576.0, double(free_b) / 1048576.0, double(total_b) / 1048576.0);
         }
-        SPARK_CUDA_CHECK(cudaMemset(data_, 0, bytes));
+        SPARK_CUDA_CHECK(cudaMemsetAsync(data_, 0, bytes, stream));
     }
     ~DeviceBuffer() override {
         if (data_) cudaFree(data_);
@@ -119,7 +121,7 @@ public:
 
     std::unique_ptr<Buffer> alloc(size_t bytes) override {
         activate();
-        return std::make_unique<DeviceBuffer>(bytes, device_);
+        return std::make_unique<DeviceBuffer>(bytes, device_, stream_);
     }
     void upload(void * dst, const void * src, size_t n) override {
         activate();
@@ -345,14 +347,12 @@ private:
             mix(t.fp, sizeof t.fp);
             // Weights by their device pointers, not by the address of the host struct (which a later,
             // different weight may reuse).
-            if (t.weight) {
-                mix(&t.weight->data, sizeof t.weight->data);
-                mix(&t.weight->scales, sizeof t.weight->scales);
-                mix(&t.weight->zeros, sizeof t.weight->zeros);
-            }
+            // The whole DeviceWeight: format, shape and layout choose the kernels a step captures.
+            if (t.weight) mix(t.weight->device_layout, sizeof(DeviceWeight));
             if (t.experts) {
                 const void * table = expert_table_cached(t.experts, t.n_experts);
                 mix(&table, sizeof table);
+                mix(t.experts[0].device_layout, sizeof(DeviceWeight));
             }
             for (const Tensor * s : t.src) {
                 const int32_t id = s ? s->id : -1;
@@ -415,7 +415,8 @@ private:
         ExpertTable t;
         t.host   = expert_weights(experts, n);
         t.device = alloc(t.host.size() * sizeof(DeviceWeight));
-        SPARK_CUDA_CHECK(cudaMemcpy(t.device->data(), t.host.data(), t.host.size() * sizeof(DeviceWeight), cudaMemcpyHostToDevice));
+        SPARK_CUDA_CHECK(cudaMemcpyAsync(t.device->data(), t.host.data(), t.host.size() * sizeof(DeviceWeight), cudaMemcpyHostToDevice, stream_));
+        SPARK_CUDA_CHECK(cudaStreamSynchronize(stream_));  // t.host is read asynchronously
         const DeviceWeight * p  = static_cast<const DeviceWeight *>(t.device->data());
         expert_tables_[experts] = std::move(t);
         return p;
