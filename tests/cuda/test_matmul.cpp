@@ -24,11 +24,15 @@
 #include "backends/cuda/ops.h"
 #include "graph/error.h"
 #include "graph/graph.h"
+#include "graph/planner.h"
+#include "quant/dequant.h"
+#include "quant/formats.h"
 #include "quant/quantize.h"
 
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
 #include <memory>
 #include <numeric>
@@ -71,6 +75,18 @@ WeightSpec fp8_spec(int32_t bn, int32_t bk) {  // bk = 0: the whole K (per-chann
     s.block_n = bn;
     s.block_k = bk;
     return s;
+}
+
+// quantize_int4 packs asymmetric zero points eight output columns to a word and requires N % 8 == 0
+// (upload_weight refuses packed zeros for other N as well): asymmetric INT4 cannot be built for
+// such N, so those specs are skipped there (the one-row Qwen3-Next gate, N = 1; the forced MoE
+// paths, N = 300). Building one anyway crashed the test process in the quantizer.
+bool buildable(const WeightSpec & s, int64_t n) { return !(s.format == WeightFormat::INT4 && !s.symmetric && n % 8 != 0); }
+
+bool skip_unbuildable(const std::string & spec, const WeightSpec & s, int64_t n) {
+    if (buildable(s, n)) return false;
+    MESSAGE("skipped " << spec << " N=" << n << ": asymmetric INT4 needs N % 8 == 0");
+    return true;
 }
 
 // Every format variant (FP8 per-tensor needs N, so it is added per shape).
@@ -142,7 +158,7 @@ std::string rows_str(const std::vector<int64_t> & rows) {
 // activation batches of several row counts, all of one tolerance class.
 void check_rows(OpHarness & h, const Spec & s, int64_t n, int64_t k, const std::vector<int64_t> & rows, double tol,
                 const char * what) {
-    if (rows.empty()) return;
+    if (rows.empty() || skip_unbuildable(s.name, s.w, n)) return;
     h.check_multi(std::string(what) + " " + s.name + " N=" + std::to_string(n) + " K=" + std::to_string(k) + " rows=" + rows_str(rows), tol,
                   [&](OpBuilder & b) {
                       const QWeight &        w = b.weight(n, k, s.w);
@@ -204,6 +220,7 @@ double moe_tol(const MoeCase & c, const WeightSpec & s, bool glu) {
 }
 
 void check_moe(OpHarness & h, const Spec & s, const MoeCase & c) {
+    if (skip_unbuildable(s.name, s.w, c.N)) return;
     h.check(moe_name("matmul_id", s.name, c), moe_tol(c, s.w, false), [&](OpBuilder & b) {
         Tensor *        x   = c.shared_x ? b.input({c.K, 1, c.T}) : b.input({c.K, c.k, c.T});
         Tensor *        ids = moe_ids(b, c, 99 + uint64_t(c.T));
@@ -213,6 +230,7 @@ void check_moe(OpHarness & h, const Spec & s, const MoeCase & c) {
 }
 
 void check_moe_swiglu(OpHarness & h, const Spec & s, const MoeCase & c) {
+    if (skip_unbuildable(s.name, s.w, c.N)) return;
     h.check(moe_name("moe gate/up+swiglu", s.name, c), moe_tol(c, s.w, true), [&](OpBuilder & b) {
         Graph &         g   = b.graph();
         Tensor *        x   = b.input({c.K, 1, c.T});
@@ -224,6 +242,7 @@ void check_moe_swiglu(OpHarness & h, const Spec & s, const MoeCase & c) {
 }
 
 void check_swiglu(OpHarness & h, const Spec & s, int64_t n, int64_t k, int64_t rows) {
+    if (skip_unbuildable(s.name, s.w, n)) return;
     const double tol = takes_gemm(rows, k, s.w) ? kGemmGlu : kGemv;
     h.check(name_of("gate/up+swiglu", s.name, n, k, rows), tol, [&](OpBuilder & b) {
         Graph &         g  = b.graph();
@@ -472,6 +491,7 @@ TEST_CASE("matmul_id: every format, strided ids, act-order, skewed routing, forc
         c.k       = 4;
         c.K       = 1024;
         c.N       = 300;
+        if (skip_unbuildable(s.name, s.w, c.N)) continue;  // int4-asym-g128: N % 8 != 0
         {
             ForceGuard f(mm::ForcePath::Generic);
             c.T = 5;
@@ -540,6 +560,285 @@ TEST_CASE("matmul: CUDA-graph capture and replay give identical results") {
     c.T = 30;
     check_moe(h, {"fp8-block128", fp8_spec(128, 128)}, c);
     check_swiglu(h, {"bf16", plain(WeightFormat::BF16)}, 1000, 2048, 1);
+}
+
+// Regression (first H100 run): "int4-asym-channel" (GEMM rows 17/64/300) came out with nmse 0.18 and
+// "int4-sym-g128-actorder" with nmse 1.00001 although the kernels are right for both. The CUDA
+// backend fingerprinted a step by tensor addresses and the host QWeight pointer, so a case whose
+// graph, arena and QWeight struct landed at the addresses of an earlier one (the harness frees each
+// case's builder and allocates the next in the same place) replayed the CUDA graph captured for the
+// earlier weight, kernel arguments included: asym-channel ran with int4-sym-channel's arguments
+// (zeros == nullptr, i.e. zero 8: nmse 0.18 reproduced on the host to 4 digits), sym act-order with
+// no permutation, one group and a freed scale buffer that now held the permutation (nmse 1.00001
+// reproduced). The MATMUL_ID expert table was cached by the host address of the expert array too.
+// A fingerprint of device buffer addresses is not enough either: a weight freed and reallocated with
+// the same sizes gets the same buffers, and the arguments that differ (format, scale type, group
+// size, permutation, NVFP4 global scale, FP8 blocks) are not pointers. Here weights are replaced in
+// one QWeight slot (one expert array) on purpose, including weights that share an earlier weight's
+// device buffers with other arguments, each run three times (eager, captured, replayed) against a
+// host reference.
+namespace {
+
+double nmse_of(const std::vector<float> & got, const std::vector<double> & ref) {
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+        if (!std::isfinite(got[i])) return INFINITY;
+        num += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    return den > 0.0 ? num / den : num;
+}
+
+std::vector<float> normals(size_t count, float scale, uint64_t seed) {
+    std::mt19937_64                 rng(seed);
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    std::vector<float>              v(count);
+    for (float & x : v) x = d(rng) * scale;
+    return v;
+}
+
+// Host weights ([n, k], random from a seed) kept alive for the test.
+struct HostWeights {
+    std::deque<spark::QuantizedWeight> quantized;
+    std::deque<std::vector<int32_t>>   g_idx;
+    std::deque<std::vector<uint16_t>>  bf16;
+    std::deque<QWeight>                weights;
+
+    // INT4; act_order: g_idx a permutation with equal groups (k a power of two).
+    const QWeight & int4(int64_t n, int64_t k, int32_t group, bool sym, bool act_order, uint64_t seed) {
+        const std::vector<float>   w = normals(size_t(n * k), 0.05f, seed);
+        spark::Int4QuantizeOptions o;
+        o.group_size = group;
+        o.scheme     = sym ? spark::Int4Scheme::SymmetricGptq : spark::Int4Scheme::Asymmetric;
+        quantized.push_back(spark::quantize_int4(w.data(), n, k, o));
+        QWeight q = quantized.back().weight;
+        if (act_order) {
+            g_idx.emplace_back(size_t(k));
+            for (int64_t i = 0; i < k; ++i) g_idx.back()[size_t(i)] = int32_t((i * 37 % k) / q.group_size);
+            q.g_idx = g_idx.back().data();
+        }
+        weights.push_back(q);
+        return weights.back();
+    }
+    const QWeight & nvfp4(int64_t n, int64_t k, uint64_t seed) {
+        const std::vector<float> w = normals(size_t(n * k), 0.05f, seed);
+        quantized.push_back(spark::quantize_nvfp4(w.data(), n, k));
+        weights.push_back(quantized.back().weight);
+        return weights.back();
+    }
+    const QWeight & bf16w(int64_t n, int64_t k, uint64_t seed) {
+        const std::vector<float> w = normals(size_t(n * k), 0.05f, seed);
+        bf16.emplace_back(w.size());
+        for (size_t i = 0; i < w.size(); ++i) bf16.back()[i] = spark::f32_to_bf16(w[i]);
+        QWeight q;
+        q.format = WeightFormat::BF16;
+        q.n      = n;
+        q.k      = k;
+        q.data   = bf16.back().data();
+        weights.push_back(q);
+        return weights.back();
+    }
+};
+
+std::vector<float> dequantized(const QWeight & w) {
+    std::vector<float> out(size_t(w.n * w.k));
+    spark::dequantize_rows(w, 0, w.n, out.data());
+    return out;
+}
+
+// A prepared CUDA weight on the device buffers of `prepared` with other arguments (edit): what a
+// weight freed and reallocated with the same buffer sizes looks like to the backend.
+struct SameBuffers {
+    std::deque<spark::cuda::DeviceWeight> layouts;
+
+    template <class Edit> QWeight make(const QWeight & prepared, Edit edit) {
+        layouts.push_back(spark::cuda::device_weight(prepared));
+        edit(layouts.back());
+        QWeight q       = prepared;
+        q.global_scale  = layouts.back().global_scale;
+        q.g_idx         = layouts.back().perm;
+        q.device_layout = &layouts.back();
+        return q;
+    }
+};
+
+// The input channel of each stored column of an act-order weight on the device (upload.cu: a
+// stable sort of the channels by group).
+std::vector<int32_t> device_perm(const QWeight & host) {
+    std::vector<int32_t> p(static_cast<size_t>(host.k));
+    std::iota(p.begin(), p.end(), 0);
+    std::stable_sort(p.begin(), p.end(), [&](int32_t a, int32_t b) { return host.g_idx[a] < host.g_idx[b]; });
+    return p;
+}
+
+// y[r][n] = sum_k x[r][k] * W[n][k] in double.
+std::vector<double> reference(const std::vector<float> & x, int64_t rows, const std::vector<float> & w, int64_t n, int64_t k) {
+    std::vector<double> y(size_t(rows * n));
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < n; ++j) {
+            double s = 0.0;
+            for (int64_t i = 0; i < k; ++i) s += double(x[size_t(r * k + i)]) * double(w[size_t(j * k + i)]);
+            y[size_t(r * n + j)] = s;
+        }
+    return y;
+}
+
+std::vector<float> download(spark::Backend & be, const Tensor & t) {
+    std::vector<float> v(size_t(t.nelements()));
+    be.download(v.data(), t.data, v.size() * 4);
+    return v;
+}
+
+}  // namespace
+
+TEST_CASE("matmul: a weight replaced at the same address never runs a stale captured launch") {
+    OpHarness                                   h(25);
+    spark::Backend &                            be = h.cuda();
+    std::vector<std::unique_ptr<spark::Buffer>> storage;  // every prepared weight stays alive: a stale launch reads valid memory
+    HostWeights                                 host;
+    SameBuffers                                 same;
+    const int64_t                               n = 256, k = 1024, r_gemv = 3, r_gemm = 40;
+
+    struct Variant {
+        std::string        name;
+        QWeight            w;    // prepared for CUDA
+        std::vector<float> ref;  // logical [n][k] weight
+    };
+    std::vector<Variant> vs;
+    auto prepared = [&](const char * name, const QWeight & hw) {
+        vs.push_back({name, be.prepare_weight(hw, storage), dequantized(hw)});
+        return vs.size() - 1;
+    };
+    prepared("int4-sym-channel", host.int4(n, k, -1, true, false, 1));
+    prepared("int4-asym-channel", host.int4(n, k, -1, false, false, 2));  // zeros appear
+    const QWeight & ao_host = host.int4(n, k, 128, true, true, 3);
+    const size_t    ao      = prepared("int4-sym-g128-actorder", ao_host);
+    {
+        // The act-order weight's buffers without the permutation: stored column k' is channel k'.
+        const std::vector<int32_t> p = device_perm(ao_host);
+        std::vector<float>         r(size_t(n * k));
+        for (int64_t j = 0; j < n; ++j)
+            for (int64_t c = 0; c < k; ++c) r[size_t(j * k + c)] = vs[ao].ref[size_t(j * k + p[size_t(c)])];
+        vs.push_back({"int4 act-order buffers, no perm", same.make(vs[ao].w, [](spark::cuda::DeviceWeight & d) { d.perm = nullptr; }), r});
+    }
+    prepared("bf16", host.bf16w(n, k, 4));
+    const QWeight & fp4_host = host.nvfp4(n, k, 5);
+    const size_t    fp4      = prepared("nvfp4", fp4_host);
+    {
+        QWeight twice      = fp4_host;
+        twice.global_scale = 2.0f * fp4_host.global_scale;
+        vs.push_back({"nvfp4 buffers, global scale x2",
+                      same.make(vs[fp4].w, [](spark::cuda::DeviceWeight & d) { d.global_scale *= 2.0f; }), dequantized(twice)});
+    }
+    prepared("int4-asym-g32", host.int4(n, k, 32, false, false, 6));
+
+    QWeight      slot = vs[0].w;  // the graph's weight: every variant is put here in turn
+    spark::Graph g;
+    Tensor *     xv = g.input(DType::F32, {k, r_gemv}, "x_gemv");
+    Tensor *     xm = g.input(DType::F32, {k, r_gemm}, "x_gemm");
+    Tensor *     yv = g.matmul(xv, slot);
+    Tensor *     ym = g.matmul(xm, slot);
+    g.mark_output(yv);
+    g.mark_output(ym);
+    const spark::MemoryPlan plan  = spark::plan_memory(g);
+    auto                    arena = be.alloc(std::max<size_t>(plan.arena_bytes, 256));
+    spark::bind_memory(g, plan, arena->data());
+    const std::vector<float> x_gemv = normals(size_t(k * r_gemv), 1.0f, 11), x_gemm = normals(size_t(k * r_gemm), 1.0f, 12);
+
+    for (const Variant & v : vs) {
+        slot                            = v.w;
+        const std::vector<double> ref_v = reference(x_gemv, r_gemv, v.ref, n, k), ref_m = reference(x_gemm, r_gemm, v.ref, n, k);
+        for (int run = 0; run < 3; ++run) {
+            be.upload(xv->data, x_gemv.data(), x_gemv.size() * 4);  // (the planner may reuse input memory)
+            be.upload(xm->data, x_gemm.data(), x_gemm.size() * 4);
+            be.compute(g);
+            be.synchronize();
+            const double ev = nmse_of(download(be, *yv), ref_v), em = nmse_of(download(be, *ym), ref_m);
+            INFO(v.name << " run " << run << ": gemv nmse " << ev << ", gemm nmse " << em);
+            CHECK(ev <= kGemv);
+            CHECK(em <= kGemm);
+        }
+    }
+}
+
+TEST_CASE("matmul_id: an expert array refilled in place never runs a stale expert table or launch") {
+    OpHarness                                   h(26);
+    spark::Backend &                            be = h.cuda();
+    std::vector<std::unique_ptr<spark::Buffer>> storage;
+    HostWeights                                 host;
+    SameBuffers                                 same;
+    const int32_t                               E = 8, top = 2;
+    const int64_t                               n = 256, k = 512;
+
+    struct Set {
+        std::string                     name;
+        std::vector<QWeight>            w;    // prepared for CUDA
+        std::vector<std::vector<float>> ref;  // logical [n][k] weights
+    };
+    std::vector<Set> sets(4);
+    sets[0].name = "int4-sym-g128";
+    sets[1].name = "int4-asym-g128";
+    sets[2].name = "nvfp4";
+    sets[3].name = "nvfp4 buffers, global scale x2";
+    for (int32_t e = 0; e < E; ++e) {
+        const QWeight * hw[3] = {&host.int4(n, k, 128, true, false, 100 + uint64_t(e)), &host.int4(n, k, 128, false, false, 200 + uint64_t(e)),
+                                 &host.nvfp4(n, k, 300 + uint64_t(e))};
+        for (int s = 0; s < 3; ++s) {
+            sets[size_t(s)].w.push_back(be.prepare_weight(*hw[s], storage));
+            sets[size_t(s)].ref.push_back(dequantized(*hw[s]));
+        }
+        QWeight twice      = *hw[2];
+        twice.global_scale = 2.0f * hw[2]->global_scale;
+        sets[3].w.push_back(same.make(sets[2].w.back(), [](spark::cuda::DeviceWeight & d) { d.global_scale *= 2.0f; }));
+        sets[3].ref.push_back(dequantized(twice));
+    }
+    std::vector<QWeight> slots = sets[0].w;  // the graph's expert array: every set is copied here in turn
+
+    struct Batch {
+        int64_t              T = 0;
+        Tensor *             x = nullptr, * ids = nullptr, * y = nullptr;
+        std::vector<float>   xh;
+        std::vector<int32_t> idh;
+    };
+    Batch batches[2];
+    batches[0].T = 3;   // decode: one GEMV launch over the pairs
+    batches[1].T = 20;  // prefill: grouped GEMM
+    spark::Graph g;
+    for (Batch & b : batches) {
+        b.x   = g.input(DType::F32, {k, 1, b.T}, "x");
+        b.ids = g.input(DType::I32, {top, b.T}, "ids");
+        b.y   = g.matmul_id(b.x, slots.data(), E, b.ids);
+        g.mark_output(b.y);
+        b.xh  = normals(size_t(k * b.T), 1.0f, 40 + uint64_t(b.T));
+        b.idh = route_ids(E, top, b.T, 50 + uint64_t(b.T));
+    }
+    const spark::MemoryPlan plan  = spark::plan_memory(g);
+    auto                    arena = be.alloc(std::max<size_t>(plan.arena_bytes, 256));
+    spark::bind_memory(g, plan, arena->data());
+
+    for (const Set & s : sets) {
+        std::copy(s.w.begin(), s.w.end(), slots.begin());
+        for (int run = 0; run < 3; ++run) {
+            for (const Batch & b : batches) {  // (the planner may reuse input memory)
+                be.upload(b.x->data, b.xh.data(), b.xh.size() * 4);
+                be.upload(b.ids->data, b.idh.data(), b.idh.size() * 4);
+            }
+            be.compute(g);
+            be.synchronize();
+            for (const Batch & b : batches) {
+                std::vector<double> ref(size_t(n * top * b.T));
+                for (int64_t t = 0; t < b.T; ++t)
+                    for (int32_t j = 0; j < top; ++j) {
+                        const std::vector<float>  xt(b.xh.begin() + t * k, b.xh.begin() + (t + 1) * k);
+                        const std::vector<double> yr = reference(xt, 1, s.ref[size_t(b.idh[size_t(t * top + j)])], n, k);
+                        std::copy(yr.begin(), yr.end(), ref.begin() + (t * top + j) * n);
+                    }
+                const double e = nmse_of(download(be, *b.y), ref);
+                INFO(s.name << " run " << run << " T=" << b.T << ": nmse " << e);
+                CHECK(e <= (b.T <= 8 ? kGemv : kGemm));
+            }
+        }
+    }
 }
 
 TEST_CASE("upload_weight: act-order with unequal groups is refused") {
