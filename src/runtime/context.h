@@ -14,6 +14,7 @@ namespace spark {
 class Context {
 public:
     Context(Model & model, const spark_context_params & params);
+    ~Context();
 
     // Throws spark::Error; on a validation error (bad token, batch, context full) nothing changed.
     void decode(const spark_batch & batch);
@@ -40,12 +41,22 @@ private:
     };
     void validate(const spark_batch & batch, std::vector<Row> & rows, std::vector<int32_t> & n_new) const;
     void run_step(const Row * rows, int32_t n, bool last);
+    struct StepGraph;
+    StepGraph & step_graph(int32_t n, int32_t n_seqs, int32_t n_out);
     int32_t output_index(int32_t i) const;  // batch row (or negative from the end) -> output index
 
     Model &                 model_;
     spark_context_params    params_;
     std::unique_ptr<Memory> memory_;
     std::unique_ptr<Buffer> arena_;
+    std::vector<std::unique_ptr<StepGraph>> steps_;  // recent step shapes (graph + plan)
+    std::vector<int32_t>    staging_;                 // packed step inputs
+
+    struct Profile {  // SPARK_PROFILE=1: host time per step, printed when the context is freed
+        int64_t steps = 0;
+        double  prepare_us = 0, launch_us = 0, wait_us = 0;
+    };
+    std::unique_ptr<Profile> profile_;
 
     std::vector<float>   logits_;        // [n_outputs][n_vocab]
     std::vector<int32_t> argmax_;        // [n_outputs]

@@ -394,6 +394,7 @@ private:
     // address gets its own table.
     struct ExpertTable {
         std::vector<DeviceWeight> host;
+        std::vector<const void *> layouts;  // experts[e].device_layout when the table was built
         std::unique_ptr<Buffer>   device;
     };
     static std::vector<DeviceWeight> expert_weights(const QWeight * experts, int32_t n) {
@@ -401,12 +402,15 @@ private:
         for (int32_t e = 0; e < n; ++e) host[size_t(e)] = cuda::device_weight(experts[e]);
         return host;
     }
-    // (Checked by the first and last experts' device pointers: cheap enough for every step.)
+    // Valid only while every expert is still the prepared weight the table was built from: device
+    // layouts live in weights_, which never reuses an address, so comparing the layout pointers is
+    // exact (device buffer pointers are not: an expert set reallocated with the same sizes gets the
+    // same buffers with other arguments, e.g. NVFP4 global scales). n compares per step.
     const void * expert_table_cached(const QWeight * experts, int32_t n) {
         auto it = expert_tables_.find(experts);
-        if (it == expert_tables_.end() || it->second.host.size() != size_t(n) || it->second.host.front().data != experts[0].data ||
-            it->second.host.back().data != experts[n - 1].data)
-            return nullptr;
+        if (it == expert_tables_.end() || it->second.layouts.size() != size_t(n)) return nullptr;
+        for (int32_t e = 0; e < n; ++e)
+            if (it->second.layouts[size_t(e)] != experts[e].device_layout) return nullptr;
         return it->second.device->data();
     }
     const DeviceWeight * expert_table(const QWeight * experts, int32_t n) {
@@ -414,6 +418,7 @@ private:
         if (workspace_.frozen) fail(SPARK_ERR_INTERNAL, "expert table built during graph capture");
         ExpertTable t;
         t.host   = expert_weights(experts, n);
+        for (int32_t e = 0; e < n; ++e) t.layouts.push_back(experts[e].device_layout);
         t.device = alloc(t.host.size() * sizeof(DeviceWeight));
         SPARK_CUDA_CHECK(cudaMemcpyAsync(t.device->data(), t.host.data(), t.host.size() * sizeof(DeviceWeight), cudaMemcpyHostToDevice, stream_));
         SPARK_CUDA_CHECK(cudaStreamSynchronize(stream_));  // t.host is read asynchronously
