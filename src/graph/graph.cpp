@@ -2,6 +2,8 @@
 
 #include "graph/error.h"
 
+#include <atomic>
+
 namespace spark {
 
 const char * op_name(Op op) {
@@ -12,6 +14,11 @@ const char * op_name(Op op) {
     };
     static_assert(sizeof(names) / sizeof(names[0]) == size_t(Op::COUNT));
     return op < Op::COUNT ? names[size_t(op)] : "?";
+}
+
+uint64_t Graph::next_uid() {
+    static std::atomic<uint64_t> counter{1};
+    return counter++;
 }
 
 size_t Tensor::nbytes() const {

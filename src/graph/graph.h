@@ -176,6 +176,12 @@ public:
     std::deque<Tensor> &          tensors() { return tensors_; }
     const std::vector<Tensor *> & nodes() const { return nodes_; }
 
+    // Identity for backends that cache per-graph work (the CUDA fingerprint): a process-unique id and
+    // a generation bumped whenever the graph's memory is (re)bound.
+    uint64_t uid() const { return uid_; }
+    uint64_t generation() const { return generation_; }
+    void     bump_generation() { ++generation_; }
+
     // Name the most recent tensor ("attn_norm-3"), for debugging and dumps.
     Tensor * named(Tensor * t, const std::string & name, int layer = -1);
 
@@ -187,6 +193,9 @@ private:
 
     std::deque<Tensor>    tensors_;
     std::vector<Tensor *> nodes_;
+    uint64_t              uid_        = next_uid();
+    uint64_t              generation_ = 0;
+    static uint64_t       next_uid();
 };
 
 }  // namespace spark

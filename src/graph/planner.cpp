@@ -126,6 +126,7 @@ MemoryPlan plan_memory(const Graph & graph, size_t alignment) {
 }
 
 void bind_memory(Graph & graph, const MemoryPlan & plan, void * arena) {
+    graph.bump_generation();
     auto & tensors = graph.tensors();
     for (Tensor & t : tensors)
         if (plan.offsets[t.id] != MemoryPlan::kNoOffset) t.data = static_cast<char *>(arena) + plan.offsets[t.id];

@@ -186,7 +186,13 @@ public:
 
     void compute(Graph & graph) override {
         activate();
-        const uint64_t fp   = fingerprint(graph);
+        // A graph computed again unchanged (the context reuses decode-step graphs) keeps its fingerprint.
+        if (graph.uid() != last_uid_ || graph.generation() != last_generation_) {
+            last_fp_         = fingerprint(graph);
+            last_uid_        = graph.uid();
+            last_generation_ = graph.generation();
+        }
+        const uint64_t fp   = last_fp_;
         CapturedStep & step = lookup(fp);
         if (step.exec && !workspace_.grew) {
             SPARK_CUDA_CHECK(cudaGraphLaunch(step.exec, stream_));
@@ -440,6 +446,7 @@ private:
     std::deque<DeviceWeight> weights_;
     std::unordered_map<const QWeight *, ExpertTable> expert_tables_;
     double                  copy_bandwidth_ = 0.0;
+    uint64_t                last_uid_ = 0, last_generation_ = 0, last_fp_ = 0;
 };
 
 void * GrowingWorkspace::get(size_t bytes) {
