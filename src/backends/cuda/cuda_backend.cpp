@@ -12,8 +12,10 @@
 #include "backends/cuda/cuda_common.h"
 #include "backends/cuda/ops.h"
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <list>
 #include <mutex>
 #include <unordered_map>
@@ -80,6 +82,70 @@ struct CapturedStep {
     cudaGraphExec_t exec        = nullptr;
 };
 
+// SPARK_PROFILE_OPS=1: CUDA graphs off, every dispatched node timed with events; the per-op table
+// (by op and shape) is printed when the backend is destroyed. For finding where a step's time goes.
+class OpProfiler {
+public:
+    struct Pending {
+        std::string key;
+        cudaEvent_t begin, end;
+    };
+    void add(std::string key, cudaEvent_t b, cudaEvent_t e) { pending_.push_back({std::move(key), b, e}); }
+    void collect(cudaStream_t stream) {
+        cudaStreamSynchronize(stream);
+        for (auto & p : pending_) {
+            float ms = 0;
+            cudaEventElapsedTime(&ms, p.begin, p.end);
+            auto & e = totals_[p.key];
+            e.first += double(ms) * 1000.0;
+            e.second += 1;
+            cudaEventDestroy(p.begin);
+            cudaEventDestroy(p.end);
+        }
+        pending_.clear();
+    }
+    ~OpProfiler() {
+        std::vector<std::pair<std::string, std::pair<double, int64_t>>> rows(totals_.begin(), totals_.end());
+        std::sort(rows.begin(), rows.end(), [](auto & a, auto & b) { return a.second.first > b.second.first; });
+        double total = 0;
+        for (auto & r : rows) total += r.second.first;
+        std::fprintf(stderr, "spark op profile (GPU time, us): total %.0f\n", total);
+        for (size_t i = 0; i < rows.size() && i < 40; ++i)
+            std::fprintf(stderr, "  %10.0f us %5.1f%% %8lld calls %8.2f us/call  %s\n", rows[i].second.first, 100.0 * rows[i].second.first / total,
+                         (long long) rows[i].second.second, rows[i].second.first / double(rows[i].second.second), rows[i].first.c_str());
+    }
+
+private:
+    std::vector<Pending>                                       pending_;
+    std::map<std::string, std::pair<double, int64_t>>          totals_;
+};
+
+struct OpTimer {
+    OpProfiler *   prof;
+    cudaStream_t   stream;
+    const Tensor & node;
+    cudaEvent_t    begin = nullptr;
+    const char *   label = nullptr;
+    OpTimer(OpProfiler * p, cudaStream_t s, const Tensor & n) : prof(p), stream(s), node(n) {
+        if (!prof) return;
+        cudaEventCreate(&begin);
+        cudaEventRecord(begin, stream);
+    }
+    ~OpTimer() {
+        if (!prof) return;
+        cudaEvent_t end;
+        cudaEventCreate(&end);
+        cudaEventRecord(end, stream);
+        std::string key = label ? label : op_name(node.op);
+        key += " [" + std::to_string(node.ne[0]) + "," + std::to_string(node.ne[1]) + "," + std::to_string(node.ne[2]) + "]";
+        const QWeight * w = node.weight ? node.weight : node.experts;
+        if (!w && label && node.src[0] && node.src[0]->weight) w = node.src[0]->weight;
+        if (!w && label && node.src[0] && node.src[0]->experts) w = node.src[0]->experts;
+        if (w) key += std::string(" ") + weight_format_name(w->format) + " " + std::to_string(w->n) + "x" + std::to_string(w->k);
+        prof->add(key, begin, end);
+    }
+};
+
 class CudaBackend final : public Backend {
 public:
     explicit CudaBackend(int device) : device_(device), workspace_(*this) {
@@ -106,6 +172,7 @@ public:
         ctx_.props        = &props_;
         ctx_.backend      = this;
         ctx_.expert_table = &CudaBackend::expert_table_thunk;
+        if (const char * p = std::getenv("SPARK_PROFILE_OPS"); p && *p && *p != '0') profiler_ = std::make_unique<OpProfiler>();
     }
 
     ~CudaBackend() override {
@@ -259,12 +326,12 @@ private:
         return out;
     }
 
-    static bool graphs_enabled() {
+    bool graphs_enabled() const {
         static const bool enabled = [] {
             const char * e = std::getenv("SPARK_CUDA_GRAPHS");
             return !(e && std::string(e) == "0");
         }();
-        return enabled;
+        return enabled && !profiler_;
     }
 
     // Which nodes a fused kernel covers: a SWIGLU of two matmuls over the same input.
@@ -294,18 +361,22 @@ private:
         for (size_t i = 0; i < nodes.size(); ++i) {
             const Tensor * n = nodes[i];
             if (skip[size_t(n->id)]) continue;
+            OpTimer timer(profiler_.get(), stream_, *n);
             if (n->op == Op::SWIGLU && fusable_swiglu(*n, uses)) {
+                timer.label = "MATMUL+SWIGLU";
                 cuda::op_matmul_swiglu(*n, ctx_);
                 continue;
             }
             // Residual add followed by the next layer's norm of that sum: one kernel.
             if (n->op == Op::ADD && i + 1 < nodes.size() && nodes[i + 1]->op == Op::RMS_NORM && nodes[i + 1]->src[0] == n) {
+                timer.label = "ADD+RMS_NORM";
                 cuda::op_add_rms_norm(*n, *nodes[i + 1], ctx_);
                 ++i;
                 continue;
             }
             dispatch(*n);
         }
+        if (profiler_) profiler_->collect(stream_);
     }
 
     void dispatch(const Tensor & t) {
@@ -446,6 +517,7 @@ private:
     std::deque<DeviceWeight> weights_;
     std::unordered_map<const QWeight *, ExpertTable> expert_tables_;
     double                  copy_bandwidth_ = 0.0;
+    std::unique_ptr<OpProfiler> profiler_;
     uint64_t                last_uid_ = 0, last_generation_ = 0, last_fp_ = 0;
 };
 
