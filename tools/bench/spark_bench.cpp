@@ -255,6 +255,24 @@ int main(int argc, char ** argv) {
         }
         spark_model_free(model);
     }
+    if (matrix && !json) {
+        // Depth x generation length, decode tokens/s (end-to-end style tables users publish).
+        std::string last;
+        for (const Result & r : results) {
+            const std::string id = r.model + " " + r.format;
+            if (id != last) {
+                std::printf("\n%s: decode tokens/s by context depth (rows) and generation length (columns)\n| depth |", id.c_str());
+                for (int g : gens) std::printf(" %d |", g);
+                std::printf("\n|---:|");
+                for (size_t i = 0; i < gens.size(); ++i) std::printf("---:|");
+                last = id;
+                std::printf("\n");
+            }
+            if (r.test == "tg" + std::to_string(gens.front())) std::printf("| %d |", r.depth);
+            std::printf(" %.1f |", r.tps.median);
+            if (r.test == "tg" + std::to_string(gens.back())) std::printf("\n");
+        }
+    }
     if (json) {
         std::printf("{\"device\": \"%s\", \"copy_bandwidth_gbs\": %.1f, \"results\": [\n", device_name.c_str(), bandwidth / 1e9);
         for (size_t i = 0; i < results.size(); ++i) {
