@@ -1,5 +1,5 @@
-// Small kernels around the matmuls: activation staging (F32 rows for the GEMV, BF16 rows for the
-// GEMM, both applying act-order permutations), the device-built MoE grouping of the grouped GEMM,
+// Small kernels around the matmuls: activation staging (F32 rows for the GEMV, row-scaled F16 rows
+// for the GEMM, both applying act-order permutations), the device-built MoE grouping of the grouped GEMM,
 // the split-K reduction of the GEMV, the unfused SwiGLU, and the generic per-element fallback.
 #include "backends/cuda/cuda_common.h"
 #include "backends/cuda/matmul/formats.cuh"
@@ -43,19 +43,56 @@ __global__ void x_to_f32_kernel(const XRows x, int64_t k, const int32_t * perm, 
     for (int64_t i = threadIdx.x; i < k; i += blockDim.x) dst[i] = src[p ? __ldg(p + i) : i];
 }
 
-__global__ void x_to_bf16_kernel(const XRows x, int64_t k, const int32_t * perm, const int32_t * order,
-                                 const int32_t * rows_valid, const DeviceWeight * table, const Ids ids, uint16_t * out) {
+constexpr int kXF16Threads = 256;
+
+// One block per output row: the row's power-of-two scale (from the maximum |x| over its finite
+// elements), then the scaled F16 row. Pass 1 reads the source row in storage order (the maximum does
+// not depend on the permutation); pass 2 reads it again (from L1/L2) in the permuted order.
+__global__ void __launch_bounds__(kXF16Threads) x_to_f16_kernel(const XRows x, int64_t k, const int32_t * perm,
+                                                                const int32_t * order, const int32_t * rows_valid,
+                                                                const DeviceWeight * table, const Ids ids, uint16_t * out,
+                                                                float * inv_scale) {
+    __shared__ uint32_t warp_max[kXF16Threads / 32];
     const int64_t   r    = blockIdx.x;
     if (rows_valid != nullptr && r >= __ldg(rows_valid)) return;
     const int64_t   pair = order ? int64_t(__ldg(order + r)) : r;
     const float *   src  = x_row(x, pair);
     const int32_t * p    = row_perm(perm, table, ids, pair);
     uint16_t *      dst  = out + r * k;
-    // Two elements per thread and step (k is even on this path: k % 32 == 0).
-    for (int64_t i = 2 * int64_t(threadIdx.x); i < k; i += 2 * int64_t(blockDim.x)) {
-        const float v0 = src[p ? __ldg(p + i) : i];
-        const float v1 = src[p ? __ldg(p + i + 1) : i + 1];
-        *reinterpret_cast<uint32_t *>(dst + i) = pack_bf16x2(v0, v1);
+
+    // Max |x| as a bit pattern: for non-negative floats the integer order is the value order; inf and
+    // NaN (bits >= 0x7F800000) are left out, so they neither set the scale nor get clamped.
+    uint32_t m = 0;
+    for (int64_t i = threadIdx.x; i < k; i += kXF16Threads) {
+        const uint32_t b = __float_as_uint(src[i]) & 0x7FFFFFFFu;
+        if (b < 0x7F800000u) m = max(m, b);
+    }
+    m = __reduce_max_sync(0xFFFFFFFFu, m);
+    if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kXF16Threads / 32; ++i) m = max(m, warp_max[i]);
+
+    // s = 2^p with max in [2^e, 2^(e + 1)) -> max * s in [2^13, 2^14). e >= -149 (subnormal max:
+    // e = floor(log2) of its integer mantissa - 149), e <= 127, so p = 13 - e >= -114; p is capped at
+    // 126 so that s and 1 / s are normal f32 (rows with max < 2^-113 keep their values below 2^14
+    // anyway). An all-zero (or all non-finite) row: s = 1.
+    int pw = 0;
+    if (m != 0) {
+        const int e = m >= 0x00800000u ? int(m >> 23) - 127 : (31 - __clz(int(m))) - 149;
+        pw          = min(13 - e, 126);
+    }
+    const float s = __int_as_float((127 + pw) << 23);
+    if (threadIdx.x == 0) inv_scale[r] = __int_as_float((127 - pw) << 23);
+
+    // Two elements per thread and step (k is even on this path: k % 32 == 0). x * s is exact (a power
+    // of two; a product that underflows f32 is far below f16's subnormals too), |x * s| < 2^14 for
+    // finite x, so the f16 rounding is the only one and never overflows; inf / NaN stay inf / NaN.
+    for (int64_t i = 2 * int64_t(threadIdx.x); i < k; i += 2 * int64_t(kXF16Threads)) {
+        const float   v0 = src[p ? __ldg(p + i) : i] * s;
+        const float   v1 = src[p ? __ldg(p + i + 1) : i + 1] * s;
+        const __half2 h  = __floats2half2_rn(v0, v1);
+        *reinterpret_cast<uint32_t *>(dst + i) = *reinterpret_cast<const uint32_t *>(&h);
     }
 }
 
@@ -218,10 +255,11 @@ void x_to_f32_rows(const XRows & x, int64_t rows, int64_t k, const int32_t * per
     SPARK_CUDA_CHECK_LAUNCH();
 }
 
-void x_to_bf16_rows(const XRows & x, int64_t rows, int64_t k, const int32_t * perm, const int32_t * order,
-                    const int32_t * rows_valid, const DeviceWeight * table, const Ids & ids, uint16_t * out, cudaStream_t s) {
+void x_to_f16_rows(const XRows & x, int64_t rows, int64_t k, const int32_t * perm, const int32_t * order,
+                   const int32_t * rows_valid, const DeviceWeight * table, const Ids & ids, uint16_t * out,
+                   float * inv_scale, cudaStream_t s) {
     if (rows <= 0) return;
-    x_to_bf16_kernel<<<unsigned(rows), 256, 0, s>>>(x, k, perm, order, rows_valid, table, ids, out);
+    x_to_f16_kernel<<<unsigned(rows), kXF16Threads, 0, s>>>(x, k, perm, order, rows_valid, table, ids, out, inv_scale);
     SPARK_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,23 +1,39 @@
-// Prefill GEMM (more than 8 rows): mma.sync m16n8k16 BF16 -> F32 on every target (sm_80+).
+// Prefill GEMM (more than 8 rows): mma.sync m16n8k16 F16 -> F32 on every target (sm_80+).
 //
-//   y[m][n] = sum_k a[m][k] * W[n][k],   a = activations already converted to BF16 (and permuted for
-//   act-order weights) by x_to_bf16_rows; W dequantized tile by tile into shared memory as BF16.
+//   y[m][n] = inv_scale[m] * sum_k a[m][k] * W[n][k]   (* the NVFP4 global scale),
+//   a = activations converted to F16 by x_to_f16_rows: row m multiplied by a power of two s_m = 1 /
+//   inv_scale[m] chosen so that max |a[m][.]| <= 2^14 (no f16 overflow, values down to 2^-27 of the
+//   row's maximum stay normal; exact in f32, so the epilogue's inv_scale undoes it exactly), and
+//   permuted for act-order weights; W dequantized tile by tile into shared memory as F16.
+// F16 (11 significant bits) instead of BF16 (8): the operand rounding error is 8x smaller at the same
+// tensor-core throughput; the price is f16's range, which the activations' row scale and the
+// weights' saturation below cover.
 //
 // Block: 8 warps (2 along M x 4 along N), tile BM x 128 (BM = 32 MT), K in stages of 32. Shared
-// memory rows are 32 BF16 + 8 padding (80 bytes), so ldmatrix and the 16-byte stores hit 8 distinct
+// memory rows are 32 F16 + 8 padding (80 bytes), so ldmatrix and the 16-byte stores hit 8 distinct
 // 16-byte bank groups. Two stages: while the tensor cores work on stage s, the activation tile of
 // s + 1 arrives by cp.async and the weight chunks of s + 1 are loaded into registers (16 bytes per
-// thread and chunk), then decoded (formats.cuh: exact value * factor, rounded once to BF16) and
-// stored to the other buffer. BF16 weights skip the decode: cp.async straight into shared memory.
-// NVFP4 tiles hold e2m1 * e4m3 (exact in BF16); the per-tensor global scale multiplies the f32
-// accumulators in the epilogue.
+// thread and chunk), then decoded (formats.cuh: exact value * factor in f32) and rounded once to F16
+// with saturation (cvt.rn.satfinite: |v| > 65504 becomes +-65504, NaN stays NaN) while stored to the
+// other buffer. F16 weights skip the decode: cp.async straight into shared memory. Per format:
+//   F16      the value (cp.async)
+//   BF16     the value; exact in f16 for 2^-14 <= |w| <= 65504. Smaller ones become f16 subnormals
+//            (absolute error <= 2^-25 = 3e-8, negligible next to typical |w| ~ 1e-2; |w| <= 2^-25
+//            becomes 0), larger ones saturate to +-65504 (not seen in trained projection weights)
+//   F32      rounded once to f16 (same ranges)
+//   INT4     (q - z) * scale, exact in f32 (|q - z| <= 15 times an f16 or bf16 scale), rounded once;
+//            a bf16 scale is not range-checked at upload: a product beyond 65504 saturates
+//   NVFP4    e2m1 * e4m3, exact in f16 (|v| <= 6 * 448 = 2688, nonzero |v| >= 0.5 * 2^-9 = 2^-10
+//            is normal); the per-tensor global scale multiplies the f32 accumulators in the epilogue
+//   FP8      e4m3 * f32 block scale, rounded once (saturating)
 //
 // Fused gate/up (GLU): shared-memory weight rows 0-63 are gate rows n0..n0+63 and rows 64-127 the
 // same up rows; warp wn owns gate columns [16 wn, 16 wn + 16) and the matching up columns, so
-// silu(gate) * up is formed in registers.
+// silu(gate) * up is formed in registers, after each accumulator got its row's inv_scale.
 //
 // Grouped (MATMUL_ID): block x indexes the device-built tile table (expert, first row); rows past
-// the expert's end are zero-filled and not stored; output row = out_rows[sorted row].
+// the expert's end are zero-filled and not stored; a row's inv_scale is indexed by its sorted row
+// (the row of `a`), its output row = out_rows[sorted row].
 #pragma once
 
 #include "backends/cuda/matmul/formats.cuh"
@@ -25,7 +41,34 @@
 
 namespace spark::cuda::mm {
 
-constexpr int kGemmLds = kGemmBK + 8;  // shared-memory row length in BF16 elements (80 bytes)
+constexpr int kGemmLds = kGemmBK + 8;  // shared-memory row length in F16 elements (80 bytes)
+
+// ---- PTX used only by the GEMM (kept here rather than in ptx.cuh, which the GEMV shares) ----------
+
+// mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32: d += a (16x16, row) * b (16x8, col); fragments
+// as mma_bf16_16816 (ptx.cuh).
+__device__ __forceinline__ void mma_f16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if SPARK_ARCH_AMPERE_PLUS
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    __trap();
+#endif
+}
+
+// Two floats -> f16x2 (round to nearest even), lo in the low half, saturating: a finite or infinite
+// value beyond +-65504 becomes +-65504, NaN stays NaN (cvt.rn.satfinite.f16x2.f32, one F2FP).
+__device__ __forceinline__ uint32_t pack_f16x2_satfinite(float lo, float hi) {
+    uint32_t r = 0;
+#if SPARK_ARCH_AMPERE_PLUS
+    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+    __trap();
+#endif
+    return r;
+}
 
 template <class F, int MT, bool GLU>
 __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
@@ -33,7 +76,7 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
     constexpr int  BN     = 128;  // weight rows in shared memory per stage
     constexpr int  NOUT   = gemm_bn(GLU);
     constexpr int  NW     = GLU ? 2 : 1;
-    constexpr bool kDirect = F::kFormat == WeightFormat::BF16;
+    constexpr bool kDirect = F::kFormat == WeightFormat::F16;
     constexpr int  CPR    = kGemmBK / F::E;  // weight chunks per row and stage
     constexpr int  BCH    = BN * CPR;        // weight chunks per stage
     constexpr int  CPT    = (BCH + kGemmThreads - 1) / kGemmThreads;
@@ -87,7 +130,7 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
             cp_async_16(&sA[buf][r][col], a.a + (ok ? gr : 0) * a.lda + kt * kGemmBK + col, ok ? 16u : 0u);
         }
     };
-    // BF16 weights: cp.async (4 pieces of 16 bytes per row and stage).
+    // F16 weights: cp.async (4 pieces of 16 bytes per row and stage).
     auto load_b_direct = [&](int buf, int64_t kt) {
 #pragma unroll
         for (int i = 0; i < CPT; ++i) {
@@ -125,7 +168,7 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
                     if constexpr (F::SPS > 0) f = F::factor(bsc[i], s / F::SPS);
                     uint32_t packed[F::SUB / 2];
 #pragma unroll
-                    for (int e = 0; e < F::SUB / 2; ++e) packed[e] = pack_bf16x2(v[2 * e] * f, v[2 * e + 1] * f);
+                    for (int e = 0; e < F::SUB / 2; ++e) packed[e] = pack_f16x2_satfinite(v[2 * e] * f, v[2 * e + 1] * f);
                     if constexpr (F::SUB == 8)
                         *reinterpret_cast<uint4 *>(dst + s * 8) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
                     else
@@ -184,7 +227,7 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int nt = 0; nt < 4; ++nt) mma_bf16_16816(acc[mt][nt], af[mt], bfr[nt][0], bfr[nt][1]);
+                for (int nt = 0; nt < 4; ++nt) mma_f16_16816(acc[mt][nt], af[mt], bfr[nt][0], bfr[nt][1]);
         }
         if constexpr (!kDirect) {
             if (more) store_b(nxt);
@@ -193,7 +236,8 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
         __syncthreads();
     }
 
-    // Epilogue.
+    // Epilogue: (acc * inv_scale of the row) * global scale; the first product is exact (a power of
+    // two; unless the result leaves f32's normal range), so the row scale costs no accuracy.
     float gscale[NW];
 #pragma unroll
     for (int i = 0; i < NW; ++i) gscale[i] = F::kFormat == WeightFormat::NVFP4 ? w[i].global_scale : 1.0f;
@@ -204,6 +248,7 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
         for (int h = 0; h < 2; ++h) {
             const int64_t gr = row0 + wm * MT * 16 + mt * 16 + g + h * 8;
             if (gr >= row_end) continue;
+            const float   inv  = __ldg(a.a_inv_scale + gr);
             const int64_t orow = a.out_rows != nullptr ? int64_t(__ldg(a.out_rows + gr)) : gr;
             float *       yr   = a.y + orow * N;
 #pragma unroll
@@ -211,11 +256,11 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
                 const int64_t col = n0 + (GLU ? wn * 16 : wn * 32) + nt * 8 + q4 * 2;
                 float         v0, v1;
                 if constexpr (GLU) {
-                    v0 = silu(acc[mt][nt][2 * h] * gscale[0]) * (acc[mt][nt + 2][2 * h] * gscale[NW - 1]);
-                    v1 = silu(acc[mt][nt][2 * h + 1] * gscale[0]) * (acc[mt][nt + 2][2 * h + 1] * gscale[NW - 1]);
+                    v0 = silu((acc[mt][nt][2 * h] * inv) * gscale[0]) * ((acc[mt][nt + 2][2 * h] * inv) * gscale[NW - 1]);
+                    v1 = silu((acc[mt][nt][2 * h + 1] * inv) * gscale[0]) * ((acc[mt][nt + 2][2 * h + 1] * inv) * gscale[NW - 1]);
                 } else {
-                    v0 = acc[mt][nt][2 * h] * gscale[0];
-                    v1 = acc[mt][nt][2 * h + 1] * gscale[0];
+                    v0 = (acc[mt][nt][2 * h] * inv) * gscale[0];
+                    v1 = (acc[mt][nt][2 * h + 1] * inv) * gscale[0];
                 }
                 if (col + 1 < N && (reinterpret_cast<uintptr_t>(yr + col) & 7u) == 0) {
                     *reinterpret_cast<float2 *>(yr + col) = make_float2(v0, v1);

@@ -95,17 +95,20 @@ void gemv_launch_fp8(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, cudaSt
 // y[r][n] = sum over splits (then silu(gate) * up when nw == 2).
 void gemv_splitk_reduce(const float * partial, int ksplit, int nw, int64_t out_rows, int64_t n, float * y, cudaStream_t s);
 
-// ---- GEMM (rows > 8): mma.sync m16n8k16 BF16 ----------------------------------------------------
+// ---- GEMM (rows > 8): mma.sync m16n8k16 F16 -> F32 ---------------------------------------------
 constexpr int kGemmThreads = 256;  // 8 warps: 2 along M x 4 along N
 constexpr int kGemmBK      = 32;   // K per pipeline stage; the GEMM needs K % 32 == 0
 constexpr int gemm_bm(int mt) { return 2 * 16 * mt; }             // rows of activations per block
 constexpr int gemm_bn(bool glu) { return glu ? 64 : 128; }        // output columns per block
 
 struct GemmArgs {
-    // Activations converted to BF16 (and permuted for act-order weights): a[m][k], row stride lda.
-    const uint16_t * a   = nullptr;
-    int64_t          lda = 0;
-    int64_t          m   = 0;  // dense: rows; grouped: rows of `a` (= pairs)
+    // Activations converted to F16 by x_to_f16_rows (row r scaled by a power of two, and permuted for
+    // act-order weights): a[m][k], row stride lda; a_inv_scale[m] undoes row m's scale (multiplies
+    // its f32 accumulators in the epilogue).
+    const uint16_t * a           = nullptr;
+    const float *    a_inv_scale = nullptr;
+    int64_t          lda         = 0;
+    int64_t          m           = 0;  // dense: rows; grouped: rows of `a` (= pairs)
     int64_t          n = 0, k = 0;
     DeviceWeight     w[2];
     // Grouped (MATMUL_ID): block x = tile of the device-built table: tiles[2i] = expert,
@@ -135,12 +138,16 @@ void gemm_launch_fp8(int mt, bool glu, const GemmArgs & a, dim3 grid, cudaStream
 void x_to_f32_rows(const XRows & x, int64_t rows, int64_t k, const int32_t * perm, const DeviceWeight * table,
                    const Ids & ids, float * out, cudaStream_t s);
 
-// Activation rows -> BF16 [rows][k] (GEMM input). Grouped: row i of the output is pair
-// order[i] (order != nullptr), permuted by that pair's expert when table is not null.
-// rows_valid (device, may be nullptr): rows at or past *rows_valid are skipped (grouped GEMM: pairs
-// with an invalid expert id are not in `order`).
-void x_to_bf16_rows(const XRows & x, int64_t rows, int64_t k, const int32_t * perm, const int32_t * order,
-                    const int32_t * rows_valid, const DeviceWeight * table, const Ids & ids, uint16_t * out, cudaStream_t s);
+// Activation rows -> F16 [rows][k] (GEMM input), each row r multiplied by a power of two s_r with
+// max |x_r| * s_r < 2^14 (max over the finite elements; s_r = 1 for an all-zero or all-non-finite
+// row; s_r <= 2^126), so no finite value overflows f16 and the scaling is exact; inf and NaN pass
+// through unchanged (they propagate to that row's outputs only). inv_scale[r] = 1 / s_r (exact).
+// Grouped: row i of the output is pair order[i] (order != nullptr), permuted by that pair's expert
+// when table is not null. rows_valid (device, may be nullptr): rows at or past *rows_valid are
+// skipped (grouped GEMM: pairs with an invalid expert id are not in `order`).
+void x_to_f16_rows(const XRows & x, int64_t rows, int64_t k, const int32_t * perm, const int32_t * order,
+                   const int32_t * rows_valid, const DeviceWeight * table, const Ids & ids, uint16_t * out,
+                   float * inv_scale, cudaStream_t s);
 
 // MoE routing tables for the grouped GEMM, built on the device by one block:
 //   offsets[e] (e = 0 .. n_experts): first sorted row of expert e (offsets[n_experts] = valid pairs);

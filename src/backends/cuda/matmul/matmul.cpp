@@ -2,11 +2,12 @@
 // allocates except through ctx.workspace, reads no device data).
 //
 //   MATMUL      rows <= 8                 decode GEMV (gemv.cuh)
-//               rows > 8, K % 32 == 0     tensor-core GEMM (gemm.cuh) on BF16-converted activations
+//               rows > 8, K % 32 == 0     tensor-core GEMM (gemm.cuh): F16 operands (activations
+//                                         row-scaled by powers of two), F32 accumulation
 //               other chunkable shapes    GEMV over row batches of 8
 //   MATMUL_ID   tokens <= 8               one GEMV launch over all (slot, token) pairs, expert ids
 //                                         read on the device
-//               more tokens               grouped GEMM: device-built grouping (moe_route), BF16
+//               more tokens               grouped GEMM: device-built grouping (moe_route), F16
 //                                         gather, one GEMM launch over the maximum tile count
 //   SWIGLU of two MATMUL / MATMUL_ID      the same kernels with gate and up in one launch
 //   anything else                         generic per-element kernel (exact, slow)
@@ -65,6 +66,9 @@ struct Scratch {
     }
 };
 size_t aligned(size_t b) { return (b + 255) & ~size_t(255); }
+
+// GEMM input staging: F16 activations [rows][k] and one f32 inverse row scale per row.
+size_t gemm_scratch(int64_t rows, int64_t k) { return aligned(size_t(rows * k) * 2) + aligned(size_t(rows) * 4); }
 
 // ---- dense (MATMUL, fused gate/up) ---------------------------------------------------------------
 
@@ -129,7 +133,7 @@ size_t gemv_scratch(const Dense & d, const OpContext & ctx) {
 size_t scratch_bytes(const Dense & d, const OpContext & ctx) {
     switch (choose(d)) {
         case Path::Gemv: return gemv_scratch(d, ctx);
-        case Path::Gemm: return aligned(size_t(d.rows * d.w[0]->k) * 2);
+        case Path::Gemm: return gemm_scratch(d.rows, d.w[0]->k);
         case Path::Generic: return 0;
         case Path::Unfused: {
             Dense g = d, u = d;
@@ -180,14 +184,16 @@ void run_gemv(const Dense & d, Scratch & scratch, const OpContext & ctx) {
 
 void run_gemm(const Dense & d, Scratch & scratch, const OpContext & ctx) {
     const DeviceWeight & w  = *d.w[0];
-    auto *               xb = static_cast<uint16_t *>(scratch.take(size_t(d.rows * w.k) * 2));
-    x_to_bf16_rows(d.x, d.rows, w.k, w.perm, nullptr, nullptr, nullptr, Ids{}, xb, ctx.stream);
+    auto *               xh = static_cast<uint16_t *>(scratch.take(size_t(d.rows * w.k) * 2));
+    auto *               xs = static_cast<float *>(scratch.take(size_t(d.rows) * 4));
+    x_to_f16_rows(d.x, d.rows, w.k, w.perm, nullptr, nullptr, nullptr, Ids{}, xh, xs, ctx.stream);
     GemmArgs a;
-    a.a   = xb;
-    a.lda = w.k;
-    a.m   = d.rows;
-    a.n   = w.n;
-    a.k   = w.k;
+    a.a           = xh;
+    a.a_inv_scale = xs;
+    a.lda         = w.k;
+    a.m           = d.rows;
+    a.n           = w.n;
+    a.k           = w.k;
     for (int i = 0; i < d.nw; ++i) a.w[i] = *d.w[i];
     if (d.nw == 1) a.w[1] = a.w[0];
     a.y          = d.y;
@@ -310,7 +316,7 @@ size_t scratch_bytes(const Moe & m, const OpContext & ctx) {
         }
         case MoePath::Grouped: {
             const GroupedLayout g = grouped_layout(m);
-            return aligned(size_t(moe_route_ints(pairs, m.ids.n_experts, g.max_tiles)) * 4) + aligned(size_t(pairs * K) * 2);
+            return aligned(size_t(moe_route_ints(pairs, m.ids.n_experts, g.max_tiles)) * 4) + gemm_scratch(pairs, K);
         }
         case MoePath::Generic: return 0;
         case MoePath::Unfused: {
@@ -369,24 +375,27 @@ void run_moe(const Moe & m, Scratch & scratch, const OpContext & ctx) {
             int32_t *           order   = offsets + (E + 1);
             int32_t *           tiles   = order + pairs;
             int32_t *           n_tiles = tiles + 2 * g.max_tiles;
-            auto *              xb      = static_cast<uint16_t *>(scratch.take(size_t(pairs * K) * 2));
+            auto *              xh      = static_cast<uint16_t *>(scratch.take(size_t(pairs * K) * 2));
+            auto *              xs      = static_cast<float *>(scratch.take(size_t(pairs) * 4));
             moe_route(m.ids, m.n_tok, g.bm, g.max_tiles, offsets, order, tiles, n_tiles, ctx.stream);
-            x_to_bf16_rows(m.x, pairs, K, nullptr, order, offsets + E, m.perm ? m.table[0] : nullptr, m.ids, xb, ctx.stream);
+            x_to_f16_rows(m.x, pairs, K, nullptr, order, offsets + E, m.perm ? m.table[0] : nullptr, m.ids, xh, xs,
+                          ctx.stream);
             GemmArgs a;
-            a.a          = xb;
-            a.lda        = K;
-            a.m          = pairs;
-            a.n          = N;
-            a.k          = K;
-            a.w[0]       = m.w0[0];
-            a.w[1]       = m.w0[m.nw - 1];
-            a.table[0]   = m.table[0];
-            a.table[1]   = m.table[m.nw - 1];
-            a.tiles      = tiles;
-            a.n_tiles    = n_tiles;
-            a.expert_end = offsets + 1;
-            a.out_rows   = order;
-            a.y          = m.y;
+            a.a           = xh;
+            a.a_inv_scale = xs;
+            a.lda         = K;
+            a.m           = pairs;
+            a.n           = N;
+            a.k           = K;
+            a.w[0]        = m.w0[0];
+            a.w[1]        = m.w0[m.nw - 1];
+            a.table[0]    = m.table[0];
+            a.table[1]    = m.table[m.nw - 1];
+            a.tiles       = tiles;
+            a.n_tiles     = n_tiles;
+            a.expert_end  = offsets + 1;
+            a.out_rows    = order;
+            a.y           = m.y;
             const dim3 grid(unsigned(g.max_tiles), unsigned(ceil_div(N, gemm_bn(m.nw == 2))));
             gemm_launch_fmt(m.w0[0].format, g.mt, m.nw == 2, a, grid, ctx.stream);
             zero_invalid_pairs(m.ids, m.n_tok, N, m.y, ctx.stream);
@@ -534,9 +543,9 @@ void op_matmul_swiglu(const Tensor & swiglu, const OpContext & ctx) {
 
 const char * kernel_paths(int cc) {
     if (!cc_supported(cc)) return "unsupported (compute capability below 8.0)";
-    return "f32=gemv-fma/gemm-bf16-mma f16=gemv-fma/gemm-bf16-mma bf16=gemv-fma/gemm-bf16-mma(cp.async) "
-           "nvfp4=gemv-f16bits/gemm-dequant-bf16-mma int4=gemv-magic2^23/gemm-dequant-bf16-mma "
-           "fp8=gemv-f16bits/gemm-dequant-bf16-mma moe=gemv-ids(1 launch)/grouped-gemm(device routing) "
+    return "f32=gemv-fma/gemm-f16-mma f16=gemv-fma/gemm-f16-mma(cp.async) bf16=gemv-fma/gemm-f16-mma "
+           "nvfp4=gemv-f16bits/gemm-dequant-f16-mma int4=gemv-magic2^23/gemm-dequant-f16-mma "
+           "fp8=gemv-f16bits/gemm-dequant-f16-mma moe=gemv-ids(1 launch)/grouped-gemm(device routing) "
            "swiglu=fused-gate-up";
 }
 
