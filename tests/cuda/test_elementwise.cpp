@@ -16,6 +16,9 @@
 // concatenated with itself) so that "first index" / "lower expert id" is checked, not assumed.
 // Cases that need known inputs (NaN, ties in RoPE-free ops) inject exact float bits through an I32
 // input viewed as F32.
+// The fused launchers (op_add_rms_norm, op_rms_norm_rope) are also called directly on hand-made
+// device tensors and compared with the CPU backend's unfused ops, including the memory layouts the
+// planner may produce (output in place over the input, output overlapping the input with a shift).
 #include "op_harness.h"
 
 #include "backends/cpu/cpu_ops.h"
@@ -217,7 +220,8 @@ TEST_CASE("cuda elementwise: RMS_NORM / L2_NORM") {
     // kF32: float32 tree sum of squares on the GPU vs the CPU's double sum (relative ~1e-7).
     OpHarness h(15);
     for (int64_t rows : kRows)
-        for (int64_t n : {int64_t(64), int64_t(128), int64_t(2048), int64_t(4096), int64_t(10240)}) {
+        for (int64_t n : {int64_t(64), int64_t(128), int64_t(1000), int64_t(2048), int64_t(4096), int64_t(6000), int64_t(10240),
+                          int64_t(20000)}) {
             h.check(shape_name("rms_norm w", n, rows), kF32,
                     [&](OpBuilder & b) { return b.graph().rms_norm(b.input({n, rows}, 3.0f), b.param({n}, 0.1f, 1.0f), 1e-6f); });
             h.check(shape_name("rms_norm zero-centred", n, rows), kF32, [&](OpBuilder & b) {
@@ -268,6 +272,27 @@ TEST_CASE("cuda elementwise: ROPE (full and partial)") {
     }
 }
 
+TEST_CASE("cuda elementwise: per-head RMS_NORM then ROPE through the graph") {
+    // kF32 (the norm's sum of squares order, sincosf ulps). The backend may run the pair as the
+    // fused op_rms_norm_rope; either way the result is the CPU's RMS_NORM followed by ROPE.
+    OpHarness h(22);
+    h.set_replay_check(true);
+    for (int64_t rows : kRows) {
+        std::vector<int32_t> pos(static_cast<size_t>(rows));
+        for (int64_t i = 0; i < rows; ++i) pos[size_t(i)] = int32_t(rows == 1 ? 31999 : i * 61 % 40000);
+        h.check(shape_name("q_norm -> rope [128, 32]", 128, rows), kF32, [&](OpBuilder & b) {
+            Graph &  g = b.graph();
+            Tensor * q = g.rms_norm(b.input({128, 32, rows}, 2.0f), b.param({128}, 0.1f, 1.0f), 1e-6f);
+            return g.rope(q, b.input_i32({rows}, pos), 128, 1e6f);
+        });
+        h.check(shape_name("zero-centred k_norm -> partial rope [256, 2]", 256, rows), kF32, [&](OpBuilder & b) {
+            Graph &  g = b.graph();
+            Tensor * k = g.rms_norm(b.input({256, 2, rows}), b.param({256}, 0.1f), 1e-6f, /*zero_centered=*/true);
+            return g.rope(k, b.input_i32({rows}, pos), 64, 1e7f);
+        });
+    }
+}
+
 TEST_CASE("cuda elementwise: ARGMAX") {
     // kExact: the output is I32, compared exactly by the harness.
     OpHarness h(17);
@@ -283,6 +308,14 @@ TEST_CASE("cuda elementwise: ARGMAX") {
         h.check(shape_name("argmax strided misaligned", 151935, rows), kExact, [&](OpBuilder & b) {
             Tensor * x = b.input({151936, rows});
             return b.graph().argmax(b.graph().view(x, {151935, rows}, {4, x->nb[1]}, 4));
+        });
+    }
+    // Around the one-block / cluster boundary (32768), several load batches per thread.
+    for (int64_t n : {int64_t(20000), int64_t(32768), int64_t(32772), int64_t(40000)}) {
+        h.check(shape_name("argmax", n, 3), kExact, [&](OpBuilder & b) { return b.graph().argmax(b.input({n, 3})); });
+        h.check(shape_name("argmax ties", 2 * n, 3), kExact, [&](OpBuilder & b) {
+            Tensor * a = b.input({n, 3});
+            return b.graph().argmax(b.graph().concat(a, a));
         });
     }
     for (int64_t n : {int64_t(64), int64_t(2048), int64_t(4096)}) {
@@ -318,7 +351,7 @@ TEST_CASE("cuda elementwise: MOE_ROUTE (softmax + top-k + renormalisation, one k
         int64_t e;
         int     k;
     };
-    for (Cfg c : {Cfg{8, 2}, Cfg{128, 8}, Cfg{512, 10}, Cfg{60, 4}, Cfg{512, 16}})
+    for (Cfg c : {Cfg{8, 2}, Cfg{128, 8}, Cfg{512, 10}, Cfg{60, 4}, Cfg{512, 16}, Cfg{256, 8}, Cfg{64, 32}, Cfg{33, 1}})
         for (bool normalize : {false, true})
             for (int64_t rows : kRows) {
                 const std::string name = "moe_route E=" + std::to_string(c.e) + " k=" + std::to_string(c.k) +
@@ -368,6 +401,13 @@ TEST_CASE("cuda elementwise: MOE_COMBINE") {
                 Tensor * r = g.moe_route(b.input({128, rows}), 8, true);
                 return g.moe_combine(b.input({hdim, 8, rows}), g.moe_weights(r));
             });
+            // 10 slots (Qwen3-Next: one batch of 16), 20 slots (two batches), 3 slots.
+            for (int k : {10, 20, 3})
+                h.check(shape_name(("moe_combine k=" + std::to_string(k)).c_str(), hdim, rows), kF32, [&](OpBuilder & b) {
+                    Graph &  g = b.graph();
+                    Tensor * r = g.moe_route(b.input({64, rows}), k, true);
+                    return g.moe_combine(b.input({hdim, k, rows}), g.moe_weights(r));
+                });
         }
 }
 
@@ -474,4 +514,166 @@ TEST_CASE("cuda elementwise: fused ADD + RMS_NORM (op_add_rms_norm)") {
                 CHECK(got_sum == sum_ref);                 // float add: bit-identical
                 CHECK(nmse(got_out, out_ref) <= kF32);      // sum of squares order / double on the CPU
             }
+}
+
+// ---- the fused per-head RMS_NORM + ROPE launcher, called directly: rope's output against the CPU
+// backend's RMS_NORM followed by ROPE.
+
+namespace {
+
+Tensor heads(int64_t hd, int64_t nh, int64_t T, void * data, size_t nb1, size_t nb2) {
+    Tensor t;
+    t.type  = DType::F32;
+    t.ne[0] = hd;
+    t.ne[1] = nh;
+    t.ne[2] = T;
+    t.nb[0] = 4;
+    t.nb[1] = nb1;
+    t.nb[2] = nb2;
+    t.nb[3] = nb2 * size_t(T);
+    t.data  = data;
+    return t;
+}
+
+// Gathers a [hd, nh, T] tensor with strides (in floats) out of a flat buffer.
+std::vector<float> gather(const std::vector<float> & buf, size_t off, int64_t hd, int64_t nh, int64_t T, size_t s1, size_t s2) {
+    std::vector<float> v;
+    v.reserve(size_t(hd * nh * T));
+    for (int64_t t = 0; t < T; ++t)
+        for (int64_t h = 0; h < nh; ++h)
+            for (int64_t i = 0; i < hd; ++i) v.push_back(buf[off + size_t(t) * s2 + size_t(h) * s1 + size_t(i)]);
+    return v;
+}
+
+}  // namespace
+
+TEST_CASE("cuda elementwise: fused RMS_NORM + ROPE (op_rms_norm_rope)") {
+    int count = 0;
+    REQUIRE(cudaGetDeviceCount(&count) == cudaSuccess);
+    REQUIRE(count > 0);
+    spark::cpu::ThreadPool          pool(2);
+    std::mt19937                    rng(23);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    struct Cfg {
+        int64_t hd, nh;
+        int     n_rot;
+        float   theta;
+        bool    zc, has_w;
+    };
+    const Cfg cfgs[] = {
+        {128, 32, 128, 1e6f, false, true},   // Qwen3 q
+        {128, 8, 128, 1e6f, false, true},    // Qwen3 k
+        {256, 16, 64, 1e7f, true, true},     // Qwen3-Next q: zero-centred, partial rotary 64 of 256
+        {256, 2, 64, 1e7f, true, true},      // Qwen3-Next k
+        {64, 4, 64, 1e4f, false, false},     // no weight, head_dim 64
+        {256, 4, 256, 1e6f, false, true},    // 4 pairs per lane
+        {128, 4, 32, 1e4f, true, true},      // 16 pairs, 96 copied dims
+        {96, 3, 80, 1e4f, false, true},      // odd sizes: 40 pairs, 16 copied
+        {512, 2, 128, 1e6f, false, true},    // 384 copied dims: fallback to the two ops
+    };
+    for (const Cfg & c : cfgs)
+        for (int64_t T : kRows)
+            for (int layout = 0; layout < 4; ++layout) {
+                // 0: contiguous input, separate output; 1: input = the head slice of a fused qkv
+                // row (strided), separate output; 2: output in place over the input; 3: output over
+                // the input shifted by one head (must fall back to the two ops).
+                const std::string name = "fused rms_norm+rope hd=" + std::to_string(c.hd) + " nh=" + std::to_string(c.nh) +
+                                         " n_rot=" + std::to_string(c.n_rot) + " T=" + std::to_string(T) + " layout " +
+                                         std::to_string(layout);
+                CAPTURE(name);
+                const int64_t hd = c.hd, nh = c.nh;
+                const int64_t row_heads = layout == 1 ? nh + 6 : nh;  // qkv: q heads then 6 more
+                const size_t  s1 = size_t(hd), s2 = size_t(hd * row_heads);
+                const size_t  n_x = s2 * size_t(T) + (layout == 3 ? size_t(hd) : 0);
+                HostDev       xbuf{n_x}, w{size_t(hd)}, nout{size_t(hd * nh * T)}, rout{size_t(hd * nh * T)};
+                for (auto & v : xbuf.host) v = nd(rng) * 2.0f;
+                for (auto & v : w.host) v = c.zc ? 0.1f * nd(rng) : 1.0f + 0.1f * nd(rng);
+                xbuf.up();
+                w.up();
+                std::vector<int32_t> pos(static_cast<size_t>(T));
+                for (int64_t i = 0; i < T; ++i) pos[size_t(i)] = int32_t(T == 1 ? 31999 : i * 61 % 40000);
+                int32_t * dpos = nullptr;
+                REQUIRE(cudaMalloc(&dpos, pos.size() * 4) == cudaSuccess);
+                REQUIRE(cudaMemcpy(dpos, pos.data(), pos.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+
+                // CPU reference on a contiguous copy of the input.
+                std::vector<float> x_host = gather(xbuf.host, 0, hd, nh, T, s1, s2);
+                std::vector<float> norm_ref(x_host.size()), rope_ref(x_host.size());
+                const size_t       cnb1 = size_t(hd) * 4, cnb2 = cnb1 * size_t(nh);
+                Tensor hx = heads(hd, nh, T, x_host.data(), cnb1, cnb2), hw = matrix(hd, 1, w.host.data());
+                Tensor hn = heads(hd, nh, T, norm_ref.data(), cnb1, cnb2), hr = heads(hd, nh, T, rope_ref.data(), cnb1, cnb2);
+                Tensor hp = matrix(T, 1, pos.data());
+                hp.type   = DType::I32;
+                hn.op = Op::RMS_NORM, hn.src[0] = &hx, hn.src[1] = c.has_w ? &hw : nullptr, hn.fp[0] = 1e-6f, hn.ip[0] = c.zc ? 1 : 0;
+                hr.op = Op::ROPE, hr.src[0] = &hn, hr.src[1] = &hp, hr.ip[0] = c.n_rot, hr.fp[0] = c.theta;
+                spark::cpu::op_rms_norm(hn, pool);
+                spark::cpu::op_rope(hr, pool);
+
+                Tensor dx = heads(hd, nh, T, xbuf.dev, s1 * 4, s2 * 4), dw = matrix(hd, 1, w.dev);
+                Tensor dp = matrix(T, 1, dpos);
+                dp.type   = DType::I32;
+                Tensor dn = heads(hd, nh, T, nout.dev, cnb1, cnb2);
+                float * rdata = layout == 2 ? xbuf.dev : layout == 3 ? xbuf.dev + hd : rout.dev;
+                Tensor  dr    = heads(hd, nh, T, rdata, cnb1, cnb2);
+                dn.op = Op::RMS_NORM, dn.src[0] = &dx, dn.src[1] = c.has_w ? &dw : nullptr, dn.fp[0] = 1e-6f, dn.ip[0] = c.zc ? 1 : 0;
+                dr.op = Op::ROPE, dr.src[0] = &dn, dr.src[1] = &dp, dr.ip[0] = c.n_rot, dr.fp[0] = c.theta;
+                spark::cuda::OpContext ctx;  // default stream
+                spark::cuda::op_rms_norm_rope(dn, dr, ctx);
+                REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+                const auto got = rout.down(rdata, rope_ref.size());
+                const double e = nmse(got, rope_ref);
+                CAPTURE(e);
+                CHECK(e <= kF32);
+                cudaFree(dpos);
+            }
+}
+
+TEST_CASE("cuda elementwise: ARGMAX chunked path (before sm_90)") {
+    // The two-kernel path that devices without thread block clusters take for long rows, forced by
+    // a device description of cc 8.0; kExact against the CPU loop.
+    struct Ws final : spark::cuda::Workspace {
+        void * p = nullptr;
+        size_t n = 0;
+        void * get(size_t bytes) override {
+            if (bytes > n) {
+                cudaFree(p);
+                REQUIRE(cudaMalloc(&p, bytes) == cudaSuccess);
+                n = bytes;
+            }
+            return p;
+        }
+        ~Ws() override { cudaFree(p); }
+    } ws;
+    spark::cuda::DeviceProps props;
+    props.cc       = 800;
+    props.sm_count = 108;
+    spark::cpu::ThreadPool pool(2);
+    std::mt19937           rng(24);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (int64_t rows : {int64_t(1), int64_t(3)}) {
+        const int64_t n = 151936;
+        HostDev       x{size_t(n * rows)};
+        for (auto & v : x.host) v = nd(rng);
+        // a tie across chunks in the last row: the first index must win
+        x.host[size_t((rows - 1) * n + 5000)] = x.host[size_t((rows - 1) * n + 100000)] = 10.0f;
+        x.up();
+        std::vector<int32_t> ref(static_cast<size_t>(rows));
+        Tensor               hx = matrix(n, rows, x.host.data()), ho = matrix(rows, 1, ref.data());
+        ho.type = DType::I32, ho.op = Op::ARGMAX, ho.src[0] = &hx;
+        spark::cpu::op_argmax(ho, pool);
+        int32_t * dout = nullptr;
+        REQUIRE(cudaMalloc(&dout, size_t(rows) * 4) == cudaSuccess);
+        Tensor dx = matrix(n, rows, x.dev), dout_t = matrix(rows, 1, dout);
+        dout_t.type = DType::I32, dout_t.op = Op::ARGMAX, dout_t.src[0] = &dx;
+        spark::cuda::OpContext ctx;
+        ctx.workspace = &ws;
+        ctx.props     = &props;
+        spark::cuda::op_argmax(dout_t, ctx);
+        REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+        std::vector<int32_t> got(static_cast<size_t>(rows));
+        REQUIRE(cudaMemcpy(got.data(), dout, got.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+        CHECK(got == ref);
+        CHECK(ref.back() == 5000);
+        cudaFree(dout);
+    }
 }

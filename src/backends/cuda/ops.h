@@ -83,6 +83,11 @@ void op_moe_combine(const Tensor & t, const OpContext & ctx);
 // Fused: out = rms_norm(a + b) * w, also writing the sum (residual stream) to `add`'s output.
 // `norm` is the RMS_NORM node whose src0 is the ADD node `add`.
 void op_add_rms_norm(const Tensor & add, const Tensor & norm, const OpContext & ctx);
+// Fused per-head RMS_NORM + ROPE (q/k norm then RoPE): `norm` is an RMS_NORM node over [hd, nh, T]
+// (optional weight, plain or zero-centred) whose output is read only by `rope`, the ROPE node whose
+// src0 is `norm` (NEOX, partial n_rot allowed). Writes rope's output only; norm's output is left
+// unwritten (except on the fallback for an output partially overlapping norm's input).
+void op_rms_norm_rope(const Tensor & norm, const Tensor & rope, const OpContext & ctx);
 
 // Which kernel path each weight format takes on a device (for spark_cuda_device_info).
 const char * kernel_paths(int cc);

@@ -1,110 +1,62 @@
-// ARGMAX: per row, the first index of the maximum -> I32 [rows]; built for vocabulary-wide rows
-// (151936 floats) where one block per row would leave the GPU idle at batch 1.
-//
-// Pass 1 splits every row into chunks of kChunk floats, one block each (75 blocks for one Qwen3
-// row); a block reduces its chunk to (max, first index) with float4 loads, warp shuffles and a
-// shared-memory step, and writes the pair to the workspace. Pass 2 (one warp per row) reduces a
-// row's chunk results. A row that fits one chunk is finished by pass 1 directly.
+// ARGMAX: per row, the first index of the maximum -> I32 [rows].
 //
 // Semantics are the CPU backend's loop (best = 0; best = i when x[i] > x[best]): the first index
 // of the largest non-NaN value; NaN entries are never selected, except that a NaN at index 0 makes
 // the answer 0 (nothing compares greater than it), and so does a row with only NaNs.
-#include "backends/cuda/elementwise/ew_common.cuh"
+//
+// Three launch shapes, each ONE kernel:
+//  * rows up to kRowMax floats: one block of 256 threads per row (but see the next case);
+//  * vocabulary-wide rows (151936 floats for Qwen3), and rows over 8192 floats when there are at
+//    most 256 rows, on sm_90+: a thread block cluster of 8 CTAs x 1024 threads per row, each CTA
+//    scanning a contiguous eighth with all of a thread's loads in flight at once; the CTAs' results
+//    meet in CTA 0's shared memory (distributed shared memory, one exposed cluster barrier), so no
+//    workspace, no second kernel and no grid-wide atomics. 8 SMs pull the 600 KB row out of L2 in
+//    parallel (one SM would need ~10K cycles just to ingest it);
+//  * long rows before sm_90: the chunked two-kernel path (blocks of kChunk floats, then one warp per
+//    row over the chunk results).
+// Inside a thread indices are visited in increasing order (ties keep the first); across threads the
+// (value, index) candidates are combined with order-preserving integer keys in redux.sync (max of the
+// value key, then min of the index among the equal ones: ties to the lower index). -0 is folded to
+// +0 first so that the integer order ties them, as float compares do.
+#include "backends/cuda/elementwise/argmax_kernels.cuh"
 
-#include <cfloat>
+#include <atomic>
 
 namespace spark::cuda {
 
 namespace {
 
-using ew::Rows;
+using namespace ew;
 
-constexpr int kThreads = 256;
-constexpr int kChunk   = 2048;  // floats per pass-1 block: 8 per thread
-constexpr int kNone    = 0x7fffffff;
-
-struct Best {
-    float   v;
-    int32_t i;
-};
-
-// a better than b: larger value, or equal value at a lower index. NaN never enters (skipped at
-// load), "none" is (-inf, kNone) so that a real -inf at any index still beats it.
-__device__ __forceinline__ Best better(Best a, Best b) { return (a.v > b.v || (a.v == b.v && a.i < b.i)) ? a : b; }
-
-__device__ __forceinline__ void offer(Best & b, float v, int64_t i) {
-    if (v > b.v || (v == b.v && int32_t(i) < b.i)) b = Best{v, int32_t(i)};  // NaN: both comparisons false
+template <int V> void launch_cluster(const ArgmaxArgs & args, const OpContext & ctx) {
+    cudaLaunchConfig_t   cfg{};
+    cudaLaunchAttribute  attr[1];
+    attr[0].id               = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = kClusterN;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.gridDim              = dim3(kClusterN, unsigned(args.nrows), 1);
+    cfg.blockDim             = dim3(kClusterThr, 1, 1);
+    cfg.dynamicSmemBytes     = 0;
+    cfg.stream               = ctx.stream;
+    cfg.attrs                = attr;
+    cfg.numAttrs             = 1;
+    SPARK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, argmax_cluster_kernel<V>, args));
 }
 
-__device__ __forceinline__ Best warp_best(Best b) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        Best other;
-        other.v = __shfl_xor_sync(0xffffffffu, b.v, o);
-        other.i = __shfl_xor_sync(0xffffffffu, b.i, o);
-        b       = better(b, other);
+// Whether this build's code for the current device has the cluster kernel's body (compiled for
+// sm_90 or newer; a device running an sm_80 cubin gets the empty stub). Cached per device.
+bool cluster_kernel_built() {
+    static std::atomic<int> cache[64];  // 0 unknown, 1 no, 2 yes
+    int                     dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+    int v = cache[dev].load(std::memory_order_relaxed);
+    if (v == 0) {
+        cudaFuncAttributes attr{};
+        v = cudaFuncGetAttributes(&attr, argmax_cluster_kernel<4>) == cudaSuccess && attr.binaryVersion >= 90 ? 2 : 1;
+        cache[dev].store(v, std::memory_order_relaxed);
     }
-    return b;
-}
-
-// The CPU's answer for a row whose best non-NaN entry is `b`.
-__device__ __forceinline__ int32_t finish(Best b, const float * row) {
-    const float x0 = row[0];
-    if (x0 != x0 || b.i == kNone) return 0;
-    return b.i;
-}
-
-struct ArgmaxArgs {
-    Rows      x;
-    int64_t   n = 0, nrows = 0, chunks = 0;
-    Best *    partial = nullptr;  // [nrows][chunks] when chunks > 1
-    int32_t * out     = nullptr;  // [nrows]
-};
-
-template <int V> __global__ void argmax_chunks_kernel(const ArgmaxArgs args) {
-    __shared__ Best warp_results[kThreads / 32];
-    const int64_t c   = blockIdx.x;
-    const int64_t beg = c * kChunk;
-    const int64_t end = min(args.n, beg + kChunk);
-    for (int64_t r = blockIdx.y; r < args.nrows; r += gridDim.y) {
-        const float * row = reinterpret_cast<const float *>(args.x.row(r));
-        Best          b{-INFINITY, kNone};
-        // Each thread visits increasing indices, so ties inside a thread keep the first.
-        for (int64_t i = beg + int64_t(threadIdx.x) * V; i < end; i += int64_t(kThreads) * V) {
-            if constexpr (V == 4) {
-                const float4 q = *reinterpret_cast<const float4 *>(row + i);
-                offer(b, q.x, i);
-                offer(b, q.y, i + 1);
-                offer(b, q.z, i + 2);
-                offer(b, q.w, i + 3);
-            } else {
-                offer(b, row[i], i);
-            }
-        }
-        b = warp_best(b);
-        if ((threadIdx.x & 31) == 0) warp_results[threadIdx.x >> 5] = b;
-        __syncthreads();
-        if (threadIdx.x < 32) {
-            Best w = threadIdx.x < kThreads / 32 ? warp_results[threadIdx.x] : Best{-INFINITY, kNone};
-            w      = warp_best(w);
-            if (threadIdx.x == 0) {
-                if (args.chunks == 1) args.out[r] = finish(w, row);
-                else args.partial[r * args.chunks + c] = w;
-            }
-        }
-        __syncthreads();  // warp_results is reused for the next row
-    }
-}
-
-// One warp per row over its chunk results.
-__global__ void argmax_rows_kernel(const ArgmaxArgs args) {
-    const int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
-    if (r >= args.nrows) return;
-    const int lane = threadIdx.x & 31;
-    Best      b{-INFINITY, kNone};
-    for (int64_t c = lane; c < args.chunks; c += 32) b = better(b, args.partial[r * args.chunks + c]);
-    b = warp_best(b);
-    if (lane == 0) args.out[r] = finish(b, reinterpret_cast<const float *>(args.x.row(r)));
+    return v == 2;
 }
 
 }  // namespace
@@ -125,21 +77,34 @@ void op_argmax(const Tensor & t, const OpContext & ctx) {
         SPARK_CUDA_CHECK(cudaMemsetAsync(args.out, 0, size_t(args.nrows) * sizeof(int32_t), ctx.stream));
         return;
     }
-    args.chunks = ceil_div(args.n, kChunk);
-    ew::require(args.chunks <= 0x7fffffff, "ARGMAX", "row too long");
-    if (args.chunks > 1) {
-        ew::require(ctx.workspace != nullptr, "ARGMAX", "needs a workspace");
-        args.partial = static_cast<Best *>(ctx.workspace->get(size_t(args.nrows * args.chunks) * sizeof(Best)));
+    const bool vec = ew::vec4_ok(x);
+    // A cluster per row for long rows, and for rows over 8192 floats when there are few rows (one
+    // block would stream them through one SM); one block per row otherwise.
+    const int  cc      = ctx.props ? ctx.props->cc : 0;
+    const bool cluster = cc >= 900 && args.nrows <= 65535 && args.n > 8192 && (args.n > kRowMax || args.nrows <= 256) &&
+                         cluster_kernel_built();
+    if (cluster) {
+        if (vec) launch_cluster<4>(args, ctx);
+        else launch_cluster<1>(args, ctx);
+        return;
     }
-    const dim3 grid1(unsigned(args.chunks), unsigned(std::min<int64_t>(args.nrows, 65535)));
-    if (ew::vec4_ok(x)) argmax_chunks_kernel<4><<<grid1, kThreads, 0, ctx.stream>>>(args);
-    else argmax_chunks_kernel<1><<<grid1, kThreads, 0, ctx.stream>>>(args);
-    SPARK_CUDA_CHECK_LAUNCH();
-    if (args.chunks > 1) {
-        constexpr int kRowsPerBlock = 4;
-        argmax_rows_kernel<<<unsigned(ceil_div(args.nrows, kRowsPerBlock)), 32 * kRowsPerBlock, 0, ctx.stream>>>(args);
+    if (args.n <= kRowMax) {
+        const unsigned grid = unsigned(std::min<int64_t>(args.nrows, 0x7fffffff));
+        if (vec) argmax_row_kernel<4><<<grid, kArgmaxThreads, 0, ctx.stream>>>(args);
+        else argmax_row_kernel<1><<<grid, kArgmaxThreads, 0, ctx.stream>>>(args);
         SPARK_CUDA_CHECK_LAUNCH();
+        return;
     }
+    args.chunks = ceil_div(args.n, kChunk);
+    ew::require(ctx.workspace != nullptr, "ARGMAX", "needs a workspace");
+    args.partial = static_cast<Best *>(ctx.workspace->get(size_t(args.nrows * args.chunks) * sizeof(Best)));
+    const dim3 grid1(unsigned(args.chunks), unsigned(std::min<int64_t>(args.nrows, 65535)));
+    if (vec) argmax_chunks_kernel<4><<<grid1, kArgmaxThreads, 0, ctx.stream>>>(args);
+    else argmax_chunks_kernel<1><<<grid1, kArgmaxThreads, 0, ctx.stream>>>(args);
+    SPARK_CUDA_CHECK_LAUNCH();
+    constexpr int kRowsPerBlock = 4;
+    argmax_rows_kernel<<<unsigned(ceil_div(args.nrows, kRowsPerBlock)), 32 * kRowsPerBlock, 0, ctx.stream>>>(args);
+    SPARK_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace spark::cuda

@@ -90,12 +90,47 @@ inline bool same_shape(const Tensor & a, const Tensor & b) {
     return true;
 }
 
+// The weight of an RMS_NORM node (src1, [ne0] F32) or nullptr; `aligned`: 16-byte aligned.
+inline const float * norm_weight(const Tensor & norm, int64_t n, bool & aligned) {
+    aligned = true;
+    const Tensor * w = norm.src[1];
+    if (!w) return nullptr;
+    require_f32_rows(*w, "RMS_NORM");
+    require(w->ne[0] == n && w->nrows() == 1, "RMS_NORM", "weight must be [ne0]");
+    aligned = reinterpret_cast<uintptr_t>(w->data) % 16 == 0;
+    return static_cast<const float *>(w->data);
+}
+
+// Whether the byte spans of two tensors intersect.
+inline bool overlaps(const Tensor & p, const Tensor & q) {
+    const char * p0 = static_cast<const char *>(p.data);
+    const char * q0 = static_cast<const char *>(q.data);
+    return p.nelements() > 0 && q.nelements() > 0 && p0 < q0 + q.nbytes() && q0 < p0 + p.nbytes();
+}
+
 // Blocks for a grid-stride loop over `items` work items: enough to fill the device, never more
 // than there are items.
 inline unsigned grid_for(int64_t items, const OpContext & ctx, int blocks_per_sm = 16) {
     const int64_t sms = ctx.props && ctx.props->sm_count > 0 ? ctx.props->sm_count : 132;
     const int64_t cap = std::max<int64_t>(1, sms * blocks_per_sm);
     return unsigned(std::max<int64_t>(1, std::min(items, cap)));
+}
+
+// ---- loads
+
+// Read-only loads through the non-coherent path (weights, and activations a kernel never writes).
+__device__ __forceinline__ float  ldg(const float * p) { return __ldg(p); }
+__device__ __forceinline__ float4 ldg4(const float * p) { return __ldg(reinterpret_cast<const float4 *>(p)); }
+
+// ---- order-preserving float <-> uint32 keys (a < b as floats <=> key(a) < key(b) as unsigned, for
+// non-NaN values; -0 and +0 get different keys, callers canonicalise where that matters)
+
+__device__ __forceinline__ uint32_t ordered_key(float f) {
+    const uint32_t u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float from_ordered_key(uint32_t k) {
+    return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
 
 // ---- reductions

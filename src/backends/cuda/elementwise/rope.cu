@@ -1,15 +1,24 @@
 // ROPE: NEOX ("rotate half") rotary embedding of the first n_rot dims of every head of x [hd, nh, T]
-// at positions pos [T]; dims n_rot..hd are copied.
+// at positions pos [T]; dims n_rot..hd are copied. And the fused per-head RMS_NORM + ROPE
+// (op_rms_norm_rope: q/k norm, then RoPE of the normalised head, in one pass).
 //
 // Frequencies are bit-identical to the CPU backend's: the launcher evaluates the very same host
 // expression inv_freq[i] = 1.0f / std::pow(theta, float(2i) / float(n_rot)) and passes the table by
 // value as a kernel parameter (so a captured CUDA graph carries it). On the device the angle is
 // the same single float multiply pos * inv_freq[i]; sin/cos are the precise sincosf (not the
 // __sinf intrinsic), and the rotation is evaluated without FMA contraction, in the CPU's order.
+// The fused norm is the RMS_NORM kernel's arithmetic: float32 sum of squares (per lane, then a warp
+// butterfly), inv = 1 / sqrtf(mean + eps) (IEEE), y = (x * inv) * w or * (1 + w); the rotation then
+// reads y exactly as the CPU's ROPE reads the RMS_NORM output.
 //
-// One block per (token, group of kHeadsPerBlock heads): the block computes the token's half cos/sin
-// values once into shared memory, then rotates its heads.
-#include "backends/cuda/elementwise/ew_common.cuh"
+// One warp per (token, head), 4 per block, no shared memory and no barrier: lane l owns the rotation
+// pairs j = l + 32 k (elements j and j + n_rot / 2) and the copied dims n_rot + l + 32 c, all in
+// registers. Every load (position, head, norm weight) is issued first, so a head costs one memory
+// round trip, NP precise sincosf per lane, a 5-step butterfly (fused norm) and the stores. (The
+// previous kernel computed a token's cos/sin table in shared memory behind the position load and a
+// barrier, then looped over (head, pair) items with 64-bit divisions and a load-store round trip per
+// iteration.)
+#include "backends/cuda/elementwise/rope_kernels.cuh"
 
 #include <cmath>
 
@@ -17,61 +26,37 @@ namespace spark::cuda {
 
 namespace {
 
-constexpr int kMaxRotHalf    = 256;  // n_rot <= 512
-constexpr int kHeadsPerBlock = 4;
-constexpr int kThreads       = 128;
+using ew::kMaxCopyReg;
+using ew::kMaxRotHalf;
+using ew::kRopeWarps;
+using ew::RopeArgs;
+using ew::RopeFreqs;
 
-struct RopeFreqs {
-    float inv_freq[kMaxRotHalf];
-};
-
-struct RopeArgs {
-    const char *    x = nullptr;
-    char *          o = nullptr;
-    const int32_t * pos = nullptr;
-    int64_t         x_nb1 = 0, x_nb2 = 0, o_nb1 = 0, o_nb2 = 0;
-    int64_t         hd = 0, nh = 0;
-    int             n_rot = 0;
-};
-
-__global__ void rope_kernel(const RopeArgs args, const RopeFreqs freqs) {
-    __shared__ float s_cos[kMaxRotHalf];
-    __shared__ float s_sin[kMaxRotHalf];
-    const int64_t tok  = blockIdx.x;
-    const int     half = args.n_rot / 2;
-    const float   p    = float(args.pos[tok]);
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        float s, c;
-        sincosf(__fmul_rn(p, freqs.inv_freq[i]), &s, &c);
-        s_sin[i] = s;
-        s_cos[i] = c;
-    }
-    __syncthreads();
-
-    const int64_t h0       = int64_t(blockIdx.y) * kHeadsPerBlock;
-    const int64_t nheads   = min(int64_t(kHeadsPerBlock), args.nh - h0);
-    const int64_t per_head = half + (args.hd - args.n_rot);  // rotation pairs + copied dims
-    for (int64_t item = threadIdx.x; item < nheads * per_head; item += blockDim.x) {
-        const int64_t h = h0 + item / per_head;
-        const int64_t j = item % per_head;
-        const float * x = reinterpret_cast<const float *>(args.x + h * args.x_nb1 + tok * args.x_nb2);
-        float *       o = reinterpret_cast<float *>(args.o + h * args.o_nb1 + tok * args.o_nb2);
-        if (j < half) {
-            const float c = s_cos[j], s = s_sin[j];
-            const float x0 = x[j], x1 = x[j + half];
-            o[j]        = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-            o[j + half] = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
-        } else {
-            const int64_t i = args.n_rot + (j - half);
-            o[i]            = x[i];
-        }
-    }
+template <int NP, int NC, bool NORM> void launch_np_nc(const RopeArgs & args, const RopeFreqs & freqs, const OpContext & ctx) {
+    const unsigned blocks = unsigned(ceil_div(args.items, kRopeWarps));
+    ew::rope_kernel<NP, NC, NORM><<<blocks, 32 * kRopeWarps, 0, ctx.stream>>>(args, freqs);
+    SPARK_CUDA_CHECK_LAUNCH();
 }
 
-}  // namespace
+template <int NP, bool NORM> void launch_np(const RopeArgs & args, const RopeFreqs & freqs, const OpContext & ctx) {
+    const int copy = args.hd - args.n_rot;
+    if (copy == 0) return launch_np_nc<NP, 0, NORM>(args, freqs, ctx);
+    if (copy <= 64) return launch_np_nc<NP, 2, NORM>(args, freqs, ctx);
+    return launch_np_nc<NP, 8, NORM>(args, freqs, ctx);  // beyond 256: tail loop (ROPE only)
+}
 
-void op_rope(const Tensor & t, const OpContext & ctx) {
-    const Tensor & x   = *t.src[0];
+template <bool NORM> void launch_rope(const RopeArgs & args, const RopeFreqs & freqs, const OpContext & ctx) {
+    if (args.items == 0) return;
+    const int half = args.n_rot / 2;
+    if (half <= 32) return launch_np<1, NORM>(args, freqs, ctx);
+    if (half <= 64) return launch_np<2, NORM>(args, freqs, ctx);
+    if (half <= 128) return launch_np<4, NORM>(args, freqs, ctx);
+    return launch_np<8, NORM>(args, freqs, ctx);
+}
+
+// Validates a ROPE node over `x` (its input, or the fused norm's input of the same shape) and fills
+// the rotation part of the arguments and the frequency table.
+void setup_rope(const Tensor & t, const Tensor & x, RopeArgs & args, RopeFreqs & freqs) {
     const Tensor & pos = *t.src[1];
     ew::require_f32_rows(x, "ROPE");
     ew::require_f32_rows(t, "ROPE");
@@ -82,18 +67,13 @@ void op_rope(const Tensor & t, const OpContext & ctx) {
     const int n_rot = t.ip[0];
     ew::require(n_rot > 0 && n_rot % 2 == 0 && n_rot <= x.ne[0], "ROPE", "n_rot must be even and within head_dim");
     ew::require(n_rot / 2 <= kMaxRotHalf, "ROPE", "n_rot above 512 is not supported");
-    const int64_t n_tok = x.ne[2], nh = x.ne[1];
-    if (n_tok == 0 || nh == 0) return;
-    const int64_t head_groups = ceil_div(nh, kHeadsPerBlock);
-    ew::require(n_tok <= 0x7fffffff && head_groups <= 65535, "ROPE", "too many tokens or heads for one launch");
+    ew::require(x.ne[0] <= 0x7fffffff && x.ne[1] * x.ne[2] <= 0x7fffffff - kRopeWarps, "ROPE", "too many heads x tokens for one launch");
 
     // Exactly the CPU backend's table (src/backends/cpu/ops_elementwise.cpp, op_rope).
-    RopeFreqs     freqs{};
-    const float   theta = t.fp[0];
-    const int     half  = n_rot / 2;
+    const float theta = t.fp[0];
+    const int   half  = n_rot / 2;
     for (int i = 0; i < half; ++i) freqs.inv_freq[i] = 1.0f / std::pow(theta, float(2 * i) / float(n_rot));
 
-    RopeArgs args;
     args.x     = static_cast<const char *>(x.data);
     args.o     = static_cast<char *>(t.data);
     args.pos   = static_cast<const int32_t *>(pos.data);
@@ -101,12 +81,45 @@ void op_rope(const Tensor & t, const OpContext & ctx) {
     args.x_nb2 = int64_t(x.nb[2]);
     args.o_nb1 = int64_t(t.nb[1]);
     args.o_nb2 = int64_t(t.nb[2]);
-    args.hd    = x.ne[0];
-    args.nh    = nh;
+    args.hd    = int(x.ne[0]);
+    args.nh    = int(x.ne[1]);
     args.n_rot = n_rot;
-    const dim3 grid{unsigned(n_tok), unsigned(head_groups), 1u};
-    rope_kernel<<<grid, kThreads, 0, ctx.stream>>>(args, freqs);
-    SPARK_CUDA_CHECK_LAUNCH();
+    args.items = int(x.ne[1] * x.ne[2]);
+}
+
+}  // namespace
+
+void op_rope(const Tensor & t, const OpContext & ctx) {
+    RopeArgs  args;
+    RopeFreqs freqs{};
+    setup_rope(t, *t.src[0], args, freqs);
+    launch_rope<false>(args, freqs, ctx);
+}
+
+void op_rms_norm_rope(const Tensor & norm, const Tensor & rope, const OpContext & ctx) {
+    ew::require(norm.op == Op::RMS_NORM && rope.op == Op::ROPE && rope.src[0] == &norm, "RMS_NORM+ROPE",
+                "rope must be the ROPE of the RMS_NORM node");
+    const Tensor & x = *norm.src[0];
+    ew::require_f32_rows(norm, "RMS_NORM+ROPE");
+    ew::require(ew::same_shape(x, norm), "RMS_NORM+ROPE", "norm output shape differs from its input");
+    RopeArgs  args;
+    RopeFreqs freqs{};
+    setup_rope(rope, x, args, freqs);  // the rotation reads the norm's input directly
+    bool w_aligned = true;             // (scalar weight loads: any alignment)
+    args.w         = ew::norm_weight(norm, x.ne[0], w_aligned);
+    args.eps       = norm.fp[0];
+    args.zc        = norm.ip[0] != 0;
+    // One warp holds a whole head: at most 256 copied dims in registers. The output may be placed
+    // over the norm's input (dead after the norm): exactly in place is safe (a warp reads its head
+    // before it writes it), any other overlap is not. Otherwise (or too wide): the two ops in turn.
+    bool in_place = x.data == rope.data;
+    for (int d = 1; d < kMaxDims; ++d) in_place = in_place && (x.ne[d] == 1 || x.nb[d] == rope.nb[d]);
+    if (x.ne[0] - rope.ip[0] > kMaxCopyReg || (!in_place && ew::overlaps(rope, x))) {
+        op_rms_norm(norm, ctx);
+        op_rope(rope, ctx);
+        return;
+    }
+    launch_rope<true>(args, freqs, ctx);
 }
 
 }  // namespace spark::cuda

@@ -1,0 +1,429 @@
+// Runs the small-op CUDA kernels (src/backends/cuda/elementwise/*_kernels.cuh), unchanged, on the CPU
+// warp emulator (emu/) against references that follow the CPU backend (src/backends/cpu/
+// ops_elementwise.cpp, ops_moe.cpp). No GPU needed; checks indexing, predication, the register
+// layouts, warp/block reductions, the route's sort and redux rounds, argmax tie and NaN rules, and
+// (with random warp orders) missing barriers. The argmax cluster kernel (sm_90 thread block
+// clusters) is not modelled; tests/cuda/test_elementwise.cpp covers it on a GPU.
+//
+// Build and run (from the repository root; about a minute):
+//   g++ -std=c++20 -O2 -g -ffp-contract=off -fsanitize=address,undefined -Idev/kernels/elementwise/emu -Isrc -Iinclude \
+//       dev/kernels/elementwise/emu_test.cpp -o /tmp/ew_emu_test && /tmp/ew_emu_test
+#include "backends/cuda/elementwise/argmax_kernels.cuh"
+#include "backends/cuda/elementwise/moe_kernels.cuh"
+#include "backends/cuda/elementwise/norm_kernels.cuh"
+#include "backends/cuda/elementwise/rope_kernels.cuh"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+using namespace spark::cuda::ew;
+
+namespace {
+
+std::mt19937 rng(4321);
+float        randn() {
+    static std::normal_distribution<float> nd(0.0f, 1.0f);
+    return nd(rng);
+}
+
+int failures = 0, checks = 0;
+
+void expect(bool ok, const std::string & what) {
+    ++checks;
+    if (!ok) {
+        ++failures;
+        std::printf("FAIL %s\n", what.c_str());
+    }
+}
+
+double nmse(const float * got, const float * ref, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; ++i) {
+        if (!std::isfinite(got[i])) return INFINITY;
+        num += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
+        den += double(ref[i]) * ref[i];
+    }
+    return den > 0 ? num / den : num;
+}
+
+// Contiguous [n, rows] rows with a row stride of `stride` floats.
+Rows rows_at(float * p, int64_t stride) {
+    Rows r;
+    r.data = reinterpret_cast<char *>(p);
+    r.nb3  = stride * 4;
+    return r;
+}
+
+// ---------------------------------------------------------------- norms
+
+template <int G, int NIT, bool ADD> void run_reg(const NormArgs & a) {
+    const unsigned blocks = unsigned(G == 32 ? (a.nrows + 3) / 4 : a.nrows);
+    emu::launch(dim3(blocks), dim3(G == 32 ? 128 : G), [&] { norm_reg_kernel<G, NIT, ADD>(a); }, uint64_t(a.n));
+}
+template <int G, int V, bool ADD> void run_stream(const NormArgs & a) {
+    const unsigned blocks = unsigned(G == 32 ? (a.nrows + 3) / 4 : a.nrows);
+    emu::launch(dim3(blocks), dim3(G == 32 ? 128 : G), [&] { norm_stream_kernel<G, V, ADD>(a); }, uint64_t(a.n));
+}
+// The selection of norm.cu's launch_norm.
+template <bool ADD> void run_norm(const NormArgs & a, bool vec) {
+    const int64_t n = a.n;
+    if (vec) {
+        if (n <= 128) return run_reg<32, 1, ADD>(a);
+        if (n <= 256) return run_reg<32, 2, ADD>(a);
+        if (n <= 512) return run_reg<32, 4, ADD>(a);
+        if (n <= 1024) return run_reg<32, 8, ADD>(a);
+        if (n <= 2048) return run_reg<256, 2, ADD>(a);
+        if (n <= 4096) return run_reg<256, 4, ADD>(a);
+        if (n <= 8192) return run_reg<256, 8, ADD>(a);
+        if (n <= 16384) return run_reg<512, 8, ADD>(a);
+        return run_stream<1024, 4, ADD>(a);
+    }
+    if (n <= 1024) return run_stream<32, 1, ADD>(a);
+    if (n <= 8192) return run_stream<256, 1, ADD>(a);
+    return run_stream<1024, 1, ADD>(a);
+}
+
+void test_norms() {
+    const float eps = 1e-6f;
+    for (int64_t n : {64, 127, 128, 200, 1000, 1024, 2048, 4096, 6000, 10240, 20000})
+        for (int64_t rows : {1, 3, 6})
+            for (int variant = 0; variant < 6; ++variant) {
+                // 0 rms w, 1 rms zc, 2 rms no w, 3 l2, 4 add+rms w, 5 add (b broadcast) + rms zc
+                if (n >= 10240 && rows > 1) continue;
+                const bool add = variant >= 4, l2 = variant == 3, zc = variant == 1 || variant == 5, has_w = variant != 2 && !l2;
+                const bool bcast  = variant == 5;
+                const int64_t st  = n + (n % 4 ? 1 : 4);  // row stride (floats): a gap after every row
+                std::vector<float> x(static_cast<size_t>(st * rows)), b(static_cast<size_t>(st * rows)), w(static_cast<size_t>(n)), out(static_cast<size_t>(st * rows), NAN),
+                    sum(static_cast<size_t>(st * rows), NAN);
+                for (auto & v : x) v = randn() * 2.0f;
+                for (auto & v : b) v = randn();
+                for (auto & v : w) v = zc ? 0.1f * randn() : 1.0f + 0.1f * randn();
+                NormArgs a;
+                a.x = rows_at(x.data(), st), a.out = rows_at(out.data(), st), a.b = rows_at(b.data(), bcast ? 0 : st),
+                a.sum = rows_at(sum.data(), st);
+                a.w = has_w ? w.data() : nullptr, a.n = n, a.nrows = rows, a.eps = eps, a.zero_centered = zc, a.l2 = l2,
+                a.b_one_row = bcast;
+                const bool vec = n % 4 == 0;
+                if (add) run_norm<true>(a, vec);
+                else run_norm<false>(a, vec);
+                // reference (CPU backend: ADD, then RMS_NORM / L2_NORM with a double sum of squares)
+                std::vector<float> ref(static_cast<size_t>(n)), refsum(static_cast<size_t>(n));
+                double             worst = 0;
+                bool               sum_ok = true;
+                for (int64_t r = 0; r < rows; ++r) {
+                    const float * xr = x.data() + r * st;
+                    for (int64_t i = 0; i < n; ++i) refsum[size_t(i)] = add ? xr[i] + b[size_t((bcast ? 0 : r) * st + i)] : xr[i];
+                    double ss = 0;
+                    for (int64_t i = 0; i < n; ++i) ss += double(refsum[size_t(i)]) * refsum[size_t(i)];
+                    const float inv = l2 ? 1.0f / std::sqrt(float(ss) + eps) : 1.0f / std::sqrt(float(ss / double(n)) + eps);
+                    for (int64_t i = 0; i < n; ++i) {
+                        float v = refsum[size_t(i)] * inv;
+                        if (has_w) v *= zc ? (1.0f + w[size_t(i)]) : w[size_t(i)];
+                        ref[size_t(i)] = v;
+                    }
+                    worst = std::max(worst, nmse(out.data() + r * st, ref.data(), size_t(n)));
+                    if (add) sum_ok = sum_ok && std::memcmp(sum.data() + r * st, refsum.data(), size_t(n) * 4) == 0;
+                    if (std::isfinite(out[size_t(r * st + n)])) worst = INFINITY;  // wrote past the row
+                }
+                expect(worst <= 1e-12 && sum_ok, "norm n=" + std::to_string(n) + " rows=" + std::to_string(rows) + " variant " +
+                                                     std::to_string(variant) + " nmse " + std::to_string(worst));
+            }
+}
+
+// ---------------------------------------------------------------- rope (+ fused norm)
+
+void test_rope() {
+    struct Cfg {
+        int   hd, nh, n_rot;
+        float theta;
+        bool  zc, has_w;
+    };
+    const Cfg cfgs[] = {
+        {128, 32, 128, 1e6f, false, true}, {128, 8, 128, 1e6f, false, true}, {256, 16, 64, 1e7f, true, true},
+        {64, 4, 64, 1e4f, false, false},   {256, 4, 256, 1e6f, false, true}, {128, 4, 32, 1e4f, true, true},
+        {96, 3, 80, 1e4f, false, true},    {512, 2, 512, 1e6f, false, true}, {600, 2, 64, 1e4f, false, true},
+    };
+    for (const Cfg & c : cfgs)
+        for (int T : {1, 5})
+            for (int fused = 0; fused < 2; ++fused) {
+                if (fused && c.hd - c.n_rot > kMaxCopyReg) continue;  // the launcher falls back to two ops
+                const int64_t s1 = c.hd + 4, s2 = s1 * (c.nh + 1);    // strided input
+                std::vector<float> x(static_cast<size_t>(s2 * T)), w(static_cast<size_t>(c.hd)), o(static_cast<size_t>(c.hd * c.nh * T + 1), NAN);
+                for (auto & v : x) v = randn() * 2.0f;
+                for (auto & v : w) v = c.zc ? 0.1f * randn() : 1.0f + 0.1f * randn();
+                std::vector<int32_t> pos(static_cast<size_t>(T));
+                for (int t = 0; t < T; ++t) pos[size_t(t)] = T == 1 ? 31999 : t * 7919 % 40000;
+                RopeArgs  a;
+                RopeFreqs f{};
+                const int half = c.n_rot / 2;
+                for (int i = 0; i < half; ++i) f.inv_freq[i] = 1.0f / std::pow(c.theta, float(2 * i) / float(c.n_rot));
+                a.x = reinterpret_cast<const char *>(x.data()), a.o = reinterpret_cast<char *>(o.data()), a.pos = pos.data();
+                a.x_nb1 = s1 * 4, a.x_nb2 = s2 * 4, a.o_nb1 = c.hd * 4, a.o_nb2 = int64_t(c.hd) * c.nh * 4;
+                a.hd = c.hd, a.nh = c.nh, a.n_rot = c.n_rot, a.items = c.nh * T;
+                a.w = c.has_w ? w.data() : nullptr, a.eps = 1e-6f, a.zc = c.zc;
+                const unsigned blocks = unsigned((a.items + kRopeWarps - 1) / kRopeWarps);
+                auto go = [&](auto np_tag, auto nc_tag) {
+                    constexpr int NP = decltype(np_tag)::value, NC = decltype(nc_tag)::value;
+                    if (fused) emu::launch(dim3(blocks), dim3(32 * kRopeWarps), [&] { rope_kernel<NP, NC, true>(a, f); });
+                    else emu::launch(dim3(blocks), dim3(32 * kRopeWarps), [&] { rope_kernel<NP, NC, false>(a, f); });
+                };
+                auto go_np = [&](auto np_tag) {  // rope.cu's launch_np
+                    const int copy = c.hd - c.n_rot;
+                    if (copy == 0) go(np_tag, std::integral_constant<int, 0>{});
+                    else if (copy <= 64) go(np_tag, std::integral_constant<int, 2>{});
+                    else go(np_tag, std::integral_constant<int, 8>{});
+                };
+                if (half <= 32) go_np(std::integral_constant<int, 1>{});
+                else if (half <= 64) go_np(std::integral_constant<int, 2>{});
+                else if (half <= 128) go_np(std::integral_constant<int, 4>{});
+                else go_np(std::integral_constant<int, 8>{});
+                // reference: (RMS_NORM then) ROPE, the CPU backend's expressions
+                std::vector<float> ref(static_cast<size_t>(c.hd * c.nh * T)), y(static_cast<size_t>(c.hd));
+                for (int t = 0; t < T; ++t)
+                    for (int h = 0; h < c.nh; ++h) {
+                        const float * xr = x.data() + t * s2 + h * s1;
+                        for (int i = 0; i < c.hd; ++i) y[size_t(i)] = xr[i];
+                        if (fused) {
+                            double ss = 0;
+                            for (int i = 0; i < c.hd; ++i) ss += double(y[size_t(i)]) * y[size_t(i)];
+                            const float inv = 1.0f / std::sqrt(float(ss / double(c.hd)) + 1e-6f);
+                            for (int i = 0; i < c.hd; ++i) {
+                                float v = y[size_t(i)] * inv;
+                                if (c.has_w) v *= c.zc ? (1.0f + w[size_t(i)]) : w[size_t(i)];
+                                y[size_t(i)] = v;
+                            }
+                        }
+                        float *     rr = ref.data() + (size_t(t) * c.nh + h) * c.hd;
+                        const float p  = float(pos[size_t(t)]);
+                        for (int i = 0; i < half; ++i) {
+                            const float ang = p * f.inv_freq[i];
+                            const float cs = std::cos(ang), sn = std::sin(ang);
+                            rr[i]        = y[size_t(i)] * cs - y[size_t(i + half)] * sn;
+                            rr[i + half] = y[size_t(i + half)] * cs + y[size_t(i)] * sn;
+                        }
+                        for (int i = c.n_rot; i < c.hd; ++i) rr[i] = y[size_t(i)];
+                    }
+                const double e = nmse(o.data(), ref.data(), ref.size());
+                expect(e <= 1e-12 && !std::isfinite(o.back()), "rope hd=" + std::to_string(c.hd) + " n_rot=" + std::to_string(c.n_rot) +
+                                                                 " T=" + std::to_string(T) + (fused ? " fused" : "") + " nmse " +
+                                                                 std::to_string(e));
+            }
+}
+
+// ---------------------------------------------------------------- moe route / combine
+
+// The kernel's arithmetic (float softmax sum: per lane in slot order, then the xor butterfly) and the
+// CPU backend's selection rule; with this reference the weights must be bit-identical.
+void route_ref(const float * x, int E, int k, bool normalize, std::vector<float> & w, std::vector<int32_t> & ids) {
+    float m = -INFINITY;
+    for (int e = 0; e < E; ++e)
+        if (x[e] > m) m = x[e];
+    bool any_nan = false;
+    for (int e = 0; e < E; ++e) any_nan = any_nan || x[e] != x[e];
+    if (any_nan) m = NAN;
+    std::vector<float> ex(static_cast<size_t>(E));
+    float              lane_s[32] = {};
+    for (int e = 0; e < E; ++e) {
+        ex[size_t(e)] = std::exp(x[e] - m);
+        lane_s[e % 32] += ex[size_t(e)];
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        float nxt[32];
+        for (int l = 0; l < 32; ++l) nxt[l] = lane_s[l] + lane_s[l ^ o];
+        std::memcpy(lane_s, nxt, sizeof nxt);
+    }
+    const float        s = lane_s[0];
+    std::vector<float> p(static_cast<size_t>(E));
+    for (int e = 0; e < E; ++e) p[size_t(e)] = ex[size_t(e)] / s;
+    std::vector<int> order(static_cast<size_t>(E));
+    std::iota(order.begin(), order.end(), 0);
+    auto key = [&](int a) { return p[size_t(a)] == p[size_t(a)] ? p[size_t(a)] : -INFINITY; };
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int a, int c) { return key(a) > key(c) || (key(a) == key(c) && a < c); });
+    float wsum = 0.0f;
+    for (int j = 0; j < k; ++j) wsum += p[size_t(order[size_t(j)])];
+    w.resize(size_t(k));
+    ids.resize(size_t(k));
+    for (int j = 0; j < k; ++j) {
+        w[size_t(j)]   = normalize ? p[size_t(order[size_t(j)])] / wsum : p[size_t(order[size_t(j)])];
+        ids[size_t(j)] = order[size_t(j)];
+    }
+}
+
+void test_moe() {
+    struct Cfg {
+        int E, k;
+    };
+    for (Cfg c : {Cfg{8, 2}, Cfg{128, 8}, Cfg{512, 10}, Cfg{60, 4}, Cfg{512, 16}, Cfg{256, 8}, Cfg{64, 32}, Cfg{33, 1}, Cfg{20, 20}})
+        for (int kind = 0; kind < 4; ++kind)  // 0 random, 1 ties (pairs of equal logits), 2 quantised (many ties), 3 a NaN
+            for (bool normalize : {false, true}) {
+                const int rows = 6, st = c.E + 3;
+                std::vector<float> x(static_cast<size_t>(st * rows));
+                for (auto & v : x) v = randn() * 2.0f;
+                for (int r = 0; r < rows; ++r) {
+                    float * xr = x.data() + r * st;
+                    if (kind == 1)
+                        for (int e = 0; e + 1 < c.E; e += 2) xr[e + 1] = xr[e];
+                    if (kind == 2)
+                        for (int e = 0; e < c.E; ++e) xr[e] = std::round(xr[e]);
+                    if (kind == 3 && r == 2) xr[c.E / 2] = NAN;
+                }
+                std::vector<float> out(static_cast<size_t>(2 * c.k * rows));
+                RouteArgs          a;
+                a.logits = rows_at(x.data(), st), a.out = rows_at(out.data(), 2 * c.k), a.n_expert = c.E, a.nrows = rows,
+                a.k = c.k, a.normalize = normalize;
+                const unsigned blocks = unsigned((rows + kRouteWarps - 1) / kRouteWarps);
+                auto           go     = [&](auto tag) {
+                    constexpr int NPL = decltype(tag)::value;
+                    emu::launch(dim3(blocks), dim3(32 * kRouteWarps), [&] { moe_route_kernel<NPL>(a); }, uint64_t(c.E * 31 + kind));
+                };
+                if (c.E <= 32) go(std::integral_constant<int, 1>{});
+                else if (c.E <= 64) go(std::integral_constant<int, 2>{});
+                else if (c.E <= 128) go(std::integral_constant<int, 4>{});
+                else if (c.E <= 256) go(std::integral_constant<int, 8>{});
+                else go(std::integral_constant<int, 16>{});
+                bool ok = true;
+                for (int r = 0; r < rows; ++r) {
+                    std::vector<float>   w;
+                    std::vector<int32_t> ids;
+                    route_ref(x.data() + r * st, c.E, c.k, normalize, w, ids);
+                    const float *   gw   = out.data() + r * 2 * c.k;
+                    const int32_t * gids = reinterpret_cast<const int32_t *>(gw + c.k);
+                    for (int j = 0; j < c.k; ++j) {
+                        ok = ok && gids[j] == ids[size_t(j)];
+                        ok = ok && (std::memcmp(&gw[j], &w[size_t(j)], 4) == 0 || (gw[j] != gw[j] && w[size_t(j)] != w[size_t(j)]));
+                    }
+                }
+                expect(ok, "moe_route E=" + std::to_string(c.E) + " k=" + std::to_string(c.k) + " kind " + std::to_string(kind) +
+                               (normalize ? " norm" : ""));
+            }
+    // Exact ties with known answers: logits [3, 1, 3, 3, 0, 1, 1, 1], k = 4 -> ids 0, 2, 3, 1.
+    {
+        std::vector<float> x = {3, 1, 3, 3, 0, 1, 1, 1}, out(8);
+        RouteArgs          a;
+        a.logits = rows_at(x.data(), 8), a.out = rows_at(out.data(), 8), a.n_expert = 8, a.nrows = 1, a.k = 4, a.normalize = true;
+        emu::launch(dim3(1), dim3(128), [&] { moe_route_kernel<1>(a); });
+        const int32_t * ids = reinterpret_cast<const int32_t *>(out.data() + 4);
+        expect(ids[0] == 0 && ids[1] == 2 && ids[2] == 3 && ids[3] == 1, "moe_route known ties");
+    }
+
+    for (int k : {1, 3, 8, 10, 16, 20})
+        for (int64_t H : {2048, 130, 64})
+            for (int T : {1, 3}) {
+                std::vector<float> y(static_cast<size_t>(H * k * T)), w(static_cast<size_t>(2 * k * T)), o(static_cast<size_t>(H * T));
+                for (auto & v : y) v = randn();
+                for (auto & v : w) v = randn();
+                CombineArgs a;
+                a.y = reinterpret_cast<const char *>(y.data()), a.w = reinterpret_cast<const char *>(w.data());
+                a.out = rows_at(o.data(), H), a.y_nb1 = H * 4, a.y_nb2 = H * k * 4, a.w_nb1 = 2 * k * 4, a.h = H, a.k = k, a.n_tok = T;
+                const bool vec = H % 4 == 0;
+                a.chunks       = (H + kCombineThreads * (vec ? 4 : 1) - 1) / (kCombineThreads * (vec ? 4 : 1));
+                const unsigned grid = unsigned(std::min<int64_t>(a.n_tok * a.chunks, 5));  // grid-stride too
+                if (vec) {
+                    if (k > 8) emu::launch(dim3(grid), dim3(kCombineThreads), [&] { moe_combine_kernel<4, 16>(a); });
+                    else emu::launch(dim3(grid), dim3(kCombineThreads), [&] { moe_combine_kernel<4, 8>(a); });
+                } else {
+                    if (k > 8) emu::launch(dim3(grid), dim3(kCombineThreads), [&] { moe_combine_kernel<1, 16>(a); });
+                    else emu::launch(dim3(grid), dim3(kCombineThreads), [&] { moe_combine_kernel<1, 8>(a); });
+                }
+                bool ok = true;
+                for (int t = 0; t < T; ++t)
+                    for (int64_t i = 0; i < H; ++i) {
+                        float acc = 0.0f;
+                        for (int j = 0; j < k; ++j) acc += w[size_t(t * 2 * k + j)] * y[size_t((t * k + j) * H + i)];
+                        ok = ok && std::memcmp(&acc, &o[size_t(t * H + i)], 4) == 0;
+                    }
+                expect(ok, "moe_combine k=" + std::to_string(k) + " H=" + std::to_string(H) + " T=" + std::to_string(T));
+            }
+}
+
+// ---------------------------------------------------------------- argmax
+
+int32_t argmax_ref(const float * x, int64_t n) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; ++i)
+        if (x[i] > x[best]) best = i;
+    return int32_t(best);
+}
+
+void test_argmax() {
+    const float nan = std::numeric_limits<float>::quiet_NaN(), inf = INFINITY;
+    // 8 values: threads 0 and 1 hold 4 each (the -0 / +0 and NaN rules within and across threads).
+    std::vector<std::vector<float>> special = {
+        {nan, 1, 2, 0.5f, 1, 1, 1, 1},     {1, nan, 3, 3, 3, nan, 3, 3},        {-inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf},
+        {-inf, nan, -5, nan, nan, -5, -6, nan}, {nan, nan, nan, nan, nan, nan, nan, nan}, {0.0f, -0.0f, -1, inf, 1, 2, 3, inf},
+        {-0.0f, 0.0f, -1, -2, -3, -4, -5, -6}, {-1, -1, -0.0f, -1, 0.0f, -1, -1, -1}, {-1, -1, 0.0f, -1, -0.0f, -1, -1, -1},
+        {-2, -1, -3, -4, -0.0f, 0.0f, -1, -1}, {nan, nan, nan, nan, -inf, nan, -inf, nan},
+    };
+    for (const auto & row : special) {
+        std::vector<float>   x = row;
+        std::vector<int32_t> out(1, -1);
+        ArgmaxArgs           a;
+        a.x = rows_at(x.data(), 8), a.n = 8, a.nrows = 1, a.out = out.data();
+        emu::launch(dim3(1), dim3(kArgmaxThreads), [&] { argmax_row_kernel<4>(a); });
+        expect(out[0] == argmax_ref(x.data(), 8), "argmax special row");
+        out[0] = -1;
+        emu::launch(dim3(1), dim3(kArgmaxThreads), [&] { argmax_row_kernel<1>(a); });
+        expect(out[0] == argmax_ref(x.data(), 8), "argmax special row (scalar)");
+    }
+    for (int64_t n : {5, 64, 2048, 4095, 4096, 20000, 32768, 151936})
+        for (int kind = 0; kind < 3; ++kind) {  // 0 random, 1 the row twice (ties), 2 quantised (many ties)
+            const int     rows = n > 40000 ? 2 : 3;
+            const int64_t st   = n + 4;
+            std::vector<float> x(static_cast<size_t>(st * rows));
+            for (auto & v : x) v = randn();
+            for (int r = 0; r < rows; ++r) {
+                float * xr = x.data() + r * st;
+                if (kind == 1)
+                    for (int64_t i = 0; i < n / 2; ++i) xr[n / 2 + i] = xr[i];
+                if (kind == 2)
+                    for (int64_t i = 0; i < n; ++i) xr[i] = std::round(xr[i] * 0.5f);
+            }
+            const bool vec = n % 4 == 0;
+            // one block per row
+            if (n <= kRowMax) {
+                std::vector<int32_t> out(static_cast<size_t>(rows), -1);
+                ArgmaxArgs           a;
+                a.x = rows_at(x.data(), st), a.n = n, a.nrows = rows, a.out = out.data();
+                if (vec) emu::launch(dim3(2), dim3(kArgmaxThreads), [&] { argmax_row_kernel<4>(a); });
+                else emu::launch(dim3(2), dim3(kArgmaxThreads), [&] { argmax_row_kernel<1>(a); });
+                bool ok = true;
+                for (int r = 0; r < rows; ++r) ok = ok && out[size_t(r)] == argmax_ref(x.data() + r * st, n);
+                expect(ok, "argmax row kernel n=" + std::to_string(n) + " kind " + std::to_string(kind));
+            }
+            // chunked two-kernel path
+            {
+                std::vector<int32_t> out(static_cast<size_t>(rows), -1);
+                ArgmaxArgs           a;
+                a.x = rows_at(x.data(), st), a.n = n, a.nrows = rows, a.out = out.data();
+                a.chunks = (n + kChunk - 1) / kChunk;
+                std::vector<Best> part(size_t(rows * a.chunks));
+                a.partial = part.data();
+                const dim3 g1(unsigned(a.chunks), 2);
+                if (vec) emu::launch(g1, dim3(kArgmaxThreads), [&] { argmax_chunks_kernel<4>(a); });
+                else emu::launch(g1, dim3(kArgmaxThreads), [&] { argmax_chunks_kernel<1>(a); });
+                emu::launch(dim3(unsigned((rows + 3) / 4)), dim3(128), [&] { argmax_rows_kernel(a); });
+                bool ok = true;
+                for (int r = 0; r < rows; ++r) ok = ok && out[size_t(r)] == argmax_ref(x.data() + r * st, n);
+                expect(ok, "argmax chunked n=" + std::to_string(n) + " kind " + std::to_string(kind));
+            }
+        }
+}
+
+}  // namespace
+
+int main(int argc, char ** argv) {
+    const std::string only = argc > 1 ? argv[1] : "";
+    if (only.empty() || only == "norm") test_norms();
+    if (only.empty() || only == "rope") test_rope();
+    if (only.empty() || only == "moe") test_moe();
+    if (only.empty() || only == "argmax") test_argmax();
+    std::printf("%d checks, %d failures\n", checks, failures);
+    return failures ? 1 : 0;
+}

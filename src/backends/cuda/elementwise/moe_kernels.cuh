@@ -1,0 +1,156 @@
+// Kernels of MOE_ROUTE and MOE_COMBINE; launched by moe.cu, also compiled by the CPU warp emulator
+// test (dev/kernels/elementwise/emu_test.cpp). See moe.cu.
+#pragma once
+
+#include "backends/cuda/elementwise/ew_common.cuh"
+
+namespace spark::cuda::ew {
+
+constexpr int kMaxExperts = 512;
+constexpr int kMaxTopK    = 32;  // one result per lane
+constexpr int kRouteWarps = 4;   // tokens per block
+
+struct RouteArgs {
+    Rows    logits;
+    Rows    out;
+    int64_t n_expert = 0, nrows = 0;
+    int     k         = 0;
+    bool    normalize = false;
+};
+
+// Probability key: larger p -> larger key; NaN below every number; 0 = no candidate (retired or
+// beyond E). p is in [0, 1] (or NaN), so bits + 2 never overflows and decodes exactly.
+__device__ __forceinline__ uint32_t prob_key(float p) { return p == p ? __float_as_uint(p) + 2u : 1u; }
+__device__ __forceinline__ float    key_prob(uint32_t k) { return k >= 2u ? __uint_as_float(k - 2u) : __int_as_float(0x7fffffff); }
+
+// NPL values per lane (power of two, 32 * NPL >= E).
+template <int NPL> __global__ void __launch_bounds__(32 * kRouteWarps) moe_route_kernel(const RouteArgs args) {
+    const int64_t r    = int64_t(blockIdx.x) * kRouteWarps + (threadIdx.x >> 5);
+    const int     lane = threadIdx.x & 31;
+    if (r >= args.nrows) return;  // whole warps
+    const int     E = int(args.n_expert);
+    const float * x = reinterpret_cast<const float *>(args.logits.row(r));
+
+    float p[NPL];
+#pragma unroll
+    for (int j = 0; j < NPL; ++j) {
+        const int e = lane + 32 * j;
+        p[j]        = e < E ? x[e] : 0.0f;
+    }
+    // max: NaN-free logits give the same m as a float max (a NaN makes every p NaN either way)
+    uint32_t mk = 0;
+#pragma unroll
+    for (int j = 0; j < NPL; ++j)
+        if (lane + 32 * j < E) mk = max(mk, ordered_key(p[j]));
+    const float m = from_ordered_key(__reduce_max_sync(0xffffffffu, mk));
+    float       s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NPL; ++j)
+        if (lane + 32 * j < E) {
+            p[j] = expf(p[j] - m);
+            s += p[j];
+        }
+    s = warp_sum(s);
+
+    // Candidates as 64-bit keys (probability key, then ~id: equal keys rank the lower id first),
+    // sorted descending per lane.
+    uint64_t c[NPL];
+#pragma unroll
+    for (int j = 0; j < NPL; ++j) {
+        const uint32_t e = uint32_t(lane + 32 * j);
+        c[j] = e < uint32_t(E) ? (uint64_t(prob_key(p[j] / s)) << 32) | uint64_t(~e) : 0ull;
+    }
+#pragma unroll
+    for (int size = 2; size <= NPL; size <<= 1)
+#pragma unroll
+        for (int stride = size >> 1; stride > 0; stride >>= 1)
+#pragma unroll
+            for (int i = 0; i < NPL; ++i) {
+                const int l = i ^ stride;
+                if (l > i) {
+                    const bool     desc = (i & size) == 0;
+                    const uint64_t hi = c[i] > c[l] ? c[i] : c[l], lo = c[i] > c[l] ? c[l] : c[i];
+                    c[i]              = desc ? hi : lo;
+                    c[l]              = desc ? lo : hi;
+                }
+            }
+
+    float    wsum = 0.0f, my_w = 0.0f;
+    uint32_t my_id = 0;
+    for (int it = 0; it < args.k; ++it) {
+        const uint32_t hk   = uint32_t(c[0] >> 32);
+        const uint32_t hid  = ~uint32_t(c[0]);
+        const uint32_t kmax = __reduce_max_sync(0xffffffffu, hk);  // >= 1: k <= E candidates exist
+        const uint32_t wid  = __reduce_min_sync(0xffffffffu, hk == kmax ? hid : 0xffffffffu);
+        if (hid == wid) {  // the winner's lane drops its head
+#pragma unroll
+            for (int j = 0; j + 1 < NPL; ++j) c[j] = c[j + 1];
+            c[NPL - 1] = 0ull;
+        }
+        const float pv = key_prob(kmax);
+        wsum += pv;  // the CPU's order: selection order
+        if (lane == it) {
+            my_w  = pv;
+            my_id = wid;
+        }
+    }
+    if (lane < args.k) {
+        float *   w   = reinterpret_cast<float *>(args.out.row(r));
+        int32_t * ids = reinterpret_cast<int32_t *>(w + args.k);
+        w[lane]       = args.normalize ? my_w / wsum : my_w;
+        ids[lane]     = int32_t(my_id);
+    }
+}
+
+struct CombineArgs {
+    const char * y = nullptr;
+    const char * w = nullptr;
+    Rows         out;
+    int64_t      y_nb1 = 0, y_nb2 = 0, w_nb1 = 0;
+    int64_t      h = 0, k = 0, n_tok = 0, chunks = 0;
+};
+
+constexpr int kCombineThreads = 128;
+
+// KC slots per batch: all KC weight and y loads are in flight before the first add.
+template <int V, int KC> __global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(const CombineArgs args) {
+    const int64_t items = args.n_tok * args.chunks;
+    for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+        const int64_t tok = item / args.chunks;
+        const int64_t c   = item - tok * args.chunks;
+        const int64_t i   = (c * kCombineThreads + threadIdx.x) * V;
+        if (i >= args.h) continue;
+        const float * wt = reinterpret_cast<const float *>(args.w + tok * args.w_nb1);
+        const char *  yt = args.y + tok * args.y_nb2;
+        float         acc[V];
+#pragma unroll
+        for (int v = 0; v < V; ++v) acc[v] = 0.0f;
+        for (int64_t j0 = 0; j0 < args.k; j0 += KC) {
+            float wj[KC], yv[KC][V];
+#pragma unroll
+            for (int u = 0; u < KC; ++u) {
+                const int64_t j = j0 + u;
+                if (j < args.k) {
+                    wj[u]            = wt[j];
+                    const float * yj = reinterpret_cast<const float *>(yt + j * args.y_nb1) + i;
+                    if constexpr (V == 4) {
+                        const float4 q = *reinterpret_cast<const float4 *>(yj);
+                        yv[u][0] = q.x, yv[u][1] = q.y, yv[u][2] = q.z, yv[u][3] = q.w;
+                    } else {
+                        yv[u][0] = *yj;
+                    }
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < KC; ++u)
+                if (j0 + u < args.k)
+#pragma unroll
+                    for (int v = 0; v < V; ++v) acc[v] = __fadd_rn(acc[v], __fmul_rn(wj[u], yv[u][v]));
+        }
+        float * o = reinterpret_cast<float *>(args.out.row(tok)) + i;
+        if constexpr (V == 4) *reinterpret_cast<float4 *>(o) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        else *o = acc[0];
+    }
+}
+
+}  // namespace spark::cuda::ew

@@ -1,0 +1,174 @@
+// Kernels of the row norms (RMS_NORM, L2_NORM, fused ADD + RMS_NORM); launched by norm.cu, also
+// compiled by the CPU warp emulator test (dev/kernels/elementwise/emu_test.cpp). See norm.cu.
+#pragma once
+
+#include "backends/cuda/elementwise/ew_common.cuh"
+
+namespace spark::cuda::ew {
+
+struct NormArgs {
+    Rows          x;        // input rows (RMS_NORM / L2_NORM), or `a` of the fused add
+    Rows          b;        // fused add: the other addend
+    Rows          sum;      // fused add: where a + b goes (the ADD node's output)
+    Rows          out;      // normalised rows
+    const float * w = nullptr;  // weight [n] or nullptr
+    int64_t       n = 0, nrows = 0;
+    float         eps = 0.0f;
+    bool          zero_centered = false;
+    bool          l2            = false;  // L2_NORM: inv = 1 / sqrt(sum + eps)
+    bool          b_one_row     = false;  // fused add: b broadcast over rows
+};
+
+__device__ __forceinline__ float4 ld4(const float * p) { return *reinterpret_cast<const float4 *>(p); }
+__device__ __forceinline__ void   st4(float * p, float4 v) { *reinterpret_cast<float4 *>(p) = v; }
+
+// Sum of squares over the G threads of a row. G == 32: a warp butterfly. G > 32 (blockDim.x == G,
+// one row per block): warp butterflies, one barrier, then every warp folds the per-warp partials
+// itself (no second barrier); `scratch` holds G / 32 floats, written once per kernel.
+template <int G> __device__ __forceinline__ float row_sum(float v, float * scratch) {
+    v = warp_sum(v);
+    if constexpr (G > 32) {
+        constexpr int W    = G / 32;
+        const int     lane = threadIdx.x & 31;
+        if (lane == 0) scratch[threadIdx.x >> 5] = v;
+        __syncthreads();
+        if constexpr (W <= 8) {
+            // W partials, summed in warp order by every thread (broadcast reads).
+            v = 0.0f;
+#pragma unroll
+            for (int i = 0; i < W; ++i) v += scratch[i];
+        } else {
+            v = warp_sum(lane < W ? scratch[lane] : 0.0f);
+        }
+    }
+    return v;
+}
+
+// Register-resident row (float4 only): NIT float4 per thread, n <= NIT * G * 4.
+template <int G, int NIT, bool ADD> __global__ void __launch_bounds__(G == 32 ? 128 : G) norm_reg_kernel(const NormArgs args) {
+    __shared__ float scratch[G > 32 ? G / 32 : 1];
+    const int     t = G == 32 ? int(threadIdx.x & 31) : int(threadIdx.x);
+    const int64_t r = G == 32 ? int64_t(blockIdx.x) * 4 + (threadIdx.x >> 5) : int64_t(blockIdx.x);
+    if (G == 32 && r >= args.nrows) return;  // whole warps only: no block-wide barrier in this mode
+    const int     n = int(args.n);
+    const float * w = args.w;
+
+    // Every load first: weight (independent of the previous kernel), then the row (and the addend).
+    float4 wv[NIT], xv[NIT];
+    if (w) {
+#pragma unroll
+        for (int k = 0; k < NIT; ++k) {
+            const int i = (k * G + t) * 4;
+            if (i < n) wv[k] = ldg4(w + i);
+        }
+    }
+    const float * x = reinterpret_cast<const float *>(args.x.row(r));
+#pragma unroll
+    for (int k = 0; k < NIT; ++k) {
+        const int i = (k * G + t) * 4;
+        xv[k]       = i < n ? ld4(x + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    if constexpr (ADD) {
+        const float * b = reinterpret_cast<const float *>(args.b.row(args.b_one_row ? 0 : r));
+        float4        bv[NIT];
+#pragma unroll
+        for (int k = 0; k < NIT; ++k) {
+            const int i = (k * G + t) * 4;
+            bv[k]       = i < n ? ld4(b + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+        float * s = reinterpret_cast<float *>(args.sum.row(r));
+#pragma unroll
+        for (int k = 0; k < NIT; ++k) {
+            const int i = (k * G + t) * 4;
+            xv[k]       = make_float4(xv[k].x + bv[k].x, xv[k].y + bv[k].y, xv[k].z + bv[k].z, xv[k].w + bv[k].w);
+            if (i < n) st4(s + i, xv[k]);
+        }
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NIT; ++k) ss += xv[k].x * xv[k].x + xv[k].y * xv[k].y + xv[k].z * xv[k].z + xv[k].w * xv[k].w;
+    ss = row_sum<G>(ss, scratch);
+
+    // Same expressions as the CPU backend: mean in float, then 1 / sqrt (IEEE, not rsqrtf).
+    const float inv = args.l2 ? 1.0f / sqrtf(ss + args.eps) : 1.0f / sqrtf(ss / float(n) + args.eps);
+    const bool  zc  = args.zero_centered;
+    float *     o   = reinterpret_cast<float *>(args.out.row(r));
+#pragma unroll
+    for (int k = 0; k < NIT; ++k) {
+        const int i = (k * G + t) * 4;
+        if (i >= n) continue;
+        const float4 u = xv[k];
+        float4       v = make_float4(u.x * inv, u.y * inv, u.z * inv, u.w * inv);  // CPU order: (x * inv) * w
+        if (w) {
+            float4 g = wv[k];
+            if (zc) g = make_float4(1.0f + g.x, 1.0f + g.y, 1.0f + g.z, 1.0f + g.w);
+            v = make_float4(v.x * g.x, v.y * g.y, v.z * g.z, v.w * g.w);
+        }
+        st4(o + i, v);
+    }
+}
+
+// Streaming two-pass fallback (misaligned rows, rows over 16384 floats): G threads per row (G == 32:
+// rows per block = blockDim.x / 32; G > 32: blockDim.x == G, one row per block). V = 4: float4.
+template <int G, int V, bool ADD> __global__ void norm_stream_kernel(const NormArgs args) {
+    __shared__ float scratch[32];
+    const int     rows_per_block = G == 32 ? int(blockDim.x) / 32 : 1;
+    const int     t              = G == 32 ? int(threadIdx.x & 31) : int(threadIdx.x);
+    const int64_t r              = int64_t(blockIdx.x) * rows_per_block + (G == 32 ? int(threadIdx.x >> 5) : 0);
+    if (G == 32 && r >= args.nrows) return;
+    const int64_t n = args.n;
+
+    const float * x = reinterpret_cast<const float *>(args.x.row(r));
+    float *       o = reinterpret_cast<float *>(args.out.row(r));
+    const float * src = x;  // what pass 2 normalises
+    float         ss  = 0.0f;
+    if constexpr (ADD) {
+        const float * b = reinterpret_cast<const float *>(args.b.row(args.b_one_row ? 0 : r));
+        float *       s = reinterpret_cast<float *>(args.sum.row(r));
+        for (int64_t i = int64_t(t) * V; i < n; i += int64_t(G) * V) {
+            if constexpr (V == 4) {
+                const float4 u = ld4(x + i), v = ld4(b + i);
+                const float4 y = make_float4(u.x + v.x, u.y + v.y, u.z + v.z, u.w + v.w);
+                st4(s + i, y);
+                ss += y.x * y.x + y.y * y.y + y.z * y.z + y.w * y.w;
+            } else {
+                const float y = x[i] + b[i];
+                s[i]          = y;
+                ss += y * y;
+            }
+        }
+        src = s;  // pass 2 re-reads this thread's own writes
+    } else {
+        for (int64_t i = int64_t(t) * V; i < n; i += int64_t(G) * V) {
+            if constexpr (V == 4) {
+                const float4 u = ld4(x + i);
+                ss += u.x * u.x + u.y * u.y + u.z * u.z + u.w * u.w;
+            } else {
+                ss += x[i] * x[i];
+            }
+        }
+    }
+    ss = group_sum<G>(ss, scratch);
+
+    const float   inv = args.l2 ? 1.0f / sqrtf(ss + args.eps) : 1.0f / sqrtf(ss / float(n) + args.eps);
+    const float * w   = args.w;
+    const bool    zc  = args.zero_centered;
+    for (int64_t i = int64_t(t) * V; i < n; i += int64_t(G) * V) {
+        if constexpr (V == 4) {
+            const float4 u = ld4(src + i);
+            float4       v = make_float4(u.x * inv, u.y * inv, u.z * inv, u.w * inv);
+            if (w) {
+                float4 g = ld4(w + i);
+                if (zc) g = make_float4(1.0f + g.x, 1.0f + g.y, 1.0f + g.z, 1.0f + g.w);
+                v = make_float4(v.x * g.x, v.y * g.y, v.z * g.z, v.w * g.w);
+            }
+            st4(o + i, v);
+        } else {
+            float v = src[i] * inv;
+            if (w) v *= zc ? (1.0f + w[i]) : w[i];
+            o[i] = v;
+        }
+    }
+}
+
+}  // namespace spark::cuda::ew
