@@ -62,9 +62,10 @@ Tensor * build_attention(GraphContext & gc, Tensor * x, const LayerWeights & L, 
     Tensor * k = g.reshape(g.matmul(x, L.wk), {hd, nkv, T});
     Tensor * v = g.reshape(g.matmul(x, L.wv), {hd, nkv, T});
 
+    // Each norm directly followed by its RoPE: backends may fuse the pair.
     q = g.rms_norm(q, param(gc, L.q_norm, "q_norm"), hp.rms_eps, zc);
-    k = g.rms_norm(k, param(gc, L.k_norm, "k_norm"), hp.rms_eps, zc);
     q = g.named(g.rope(q, gc.step.pos, int32_t(hp.n_rot), hp.rope_theta), "q_rope", il);
+    k = g.rms_norm(k, param(gc, L.k_norm, "k_norm"), hp.rms_eps, zc);
     k = g.named(g.rope(k, gc.step.pos, int32_t(hp.n_rot), hp.rope_theta), "k_rope", il);
 
     Tensor * o = g.attention(q, k, v, gc.memory.k_cache(g, il), gc.memory.v_cache(g, il), gc.step,

@@ -184,7 +184,7 @@ public:
     }
 
     std::string name() const override { return "cuda:" + std::to_string(device_) + " (" + name_ + ")"; }
-    BackendCaps caps() const override { return {false, DType::BF16}; }
+    BackendCaps caps() const override { return {false, DType::F16}; }
 
     std::unique_ptr<Buffer> alloc(size_t bytes) override {
         activate();
@@ -371,6 +371,15 @@ private:
             if (n->op == Op::ADD && i + 1 < nodes.size() && nodes[i + 1]->op == Op::RMS_NORM && nodes[i + 1]->src[0] == n) {
                 timer.label = "ADD+RMS_NORM";
                 cuda::op_add_rms_norm(*n, *nodes[i + 1], ctx_);
+                ++i;
+                continue;
+            }
+            // Per-head q/k RMSNorm directly followed by its RoPE: one kernel (the norm's output is
+            // read by nothing else, so it never needs to exist).
+            if (n->op == Op::RMS_NORM && i + 1 < nodes.size() && nodes[i + 1]->op == Op::ROPE && nodes[i + 1]->src[0] == n &&
+                uses[size_t(n->id)] == 1 && !(n->flags & TENSOR_OUTPUT)) {
+                timer.label = "RMS_NORM+ROPE";
+                cuda::op_rms_norm_rope(*n, *nodes[i + 1], ctx_);
                 ++i;
                 continue;
             }
