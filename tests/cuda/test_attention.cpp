@@ -1,6 +1,6 @@
 // ATTENTION on CUDA (src/backends/cuda/attention/) against the CPU backend: append of this step's
-// k/v to the paged cache, then causal GQA attention; split-KV tensor-core decode for T <= 8 tokens,
-// tiled flash-attention prefill above. Shapes: head_dim 64 / 128 / 256 (demo model, Qwen3,
+// k/v to the paged FP16 cache, then causal GQA attention; split-KV tensor-core decode for T <= 8
+// tokens, tiled flash-attention prefill above. Shapes: head_dim 64 / 128 / 256 (demo model, Qwen3,
 // Qwen3-Next), GQA groups 1 / 2 / 8 / 16; decode at contexts 1, 17, 300, 4096 (the earlier
 // positions are the cache's random initial contents, reached through a shuffled block table),
 // verify batches of 2..8 tokens of one sequence, two and three sequences in one step, prefill of
@@ -9,16 +9,19 @@
 // side three times (eager, captured, replayed): the replays must be bit-identical.
 //
 // Tolerances (normalized mean squared error against the CPU, see op_harness.h), with the reason:
-//   1e-5  decode. The CUDA cache is BF16: this step's k/v are rounded to bf16 on the GPU only (the
-//         CPU's float cache keeps them exact; the earlier positions are bf16-representable on both
-//         sides). At context 1 the output is v itself, so the error is bf16 rounding, nmse ~2.6e-6;
-//         with more context the new token weighs less (~1e-7 at 300). Q and P enter the tensor
-//         cores as bf16 hi + lo pairs, so the kernel's own arithmetic error is ~1e-11.
-//   3e-5  prefill. Every token of the step is rounded to bf16 in the cache (~2.6e-6), and Q and P
-//         are single bf16 operands of the tensor cores (flash-attention practice), ~4e-6 more; the
-//         CPU warp emulator (dev/kernels/attention) measures 5e-6..8e-6 on these shapes.
-// The caches themselves differ only in the appended rows (bf16 rounding), nmse < 3e-6.
-// An indexing, masking or paging mistake gives nmse >= 1e-3.
+//   2e-7  decode. The CUDA cache is FP16 (IEEE half, unit roundoff 2^-11): this step's k/v are
+//         rounded to f16 on the GPU only (the CPU's float cache keeps them exact; the earlier
+//         positions are f16-representable on both sides). At context 1 the output is v itself, so
+//         the error is f16 rounding, nmse ~4e-8 (bf16's 2.6e-6 / 64: 8x smaller errors); with more
+//         context the new token weighs less (~2e-10 at 300). Q and P enter the tensor cores as f16
+//         hi + lo pairs (range-scaled, attention.h), so the kernel's own arithmetic error is ~1e-13.
+//         The CPU warp emulator (dev/kernels/attention) measures 2e-12..5.5e-8 on these shapes.
+//   5e-7  prefill. Every token of the step is rounded to f16 in the cache (~4e-8 at most), and Q and
+//         P are single f16 operands of the tensor cores (flash-attention practice; relative
+//         rounding 2^-12), ~4e-8..7e-8 more; the emulator measures 8e-8..1.4e-7 in all.
+// Both leave a 3.5x margin for what the emulator does not model (the tensor cores' accumulation order
+// and rounding, the GPU's exp2f). The caches themselves differ only in the appended rows (f16
+// rounding), nmse < 4e-8. An indexing, masking or paging mistake gives nmse >= 1e-3.
 #include "op_harness.h"
 
 #include "graph/error.h"
@@ -37,8 +40,8 @@ using namespace test;
 
 namespace {
 
-constexpr double kDecodeTol  = 1e-5;
-constexpr double kPrefillTol = 3e-5;
+constexpr double kDecodeTol  = 2e-7;
+constexpr double kPrefillTol = 5e-7;
 constexpr int    kPage       = 64;
 
 struct Seq {
@@ -185,5 +188,32 @@ TEST_CASE("attention: unsupported shapes are clear errors") {
     } catch (const spark::Error & e) {
         CHECK(e.status() == SPARK_ERR_UNSUPPORTED);
         MESSAGE(e.what());
+    }
+}
+
+TEST_CASE("attention: a KV cache that is not F16 is a clear error") {
+    // The kernels read f16 bits; a BF16 (the former format) or F32 cache is refused before any
+    // launch (the caches are never read, so they have no storage here).
+    for (DType type : {DType::BF16, DType::F32}) {
+        auto build = [type](OpBuilder & b) {
+            spark::Graph &    g  = b.graph();
+            Tensor *          q  = b.input({128, 4, 1});
+            Tensor *          k  = b.input({128, 2, 1});
+            Tensor *          v  = b.input({128, 2, 1});
+            Tensor *          kc = g.external(type, {128 * 2, kPage, 2}, nullptr, "k_cache");
+            Tensor *          vc = g.external(type, {128 * 2, kPage, 2}, nullptr, "v_cache");
+            spark::StepInputs step;
+            step.pos         = b.input_i32({1}, {5});
+            step.seq         = b.input_i32({1}, {0});
+            step.block_table = b.input_i32({1, 1}, {1});
+            return g.attention(q, k, v, kc, vc, step, 0.1f);
+        };
+        try {
+            run_cuda_only(build);
+            FAIL("attention ran on a " << spark::dtype_name(type) << " cache");
+        } catch (const spark::Error & e) {
+            CHECK(e.status() == SPARK_ERR_UNSUPPORTED);
+            MESSAGE(e.what());
+        }
     }
 }

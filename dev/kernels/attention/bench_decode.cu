@@ -1,7 +1,7 @@
 // Decode-attention benchmark on a GPU: the production kernels (append + split-KV decode + combine)
 // for real model shapes at contexts 2K .. 32K, replayed from a CUDA graph over enough layers' caches
 // that L2 cannot hold them, with effective KV bandwidth; plus a check of one step against a CPU
-// reference (double precision, bf16 cache).
+// reference (double precision, f16 cache).
 //
 // Build and run (repository root; -arch for the GPU at hand):
 //   nvcc -O3 -std=c++20 -arch=sm_90a --expt-relaxed-constexpr -Isrc -Iinclude dev/kernels/attention/bench_decode.cu \
@@ -10,6 +10,7 @@
 #include "backends/cuda/attention/attention.h"
 #include "backends/cuda/attention/ptx.cuh"
 #include "backends/cuda/cuda_common.h"
+#include "quant/formats.h"
 
 #include <algorithm>
 #include <cmath>
@@ -32,18 +33,8 @@ namespace {
 
 #define CK(x) SPARK_CUDA_CHECK(x)
 
-uint16_t to_bf16(float x) {
-    uint32_t u;
-    std::memcpy(&u, &x, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return uint16_t(u >> 16);
-}
-float from_bf16(uint16_t b) {
-    const uint32_t u = uint32_t(b) << 16;
-    float          f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
+using spark::f16_to_f32;
+using spark::f32_to_f16;
 
 struct Shape {
     const char * name;
@@ -60,11 +51,11 @@ struct Setup {
     std::vector<attn::AttnParams> params;
 };
 
-void fill_random_bf16(uint16_t * d, size_t n, uint32_t seed) {
+void fill_random_f16(uint16_t * d, size_t n, uint32_t seed) {
     std::vector<uint16_t> h(n);
     std::mt19937          rng(seed);
     std::normal_distribution<float> nd(0.0f, 1.0f);
-    for (auto & x : h) x = to_bf16(nd(rng));
+    for (auto & x : h) x = f32_to_f16(nd(rng));
     CK(cudaMemcpy(d, h.data(), n * 2, cudaMemcpyHostToDevice));
 }
 
@@ -83,8 +74,8 @@ Setup make(const Shape & s, int ctx, int T, int capacity, size_t l2_bytes, int s
         uint16_t *a, *b;
         CK(cudaMalloc(&a, cache_bytes));
         CK(cudaMalloc(&b, cache_bytes));
-        fill_random_bf16(a, cache_bytes / 2, 11 + l);
-        fill_random_bf16(b, cache_bytes / 2, 1011 + l);
+        fill_random_f16(a, cache_bytes / 2, 11 + l);
+        fill_random_f16(b, cache_bytes / 2, 1011 + l);
         st.kc.push_back(a);
         st.vc.push_back(b);
     }
@@ -167,7 +158,7 @@ void destroy(Setup & st) {
     cudaFree(st.bt);
 }
 
-// Checks layer 0's output of one step against a double-precision reference over the bf16 cache.
+// Checks layer 0's output of one step against a double-precision reference over the f16 cache.
 double check(Setup & st, cudaStream_t stream) {
     const attn::AttnParams & p = st.params[0];
     attn::launch_attention(p, st.plan, stream);
@@ -193,7 +184,7 @@ double check(Setup & st, cudaStream_t stream) {
             for (int j = 0; j < n; ++j) {
                 const size_t r = (size_t(st.h_bt[size_t(j / 64)]) * 64 + j % 64) * KV * hd + size_t(g) * hd;
                 double       s = 0;
-                for (int d = 0; d < hd; ++d) s += double(q[(size_t(t) * H + h) * hd + d]) * from_bf16(kc[r + d]);
+                for (int d = 0; d < hd; ++d) s += double(q[(size_t(t) * H + h) * hd + d]) * f16_to_f32(kc[r + d]);
                 sc[size_t(j)] = s * scale;
                 m             = std::max(m, sc[size_t(j)]);
             }
@@ -202,7 +193,7 @@ double check(Setup & st, cudaStream_t stream) {
             for (int d = 0; d < hd; ++d) {
                 double acc = 0;
                 for (int j = 0; j < n; ++j)
-                    acc += sc[size_t(j)] * from_bf16(vc[(size_t(st.h_bt[size_t(j / 64)]) * 64 + j % 64) * KV * hd + size_t(g) * hd + d]);
+                    acc += sc[size_t(j)] * f16_to_f32(vc[(size_t(st.h_bt[size_t(j / 64)]) * 64 + j % 64) * KV * hd + size_t(g) * hd + d]);
                 const double ref = acc / sum, got = out[(size_t(t) * H + h) * hd + d];
                 num += (got - ref) * (got - ref);
                 den += ref * ref;
@@ -259,7 +250,7 @@ int main() {
                 float ms = 0;
                 CK(cudaEventElapsedTime(&ms, e0, e1));
                 const double us    = 1000.0 * ms / (reps * st.n_layers);
-                const double bytes = 2.0 * ctx * s.n_kv * s.hd * 2.0;  // K and V, bf16
+                const double bytes = 2.0 * ctx * s.n_kv * s.hd * 2.0;  // K and V, f16
                 std::printf("%-30s %3d %6d %6d %6d %9.2f %9.1f\n", s.name, T, ctx, capacity, st.plan.n_splits, us, bytes / us * 1e-3);
                 CK(cudaGraphExecDestroy(ge));
                 CK(cudaGraphDestroy(g));

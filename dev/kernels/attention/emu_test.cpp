@@ -1,7 +1,8 @@
 // Runs the attention and linear-attention CUDA kernels on the CPU warp emulator (emu/) against
 // double-precision references that follow the CPU backend (src/backends/cpu/ops_attention.cpp,
 // ops_ssm.cpp). No GPU needed; checks indexing, masking, paging, split-KV / combine, sequence runs,
-// the cp.async pipelines and the mma / ldmatrix fragment bookkeeping.
+// the cp.async pipelines, the mma / ldmatrix fragment bookkeeping and the f16 numerics (FP16 cache,
+// f16 hi + lo / single f16 operands with their range scaling, saturating append).
 //
 // Build and run (from the repository root; a few minutes on two cores):
 //   g++ -std=c++20 -O2 -g -fsanitize=address,undefined -Idev/kernels/attention/emu -Isrc -Iinclude \
@@ -86,15 +87,30 @@ struct SeqSpec {
     int slot, start, n;  // n new tokens at positions start .. start+n-1
 };
 
+// Tolerances of the output against the references (the ones of tests/cuda/test_attention.cpp).
+constexpr double kDecodeTol  = 2e-7;
+constexpr double kPrefillTol = 5e-7;
+
 struct AttnCase {
     std::string          name;
     int                  D, n_head, n_kv;
     std::vector<SeqSpec> seqs;
     int                  max_pages, n_slots;
     int                  sm_count  = 132;
-    double               tol_out   = 1e-5;
+    double               tol_out   = kDecodeTol;
     bool                 strided_q = false;  // q rows interleaved with a gate (as Qwen3-Next's q_proj)
+    // Range stress (f16 operands). The CPU's f32 cache keeps what the f16 cache rounds or
+    // saturates, so outliers cases only use the saturating reference.
+    float  q_mul      = 1.0f;   // q times q_mul
+    float  k_mul      = 1.0f;   // K (cache and this step's k) times k_mul (1e-5: f16 subnormals)
+    bool   f16_kv     = false;  // this step's k, v already f16 values: every reference sees one cache
+    bool   outliers   = false;  // some of this step's k, v beyond f16's range (+-1e5, +-inf)
+    double tol_kernel = 0.0;    // 0: the path's default (below)
+    float  q_spread   = 0.0f;   // each q row (token, head) also times 2^u, u uniform in [-q_spread, q_spread]
 };
+
+// The cache's value of x: RNE f16, saturated at +-65504 (attention_append.cuh).
+float f16_cache_value(float x) { return ptx::f16_round(attn::f16_saturate(x)); }
 
 void run_attention(const AttnCase & tc) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -112,23 +128,39 @@ void run_attention(const AttnCase & tc) {
     for (int s = 0; s < tc.n_slots; ++s)
         for (int p = 0; p < tc.max_pages; ++p) bt[size_t(s) * tc.max_pages + p] = pages[size_t(s * tc.max_pages + p)];
 
-    // Caches: random bf16 values (earlier positions), f32 mirror for the reference.
+    // Caches: random f16 values (earlier positions), f32 mirror for the reference.
     const size_t          n_cache = size_t(n_pages) * page * row;
     std::vector<uint16_t> kc(n_cache), vc(n_cache);
     std::vector<double>   kf(n_cache), vf(n_cache);
     for (size_t i = 0; i < n_cache; ++i) {
-        kc[i] = ptx::bf16_bits(randn());
-        vc[i] = ptx::bf16_bits(randn());
-        kf[i] = ptx::bf16_float(kc[i]);
-        vf[i] = ptx::bf16_float(vc[i]);
+        kc[i] = ptx::f16_bits(randn() * tc.k_mul);
+        vc[i] = ptx::f16_bits(randn());
+        kf[i] = ptx::f16_float(kc[i]);
+        vf[i] = ptx::f16_float(vc[i]);
     }
     // Step inputs.
     const int            q_row = tc.strided_q ? 2 * D : D;
     std::vector<float>   q(size_t(T) * H * q_row), k(size_t(T) * KV * D), v(size_t(T) * KV * D);
     std::vector<int32_t> pos, seq;
-    for (auto & x : q) x = randn();
-    for (auto & x : k) x = randn();
+    for (auto & x : q) x = randn() * tc.q_mul;
+    if (tc.q_spread > 0) {  // rows of different magnitudes: different power-of-two Q scales per row
+        std::uniform_real_distribution<float> ud(-tc.q_spread, tc.q_spread);
+        for (size_t r = 0; r < size_t(T) * H; ++r) {
+            const float f = std::exp2(ud(rng));
+            for (int d = 0; d < D; ++d) q[r * q_row + d] *= f;
+        }
+    }
+    for (auto & x : k) x = randn() * tc.k_mul;
     for (auto & x : v) x = randn();
+    if (tc.f16_kv) {
+        for (auto & x : k) x = ptx::f16_round(x);
+        for (auto & x : v) x = ptx::f16_round(x);
+    }
+    if (tc.outliers) {
+        const float big[] = {1e5f, -1e5f, 65519.0f, 65520.0f, INFINITY, -INFINITY, 7e4f, -65504.0f};
+        for (size_t i = 0; i < k.size(); i += 37) k[i] = big[(i / 37) % 8];
+        for (size_t i = 5; i < v.size(); i += 41) v[i] = big[(i / 41 + 3) % 8];
+    }
     for (const SeqSpec & s : tc.seqs)
         for (int i = 0; i < s.n; ++i) {
             pos.push_back(s.start + i);
@@ -144,15 +176,15 @@ void run_attention(const AttnCase & tc) {
     }
 #endif
     // Reference: append exact f32 k/v, attention in double.
-    std::vector<double> ref(size_t(T) * H * D), ref_bf(size_t(T) * H * D);
-    std::vector<double> kf_bf = kf, vf_bf = vf;  // "ideal GPU": appended values rounded to bf16
+    std::vector<double> ref(size_t(T) * H * D), ref_h(size_t(T) * H * D);
+    std::vector<double> kf_h = kf, vf_h = vf;  // "ideal GPU": appended values rounded to f16 (saturating)
     for (int t = 0; t < T; ++t) {
         const int64_t r = cache_row(seq[size_t(t)], pos[size_t(t)]);
         for (int i = 0; i < KV * D; ++i) {
             kf[size_t(r * row + i)]    = k[size_t(t) * KV * D + i];
             vf[size_t(r * row + i)]    = v[size_t(t) * KV * D + i];
-            kf_bf[size_t(r * row + i)] = ptx::bf16_round(k[size_t(t) * KV * D + i]);
-            vf_bf[size_t(r * row + i)] = ptx::bf16_round(v[size_t(t) * KV * D + i]);
+            kf_h[size_t(r * row + i)]  = f16_cache_value(k[size_t(t) * KV * D + i]);
+            vf_h[size_t(r * row + i)]  = f16_cache_value(v[size_t(t) * KV * D + i]);
         }
     }
     const double scale = 1.0 / std::sqrt(double(D));
@@ -179,8 +211,8 @@ void run_attention(const AttnCase & tc) {
                 }
             }
     };
-    attend(kf, vf, ref);
-    attend(kf_bf, vf_bf, ref_bf);
+    if (!tc.outliers) attend(kf, vf, ref);
+    attend(kf_h, vf_h, ref_h);
 
     // Emulated GPU run.
     std::vector<float> out(size_t(T) * H * D, NAN);
@@ -241,20 +273,22 @@ void run_attention(const AttnCase & tc) {
 
     std::vector<float> kc_f(n_cache), vc_f(n_cache);
     for (size_t i = 0; i < n_cache; ++i) {
-        kc_f[i] = ptx::bf16_float(kc[i]);
-        vc_f[i] = ptx::bf16_float(vc[i]);
+        kc_f[i] = ptx::f16_float(kc[i]);
+        vc_f[i] = ptx::f16_float(vc[i]);
     }
     char info[96];
     std::snprintf(info, sizeof info, " [%s T=%d splits=%d]", plan.path == attn::AttnPath::Decode ? "decode" : "prefill", T,
                   plan.n_splits);
-    report(tc.name + info, nmse(out, ref), tc.tol_out, "out", secs);
-    // The kernel's own arithmetic error (against a reference that rounds this step's k, v to bf16
-    // as the cache does): ~1e-11 for decode (Q and P as bf16 hi + lo), ~4e-6 for prefill (bf16 Q, P).
-    const double tol_kernel = plan.path == attn::AttnPath::Decode ? 1e-9 : 1e-5;
-    report(tc.name + info, nmse(out, ref_bf), tol_kernel, "kernel", 0);
-    report(tc.name + info, std::max(nmse(kc_f, kf), nmse(vc_f, vf)), 5e-6, "cache", 0);
+    if (!tc.outliers) report(tc.name + info, nmse(out, ref), tc.tol_out, "out", secs);
+    // The kernel's own arithmetic error (against a reference that rounds this step's k, v to f16 as
+    // the cache does): ~1e-14 for decode (Q and P as f16 hi + lo), ~6e-8 for prefill (single f16
+    // Q, P; bf16 Q, P gave ~4e-6).
+    const double tol_kernel = tc.tol_kernel > 0 ? tc.tol_kernel : plan.path == attn::AttnPath::Decode ? 1e-11 : 3e-7;
+    report(tc.name + info, nmse(out, ref_h), tol_kernel, "kernel", tc.outliers ? secs : 0);
+    // The cache must hold exactly the saturating RNE f16 of every appended value (and keep the rest).
+    report(tc.name + info, std::max(nmse(kc_f, kf_h), nmse(vc_f, vf_h)), 0.0, "cache", 0);
 #ifdef EMU_CPU_ORACLE
-    {
+    if (!tc.outliers) {
         using spark::DType;
         spark::Tensor tq  = make_tensor(DType::F32, {D, H, T}, q.data(), {4, size_t(q_row) * 4, size_t(H) * q_row * 4});
         spark::Tensor tk  = make_tensor(DType::F32, {D, KV, T}, k.data());
@@ -476,7 +510,7 @@ int main(int argc, char ** argv) {
     std::vector<AttnCase> cases = {
         {"dec d64 g1 ctx1", 64, 4, 4, {{0, 0, 1}}, 2, 1},
         {"dec d64 g2 ctx17", 64, 8, 4, {{1, 16, 1}}, 2, 2},
-        {"dec d128 g8 ctx17 strided-q", 128, 16, 2, {{0, 16, 1}}, 4, 1, 132, 1e-5, true},
+        {"dec d128 g8 ctx17 strided-q", 128, 16, 2, {{0, 16, 1}}, 4, 1, 132, kDecodeTol, true},
         {"dec d128 g8 ctx300", 128, 32, 4, {{0, 299, 1}}, 16, 1},
         {"dec d128 g8 ctx300 cap8k", 128, 16, 2, {{0, 299, 1}}, 128, 1},
         {"dec d128 g16 ctx4096", 128, 32, 2, {{0, 4095, 1}}, 64, 1, 16},
@@ -493,12 +527,27 @@ int main(int argc, char ** argv) {
         {"multi d64 g1 3 seqs", 64, 4, 4, {{2, 5, 1}, {0, 150, 3}, {1, 0, 1}}, 4, 3},
         {"multi d256 g8 3 seqs", 256, 16, 2, {{1, 90, 2}, {0, 10, 1}, {2, 400, 1}}, 8, 3, 16},
         // Prefill.
-        {"prefill d128 g8 T=64", 128, 16, 2, {{0, 0, 64}}, 2, 1, 132, 3e-5},
-        {"prefill d64 g1 T=100 +ctx", 64, 4, 4, {{0, 37, 100}}, 4, 1, 132, 3e-5},
-        {"prefill d256 g8 T=96 +ctx", 256, 16, 2, {{0, 50, 96}}, 4, 1, 132, 3e-5},
-        {"prefill d128 g2 T=200 3 seqs", 128, 8, 4, {{1, 0, 70}, {0, 64, 100}, {2, 5, 30}}, 4, 3, 132, 3e-5},
-        {"prefill d128 g16 T=12", 128, 32, 2, {{0, 3, 12}}, 1, 1, 132, 3e-5},
-        {"prefill d64 g2 T=512", 64, 4, 2, {{0, 0, 512}}, 8, 1, 132, 3e-5},
+        {"prefill d128 g8 T=64", 128, 16, 2, {{0, 0, 64}}, 2, 1, 132, kPrefillTol},
+        {"prefill d64 g1 T=100 +ctx", 64, 4, 4, {{0, 37, 100}}, 4, 1, 132, kPrefillTol},
+        {"prefill d256 g8 T=96 +ctx", 256, 16, 2, {{0, 50, 96}}, 4, 1, 132, kPrefillTol},
+        {"prefill d128 g2 T=200 3 seqs", 128, 8, 4, {{1, 0, 70}, {0, 64, 100}, {2, 5, 30}}, 4, 3, 132, kPrefillTol},
+        {"prefill d128 g16 T=12", 128, 32, 2, {{0, 3, 12}}, 1, 1, 132, kPrefillTol},
+        {"prefill d64 g2 T=512", 64, 4, 2, {{0, 0, 512}}, 8, 1, 132, kPrefillTol},
+        // f16 range: |q * scale| far above 65504 with tiny (subnormal) K, tiny q with K near the top
+        // of the range, |q| ~ 30 (sharp softmax), k / v beyond 65504 and inf (saturated).
+        // (q rows spread over 2^-3..2^3 on top, so the rows of a block get different Q scales).
+        {"range dec d128 g8 q*1e6 k*1e-5", 128, 16, 2, {{0, 299, 2}}, 8, 1, 132, kDecodeTol, false, 1e6f, 1e-5f, true, false, 0, 3},
+        {"range dec d64 g8 q*1e-4 k*1e4", 64, 16, 2, {{0, 150, 2}}, 4, 1, 132, kDecodeTol, false, 1e-4f, 1e4f, true, false, 0, 3},
+        {"range dec d256 g8 q*30", 256, 16, 2, {{0, 1000, 1}}, 16, 1, 16, kDecodeTol, false, 30.0f, 1.0f, true},
+        {"range dec d128 g8 outliers", 128, 16, 2, {{0, 99, 3}}, 4, 1, 132, kDecodeTol, false, 1.0f, 1.0f, false, true},
+        // Prefill's single f16 Q errs by ~2^-12 |x| per element, so a score by ~2^-12 |S|: with the
+        // sharp softmax of these (|S| up to ~20..40 in log2 units) P moves by ~0.1%, nmse ~1e-7..1e-6.
+        {"range prefill d128 g8 q*1e6 k*2e-6", 128, 16, 2, {{0, 20, 40}}, 2, 1, 132, 3e-6, false, 1e6f, 2e-6f, true, false, 3e-6, 3},
+        {"range prefill d64 g1 q*1e-4 k*1e4", 64, 4, 4, {{0, 10, 70}}, 2, 1, 132, 1e-6, false, 1e-4f, 1e4f, true, false, 1e-6, 3},
+        {"range prefill d256 g8 q*30", 256, 16, 2, {{0, 5, 24}}, 1, 1, 132, 5e-6, false, 30.0f, 1.0f, true, false, 5e-6},
+        // k = +-65504 makes some scores ~1e4 (log2 units), which single f16 Q moves by whole units:
+        // the outliers prefill case checks saturation and finiteness, its kernel bound is loose.
+        {"range prefill d64 g2 outliers", 64, 8, 4, {{0, 30, 20}}, 1, 1, 132, kPrefillTol, false, 1.0f, 1.0f, false, true, 1e-4},
     };
     for (const AttnCase & c : cases)
         if (want(c.name)) run_attention(c);

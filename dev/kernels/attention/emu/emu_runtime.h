@@ -177,7 +177,7 @@ inline void launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function
         for (unsigned by = 0; by < grid.y; ++by)
             for (unsigned bx = 0; bx < grid.x; ++bx) {
                 blockIdx = uint3{bx, by, bz};
-                s.smem.assign(smem_bytes + 16, 0xFF);  // NaN in bf16 and f32
+                s.smem.assign(smem_bytes + 16, 0xFF);  // NaN in f16, bf16 and f32
                 s.fibers.assign(size_t(n), Fiber{});
                 s.warps.assign(size_t(n / 32), Warp{});
                 for (Warp & w : s.warps) w.bar.expected = 32;

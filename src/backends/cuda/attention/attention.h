@@ -4,9 +4,14 @@
 // drives the same entry points directly.
 //
 // One step runs up to three kernels on the stream:
-//   1. append: this step's k, v (f32) rounded to bf16 and written at (seq[t], pos[t]) of the cache;
+//   1. append: this step's k, v (f32) rounded to f16 (IEEE half, round to nearest even, saturating
+//      at +-65504) and written at (seq[t], pos[t]) of the cache;
 //   2. decode (T <= kDecodeMaxTokens) or prefill (larger T);
 //   3. combine (decode with n_splits > 1): merges the per-split partial softmax states.
+//
+// The cache is FP16, not BF16: 3 more mantissa bits (unit roundoff 2^-11 instead of 2^-8, so the
+// rounding of K and V is 8x smaller), which the whole-model golden checks need. K is RMS-normed and
+// V a projection output, so f16's range (65504) is not a concern; the append saturates anyway.
 //
 // Decode (flash-decoding, split-KV, GQA-grouped, tensor cores): grid (row groups, n_splits, n_kv).
 // A "row" is a (token, query head) pair of one KV head: row R = t * group + j is query head
@@ -20,16 +25,27 @@
 // head counts) and the SM count, never on device data, so a decode step can be captured into a CUDA
 // graph and replayed with new positions. Inside a block, 4 warps share a cp.async pipeline of K/V
 // tiles (one tile never crosses a page); for each tile each warp scores kN/4 positions for all 16
-// rows (mma m16n8k16), the block agrees on the running row maxima through shared memory, then each
-// warp accumulates O for its D/4 output dims over all kN positions. Q and P enter the tensor cores
-// as bf16 hi + lo pairs (x = hi + lo, two mma each), so the products are accurate to ~2^-16 and the
-// only bf16 rounding of consequence is that of the cache itself. Decode is memory-bound; the extra
-// mma cost nothing measurable.
+// rows (mma m16n8k16 f16), the block agrees on the running row maxima through shared memory, then
+// each warp accumulates O for its D/4 output dims over all kN positions. Q and P enter the tensor
+// cores as f16 hi + lo pairs (x = hi + lo, two mma each), so the products are accurate to ~2^-22
+// and the only f16 rounding of consequence is that of the cache itself. Decode is memory-bound; the
+// extra mma cost nothing measurable.
+//
+// f16 range of the operands (both kernels). f16 overflows at 65520 and goes subnormal below 2^-14,
+// where a value (or the lo half of a pair) loses its bits. So:
+//   Q: each row x = q * scale_log2 is multiplied by a power of two s chosen from its largest
+//      magnitude (q_row_scale: max |x * s| in [2^14, 2^15)), whatever |q| is (30, 1e6, 1e-4);
+//      the scores come out of the mma times s and are multiplied by 1/s (exact) before the softmax.
+//   P: exp2(S - m) is in [0, 1]; it is computed times kPScale = 2^14 (P in [0, 2^14]: hi + lo
+//      keep ~22 bits down to P = 2^-17, absolute error 2^-39 below). The row sums l carry the same
+//      factor, so O / l (and the combine of the splits, which weighs O and l alike) is unchanged.
+// Products of these with K, V (|k|, |v| <= 65504) and their sums stay far inside f32's range
+// (scores < 2^40, O < 2^30 * positions).
 //
 // Prefill (flash-attention 2 style): grid (ceil(T * group / 64), n_kv), 4 warps x 16 rows each,
 // KV tiles of kN positions through single K and V buffers (the V load overlaps the scores, the next
-// K load overlaps P V). Q and P are single bf16 (as flash-attention), accumulation and softmax in
-// f32. A warp skips the tiles past its rows' positions (causal).
+// K load overlaps P V). Q and P are single f16 (as flash-attention; scaled as above), accumulation
+// and softmax in f32. A warp skips the tiles past its rows' positions (causal).
 #pragma once
 
 #include <cstddef>
@@ -47,7 +63,7 @@ struct AttnParams {
     int64_t      k_nb1 = 0, k_nb2 = 0;
     const char * v = nullptr;
     int64_t      v_nb1 = 0, v_nb2 = 0;
-    // bf16 bits, [n_pages][page_size][n_kv * D] each.
+    // f16 bits, [n_pages][page_size][n_kv * D] each.
     uint16_t * k_cache = nullptr;
     uint16_t * v_cache = nullptr;
     const int32_t * pos = nullptr;          // [T]
@@ -56,7 +72,7 @@ struct AttnParams {
     float *         out = nullptr;          // [D * n_head, T], row stride out_nb1 bytes
     int64_t         out_nb1 = 0;
     float *         part_o  = nullptr;  // decode workspace: [n_splits][T * n_head][D]
-    float *         part_ml = nullptr;  //                   [n_splits][T * n_head][2] (max, sum)
+    float *         part_ml = nullptr;  //                   [n_splits][T * n_head][2] (max, sum * kPScale)
     int   n_tok = 0, n_head = 0, n_kv = 0, group = 0, head_dim = 0;
     int   page_size = 0, n_pages = 0, max_pages = 0, n_slots = 0;
     int   n_splits = 1;
@@ -66,13 +82,15 @@ struct AttnParams {
 constexpr int kDecodeMaxTokens = 8;   // T above this takes the prefill kernel
 constexpr int kMinChunk        = 128;  // smallest KV chunk of one decode split (positions)
 constexpr int kThreads         = 128;  // every attention kernel: 4 warps
+constexpr float kPScale        = 16384.0f;  // 2^14: P = exp2(S - m) enters the tensor cores times this
+constexpr int   kQScaleExp     = 15;        // Q rows are scaled to max |x| in [2^(kQScaleExp-1), 2^kQScaleExp)
 
 // Tile configuration of the decode kernel for head_dim D (shared-memory offsets in bytes).
 template <int D> struct DecodeCfg {
     static constexpr int kN      = D <= 128 ? 64 : 32;  // KV positions per tile
     static constexpr int kStages = D <= 64 ? 4 : 2;     // cp.async pipeline depth
     static constexpr int kRows   = 16;                  // (token, head) rows per block
-    static constexpr int kStr    = D + 8;   // smem row stride of Q, K, V (bf16 elements; 16 B pad: no bank conflicts)
+    static constexpr int kStr    = D + 8;   // smem row stride of Q, K, V (f16 elements; 16 B pad: no bank conflicts)
     static constexpr int kPStr   = kN + 8;  // smem row stride of P
     static constexpr int kPW     = kN / 4;  // positions per warp in the score phase
     static constexpr int kDW     = D / 4;   // output dims per warp in the P V phase
@@ -86,7 +104,8 @@ template <int D> struct DecodeCfg {
     static constexpr int kOffPlo = kOffPhi + kPBytes;
     static constexpr int kOffRed = kOffPlo + kPBytes;           // f32 red_max[4][16], red_sum[4][16]
     static constexpr int kOffTok = kOffRed + 2 * 4 * kRows * 4;  // i32 pos[16], seq[16]
-    static constexpr int kSmem   = kOffTok + 2 * kRows * 4;
+    static constexpr int kOffQInv = kOffTok + 2 * kRows * 4;     // f32 q_inv[16] (1 / the rows' Q scales)
+    static constexpr int kSmem    = kOffQInv + kRows * 4;
     static_assert(D % 64 == 0 && kPW % 8 == 0 && kDW % 16 == 0 && kN % 16 == 0, "decode tile shape");
     static_assert(kQBytes % 16 == 0 && kTileBytes % 16 == 0 && kPBytes % 16 == 0, "16-byte aligned smem");
 };
@@ -101,8 +120,9 @@ template <int D> struct PrefillCfg {
     static constexpr int kOffQ   = 0;
     static constexpr int kOffK   = kOffQ + kQBytes;
     static constexpr int kOffV   = kOffK + kTileBytes;
-    static constexpr int kOffTok = kOffV + kTileBytes;  // i32 pos[64], seq[64]
-    static constexpr int kSmem   = kOffTok + 2 * kRows * 4;
+    static constexpr int kOffTok  = kOffV + kTileBytes;        // i32 pos[64], seq[64]
+    static constexpr int kOffQInv = kOffTok + 2 * kRows * 4;  // f32 q_inv[64]
+    static constexpr int kSmem    = kOffQInv + kRows * 4;
     static_assert(D % 64 == 0 && kN % 16 == 0, "prefill tile shape");
 };
 

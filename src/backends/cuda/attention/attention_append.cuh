@@ -1,13 +1,20 @@
-// The append kernel: this step's k, v (f32) rounded to bf16 into the paged cache. Included by
+// The append kernel: this step's k, v (f32) rounded to f16 into the paged cache. Included by
 // attention_decode.cu only (one definition) and by the CPU warp emulator.
 #pragma once
 
 #include "backends/cuda/attention/attention.h"
 #include "backends/cuda/attention/ptx.cuh"
 
+#include <cmath>
 #include <cstdint>
 
 namespace spark::cuda::attn {
+
+// f32 -> f16 for the cache saturates: |x| > 65504 (f16's largest finite value; RNE would give inf
+// from 65520 on) is stored as +-65504. K (RMS-normed) and V (a projection output) are far below
+// that in practice; the clamp only keeps one outlier from becoming inf and turning every score and
+// output that reads it into NaN. NaN stays NaN (the comparison is false), as in the CPU's cache.
+__device__ __forceinline__ float f16_saturate(float x) { return fabsf(x) > 65504.0f ? copysignf(65504.0f, x) : x; }
 
 // ---------------------------------------------------------------------------------------------
 // Append this step's k, v to the cache. grid (T), block kThreads. Tokens with an invalid slot, position or page store nothing.
@@ -27,8 +34,10 @@ __global__ void __launch_bounds__(kThreads) attn_append_kernel(const AttnParams 
         const int     d  = (i % half) * 2;
         const float * kr = reinterpret_cast<const float *>(p.k + t * p.k_nb2 + h * p.k_nb1);
         const float * vr = reinterpret_cast<const float *>(p.v + t * p.v_nb2 + h * p.v_nb1);
-        *reinterpret_cast<uint32_t *>(p.k_cache + row + int64_t(h) * D + d) = ptx::pack_bf16x2(kr[d], kr[d + 1]);
-        *reinterpret_cast<uint32_t *>(p.v_cache + row + int64_t(h) * D + d) = ptx::pack_bf16x2(vr[d], vr[d + 1]);
+        *reinterpret_cast<uint32_t *>(p.k_cache + row + int64_t(h) * D + d) =
+            ptx::pack_f16x2(f16_saturate(kr[d]), f16_saturate(kr[d + 1]));
+        *reinterpret_cast<uint32_t *>(p.v_cache + row + int64_t(h) * D + d) =
+            ptx::pack_f16x2(f16_saturate(vr[d]), f16_saturate(vr[d + 1]));
     }
 }
 

@@ -41,6 +41,55 @@ __device__ __forceinline__ int next_run(const AttnParams & p, const int * tok_po
     return te;
 }
 
+// The power-of-two scale of one Q row (attention.h, "f16 range"): amax = the row's largest |x|,
+// x = q * scale_log2. Returns s with amax * s in [2^(kQScaleExp-1), 2^kQScaleExp) = [2^14, 2^15):
+// f16(x * s) <= 2^15 < 65504 is never inf, single f16 keeps 11 bits of every element down to 2^-28
+// of amax, hi + lo ~22 bits down to 2^-17 of amax (absolute error 2^-39 amax below). inv = 1 / s
+// exactly. amax = 0 (an empty or padding row) gives s = 2^15. The exponent is clamped to +-120 so
+// that s and 1 / s are normal floats (reached only for amax < 2^-105).
+__device__ __forceinline__ float q_row_scale(float amax, float & inv) {
+    int e = 0;
+    frexpf(amax, &e);  // amax in [2^(e-1), 2^e)
+    const int sh = min(max(kQScaleExp - e, -120), 120);
+    inv          = ldexpf(1.0f, -sh);
+    return ldexpf(1.0f, sh);
+}
+
+// One row of Q (16-row tile row r, token t / head h, or zeros when !valid) into shared memory as f16:
+// x = q * scale_log2 * s (q_row_scale), hi (and with Lo, lo = x - hi) at row r of q_hi (q_lo).
+// Called by all 32 lanes of a warp (warp-uniform arguments); lane 0 stores 1 / s to q_inv[r].
+template <int D, int kStr, bool Lo>
+__device__ __forceinline__ void load_q_row(const AttnParams & p, bool valid, int t, int h, int r, uint16_t * q_hi,
+                                           uint16_t * q_lo, float * q_inv, int lane) {
+    constexpr int kPairs = D / 64;  // (d, d + 1) pairs per lane
+    const float * qr     = valid ? reinterpret_cast<const float *>(p.q + t * p.q_nb2 + h * p.q_nb1) : nullptr;
+    float         x[kPairs][2];
+    float         amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j) {
+        const int d = 2 * (lane + 32 * j);
+        x[j][0]     = valid ? qr[d] * p.scale_log2 : 0.0f;
+        x[j][1]     = valid ? qr[d + 1] * p.scale_log2 : 0.0f;
+        amax        = fmaxf(amax, fmaxf(fabsf(x[j][0]), fabsf(x[j][1])));
+    }
+    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    float       inv = 1.0f;
+    const float sc  = q_row_scale(amax, inv);
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j) {
+        const int   d  = 2 * (lane + 32 * j);
+        const float x0 = x[j][0] * sc, x1 = x[j][1] * sc;
+        if constexpr (Lo) {
+            const float h0 = ptx::f16_round(x0), h1 = ptx::f16_round(x1);
+            *reinterpret_cast<uint32_t *>(q_hi + r * kStr + d) = ptx::pack_f16x2(h0, h1);
+            *reinterpret_cast<uint32_t *>(q_lo + r * kStr + d) = ptx::pack_f16x2(x0 - h0, x1 - h1);
+        } else {
+            *reinterpret_cast<uint32_t *>(q_hi + r * kStr + d) = ptx::pack_f16x2(x0, x1);
+        }
+    }
+    if (lane == 0) q_inv[r] = inv;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Decode: split-KV, 16 rows per block. grid (row groups, n_splits, n_kv), block kThreads.
 // ---------------------------------------------------------------------------------------------
@@ -57,6 +106,7 @@ template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_decode_kern
     float *    red_sum = red_max + 4 * 16;
     int *      tok_pos = reinterpret_cast<int *>(smem + C::kOffTok);
     int *      tok_seq = tok_pos + 16;
+    float *    q_inv   = reinterpret_cast<float *>(smem + C::kOffQInv);
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
     const int split = blockIdx.y, kvh = blockIdx.z;
@@ -80,22 +130,13 @@ template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_decode_kern
     const int64_t row_elems = int64_t(p.n_kv) * D;
     const int64_t all_rows  = int64_t(p.n_tok) * p.n_head;
 
-    // Q rows, pre-scaled into the log2 domain, as bf16 hi + lo. Written after the first run's
-    // K/V loads are in flight; read after the first tile's barrier.
+    // Q rows, pre-scaled into the log2 domain and by their power-of-two scales, as f16 hi + lo (warp
+    // w: rows w, w + 4, w + 8, w + 12). Written after the first run's K/V loads are in flight; read
+    // after the first tile's barrier.
     auto load_q = [&]() {
-        for (int i = tid; i < 16 * (D / 2); i += kThreads) {
-            const int r = i / (D / 2), d = (i % (D / 2)) * 2;
+        for (int r = warp; r < 16; r += 4) {
             const int R = R0 + r;
-            float     x0 = 0.0f, x1 = 0.0f;
-            if (R < n_rows) {
-                const int     t  = R / p.group, h = kvh * p.group + R % p.group;
-                const float * qr = reinterpret_cast<const float *>(p.q + t * p.q_nb2 + h * p.q_nb1);
-                x0               = qr[d] * p.scale_log2;
-                x1               = qr[d + 1] * p.scale_log2;
-            }
-            const float h0 = ptx::bf16_round(x0), h1 = ptx::bf16_round(x1);
-            *reinterpret_cast<uint32_t *>(q_hi + r * kStr + d) = ptx::pack_bf16x2(h0, h1);
-            *reinterpret_cast<uint32_t *>(q_lo + r * kStr + d) = ptx::pack_bf16x2(x0 - h0, x1 - h1);
+            load_q_row<D, kStr, true>(p, R < n_rows, R / p.group, kvh * p.group + R % p.group, r, q_hi, q_lo, q_inv, lane);
         }
     };
     bool q_loaded = false;
@@ -169,12 +210,13 @@ template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_decode_kern
                 for (int j = 0; j < kPW / 8; ++j) {
                     uint32_t b[2];
                     ptx::ldsm_x2(b, ks + (warp * kPW + j * 8 + (lane & 7)) * kStr + kk * 16 + ((lane >> 3) & 1) * 8);
-                    ptx::mma_bf16(sc[j], ah, b[0], b[1]);
-                    ptx::mma_bf16(sc[j], al, b[0], b[1]);
+                    ptx::mma_f16(sc[j], ah, b[0], b[1]);
+                    ptx::mma_f16(sc[j], al, b[0], b[1]);
                 }
             }
-            // ---- mask, per-row maximum over the block's kN positions
-            float mx[2] = {-INFINITY, -INFINITY};
+            // ---- undo the Q scales, mask, per-row maximum over the block's kN positions
+            const float qi[2] = {q_inv[g], q_inv[g + 8]};
+            float       mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
             for (int j = 0; j < kPW / 8; ++j)
 #pragma unroll
@@ -182,7 +224,7 @@ template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_decode_kern
                     const int  rr  = e >> 1;
                     const int  ps  = p0 + warp * kPW + j * 8 + c * 2 + (e & 1);
                     const bool ok  = in_run[rr] && ps < c1 && ps <= row_pos[rr];
-                    sc[j][e]       = ok ? sc[j][e] : -INFINITY;
+                    sc[j][e]       = ok ? sc[j][e] * qi[rr] : -INFINITY;
                     mx[rr]         = fmaxf(mx[rr], sc[j][e]);
                 }
             for (int rr = 0; rr < 2; ++rr) {
@@ -203,19 +245,19 @@ template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_decode_kern
                 alpha[rr]         = exp2f(m[rr] - m_use[rr]);
                 m[rr]             = m_new;
             }
-            // ---- P = exp2(S - m) to smem as bf16 hi + lo; row sums of this warp's positions
+            // ---- P = exp2(S - m) * kPScale to smem as f16 hi + lo; row sums of this warp's positions
             float sum[2] = {0.0f, 0.0f};
 #pragma unroll
             for (int j = 0; j < kPW / 8; ++j) {
                 const int col = warp * kPW + j * 8 + c * 2;
 #pragma unroll
                 for (int rr = 0; rr < 2; ++rr) {
-                    const float e0 = exp2f(sc[j][2 * rr] - m_use[rr]);
-                    const float e1 = exp2f(sc[j][2 * rr + 1] - m_use[rr]);
+                    const float e0 = exp2f(sc[j][2 * rr] - m_use[rr]) * kPScale;
+                    const float e1 = exp2f(sc[j][2 * rr + 1] - m_use[rr]) * kPScale;
                     sum[rr] += e0 + e1;
-                    const float h0 = ptx::bf16_round(e0), h1 = ptx::bf16_round(e1);
-                    *reinterpret_cast<uint32_t *>(p_hi + (g + 8 * rr) * kPStr + col) = ptx::pack_bf16x2(h0, h1);
-                    *reinterpret_cast<uint32_t *>(p_lo + (g + 8 * rr) * kPStr + col) = ptx::pack_bf16x2(e0 - h0, e1 - h1);
+                    const float h0 = ptx::f16_round(e0), h1 = ptx::f16_round(e1);
+                    *reinterpret_cast<uint32_t *>(p_hi + (g + 8 * rr) * kPStr + col) = ptx::pack_f16x2(h0, h1);
+                    *reinterpret_cast<uint32_t *>(p_lo + (g + 8 * rr) * kPStr + col) = ptx::pack_f16x2(e0 - h0, e1 - h1);
                 }
             }
             for (int rr = 0; rr < 2; ++rr) {
@@ -249,10 +291,10 @@ template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_decode_kern
                 for (int np = 0; np < kDW / 16; ++np) {
                     uint32_t b[4];
                     ptx::ldsm_x4_trans(b, vs + (kk * 16 + (lane & 15)) * kStr + warp * kDW + np * 16 + (lane >> 4) * 8);
-                    ptx::mma_bf16(o[2 * np], ah, b[0], b[1]);
-                    ptx::mma_bf16(o[2 * np], al, b[0], b[1]);
-                    ptx::mma_bf16(o[2 * np + 1], ah, b[2], b[3]);
-                    ptx::mma_bf16(o[2 * np + 1], al, b[2], b[3]);
+                    ptx::mma_f16(o[2 * np], ah, b[0], b[1]);
+                    ptx::mma_f16(o[2 * np], al, b[0], b[1]);
+                    ptx::mma_f16(o[2 * np + 1], ah, b[2], b[3]);
+                    ptx::mma_f16(o[2 * np + 1], al, b[2], b[3]);
                 }
             }
         }
@@ -326,6 +368,7 @@ template <int D> __global__ void __launch_bounds__(kThreads) attn_prefill_kernel
     uint16_t * v_s     = reinterpret_cast<uint16_t *>(smem + C::kOffV);
     int *      tok_pos = reinterpret_cast<int *>(smem + C::kOffTok);
     int *      tok_seq = tok_pos + C::kRows;
+    float *    q_inv   = reinterpret_cast<float *>(smem + C::kOffQInv);
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
     const int kvh     = blockIdx.y;
@@ -336,19 +379,14 @@ template <int D> __global__ void __launch_bounds__(kThreads) attn_prefill_kernel
     const int t_end   = min(p.n_tok, (R0 + C::kRows - 1) / p.group + 1);
 
     load_token_meta(p, t_begin, t_end, tok_pos, tok_seq);
-    for (int i = tid; i < C::kRows * (D / 2); i += kThreads) {
-        const int r = i / (D / 2), d = (i % (D / 2)) * 2;
-        const int R = R0 + r;
-        float     x0 = 0.0f, x1 = 0.0f;
-        if (R < n_rows) {
-            const int     t  = R / p.group, h = kvh * p.group + R % p.group;
-            const float * qr = reinterpret_cast<const float *>(p.q + t * p.q_nb2 + h * p.q_nb1);
-            x0               = qr[d] * p.scale_log2;
-            x1               = qr[d + 1] * p.scale_log2;
-        }
-        *reinterpret_cast<uint32_t *>(q_s + r * kStr + d) = ptx::pack_bf16x2(x0, x1);
+    // Q rows (log2 domain, power-of-two row scales) as single f16; warp w loads its own rows.
+#pragma unroll 4
+    for (int i = 0; i < 16; ++i) {
+        const int r = warp * 16 + i, R = R0 + r;
+        load_q_row<D, kStr, false>(p, R < n_rows, R / p.group, kvh * p.group + R % p.group, r, q_s, nullptr, q_inv, lane);
     }
     __syncthreads();
+    const float qi[2] = {q_inv[warp * 16 + g], q_inv[warp * 16 + g + 8]};
 
     int row_tok[2], row_pos[2], row_head[2];
     for (int rr = 0; rr < 2; ++rr) {
@@ -373,7 +411,7 @@ template <int D> __global__ void __launch_bounds__(kThreads) attn_prefill_kernel
         const int       s       = tok_seq[t - t_begin];
         const int32_t * bt      = p.block_table + int64_t(L > 0 ? s : 0) * p.max_pages;
 
-        float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this thread's partial row sums
+        float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this thread's partial row sums (times kPScale)
         float o[D / 8][4];
         for (int nd = 0; nd < D / 8; ++nd)
             for (int e = 0; e < 4; ++e) o[nd][e] = 0.0f;
@@ -413,7 +451,7 @@ template <int D> __global__ void __launch_bounds__(kThreads) attn_prefill_kernel
                     for (int j = 0; j < kN / 8; ++j) {
                         uint32_t b[2];
                         ptx::ldsm_x2(b, k_s + (j * 8 + (lane & 7)) * kStr + kk * 16 + ((lane >> 3) & 1) * 8);
-                        ptx::mma_bf16(sc[j], a, b[0], b[1]);
+                        ptx::mma_f16(sc[j], a, b[0], b[1]);
                     }
                 }
                 float mx[2] = {-INFINITY, -INFINITY};
@@ -424,7 +462,7 @@ template <int D> __global__ void __launch_bounds__(kThreads) attn_prefill_kernel
                         const int  rr = e >> 1;
                         const int  ps = p0 + j * 8 + c * 2 + (e & 1);
                         const bool ok = in_run[rr] && ps <= row_pos[rr];
-                        sc[j][e]      = ok ? sc[j][e] : -INFINITY;
+                        sc[j][e]      = ok ? sc[j][e] * qi[rr] : -INFINITY;
                         mx[rr]        = fmaxf(mx[rr], sc[j][e]);
                     }
                 for (int rr = 0; rr < 2; ++rr) {
@@ -437,8 +475,8 @@ template <int D> __global__ void __launch_bounds__(kThreads) attn_prefill_kernel
                     float sum          = 0.0f;
 #pragma unroll
                     for (int j = 0; j < kN / 8; ++j) {
-                        sc[j][2 * rr]     = exp2f(sc[j][2 * rr] - m_use);
-                        sc[j][2 * rr + 1] = exp2f(sc[j][2 * rr + 1] - m_use);
+                        sc[j][2 * rr]     = exp2f(sc[j][2 * rr] - m_use) * kPScale;  // P in [0, 2^14]
+                        sc[j][2 * rr + 1] = exp2f(sc[j][2 * rr + 1] - m_use) * kPScale;
                         sum += sc[j][2 * rr] + sc[j][2 * rr + 1];
                     }
                     l[rr] = l[rr] * alpha + sum;
@@ -457,16 +495,16 @@ template <int D> __global__ void __launch_bounds__(kThreads) attn_prefill_kernel
 #pragma unroll
                 for (int kk = 0; kk < kN / 16; ++kk) {
                     uint32_t a[4];
-                    a[0] = ptx::pack_bf16x2(sc[2 * kk][0], sc[2 * kk][1]);
-                    a[1] = ptx::pack_bf16x2(sc[2 * kk][2], sc[2 * kk][3]);
-                    a[2] = ptx::pack_bf16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
-                    a[3] = ptx::pack_bf16x2(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+                    a[0] = ptx::pack_f16x2(sc[2 * kk][0], sc[2 * kk][1]);
+                    a[1] = ptx::pack_f16x2(sc[2 * kk][2], sc[2 * kk][3]);
+                    a[2] = ptx::pack_f16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+                    a[3] = ptx::pack_f16x2(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
 #pragma unroll
                     for (int np = 0; np < D / 16; ++np) {
                         uint32_t b[4];
                         ptx::ldsm_x4_trans(b, v_s + (kk * 16 + (lane & 15)) * kStr + np * 16 + (lane >> 4) * 8);
-                        ptx::mma_bf16(o[2 * np], a, b[0], b[1]);
-                        ptx::mma_bf16(o[2 * np + 1], a, b[2], b[3]);
+                        ptx::mma_f16(o[2 * np], a, b[0], b[1]);
+                        ptx::mma_f16(o[2 * np + 1], a, b[2], b[3]);
                     }
                 }
             }

@@ -30,8 +30,9 @@ void op_attention(const Tensor & t, const OpContext & ctx) {
     const Tensor & bt = *t.src[7];
 
     const int64_t hd = q.ne[0], n_head = q.ne[1], n_tok = q.ne[2], n_kv = k.ne[1];
-    if (kc.type != DType::BF16 || vc.type != DType::BF16)
-        fail(SPARK_ERR_UNSUPPORTED, "attention (CUDA): the KV cache must be BF16 (got %s / %s)", dtype_name(kc.type), dtype_name(vc.type));
+    // The kernels read and write f16 bits (attention.h); the backend allocates F16 caches (caps()).
+    if (kc.type != DType::F16 || vc.type != DType::F16)
+        fail(SPARK_ERR_UNSUPPORTED, "attention (CUDA): the KV cache must be F16 (got %s / %s)", dtype_name(kc.type), dtype_name(vc.type));
     if (!attn::head_dim_supported(int(hd)))
         fail(SPARK_ERR_UNSUPPORTED, "attention (CUDA): head_dim %lld is not supported (64, 128 or 256)", (long long)hd);
     if (!rows_of_f32(q) || !rows_of_f32(k) || !rows_of_f32(v))

@@ -1,7 +1,7 @@
-// Small typed wrappers around the warp-level PTX the attention kernels use (sm_80+: bf16 mma.sync,
-// ldmatrix, cp.async) and the bf16 bit helpers. Nothing else in the attention / ssm kernels uses
-// inline PTX. Every target spark builds for is >= sm_80 (arch.h), so there is no fallback path; a
-// pass for an older architecture traps.
+// Small typed wrappers around the warp-level PTX the attention kernels use (sm_80+: f16 / bf16
+// mma.sync, ldmatrix, cp.async) and the f16 / bf16 bit helpers. Nothing else in the attention / ssm
+// kernels uses inline PTX. Every target spark builds for is >= sm_80 (arch.h), so there is no
+// fallback path; a pass for an older architecture traps.
 //
 // Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with g = lane / 4, c = lane % 4:
 //   A 16x16 (row-major): a0 = A[g][2c..2c+1], a1 = A[g+8][2c..], a2 = A[g][2c+8..], a3 = A[g+8][2c+8..]
@@ -12,12 +12,14 @@
 //
 // The kernels written on these wrappers are also run by the CPU warp emulator in
 // dev/kernels/attention/emu (which shadows this header), so kernel bodies use only these wrappers,
-// threadIdx/blockIdx/blockDim/gridDim, __syncthreads, __shfl_xor_sync and plain arithmetic.
+// threadIdx/blockIdx/blockDim/gridDim, __syncthreads, __shfl_xor_sync and plain arithmetic (with
+// <cmath>'s fabsf, copysignf, exp2f, frexpf, ldexpf).
 #pragma once
 
 #include "backends/cuda/arch.h"
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -36,6 +38,18 @@ __device__ __forceinline__ float bf16_round(float x) { return bf16_float(bf16_bi
 // lo goes to the low 16 bits (the element with the smaller index).
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     return uint32_t(bf16_bits(lo)) | (uint32_t(bf16_bits(hi)) << 16);
+}
+
+// ---- f16 bits (IEEE binary16, round to nearest even as cvt.rn.f16.f32 and the CPU's f32_to_f16 of
+// quant/formats.h: subnormals kept, |x| >= 65520 -> inf; callers that must not overflow saturate or
+// scale first)
+__device__ __forceinline__ uint16_t f16_bits(float x) { return __half_as_ushort(__float2half_rn(x)); }
+__device__ __forceinline__ float    f16_float(uint16_t b) { return __half2float(__ushort_as_half(b)); }
+__device__ __forceinline__ float    f16_round(float x) { return f16_float(f16_bits(x)); }
+// lo goes to the low 16 bits (the element with the smaller index); one cvt.rn.f16x2.f32.
+__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t *>(&h);
 }
 
 // ---- shared-memory address for ldmatrix / cp.async
@@ -76,6 +90,18 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void * sme
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
 #if SPARK_ARCH_AMPERE_PLUS
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    __trap();
+#endif
+}
+
+// ---- d += a * b, m16n8k16, f16 inputs, f32 accumulators (same fragment layouts as bf16)
+__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if SPARK_ARCH_AMPERE_PLUS
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
                  "{%0, %1, %2, %3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "../../../emu_runtime.h"
+#include "quant/formats.h"  // f32_to_f16 / f16_to_f32: bit-exact cvt.rn.f16.f32 and the f16 decoder
 
 #define SPARK_DYNAMIC_SMEM(name) unsigned char * name = ::emu::dyn_smem()
 
@@ -23,6 +24,13 @@ inline float bf16_float(uint16_t b) {
 }
 inline float    bf16_round(float x) { return bf16_float(bf16_bits(x)); }
 inline uint32_t pack_bf16x2(float lo, float hi) { return uint32_t(bf16_bits(lo)) | (uint32_t(bf16_bits(hi)) << 16); }
+
+// f16: the CPU backend's converters (RNE, subnormals, |x| >= 65520 -> inf; checked bit for bit
+// against the hardware's cvt.rn.f16.f32, see quant/formats.h).
+inline uint16_t f16_bits(float x) { return spark::f32_to_f16(x); }
+inline float    f16_float(uint16_t b) { return spark::f16_to_f32(b); }
+inline float    f16_round(float x) { return f16_float(f16_bits(x)); }
+inline uint32_t pack_f16x2(float lo, float hi) { return uint32_t(f16_bits(lo)) | (uint32_t(f16_bits(hi)) << 16); }
 
 inline uint16_t elem(const void * row, int i) { return static_cast<const uint16_t *>(row)[i]; }
 
@@ -48,15 +56,17 @@ inline void ldsm_x2(uint32_t (&r)[2], const void * p) { ldsm(r, 2, false, p); }
 inline void ldsm_x4(uint32_t (&r)[4], const void * p) { ldsm(r, 4, false, p); }
 inline void ldsm_x4_trans(uint32_t (&r)[4], const void * p) { ldsm(r, 4, true, p); }
 
-inline float half_of(uint32_t reg, int h) { return bf16_float(uint16_t(h ? reg >> 16 : reg & 0xffffu)); }
-
-inline void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+// m16n8k16 with 16-bit inputs decoded by `dec` (bf16 or f16; subnormal f16 inputs are exact, as on
+// the tensor cores), products summed in double, f32 accumulators.
+template <float (*dec)(uint16_t)>
+inline void mma_16bit(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     emu::Warp & w = emu::warp();
     const int   l = emu::lane();
     for (int i = 0; i < 4; ++i) w.u[l][i] = a[i];
     w.u[l][4] = b0;
     w.u[l][5] = b1;
     emu::warp_sync();
+    auto half_of = [](uint32_t reg, int h) { return dec(uint16_t(h ? reg >> 16 : reg & 0xffffu)); };
     auto A = [&](int row, int k) { return half_of(w.u[(row % 8) * 4 + (k % 8) / 2][row / 8 + 2 * (k / 8)], k % 2); };
     auto B = [&](int k, int n) { return half_of(w.u[n * 4 + (k % 8) / 2][4 + k / 8], k % 2); };
     const int g = l >> 2, c = l & 3;
@@ -70,6 +80,8 @@ inline void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_
     emu::warp_sync();
     for (int e = 0; e < 4; ++e) d[e] = res[e];
 }
+inline void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) { mma_16bit<bf16_float>(d, a, b0, b1); }
+inline void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) { mma_16bit<f16_float>(d, a, b0, b1); }
 
 inline void cp_async_16(void * dst, const void * src, bool pred) {
     emu::check_smem(dst, "cp.async destination outside shared memory");
