@@ -60,7 +60,7 @@ DeviceWeight upload_weight(const QWeight & host, void * (*alloc)(void * owner, s
 DeviceWeight random_device_weight(const RandomWeightSpec & spec, void * (*alloc)(void * owner, size_t bytes), void * owner, cudaStream_t stream);
 
 // ---- attention (src/backends/cuda/attention/) ----
-// ATTENTION: append k/v to the paged BF16 cache, then causal GQA attention; split-KV decode for
+// ATTENTION: append k/v to the paged FP16 cache, then causal GQA attention; split-KV decode for
 // few query tokens, tiled for prefill.
 void op_attention(const Tensor & t, const OpContext & ctx);
 
