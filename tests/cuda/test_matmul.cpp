@@ -1099,3 +1099,29 @@ TEST_CASE("kernel_paths names a path for every format") {
     for (const char * f : {"f32=", "f16=", "bf16=", "nvfp4=", "int4=", "fp8=", "moe="}) CHECK(p.find(f) != std::string::npos);
     CHECK(std::string(spark::cuda::kernel_paths(750)).find("unsupported") != std::string::npos);
 }
+
+TEST_CASE("matmul: GEMV work splits (group / k-block divisions, lanes per row, in-kernel split-K)") {
+    OpHarness h(31);
+    // Groups and k-blocks of 3 chunks: the chunk -> group index is a multiply-shift division, not a shift.
+    check_rows(h, {"int4-sym-g96", int4_spec(96, true)}, 1000, 1536, {1, 3}, kGemv, "matmul g96");
+    check_rows(h, {"int4-asym-g96", int4_spec(96, false)}, 1000, 1536, {1, 6}, kGemv, "matmul g96");
+    check_rows(h, {"fp8-block128x48", fp8_spec(128, 48)}, 1000, 2064, {1, 2}, kGemv, "matmul block_k 48");
+    // MoE decode at the Qwen3-30B-A3B shapes (down: K = 768, 24 INT4 chunks per row, fewer lanes per
+    // row), by the plan and with K split across blocks (partials summed by each tile's last block).
+    for (const int ksplit : {0, 3}) {
+        ForceGuard f(ksplit ? mm::ForcePath::Gemv : mm::ForcePath::Auto, ksplit);
+        for (const Spec & s : main_specs()) {
+            MoeCase down;
+            down.experts  = 32;
+            down.T        = 2;
+            down.K        = 768;
+            down.N        = 2048;
+            down.shared_x = false;
+            check_moe(h, s, down);
+            MoeCase up;
+            up.experts = 32;
+            check_moe_swiglu(h, s, up);
+        }
+        check_swiglu(h, {"int4-sym-g128", int4_spec(128, true)}, 1000, 4096, 2);
+    }
+}

@@ -1,12 +1,22 @@
-// Kernel lab for src/backends/cuda/matmul: validates and times the decode GEMV (GB/s of weight bytes
-// streamed, against the measured device copy bandwidth), the MoE decode launches (Qwen3-30B-A3B: 8 of
-// 128 experts, fused gate/up + SwiGLU, then down) and the prefill GEMM (TFLOP/s), launched exactly as
-// the dispatch plans them (plan.cpp). Weights are random bytes in the device layout; the reference is
-// a double-precision dot product over the formats.h decoders for a sample of output rows.
+// Kernel lab for src/backends/cuda/matmul: validates and times the decode GEMV and the MoE decode
+// launches at the shapes of one decode step of Qwen3-8B and Qwen3-30B-A3B (the table of the perf
+// brief), in INT4 g128, NVFP4, FP8 (128x128 blocks) and BF16, then the prefill GEMM (TFLOP/s). Every
+// launch is planned exactly as the dispatch plans it (plan.cpp; split-K counters zeroed on the stream
+// as matmul.cpp does). Weights are random bytes in the device layout, in enough copies (experts: 128
+// per projection, 16 routing sets) that every launch streams from DRAM; the reference is a double
+// dot product over the formats.h decoders for a sample of output rows.
+//
+// Per shape and format: the plan (lanes per row / K-warps / K splits, grid), the time per launch
+//   graph us  back-to-back launches replayed from a CUDA graph (a decode step's graph);
+//   event us  one launch between two events, averaged (as SPARK_PROFILE_OPS measures ops, so it
+//             includes the ~1.4 us event overhead; compare with the "brief" column: the INT4 / BF16
+//             numbers measured in a model step before this kernel);
+// the bytes moved (weights + scales), GB/s and % of the measured copy bandwidth (both from graph us),
+// ideal us = bytes / copy bandwidth, and the nmse against the reference.
 //
 // Build and run from the repository root (one line; -arch as the GPU: sm_90a H100, sm_120a RTX 50xx):
 //   nvcc -O3 -std=c++20 --expt-relaxed-constexpr -arch=sm_90a -Isrc -Iinclude dev/kernels/matmul/bench_matmul.cu src/backends/cuda/matmul/gemv_*.cu src/backends/cuda/matmul/gemm_*.cu src/backends/cuda/matmul/aux.cu src/backends/cuda/matmul/plan.cpp -o /tmp/bench_matmul && /tmp/bench_matmul
-// Options: --quick (fewer shapes).
+// Options: --quick (INT4 only, no GEMM), --no-gemm, --rows (also 2, 4, 8 activation rows).
 #include "backends/cuda/cuda_common.h"
 #include "backends/cuda/matmul/launch.h"
 #include "quant/formats.h"
@@ -18,6 +28,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -159,14 +170,14 @@ const char * fname(WeightFormat f) {
     return "?";
 }
 
-void gemv_launch_any(WeightFormat f, int r, bool glu, const GemvArgs & a, dim3 g) {
+void gemv_launch_any(WeightFormat f, int r, bool glu, const GemvArgs & a, dim3 g, cudaStream_t s) {
     switch (f) {
-        case WeightFormat::F32: gemv_launch_f32(r, glu, a, g, 0); break;
-        case WeightFormat::F16: gemv_launch_f16(r, glu, a, g, 0); break;
-        case WeightFormat::BF16: gemv_launch_bf16(r, glu, a, g, 0); break;
-        case WeightFormat::NVFP4: gemv_launch_nvfp4(r, glu, a, g, 0); break;
-        case WeightFormat::INT4: gemv_launch_int4(r, glu, a, g, 0); break;
-        case WeightFormat::FP8: gemv_launch_fp8(r, glu, a, g, 0); break;
+        case WeightFormat::F32: gemv_launch_f32(r, glu, a, g, s); break;
+        case WeightFormat::F16: gemv_launch_f16(r, glu, a, g, s); break;
+        case WeightFormat::BF16: gemv_launch_bf16(r, glu, a, g, s); break;
+        case WeightFormat::NVFP4: gemv_launch_nvfp4(r, glu, a, g, s); break;
+        case WeightFormat::INT4: gemv_launch_int4(r, glu, a, g, s); break;
+        case WeightFormat::FP8: gemv_launch_fp8(r, glu, a, g, s); break;
     }
     CK(cudaGetLastError());
 }
@@ -225,78 +236,216 @@ double check(const HostWeight & w, const std::vector<float> & x, int rows, const
     return den > 0 ? num / den : num;
 }
 
-void bench_gemv(WeightFormat f, int64_t n, int64_t k, int rows) {
-    HostWeight hw = make_weight(f, n, k);
-    // Enough copies that the rotation is well beyond L2 (weights must come from DRAM).
-    const int                 copies = int(std::clamp<int64_t>(int64_t((size_t(512) << 20) / hw.bytes()), 1, 64));
-    std::vector<DeviceWeight> ws;
-    ws.push_back(upload(hw));
-    for (int c = 1; c < copies; ++c) {
-        DeviceWeight d = ws[0];
-        void *       p = nullptr;
-        CK(cudaMalloc(&p, hw.data.size()));
-        CK(cudaMemcpy(p, ws[0].data, hw.data.size(), cudaMemcpyDeviceToDevice));
-        d.data = p;
-        if (!hw.scales.empty()) {
-            CK(cudaMalloc(&p, hw.scales.size()));
-            CK(cudaMemcpy(p, ws[0].scales, hw.scales.size(), cudaMemcpyDeviceToDevice));
-            d.scales = p;
+// ---- GEMV and MoE decode ------------------------------------------------------------------------
+
+// One planned GEMV launch, as matmul.cpp issues it (split-K: counters zeroed on the stream first).
+struct PlannedGemv {
+    WeightFormat f{};
+    bool         glu = false;
+    GemvPlan     p;
+    uint32_t *   counters = nullptr;
+    void         launch(GemvArgs a, cudaStream_t s) const {
+        a.wk               = p.wk;
+        a.lpr              = p.lpr;
+        a.chunks_per_split = p.cps;
+        if (p.ksplit > 1) {
+            CK(cudaMemsetAsync(counters, 0, size_t(p.counters()) * 4, s));
+            a.counters = counters;
         }
-        ws.push_back(d);
+        gemv_launch_any(f, p.r_tmpl, glu, a, p.grid, s);
+    }
+};
+
+// Split-K scratch for a plan (partial floats for out_rows rows of n, counters).
+struct SplitScratch {
+    float *    partial  = nullptr;
+    uint32_t * counters = nullptr;
+    SplitScratch(const GemvPlan & p, int nw, int64_t out_rows, int64_t n) {
+        if (p.ksplit <= 1) return;
+        CK(cudaMalloc(&partial, size_t(p.ksplit) * nw * size_t(out_rows * n) * 4));
+        CK(cudaMalloc(&counters, size_t(p.counters()) * 4));
+    }
+    ~SplitScratch() {
+        cudaFree(partial);
+        cudaFree(counters);
+    }
+};
+
+struct Timing {
+    double graph_us = 0, event_us = 0;
+};
+
+// launch(i, s) enqueues launch i (rotating over weight copies / routing sets). graph: `per_graph`
+// launches captured once, replayed; events: one launch between two events, `n_ev` times.
+Timing time_launches(const std::function<void(int, cudaStream_t)> & launch, int per_graph, cudaStream_t s) {
+    Timing t;
+    for (int i = 0; i < 3; ++i) launch(i, s);
+    CK(cudaStreamSynchronize(s));
+    cudaGraph_t     graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < per_graph; ++i) launch(i, s);
+    CK(cudaStreamEndCapture(s, &graph));
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    CK(cudaGraphLaunch(exec, s));
+    CK(cudaStreamSynchronize(s));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    const int reps = 5;
+    CK(cudaEventRecord(e0, s));
+    for (int r = 0; r < reps; ++r) CK(cudaGraphLaunch(exec, s));
+    CK(cudaEventRecord(e1, s));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    t.graph_us = ms * 1e3 / (reps * per_graph);
+    CK(cudaGraphExecDestroy(exec));
+    CK(cudaGraphDestroy(graph));
+    const int                n_ev = std::min(per_graph, 200);
+    std::vector<cudaEvent_t> b(static_cast<size_t>(n_ev)), e(static_cast<size_t>(n_ev));
+    for (int i = 0; i < n_ev; ++i) {
+        CK(cudaEventCreate(&b[size_t(i)]));
+        CK(cudaEventCreate(&e[size_t(i)]));
+    }
+    for (int i = 0; i < n_ev; ++i) {
+        CK(cudaEventRecord(b[size_t(i)], s));
+        launch(i, s);
+        CK(cudaEventRecord(e[size_t(i)], s));
+    }
+    CK(cudaStreamSynchronize(s));
+    double sum = 0;
+    for (int i = 0; i < n_ev; ++i) {
+        CK(cudaEventElapsedTime(&ms, b[size_t(i)], e[size_t(i)]));
+        sum += ms * 1e3;
+        cudaEventDestroy(b[size_t(i)]);
+        cudaEventDestroy(e[size_t(i)]);
+    }
+    t.event_us = sum / n_ev;
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return t;
+}
+
+int per_graph_for(double bytes) {
+    const double est_us = bytes / 2.5e6 + 3.0;  // 2.5 TB/s + launch
+    return int(std::clamp(4000.0 / est_us, 10.0, 400.0));
+}
+
+cudaStream_t g_stream = nullptr;
+
+void print_header() {
+    std::printf("\n%-44s %-10s %-22s %9s %9s %9s %9s %8s %7s %6s  %s\n", "shape", "format", "plan lpr/wk/ks grid", "graph us", "event us",
+                "brief us", "ideal us", "MB", "GB/s", "%copy", "nmse");
+}
+
+void print_row(const std::string & shape, WeightFormat f, const GemvPlan & p, const Timing & t, double brief_us, double bytes, double err) {
+    char plan[64], brief[16];
+    if (p.grid.x == 0)
+        std::snprintf(plan, sizeof plan, "-");
+    else
+        std::snprintf(plan, sizeof plan, "%d/%d/%d %ux%ux%u", p.lpr, p.wk, p.ksplit, p.grid.x, p.grid.y, p.grid.z);
+    if (brief_us > 0)
+        std::snprintf(brief, sizeof brief, "%9.1f", brief_us);
+    else
+        std::snprintf(brief, sizeof brief, "%9s", "-");
+    const double gbs = bytes / (t.graph_us * 1e-6) / 1e9;
+    std::printf("%-44s %-10s %-22s %9.2f %9.2f %s %9.2f %8.2f %7.0f %5.1f%%  %.1e\n", shape.c_str(), fname(f), plan, t.graph_us, t.event_us,
+                brief, bytes / g_copy_bw * 1e6, bytes / 1e6, gbs, 100.0 * gbs * 1e9 / g_copy_bw, err);
+    std::fflush(stdout);
+}
+
+// A dense decode GEMV (nw = 2: fused gate/up + SwiGLU, y = silu(x Wg^T) * (x Wu^T)).
+void bench_gemv(const std::string & shape, WeightFormat f, int64_t n, int64_t k, int rows, int nw, double brief_us) {
+    std::vector<HostWeight> hw;
+    for (int i = 0; i < nw; ++i) hw.push_back(make_weight(f, n, k));
+    double bytes = 0;
+    for (auto & h : hw) bytes += double(h.bytes());
+    // Enough copies that the rotation is well beyond L2 (weights come from DRAM).
+    const int copies = int(std::clamp<int64_t>(int64_t(std::ceil(512e6 / bytes)), 1, 64));
+    std::vector<std::vector<DeviceWeight>> ws(static_cast<size_t>(nw));
+    for (int i = 0; i < nw; ++i) {
+        ws[size_t(i)].push_back(upload(hw[size_t(i)]));
+        for (int c = 1; c < copies; ++c) {
+            DeviceWeight d = ws[size_t(i)][0];
+            void *       p = nullptr;
+            CK(cudaMalloc(&p, hw[size_t(i)].data.size()));
+            CK(cudaMemcpy(p, ws[size_t(i)][0].data, hw[size_t(i)].data.size(), cudaMemcpyDeviceToDevice));
+            d.data = p;
+            if (!hw[size_t(i)].scales.empty()) {
+                CK(cudaMalloc(&p, hw[size_t(i)].scales.size()));
+                CK(cudaMemcpy(p, ws[size_t(i)][0].scales, hw[size_t(i)].scales.size(), cudaMemcpyDeviceToDevice));
+                d.scales = p;
+            }
+            ws[size_t(i)].push_back(d);
+        }
     }
     std::vector<float> x(size_t(rows * k));
     for (float & v : x) v = uni(-1.0f, 1.0f);
     float * dx = dev_copy(x);
     float * dy = nullptr;
     CK(cudaMalloc(&dy, size_t(rows * n) * 4));
-    const GemvPlan p = plan_gemv(f, n, k, 1, rows, 1, g_sms);
-    float *        partial = nullptr;
-    if (p.ksplit > 1) CK(cudaMalloc(&partial, size_t(p.ksplit) * rows * n * 4));
-    auto launch = [&](int c) {
-        GemvArgs a;
-        a.w[0] = a.w[1] = ws[size_t(c)];
+    PlannedGemv pg;
+    pg.f   = f;
+    pg.glu = nw == 2;
+    pg.p   = plan_gemv(f, n, k, 1, rows, nw, g_sms);
+    SplitScratch sc(pg.p, nw, rows, n);
+    pg.counters = sc.counters;
+    auto launch = [&](int i, cudaStream_t s) {
+        const int c = i % copies;
+        GemvArgs  a;
+        a.w[0] = ws[0][size_t(c)];
+        a.w[1] = ws[size_t(nw - 1)][size_t(c)];
         for (int r = 0; r < kGemvMaxRows; ++r) a.x[r] = dx + (r < rows ? r : 0) * k;
         a.n = n;
         a.k = k;
         a.rows = a.out_rows = rows;
-        a.wk               = p.wk;
-        a.chunks_per_split = p.cps;
-        if (p.ksplit > 1)
-            a.partial = partial;
-        else
-            a.y = dy;
-        gemv_launch_any(f, p.r_tmpl, false, a, p.grid);
-        if (p.ksplit > 1) gemv_splitk_reduce(partial, p.ksplit, 1, rows, n, dy, 0);
+        a.y                = dy;
+        a.partial          = sc.partial;
+        pg.launch(a, s);
     };
-    launch(0);
-    CK(cudaDeviceSynchronize());
+    launch(0, g_stream);
+    CK(cudaStreamSynchronize(g_stream));
     std::vector<float> y(size_t(rows * n));
     CK(cudaMemcpy(y.data(), dy, y.size() * 4, cudaMemcpyDeviceToHost));
-    const double err = check(hw, x, rows, y, false);
-    const int    iters = std::max(20, std::min(2000, int(4e9 / double(hw.bytes()))));
-    for (int i = 0; i < 5; ++i) launch(i % copies);
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    cudaEventRecord(e0);
-    for (int i = 0; i < iters; ++i) launch(i % copies);
-    cudaEventRecord(e1);
-    cudaEventSynchronize(e1);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, e0, e1);
-    const double us = ms * 1e3 / iters, gbs = hw.bytes() / (us * 1e-6) / 1e9;
-    std::printf("gemv  %-10s N=%-6lld K=%-6lld rows=%d  wk=%d ksplit=%d grid=%ux%u  %9.2f us  %7.0f GB/s  %5.1f%% of copy  nmse %.1e\n",
-                fname(f), (long long) n, (long long) k, rows, p.wk, p.ksplit, p.grid.x, p.grid.y, us, gbs, 100.0 * gbs * 1e9 / g_copy_bw,
-                err);
-    for (auto & d : ws) release(d);
+    double err = 0;
+    if (nw == 1) {
+        err = check(hw[0], x, rows, y, false);
+    } else {  // silu(gate) * up on sampled rows
+        double num = 0, den = 0;
+        for (int sidx = 0; sidx < 32; ++sidx) {
+            const int64_t j = sidx < 8 ? sidx : sidx < 16 ? n - 1 - (sidx - 8) : int64_t((sidx * 2654435761ull) % uint64_t(n));
+            for (int r = 0; r < rows; ++r) {
+                double g = 0, u = 0;
+                for (int64_t kk = 0; kk < k; ++kk) {
+                    g += ref_weight(hw[0], j, kk) * x[size_t(r * k + kk)];
+                    u += ref_weight(hw[1], j, kk) * x[size_t(r * k + kk)];
+                }
+                const double ref = g / (1 + std::exp(-g)) * u, d = y[size_t(r * n + j)] - ref;
+                num += d * d;
+                den += ref * ref;
+            }
+        }
+        err = den > 0 ? num / den : num;
+    }
+    const Timing t = time_launches(launch, per_graph_for(bytes), g_stream);
+    print_row(shape + (rows > 1 ? " rows=" + std::to_string(rows) : ""), f, pg.p, t, brief_us, bytes, err);
+    for (auto & v : ws)
+        for (size_t c = 0; c < v.size(); ++c) {
+            if (c == 0) {
+                release(v[c]);
+            } else {
+                cudaFree(const_cast<void *>(v[c].data));
+                if (v[c].scales) cudaFree(const_cast<void *>(v[c].scales));
+            }
+        }
     cudaFree(dx);
     cudaFree(dy);
-    if (partial) cudaFree(partial);
 }
 
-// Qwen3-30B-A3B MoE decode step of one layer: 8 of 128 experts, fused gate/up + SwiGLU (one launch)
-// then down (one launch). Several routing sets rotate so experts come from DRAM.
-void bench_moe(WeightFormat f) {
+// Qwen3-30B-A3B MoE decode of one layer: 8 of 128 experts, fused gate/up + SwiGLU (one launch), then
+// down (one launch), each timed on its own and as the pair. 16 routing sets rotate.
+void bench_moe(WeightFormat f, double brief_up_us, double brief_down_us) {
     const int E = 128, top = 8, H = 2048, F = 768;
     std::vector<HostWeight> gate, up, down;
     for (int e = 0; e < E; ++e) {
@@ -320,54 +469,63 @@ void bench_moe(WeightFormat f) {
         for (int j = 0; j < top; ++j) ids[size_t(s * top + j)] = all[size_t(j)];
     }
     int32_t *          dids = dev_copy(ids);
-    std::vector<float> x(H);
+    std::vector<float> x(H), act_in(size_t(top * F));
     for (float & v : x) v = uni(-1.0f, 1.0f);
-    float *dx = dev_copy(x), *dact = nullptr, *dy = nullptr;
+    for (float & v : act_in) v = uni(-1.0f, 1.0f);
+    float *dx = dev_copy(x), *dact_in = dev_copy(act_in), *dact = nullptr, *dy = nullptr;
     CK(cudaMalloc(&dact, size_t(top * F) * 4));
     CK(cudaMalloc(&dy, size_t(top * H) * 4));
-    const GemvPlan pg = plan_gemv(f, F, H, top, 1, 2, g_sms);
-    const GemvPlan pd = plan_gemv(f, H, F, top, 1, 1, g_sms);
-    auto           launch = [&](int s) {
+    PlannedGemv pu, pd;
+    pu.f = pd.f = f;
+    pu.glu      = true;
+    pu.p        = plan_gemv(f, F, H, top, 1, 2, g_sms);
+    pd.p        = plan_gemv(f, H, F, top, 1, 1, g_sms);
+    SplitScratch su(pu.p, 2, top, F), sd(pd.p, 1, top, H);
+    pu.counters = su.counters;
+    pd.counters = sd.counters;
+    // Gate/up reads x; down reads a fixed activation buffer (so the two can be timed apart).
+    auto launch_up = [&](int i, cudaStream_t s) {
         GemvArgs a;
         a.w[0] = a.w[1] = tg[0];
         a.table[0]      = dg;
         a.table[1]      = du;
-        a.ids           = Ids{dids + s * top, 1, top, top, E};
+        a.ids           = Ids{dids + (i % sets) * top, 1, top, top, E};
         a.xbase         = dx;
         a.x_sj          = 0;
         a.x_st          = H;
         a.n             = F;
         a.k             = H;
         a.out_rows      = top;
-        a.wk            = pg.wk;
-        a.chunks_per_split = pg.cps;
         a.y             = dact;
-        gemv_launch_any(f, 1, true, a, pg.grid);
+        a.partial       = su.partial;
+        pu.launch(a, s);
+    };
+    auto launch_down = [&](int i, cudaStream_t s, const float * in) {
         GemvArgs b;
         b.w[0] = b.w[1] = td[0];
         b.table[0] = b.table[1] = dd;
-        b.ids              = a.ids;
-        b.xbase            = dact;
-        b.x_sj             = F;
-        b.x_st             = int64_t(top) * F;
-        b.n                = H;
-        b.k                = F;
-        b.out_rows         = top;
-        b.wk               = pd.wk;
-        b.chunks_per_split = pd.cps;
-        b.y                = dy;
-        gemv_launch_any(f, 1, false, b, pd.grid);
+        b.ids                   = Ids{dids + (i % sets) * top, 1, top, top, E};
+        b.xbase                 = in;
+        b.x_sj                  = F;
+        b.x_st                  = int64_t(top) * F;
+        b.n                     = H;
+        b.k                     = F;
+        b.out_rows              = top;
+        b.y                     = dy;
+        b.partial               = sd.partial;
+        pd.launch(b, s);
     };
-    launch(0);
-    CK(cudaDeviceSynchronize());
-    // Check the gate/up + SwiGLU output of the first set.
-    std::vector<float> act(size_t(top * F));
+    launch_up(0, g_stream);
+    launch_down(0, g_stream, dact_in);
+    CK(cudaStreamSynchronize(g_stream));
+    std::vector<float> act(size_t(top * F)), yd(size_t(top * H));
     CK(cudaMemcpy(act.data(), dact, act.size() * 4, cudaMemcpyDeviceToHost));
-    double num = 0, den = 0;
-    for (int j = 0; j < top; ++j)
+    CK(cudaMemcpy(yd.data(), dy, yd.size() * 4, cudaMemcpyDeviceToHost));
+    double num = 0, den = 0, num_d = 0, den_d = 0;
+    for (int j = 0; j < top; ++j) {
+        const int e = ids[size_t(j)];
         for (int n = 0; n < F; n += 37) {
-            const int e = ids[size_t(j)];
-            double    g = 0, u = 0;
+            double g = 0, u = 0;
             for (int k = 0; k < H; ++k) {
                 g += ref_weight(gate[size_t(e)], n, k) * x[size_t(k)];
                 u += ref_weight(up[size_t(e)], n, k) * x[size_t(k)];
@@ -376,21 +534,26 @@ void bench_moe(WeightFormat f) {
             num += d * d;
             den += ref * ref;
         }
-    const int iters = 500;
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    cudaEventRecord(e0);
-    for (int i = 0; i < iters; ++i) launch(i % sets);
-    cudaEventRecord(e1);
-    cudaEventSynchronize(e1);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, e0, e1);
-    const double us    = ms * 1e3 / iters;
-    const double bytes = double(top) * double(gate[0].bytes() + up[0].bytes() + down[0].bytes());
-    std::printf("moe   %-10s 8/128 experts gate+up+swiglu (grid %ux%ux%u) + down (grid %ux%ux%u): %7.2f us/layer  %6.0f GB/s  %5.1f%% of copy  nmse %.1e\n",
-                fname(f), pg.grid.x, pg.grid.y, pg.grid.z, pd.grid.x, pd.grid.y, pd.grid.z, us, bytes / (us * 1e-6) / 1e9,
-                100.0 * bytes / (us * 1e-6) / g_copy_bw, den > 0 ? num / den : num);
+        for (int n = 0; n < H; n += 53) {
+            double ref = 0;
+            for (int k = 0; k < F; ++k) ref += ref_weight(down[size_t(e)], n, k) * act_in[size_t(j * F + k)];
+            const double d = yd[size_t(j * H + n)] - ref;
+            num_d += d * d;
+            den_d += ref * ref;
+        }
+    }
+    const double bytes_up   = double(top) * double(gate[0].bytes() + up[0].bytes());
+    const double bytes_down = double(top) * double(down[0].bytes());
+    const Timing tu_        = time_launches(launch_up, per_graph_for(bytes_up), g_stream);
+    const Timing td_        = time_launches([&](int i, cudaStream_t s) { launch_down(i, s, dact_in); }, per_graph_for(bytes_down), g_stream);
+    const Timing tl         = time_launches([&](int i, cudaStream_t s) { launch_up(i, s), launch_down(i, s, dact); },
+                                            per_graph_for(bytes_up + bytes_down), g_stream);
+    print_row("30B-A3B moe gate+up+swiglu 8x(768+768)x2048", f, pu.p, tu_, brief_up_us, bytes_up, den > 0 ? num / den : num);
+    print_row("30B-A3B moe down 8x2048x768", f, pd.p, td_, brief_down_us, bytes_down, den_d > 0 ? num_d / den_d : num_d);
+    GemvPlan both = pu.p;
+    both.grid     = dim3(0, 0, 0);
+    print_row("30B-A3B moe layer (gate/up, then down)", f, both, tl,
+              brief_up_us > 0 && brief_down_us > 0 ? brief_up_us + brief_down_us : 0.0, bytes_up + bytes_down, 0.0);
     for (auto & d : tg) release(d);
     for (auto & d : tu) release(d);
     for (auto & d : td) release(d);
@@ -399,6 +562,7 @@ void bench_moe(WeightFormat f) {
     cudaFree(dd);
     cudaFree(dids);
     cudaFree(dx);
+    cudaFree(dact_in);
     cudaFree(dact);
     cudaFree(dy);
 }
@@ -464,28 +628,63 @@ void bench_gemm(WeightFormat f, int64_t m, int64_t n, int64_t k) {
 }  // namespace
 
 int main(int argc, char ** argv) {
-    const bool     quick = argc > 1 && std::string(argv[1]) == "--quick";
+    bool quick = false, gemm = true, more_rows = false;
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        if (a == "--quick") quick = true, gemm = false;
+        if (a == "--no-gemm") gemm = false;
+        if (a == "--rows") more_rows = true;
+    }
     cudaDeviceProp prop{};
     CK(cudaGetDeviceProperties(&prop, 0));
+    CK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
     g_sms     = prop.multiProcessorCount;
     g_copy_bw = measure_copy_bw();
-    std::printf("%s, %d SMs, copy bandwidth %.0f GB/s (bytes read + written, the perf-anchors.md convention; %% of copy = GEMV bytes read / this)\n",
+    std::printf("%s, %d SMs, copy bandwidth %.0f GB/s (bytes read + written, the perf-anchors.md convention; %%copy = bytes read / graph us / this)\n",
                 prop.name, g_sms, g_copy_bw / 1e9);
-    const WeightFormat formats[] = {WeightFormat::BF16, WeightFormat::INT4, WeightFormat::NVFP4, WeightFormat::FP8};
+
+    // The decode-step shapes of the brief; brief us: INT4 (BF16 for lm_head / router) in a model step.
     struct Shape {
-        int64_t n, k;
+        const char * name;
+        int64_t      n, k;
+        int          nw;
+        double       brief_us;
+        bool         bf16_only;
     };
-    const Shape shapes[] = {{4096, 4096}, {12288, 4096}, {4096, 12288}, {1024, 4096}, {512, 2048}, {128, 2048}};
-    bench_gemv(WeightFormat::BF16, 151936, 2048, 1);  // Qwen3 lm_head
-    for (const WeightFormat f : formats)
-        for (const Shape & s : shapes) {
-            bench_gemv(f, s.n, s.k, 1);
-            if (quick) break;
+    const Shape shapes[] = {
+        {"8B ffn gate+up+swiglu N=12288 K=4096", 12288, 4096, 2, 39.1, false},
+        {"8B q/o N=4096 K=4096", 4096, 4096, 1, 13.2, false},
+        {"8B down N=4096 K=12288", 4096, 12288, 1, 26.0, false},
+        {"8B k/v N=1024 K=4096", 1024, 4096, 1, 7.4, false},
+        {"8B lm_head N=151936 K=4096", 151936, 4096, 1, 404.0, true},
+        {"30B-A3B k/v N=512 K=2048", 512, 2048, 1, 6.8, false},
+        {"30B-A3B q N=4096 K=2048", 4096, 2048, 1, 9.3, false},
+        {"30B-A3B o N=2048 K=4096", 2048, 4096, 1, 8.9, false},
+        {"30B-A3B router N=128 K=2048", 128, 2048, 1, 6.0, true},
+    };
+    std::vector<WeightFormat> formats = {WeightFormat::INT4, WeightFormat::NVFP4, WeightFormat::FP8, WeightFormat::BF16};
+    if (quick) formats = {WeightFormat::INT4};
+    print_header();
+    for (const Shape & s : shapes) {
+        if (s.bf16_only) {
+            bench_gemv(s.name, WeightFormat::BF16, s.n, s.k, 1, s.nw, s.brief_us);
+            continue;
         }
-    for (const WeightFormat f : formats)
-        for (const int rows : {2, 4, 8}) bench_gemv(f, 12288, 4096, rows);
-    for (const WeightFormat f : formats) bench_moe(f);
-    for (const WeightFormat f : formats)
-        for (const int64_t n : {4096, 12288}) bench_gemm(f, 512, n, 4096);
+        for (const WeightFormat f : formats) bench_gemv(s.name, f, s.n, s.k, 1, s.nw, f == WeightFormat::INT4 ? s.brief_us : 0.0);
+    }
+    for (const WeightFormat f : formats) bench_moe(f, f == WeightFormat::INT4 ? 25.5 : 0.0, f == WeightFormat::INT4 ? 12.8 : 0.0);
+    if (more_rows) {
+        print_header();
+        for (const WeightFormat f : formats)
+            for (const int rows : {2, 4, 8}) {
+                bench_gemv(shapes[0].name, f, shapes[0].n, shapes[0].k, rows, 2, 0.0);
+                bench_gemv(shapes[1].name, f, shapes[1].n, shapes[1].k, rows, 1, 0.0);
+            }
+    }
+    if (gemm) {
+        std::printf("\n");
+        for (const WeightFormat f : {WeightFormat::BF16, WeightFormat::INT4, WeightFormat::NVFP4, WeightFormat::FP8})
+            for (const int64_t n : {4096, 12288}) bench_gemm(f, 512, n, 4096);
+    }
     return 0;
 }

@@ -5,7 +5,7 @@
 namespace spark::cuda::mm {
 
 void gemv_launch_bf16(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, cudaStream_t s) {
-    gemv_launch<FmtBF16>(r_tmpl, glu, a, grid, s);
+    gemv_launch<GvPlain<FmtBF16>>(r_tmpl, glu, a, grid, s);
 }
 
 }  // namespace spark::cuda::mm

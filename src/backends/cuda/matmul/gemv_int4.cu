@@ -5,7 +5,11 @@
 namespace spark::cuda::mm {
 
 void gemv_launch_int4(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, cudaStream_t s) {
-    gemv_launch<FmtInt4>(r_tmpl, glu, a, grid, s);
+    // Zero points only where some weight has them: the symmetric decoder subtracts immediates.
+    if (a.int4_zeros)
+        gemv_launch<GvInt4<true>>(r_tmpl, glu, a, grid, s);
+    else
+        gemv_launch<GvInt4<false>>(r_tmpl, glu, a, grid, s);
 }
 
 }  // namespace spark::cuda::mm

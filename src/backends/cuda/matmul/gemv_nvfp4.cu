@@ -5,7 +5,7 @@
 namespace spark::cuda::mm {
 
 void gemv_launch_nvfp4(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, cudaStream_t s) {
-    gemv_launch<FmtNvfp4>(r_tmpl, glu, a, grid, s);
+    gemv_launch<GvNvfp4>(r_tmpl, glu, a, grid, s);
 }
 
 }  // namespace spark::cuda::mm

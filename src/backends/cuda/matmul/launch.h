@@ -39,24 +39,36 @@ int elems_per_chunk(WeightFormat f);
 bool chunk_ok(const DeviceWeight & w);
 
 struct GemvPlan {
-    int     r_tmpl = 1, wk = 1, ksplit = 1;
+    int     r_tmpl = 1, wk = 1, lpr = 32, ksplit = 1;
     int64_t cps    = 0;  // chunks per split (gridDim.y blocks cover K)
-    dim3    grid;
+    dim3    grid;        // (row tiles, ksplit, jobs)
+    // Split-K scratch (ksplit > 1): partial floats [ksplit][nw][out_rows][n] and arrival counters
+    // (one per row tile and job, zeroed on the stream before the launch).
+    int64_t counters() const { return ksplit > 1 ? int64_t(grid.x) * grid.z : 0; }
 };
 // The GEMV launch for `rows` (<= 8) activation rows, `jobs` MATMUL_ID pairs (1 for MATMUL), nw
-// weights (2: fused gate/up).
+// weights (2: fused gate/up): a small cost model over lanes per row, K-warps and K splits (plan.cpp).
 GemvPlan plan_gemv(WeightFormat f, int64_t N, int64_t K, int64_t jobs, int rows, int nw, int sm_count);
 
 // ---- GEMV (rows <= 8) -------------------------------------------------------------------------
 constexpr int kGemvThreads = 256;  // 8 warps
 constexpr int kGemvMaxRows = 8;
 
-// Weight rows per warp (U), by the row template r (1, 2, 4, 8), the number of fused weights nw
-// (2: gate + up) and the chunk's element count e: a lane keeps U * nw 16-byte loads in flight per
-// step (4 for 1-2 rows, fewer where the R-row accumulators and decoded values need the registers).
+// Weight rows per row group (U), by the row template r (1, 2, 4, 8), the number of fused weights nw
+// (2: gate + up) and the chunk's element count e: a lane issues U * nw 16-byte loads per step (4 for
+// 1-2 rows, fewer where the R-row accumulators and decoded values need the registers).
 constexpr int gemv_rows_per_warp(int r, int nw, int e) {
     const int loads = r <= 2 ? 4 : r <= 4 ? 2 : (e >= 32 ? 1 : 2);
     return loads / nw > 0 ? loads / nw : 1;
+}
+// Steps in flight per lane (the register ring of D x U * nw 16-byte loads): 2 for 1-2 rows; 4-8 rows
+// are bound by the FMAs (R per weight) and need the registers for their accumulators.
+constexpr int gemv_depth(int r, int nw, int e) { return (void) nw, (void) e, r <= 2 ? 2 : 1; }
+// Blocks per SM the kernel is compiled for (__launch_bounds__; register cap 65536 / (256 x this)):
+// one activation row fits 80 registers (3 blocks, 24 warps) except NVFP4 and INT4 with zero points
+// (their larger scale state would spill: 2 blocks); 2-4 rows 128 registers; 8 rows 255.
+constexpr int gemv_min_blocks(int r, WeightFormat f) {
+    return r == 1 ? (f == WeightFormat::NVFP4 ? 2 : 3) : r <= 4 ? 2 : 1;
 }
 
 struct GemvArgs {
@@ -74,17 +86,23 @@ struct GemvArgs {
     int64_t       n = 0, k = 0;
     int32_t       rows     = 1;  // valid activation rows (plain); 1 for MATMUL_ID
     int32_t       out_rows = 1;  // rows of y: rows (plain) or k_slots * T (MATMUL_ID)
-    // Output: y [out_rows][n] (SwiGLU applied when fused), or, when split over K across blocks,
-    // partial [ksplit][nw][out_rows][n] summed by gemv_splitk_reduce.
-    float * y       = nullptr;
-    float * partial = nullptr;
-    // Work split: warps per block along K (1, 2, 4, 8; the others take different rows), and the
-    // chunks (16 bytes of a weight row) of K each block y-index covers.
+    // Output: y [out_rows][n] (SwiGLU applied when fused). K split across blocks (gridDim.y > 1):
+    // partial [ksplit][nw][out_rows][n] and counters [jobs][row tiles] (zeroed before the launch);
+    // the last block of each tile sums the partials in split order into y.
+    float *    y        = nullptr;
+    float *    partial  = nullptr;
+    uint32_t * counters = nullptr;
+    // Work split: warps per block along K (wk: 1, 2, 4, 8; the others take different rows), lanes
+    // per weight row (lpr: 32, 16, 8; a warp covers 32 / lpr row groups of U rows), and the chunks
+    // (16 bytes of a weight row) of K each block y-index covers.
     int32_t wk               = 1;
+    int32_t lpr              = 32;
     int64_t chunks_per_split = 0;
+    // INT4: some weight (any expert) has zero points (selects the decoder with per-group zeros).
+    int32_t int4_zeros = 0;
 };
 
-// r_tmpl in {1, 2, 4, 8}; grid = (ceil(n / rows_per_block), ksplit, jobs).
+// r_tmpl in {1, 2, 4, 8}; grid = plan_gemv(...).grid: (ceil(n / rows_per_block), ksplit, jobs).
 void gemv_launch_f32(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, cudaStream_t s);
 void gemv_launch_f16(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, cudaStream_t s);
 void gemv_launch_bf16(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, cudaStream_t s);
@@ -92,7 +110,8 @@ void gemv_launch_nvfp4(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, cuda
 void gemv_launch_int4(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, cudaStream_t s);
 void gemv_launch_fp8(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, cudaStream_t s);
 
-// y[r][n] = sum over splits (then silu(gate) * up when nw == 2).
+// y[r][n] = sum over splits (then silu(gate) * up when nw == 2). (The GEMV reduces its splits
+// in-kernel now; kept for aux.cu's owner.)
 void gemv_splitk_reduce(const float * partial, int ksplit, int nw, int64_t out_rows, int64_t n, float * y, cudaStream_t s);
 
 // ---- GEMM (rows > 8): mma.sync m16n8k16 F16 -> F32 ---------------------------------------------

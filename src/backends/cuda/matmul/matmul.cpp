@@ -109,24 +109,30 @@ bool rows_aligned(const Dense & d) {
 
 size_t scratch_bytes(const Dense & d, const OpContext & ctx);
 
-// Floats of split-K partials for the GEMV row batches of d (0: no batch splits K). Batches run one
-// after the other on the stream and share the buffer.
-size_t gemv_partial_floats(const Dense & d, const OpContext & ctx) {
+// Split-K scratch of the GEMV row batches of d (0 floats: no batch splits K): partial floats and
+// arrival counters. Batches run one after the other on the stream and share the buffers.
+struct GemvSplitScratch {
+    size_t floats = 0, counters = 0;
+};
+GemvSplitScratch gemv_split_scratch(const Dense & d, const OpContext & ctx) {
     const DeviceWeight & w = *d.w[0];
-    size_t               f = 0;
+    GemvSplitScratch     g;
     for (const int64_t rb : {std::min<int64_t>(d.rows, kGemvMaxRows), d.rows % kGemvMaxRows}) {
         if (rb <= 0) continue;
         const GemvPlan p = plan_gemv(w.format, w.n, w.k, 1, int(rb), d.nw, ctx.props->sm_count);
-        if (p.ksplit > 1) f = std::max(f, size_t(p.ksplit) * d.nw * size_t(rb) * size_t(w.n));
+        if (p.ksplit <= 1) continue;
+        g.floats   = std::max(g.floats, size_t(p.ksplit) * d.nw * size_t(rb) * size_t(w.n));
+        g.counters = std::max(g.counters, size_t(p.counters()));
     }
-    return f;
+    return g;
 }
 
 size_t gemv_scratch(const Dense & d, const OpContext & ctx) {
-    const DeviceWeight & w = *d.w[0];
-    size_t               b = 0;
+    const DeviceWeight &   w = *d.w[0];
+    const GemvSplitScratch g = gemv_split_scratch(d, ctx);
+    size_t                 b = 0;
     if (w.perm || !rows_aligned(d)) b += aligned(size_t(d.rows * w.k) * 4);
-    b += aligned(gemv_partial_floats(d, ctx) * 4);
+    if (g.floats > 0) b += aligned(g.floats * 4) + aligned(g.counters * 4);
     return b;
 }
 
@@ -145,6 +151,9 @@ size_t scratch_bytes(const Dense & d, const OpContext & ctx) {
     return 0;
 }
 
+// INT4 weights with zero points take the decoder that reads them.
+int32_t int4_zeros(const DeviceWeight & w) { return w.format == WeightFormat::INT4 && w.zeros != nullptr; }
+
 void run_gemv(const Dense & d, Scratch & scratch, const OpContext & ctx) {
     const DeviceWeight & w = *d.w[0];
     const int64_t        N = w.n, K = w.k;
@@ -154,7 +163,8 @@ void run_gemv(const Dense & d, Scratch & scratch, const OpContext & ctx) {
         x_to_f32_rows(d.x, d.rows, K, w.perm, nullptr, Ids{}, buf, ctx.stream);
         staged = buf;
     }
-    float * partial = nullptr;
+    float *    partial  = nullptr;
+    uint32_t * counters = nullptr;
     for (int64_t b0 = 0; b0 < d.rows; b0 += kGemvMaxRows) {
         const int      rb = int(std::min<int64_t>(d.rows - b0, kGemvMaxRows));
         const GemvPlan p  = plan_gemv(w.format, N, K, 1, rb, d.nw, ctx.props->sm_count);
@@ -169,16 +179,21 @@ void run_gemv(const Dense & d, Scratch & scratch, const OpContext & ctx) {
         a.k = K;
         a.rows = a.out_rows = rb;
         a.wk               = p.wk;
+        a.lpr              = p.lpr;
         a.chunks_per_split = p.cps;
-        float * y          = d.y + b0 * N;
+        a.int4_zeros       = int4_zeros(*d.w[0]) || (d.nw == 2 && int4_zeros(*d.w[1]));
+        a.y                = d.y + b0 * N;
         if (p.ksplit > 1) {
-            if (!partial) partial = static_cast<float *>(scratch.take(gemv_partial_floats(d, ctx) * 4));
-            a.partial = partial;
-        } else {
-            a.y = y;
+            if (!partial) {
+                const GemvSplitScratch g = gemv_split_scratch(d, ctx);
+                partial                  = static_cast<float *>(scratch.take(g.floats * 4));
+                counters                 = static_cast<uint32_t *>(scratch.take(g.counters * 4));
+            }
+            SPARK_CUDA_CHECK(cudaMemsetAsync(counters, 0, size_t(p.counters()) * 4, ctx.stream));
+            a.partial  = partial;
+            a.counters = counters;
         }
         gemv_launch_fmt(w.format, p.r_tmpl, d.nw == 2, a, p.grid, ctx.stream);
-        if (p.ksplit > 1) gemv_splitk_reduce(partial, p.ksplit, d.nw, rb, N, y, ctx.stream);
     }
 }
 
@@ -262,7 +277,8 @@ struct Moe {
     DeviceWeight         w0[2];  // host copies of expert 0 (format and shape)
     int                  nw   = 1;
     bool                 fast = true;
-    bool                 perm = false;
+    bool                 perm  = false;
+    bool                 zeros = false;  // some INT4 expert has zero points
     XRows                x;  // pair mode
     Ids                  ids;
     int64_t              n_tok = 0;
@@ -311,7 +327,7 @@ size_t scratch_bytes(const Moe & m, const OpContext & ctx) {
             size_t b = 0;
             if (m.perm || !moe_x_aligned(m)) b += aligned(size_t(pairs * K) * 4);
             const GemvPlan p = plan_gemv(m.w0[0].format, N, K, pairs, 1, m.nw, ctx.props->sm_count);
-            if (p.ksplit > 1) b += aligned(size_t(p.ksplit) * m.nw * size_t(pairs * N) * 4);
+            if (p.ksplit > 1) b += aligned(size_t(p.ksplit) * m.nw * size_t(pairs * N) * 4) + aligned(size_t(p.counters()) * 4);
             return b;
         }
         case MoePath::Grouped: {
@@ -358,13 +374,16 @@ void run_moe(const Moe & m, Scratch & scratch, const OpContext & ctx) {
             a.out_rows = int32_t(pairs);
             const GemvPlan p = plan_gemv(m.w0[0].format, N, K, pairs, 1, m.nw, ctx.props->sm_count);
             a.wk               = p.wk;
+            a.lpr              = p.lpr;
             a.chunks_per_split = p.cps;
-            if (p.ksplit > 1)
-                a.partial = static_cast<float *>(scratch.take(size_t(p.ksplit) * m.nw * size_t(pairs * N) * 4));
-            else
-                a.y = m.y;
+            a.int4_zeros       = m.zeros;
+            a.y                = m.y;
+            if (p.ksplit > 1) {
+                a.partial  = static_cast<float *>(scratch.take(size_t(p.ksplit) * m.nw * size_t(pairs * N) * 4));
+                a.counters = static_cast<uint32_t *>(scratch.take(size_t(p.counters()) * 4));
+                SPARK_CUDA_CHECK(cudaMemsetAsync(a.counters, 0, size_t(p.counters()) * 4, ctx.stream));
+            }
             gemv_launch_fmt(m.w0[0].format, 1, m.nw == 2, a, p.grid, ctx.stream);
-            if (p.ksplit > 1) gemv_splitk_reduce(a.partial, p.ksplit, m.nw, pairs, N, m.y, ctx.stream);
             return;
         }
         case MoePath::Grouped: {
@@ -444,7 +463,8 @@ void describe_experts(const Tensor & t, int i, Moe & m, const OpContext & ctx) {
         if (w.format != e0.format || w.n != e0.n || w.k != e0.k)
             fail(SPARK_ERR_UNSUPPORTED, "matmul_id: experts differ in format or shape (expert %d)", e);
         m.fast = m.fast && chunk_ok(w);
-        m.perm = m.perm || w.perm != nullptr;
+        m.perm  = m.perm || w.perm != nullptr;
+        m.zeros = m.zeros || int4_zeros(w);
     }
 }
 
@@ -544,7 +564,7 @@ void op_matmul_swiglu(const Tensor & swiglu, const OpContext & ctx) {
 const char * kernel_paths(int cc) {
     if (!cc_supported(cc)) return "unsupported (compute capability below 8.0)";
     return "f32=gemv-fma/gemm-f16-mma f16=gemv-fma/gemm-f16-mma(cp.async) bf16=gemv-fma/gemm-f16-mma "
-           "nvfp4=gemv-f16bits/gemm-dequant-f16-mma int4=gemv-magic2^23/gemm-dequant-f16-mma "
+           "nvfp4=gemv-f16bits/gemm-dequant-f16-mma int4=gemv-lop3-magic/gemm-dequant-f16-mma "
            "fp8=gemv-f16bits/gemm-dequant-f16-mma moe=gemv-ids(1 launch)/grouped-gemm(device routing) "
            "swiglu=fused-gate-up";
 }

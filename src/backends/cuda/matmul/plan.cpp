@@ -33,30 +33,92 @@ bool chunk_ok(const DeviceWeight & w) {
     return true;
 }
 
+// GEMV work split: a cost model of one launch, minimised over lanes per row (lpr), K-warps per
+// block (wk) and K splits across blocks (ksplit). Per SM (the busiest one, blocks spread evenly):
+//   bytes      = blocks on it x weight bytes per block (idle lanes load nothing, rows past N do)
+//   memory     = bytes / min(DRAM share, bytes in flight / latency); in flight = resident blocks x 256
+//                lanes x min(J, depth) steps x U nw loads x 16 B (J: steps per lane)
+//   compute    = bytes x elements per byte x instructions per element / issue rate, derated below 16
+//                resident warps and by idle lanes
+//   time       = latency + max(memory, compute) + a block start when blocks exceed one wave
+//                + the K-warp smem reduction + the split-K partial round trip
+// Constants are an H100's (3 TB/s over 132 SMs, ~1 us loaded DRAM latency, 4 x 32 lanes x 1.75 GHz
+// issue); only the ranking of the candidates matters.
+namespace {
+
+struct GemvCost {
+    double elem_per_byte;  // weight elements per streamed byte (scales included)
+    double ipe;            // instructions per weight element (decode + R FMAs + overhead)
+};
+
+GemvCost gemv_cost(WeightFormat f, int r) {
+    switch (f) {
+        case WeightFormat::F32: return {0.25, 0.3 + r};
+        case WeightFormat::F16: return {0.5, 1.2 + r};
+        case WeightFormat::BF16: return {0.5, 1.2 + r};
+        case WeightFormat::FP8: return {1.0, 2.6 + r};
+        case WeightFormat::NVFP4: return {1.78, 2.8 + r};
+        case WeightFormat::INT4: return {1.94, 2.7 + r};
+    }
+    return {1.0, 1.0 + r};
+}
+
+}  // namespace
+
 GemvPlan plan_gemv(WeightFormat f, int64_t N, int64_t K, int64_t jobs, int rows, int nw, int sm_count) {
     GemvPlan p;
     p.r_tmpl          = rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : 8;
     const int     e   = elems_per_chunk(f);
     const int     U   = gemv_rows_per_warp(p.r_tmpl, nw, e);
-    const int64_t KC  = K / e;
-    auto          blocks = [&](int wk) { return ceil_div(N, int64_t(kGemvThreads / 32 / wk) * U) * jobs; };
-    // Warps along K until the grid fills the GPU (about 4 blocks of 8 warps per SM), as long as
-    // every lane keeps at least one chunk.
-    int wk = 1;
-    while (wk < 8 && KC >= 64 * wk && blocks(wk) < 4 * int64_t(sm_count)) wk *= 2;
-    // Split K across blocks only for skinny matrices that are big enough for it to matter.
-    int64_t      ksplit = 1;
-    const double bytes  = double(N) * double(K) * 16.0 / e * nw * double(jobs);
-    if (overrides().gemv_ksplit > 0)
-        ksplit = overrides().gemv_ksplit;
-    else if (blocks(wk) < sm_count && bytes >= double(1 << 20))
-        ksplit = ceil_div(2 * int64_t(sm_count), blocks(wk));
-    ksplit            = std::clamp<int64_t>(ksplit, 1, std::max<int64_t>(1, std::min<int64_t>(64, KC / (32 * wk))));
-    const int64_t step = 32 * wk;
-    p.cps             = ceil_div(ceil_div(KC, ksplit), step) * step;
-    p.ksplit          = int(ceil_div(KC, p.cps));
-    p.wk              = wk;
-    p.grid            = dim3(unsigned(ceil_div(N, int64_t(kGemvThreads / 32 / wk) * U)), unsigned(p.ksplit), unsigned(jobs));
+    const int     D   = gemv_depth(p.r_tmpl, nw, e);
+    const int     bps = gemv_min_blocks(p.r_tmpl, f);
+    const int64_t KC  = std::max<int64_t>(1, K / e);
+    const int64_t sms = std::max(1, sm_count);
+    const int     warps = kGemvThreads / 32;
+    const GemvCost cost = gemv_cost(f, p.r_tmpl);
+
+    constexpr double kLat = 1.0, kBwSm = 3.0e6 / 132, kIssueSm = 128 * 1750.0, kBlockStart = 0.5;
+    constexpr double kSplitCost = 0.8, kWkCost = 0.05;
+
+    const int forced = overrides().gemv_ksplit;
+    double    best   = 1e300;
+    for (const int lpr : {32, 16, 8}) {
+        for (const int wk : {1, 2, 4, 8}) {
+            const int64_t rb     = int64_t(warps / wk) * (32 / lpr) * U;  // rows per block
+            const int64_t tiles  = ceil_div(N, rb);
+            const int64_t stride = int64_t(lpr) * wk;
+            const int64_t max_ks = std::min<int64_t>(64, ceil_div(KC, stride));
+            for (int64_t ks_try = 1; ks_try <= max_ks; ks_try = ks_try < 4 ? ks_try + 1 : ks_try * 2) {
+                if (forced > 0 && ks_try != std::min<int64_t>(forced, max_ks)) continue;
+                const int64_t cps = ceil_div(ceil_div(KC, ks_try), stride) * stride;
+                const int64_t ks  = ceil_div(KC, cps);
+                if (forced > 0 ? (ks > 1) != (forced > 1 && KC > 8) : ks != ks_try) continue;  // forced: split iff asked (as far as K allows)
+                const int64_t J        = cps / stride;
+                const int64_t blocks   = tiles * ks * jobs;
+                const double  lane_eff = double(KC) / double(ks * cps);
+                const double  bytes_b  = double(rb) * nw * (double(KC) / ks) * 16.0;  // per block
+                const int64_t per_sm   = ceil_div(blocks, sms);
+                const int64_t resident = std::min<int64_t>(per_sm, bps);
+                const double  bytes    = double(per_sm) * bytes_b;
+                const double  inflight = double(resident) * kGemvThreads * lane_eff * double(std::min<int64_t>(J, D)) * U * nw * 16.0;
+                const double  t_mem    = bytes / std::min(kBwSm, inflight / kLat);
+                const double  issue    = kIssueSm * std::min(1.0, double(resident * warps) / 16.0) * lane_eff;
+                const double  t_cmp    = bytes * cost.elem_per_byte * cost.ipe / issue;
+                double        t        = kLat + std::max(t_mem, t_cmp);
+                if (blocks > sms * bps) t += kBlockStart;
+                if (wk > 1) t += kWkCost;
+                if (ks > 1) t += kSplitCost + 0.02 * double(ks);
+                if (t < best * 0.98) {  // candidates in preference order: fewer splits, fewer K-warps, wider rows
+                    best     = t;
+                    p.wk     = wk;
+                    p.lpr    = lpr;
+                    p.ksplit = int(ks);
+                    p.cps    = cps;
+                    p.grid   = dim3(unsigned(tiles), unsigned(ks), unsigned(jobs));
+                }
+            }
+        }
+    }
     return p;
 }
 

@@ -1,0 +1,415 @@
+// Runs the decode GEMV kernel (src/backends/cuda/matmul/gemv.cuh), unchanged, on the CPU warp
+// emulator of the attention lab (dev/kernels/attention/emu: threads are fibers, warps meet at
+// shuffles, blocks at __syncthreads, random warp orders between them; blocks run one after another)
+// against a double-precision reference over the bit-exact decoders of quant/formats.h. No GPU
+// needed: checks the work mapping (lanes per row, K-warps, K splits with the last-block reduction),
+// the register ring, the decoders (INT4 sym / asym, f16 / bf16 scales, group sizes that are and are
+// not powers of two, one group; NVFP4; FP8 with 2-D blocks; F32 / F16 / BF16), 1..8 activation
+// rows, fused gate/up + SwiGLU, MATMUL_ID pairs with strided and invalid expert ids, and the plans
+// plan_gemv picks for the model shapes. Weights live in exactly-sized buffers, so the address
+// sanitizer catches any load past a weight.
+//
+// Build and run (from the repository root; about a minute on two cores):
+//   g++ -std=c++20 -O2 -g -fsanitize=address,undefined -Idev/kernels/matmul/emu -Idev/kernels/attention/emu -Isrc \
+//       -Iinclude dev/kernels/matmul/emu_gemv.cpp src/backends/cuda/matmul/plan.cpp -o /tmp/emu_gemv && /tmp/emu_gemv
+// Options: a case-name filter (substring), then a seed.
+#include "backends/cuda/matmul/gemv.cuh"
+#include "backends/cuda/matmul/tuning.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace spark::cuda {
+void throw_cuda_error(cudaError_t, const char * call, const char * file, int line) {
+    std::fprintf(stderr, "emu: CUDA error in %s at %s:%d\n", call, file, line);
+    std::abort();
+}
+}  // namespace spark::cuda
+
+using namespace spark;
+using namespace spark::cuda;
+using namespace spark::cuda::mm;
+
+namespace {
+
+std::mt19937_64 rng(7);
+float           uni(float a, float b) { return std::uniform_real_distribution<float>(a, b)(rng); }
+uint32_t        bits32() { return uint32_t(rng()); }
+
+// Exactly `bytes` long, 16-byte aligned (the allocator aligns new[] of uint4 to 16 at least); the
+// sanitizer sees the exact size because the buffer is a plain new[] of the rounded-up uint4 count
+// and nothing reads past `bytes` unless the kernel reads past the weight.
+struct Buf {
+    std::unique_ptr<uint4[]> p;
+    size_t                   bytes = 0;
+    explicit Buf(size_t b = 0) : p(new uint4[(b + 15) / 16]()), bytes(b) {}
+    uint8_t * data() { return reinterpret_cast<uint8_t *>(p.get()); }
+};
+
+struct Spec {
+    WeightFormat f;
+    int32_t      group = 128;  // INT4
+    bool         zeros = false, bf16_scales = false;
+    int32_t      bn = 128, bk = 128;  // FP8
+    std::string  name;
+};
+
+struct HostWeight {
+    Spec                 s;
+    int64_t              n = 0, k = 0;
+    std::shared_ptr<Buf> data, scales, zeros;
+    DeviceWeight         dw;
+};
+
+HostWeight make_weight(const Spec & s, int64_t n, int64_t k) {
+    HostWeight h;
+    h.s = s;
+    h.n = n;
+    h.k = k;
+    DeviceWeight & d = h.dw;
+    d.format         = s.f;
+    d.n              = n;
+    d.k              = k;
+    auto fill        = [](Buf & b) {
+        for (size_t i = 0; i < b.bytes; ++i) b.data()[i] = uint8_t(bits32());
+    };
+    switch (s.f) {
+        case WeightFormat::F32: {
+            h.data = std::make_shared<Buf>(size_t(n * k) * 4);
+            auto * p = reinterpret_cast<float *>(h.data->data());
+            for (int64_t i = 0; i < n * k; ++i) p[i] = uni(-1.0f, 1.0f);
+            break;
+        }
+        case WeightFormat::F16:
+        case WeightFormat::BF16: {
+            h.data = std::make_shared<Buf>(size_t(n * k) * 2);
+            auto * p = reinterpret_cast<uint16_t *>(h.data->data());
+            for (int64_t i = 0; i < n * k; ++i) p[i] = s.f == WeightFormat::BF16 ? f32_to_bf16(uni(-1.0f, 1.0f)) : f32_to_f16(uni(-1.0f, 1.0f));
+            break;
+        }
+        case WeightFormat::NVFP4: {
+            h.data   = std::make_shared<Buf>(size_t(n * k / 2));
+            h.scales = std::make_shared<Buf>(size_t(n * k / 16));
+            fill(*h.data);
+            for (size_t i = 0; i < h.scales->bytes; ++i) h.scales->data()[i] = f32_to_e4m3(uni(0.25f, 4.0f));
+            d.global_scale = 0.37f;
+            break;
+        }
+        case WeightFormat::INT4: {
+            d.group_size = s.group > 0 ? s.group : int32_t(k);
+            d.n_groups   = int32_t((k + d.group_size - 1) / d.group_size);
+            d.scale_type = s.bf16_scales ? ScaleType::BF16 : ScaleType::F16;
+            h.data       = std::make_shared<Buf>(size_t(n * k / 2));
+            h.scales     = std::make_shared<Buf>(size_t(n * d.n_groups) * 2);
+            fill(*h.data);
+            auto * sc = reinterpret_cast<uint16_t *>(h.scales->data());
+            for (int64_t i = 0; i < n * d.n_groups; ++i) sc[i] = s.bf16_scales ? f32_to_bf16(uni(0.01f, 0.1f)) : f32_to_f16(uni(0.01f, 0.1f));
+            if (s.zeros) {
+                h.zeros = std::make_shared<Buf>(size_t(n * d.n_groups));
+                for (size_t i = 0; i < h.zeros->bytes; ++i) h.zeros->data()[i] = uint8_t(bits32() % 17);  // 0..16 (GPTQ offset)
+            }
+            break;
+        }
+        case WeightFormat::FP8: {
+            d.block_n   = s.bn;
+            d.block_k   = s.bk;
+            h.data      = std::make_shared<Buf>(size_t(n * k));
+            for (size_t i = 0; i < h.data->bytes; ++i) {
+                uint8_t b = uint8_t(bits32());
+                if ((b & 0x7F) == 0x7F) b = 0x7E;  // no NaN codes
+                h.data->data()[i] = b;
+            }
+            const int64_t sn = (n + s.bn - 1) / s.bn, sk = (k + s.bk - 1) / s.bk;
+            h.scales         = std::make_shared<Buf>(size_t(sn * sk) * 4);
+            auto * sc        = reinterpret_cast<float *>(h.scales->data());
+            for (int64_t i = 0; i < sn * sk; ++i) sc[i] = uni(0.001f, 0.01f);
+            break;
+        }
+    }
+    d.data   = h.data->data();
+    d.scales = h.scales ? h.scales->data() : nullptr;
+    d.zeros  = h.zeros ? h.zeros->data() : nullptr;
+    return h;
+}
+
+double ref_weight(const HostWeight & h, int64_t n, int64_t k) {
+    const DeviceWeight & w = h.dw;
+    switch (w.format) {
+        case WeightFormat::F32: return reinterpret_cast<const float *>(w.data)[n * w.k + k];
+        case WeightFormat::F16: return f16_to_f32(reinterpret_cast<const uint16_t *>(w.data)[n * w.k + k]);
+        case WeightFormat::BF16: return bf16_to_f32(reinterpret_cast<const uint16_t *>(w.data)[n * w.k + k]);
+        case WeightFormat::NVFP4: {
+            const uint8_t b = static_cast<const uint8_t *>(w.data)[n * (w.k / 2) + k / 2];
+            const float   s = e4m3_to_f32(static_cast<const uint8_t *>(w.scales)[n * (w.k / 16) + k / 16]) * w.global_scale;
+            return double(e2m1_to_f32(uint8_t(k & 1 ? b >> 4 : b & 15))) * double(s);
+        }
+        case WeightFormat::INT4: {
+            const uint32_t word = reinterpret_cast<const uint32_t *>(w.data)[n * (w.k / 8) + k / 8];
+            const int64_t  idx  = n * w.n_groups + k / w.group_size;
+            const uint16_t sb   = static_cast<const uint16_t *>(w.scales)[idx];
+            const double   s    = w.scale_type == ScaleType::BF16 ? bf16_to_f32(sb) : f16_to_f32(sb);
+            const double   z    = w.zeros ? double(w.zeros[idx]) : 8.0;
+            return s * (double(int4_get(word, int(k % 8))) - z);
+        }
+        case WeightFormat::FP8: {
+            const int64_t sk = (w.k + w.block_k - 1) / w.block_k;
+            return double(e4m3_to_f32(static_cast<const uint8_t *>(w.data)[n * w.k + k])) *
+                   double(static_cast<const float *>(w.scales)[(n / w.block_n) * sk + k / w.block_k]);
+        }
+    }
+    return 0;
+}
+
+template <class F>
+void run_kernel(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid) {
+    const dim3 block(kGemvThreads);
+    auto       go = [&](auto kernel) { emu::launch(grid, block, 0, [&] { kernel(a); }, rng()); };
+    switch (r_tmpl * 2 + glu) {
+        case 2: go(gemv_kernel<F, 1, false>); break;
+        case 3: go(gemv_kernel<F, 1, true>); break;
+        case 4: go(gemv_kernel<F, 2, false>); break;
+        case 5: go(gemv_kernel<F, 2, true>); break;
+        case 8: go(gemv_kernel<F, 4, false>); break;
+        case 9: go(gemv_kernel<F, 4, true>); break;
+        case 16: go(gemv_kernel<F, 8, false>); break;
+        case 17: go(gemv_kernel<F, 8, true>); break;
+        default: std::abort();
+    }
+}
+
+void run_any(WeightFormat f, bool int4_zeros, int r_tmpl, bool glu, const GemvArgs & a, dim3 grid) {
+    switch (f) {
+        case WeightFormat::F32: run_kernel<GvPlain<FmtF32>>(r_tmpl, glu, a, grid); break;
+        case WeightFormat::F16: run_kernel<GvPlain<FmtF16>>(r_tmpl, glu, a, grid); break;
+        case WeightFormat::BF16: run_kernel<GvPlain<FmtBF16>>(r_tmpl, glu, a, grid); break;
+        case WeightFormat::NVFP4: run_kernel<GvNvfp4>(r_tmpl, glu, a, grid); break;
+        case WeightFormat::INT4:
+            if (int4_zeros)
+                run_kernel<GvInt4<true>>(r_tmpl, glu, a, grid);
+            else
+                run_kernel<GvInt4<false>>(r_tmpl, glu, a, grid);
+            break;
+        case WeightFormat::FP8: run_kernel<GvFp8>(r_tmpl, glu, a, grid); break;
+    }
+}
+
+// A work split: the plan's, or forced (lanes per row, K-warps, K splits).
+struct Split {
+    int lpr = 0, wk = 0, ks = 0;  // 0: plan_gemv's choice
+};
+
+GemvPlan make_plan(const Spec & s, int64_t n, int64_t k, int64_t jobs, int rows, int nw, Split sp) {
+    if (sp.lpr == 0) return plan_gemv(s.f, n, k, jobs, rows, nw, 132);
+    GemvPlan      p;
+    p.r_tmpl         = rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : 8;
+    const int     e  = elems_per_chunk(s.f);
+    const int     U  = gemv_rows_per_warp(p.r_tmpl, nw, e);
+    const int64_t KC = k / e;
+    const int64_t rb = int64_t(kGemvThreads / 32 / sp.wk) * (32 / sp.lpr) * U;
+    p.lpr            = sp.lpr;
+    p.wk             = sp.wk;
+    p.cps            = (KC + sp.ks - 1) / sp.ks;  // not rounded to the lane stride: partial steps everywhere
+    p.ksplit         = int((KC + p.cps - 1) / p.cps);
+    p.grid           = dim3(unsigned((n + rb - 1) / rb), unsigned(p.ksplit), unsigned(jobs));
+    return p;
+}
+
+double nmse(const std::vector<float> & got, const std::vector<double> & ref) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+        if (!std::isfinite(got[i])) return INFINITY;
+        num += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    return den > 0 ? num / den : num;
+}
+
+double silu_d(double g) { return g / (1.0 + std::exp(-g)); }
+
+int  g_fail = 0, g_cases = 0;
+void report(const std::string & name, double e, const GemvPlan & p) {
+    ++g_cases;
+    const bool ok = e <= 1e-10;
+    if (!ok) ++g_fail;
+    std::printf("%s %-70s lpr=%2d wk=%d ks=%d grid=%ux%ux%u  nmse %.1e\n", ok ? "ok  " : "FAIL", name.c_str(), p.lpr, p.wk, p.ksplit,
+                p.grid.x, p.grid.y, p.grid.z, e);
+}
+
+// Plain MATMUL (nw = 1) or fused gate/up + SwiGLU (nw = 2) over `rows` activation rows.
+void check_dense(const Spec & s, int64_t n, int64_t k, int rows, int nw, Split sp, const std::string & filter) {
+    const std::string name = s.name + " N=" + std::to_string(n) + " K=" + std::to_string(k) + " rows=" + std::to_string(rows) +
+                             (nw == 2 ? " glu" : "") +
+                             (sp.lpr ? " forced lpr/wk/ks " + std::to_string(sp.lpr) + "/" + std::to_string(sp.wk) + "/" + std::to_string(sp.ks) : "");
+    if (name.find(filter) == std::string::npos) return;
+    std::vector<HostWeight> w;
+    for (int i = 0; i < nw; ++i) w.push_back(make_weight(s, n, k));
+    Buf      xb(size_t(rows * k) * 4);
+    float *  x = reinterpret_cast<float *>(xb.data());
+    for (int64_t i = 0; i < rows * k; ++i) x[i] = uni(-1.0f, 1.0f);
+    const GemvPlan p = make_plan(s, n, k, 1, rows, nw, sp);
+    Buf            yb(size_t(rows * n) * 4), pb(size_t(p.ksplit) * nw * rows * n * 4), cb(size_t(p.grid.x) * 4);
+    float *        y = reinterpret_cast<float *>(yb.data());
+    std::fill(y, y + rows * n, NAN);
+    GemvArgs a;
+    a.w[0] = w[0].dw;
+    a.w[1] = w[nw - 1].dw;
+    for (int r = 0; r < kGemvMaxRows; ++r) a.x[r] = x + (r < rows ? r : 0) * k;
+    a.n = n;
+    a.k = k;
+    a.rows = a.out_rows = rows;
+    a.wk               = p.wk;
+    a.lpr              = p.lpr;
+    a.chunks_per_split = p.cps;
+    a.int4_zeros       = s.zeros;
+    a.y                = y;
+    if (p.ksplit > 1) {
+        a.partial  = reinterpret_cast<float *>(pb.data());
+        a.counters = reinterpret_cast<uint32_t *>(cb.data());
+    }
+    run_any(s.f, s.zeros, p.r_tmpl, nw == 2, a, p.grid);
+    std::vector<float>  got(y, y + rows * n);
+    std::vector<double> ref(size_t(rows * n));
+    for (int r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < n; ++j) {
+            double d[2] = {0, 0};
+            for (int i = 0; i < nw; ++i)
+                for (int64_t kk = 0; kk < k; ++kk) d[i] += ref_weight(w[size_t(i)], j, kk) * x[r * k + kk];
+            ref[size_t(r * n + j)] = nw == 2 ? silu_d(d[0]) * d[1] : d[0];
+        }
+    report(name, nmse(got, ref), p);
+}
+
+// MATMUL_ID over `experts` experts, k_slots x T pairs, ids with strides (s0, s1) and some invalid
+// ids (-1, n_experts) whose rows must come out 0; shared_x: the k_slots share one input row.
+void check_moe(const Spec & s, int64_t n, int64_t k, int experts, int k_slots, int T, int nw, bool shared_x, Split sp,
+               const std::string & filter) {
+    const std::string name = "moe " + s.name + " N=" + std::to_string(n) + " K=" + std::to_string(k) + " " + std::to_string(k_slots) + "x" +
+                             std::to_string(T) + (nw == 2 ? " glu" : "") + (shared_x ? " shared-x" : "") +
+                             (sp.lpr ? " forced lpr/wk/ks " + std::to_string(sp.lpr) + "/" + std::to_string(sp.wk) + "/" + std::to_string(sp.ks) : "");
+    if (name.find(filter) == std::string::npos) return;
+    std::vector<HostWeight> w[2];
+    std::vector<DeviceWeight> table[2];
+    for (int i = 0; i < nw; ++i)
+        for (int e = 0; e < experts; ++e) {
+            w[i].push_back(make_weight(s, n, k));
+            table[i].push_back(w[i].back().dw);
+        }
+    const int64_t        pairs = int64_t(k_slots) * T;
+    const int64_t        s0 = 1, s1 = k_slots + 3;  // ids [T][k_slots + 3]: strided rows
+    std::vector<int32_t> ids(size_t(T * s1), 12345);
+    for (int t = 0; t < T; ++t)
+        for (int j = 0; j < k_slots; ++j) {
+            const uint32_t r = bits32() % 23;
+            ids[size_t(j * s0 + t * s1)] = r == 0 ? -1 : r == 1 ? experts : int32_t(bits32() % uint32_t(experts));
+        }
+    const int64_t x_sj = shared_x ? 0 : k + 4, x_st = shared_x ? k + 4 : (k + 4) * k_slots;  // padded rows (16-byte aligned)
+    Buf           xb(size_t((T - 1) * x_st + (k_slots - 1) * x_sj + k) * 4);
+    float *       x = reinterpret_cast<float *>(xb.data());
+    for (size_t i = 0; i < xb.bytes / 4; ++i) x[i] = uni(-1.0f, 1.0f);
+    const GemvPlan p = make_plan(s, n, k, pairs, 1, nw, sp);
+    Buf            yb(size_t(pairs * n) * 4), pb(size_t(p.ksplit) * nw * pairs * n * 4), cb(size_t(p.grid.x * p.grid.z) * 4);
+    float *        y = reinterpret_cast<float *>(yb.data());
+    std::fill(y, y + pairs * n, NAN);
+    GemvArgs a;
+    a.w[0] = a.w[1] = table[0][0];
+    a.table[0]      = table[0].data();
+    a.table[1]      = table[nw - 1].data();
+    a.ids           = Ids{ids.data(), s0, s1, k_slots, experts};
+    a.xbase         = x;
+    a.x_sj          = x_sj;
+    a.x_st          = x_st;
+    a.n             = n;
+    a.k             = k;
+    a.rows          = 1;
+    a.out_rows      = int32_t(pairs);
+    a.wk               = p.wk;
+    a.lpr              = p.lpr;
+    a.chunks_per_split = p.cps;
+    a.int4_zeros       = s.zeros;
+    a.y                = y;
+    if (p.ksplit > 1) {
+        a.partial  = reinterpret_cast<float *>(pb.data());
+        a.counters = reinterpret_cast<uint32_t *>(cb.data());
+    }
+    run_any(s.f, s.zeros, 1, nw == 2, a, p.grid);
+    std::vector<float>  got(y, y + pairs * n);
+    std::vector<double> ref(size_t(pairs * n), 0.0);
+    for (int t = 0; t < T; ++t)
+        for (int j = 0; j < k_slots; ++j) {
+            const int32_t e = ids[size_t(j * s0 + t * s1)];
+            const int64_t pr = j + int64_t(k_slots) * t;
+            if (e < 0 || e >= experts) continue;
+            const float * xr = x + j * x_sj + t * x_st;
+            for (int64_t r = 0; r < n; ++r) {
+                double d[2] = {0, 0};
+                for (int i = 0; i < nw; ++i)
+                    for (int64_t kk = 0; kk < k; ++kk) d[i] += ref_weight(w[i][size_t(e)], r, kk) * xr[kk];
+                ref[size_t(pr * n + r)] = nw == 2 ? silu_d(d[0]) * d[1] : d[0];
+            }
+        }
+    // Invalid pairs must be exactly 0.
+    for (int64_t i = 0; i < pairs * n; ++i)
+        if (ref[size_t(i)] == 0.0 && got[size_t(i)] != 0.0f) got[size_t(i)] = NAN;
+    report(name, nmse(got, ref), p);
+}
+
+}  // namespace
+
+int main(int argc, char ** argv) {
+    const std::string filter = argc > 1 ? argv[1] : "";
+    if (argc > 2) rng.seed(std::stoull(argv[2]));
+    const Spec specs[] = {
+        {WeightFormat::INT4, 128, false, false, 0, 0, "int4-sym-g128"},
+        {WeightFormat::INT4, 128, true, true, 0, 0, "int4-asym-g128-bf16s"},
+        {WeightFormat::INT4, 32, true, false, 0, 0, "int4-asym-g32"},
+        {WeightFormat::INT4, 96, false, true, 0, 0, "int4-sym-g96"},
+        {WeightFormat::INT4, -1, true, false, 0, 0, "int4-asym-channel"},
+        {WeightFormat::NVFP4, 0, false, false, 0, 0, "nvfp4"},
+        {WeightFormat::FP8, 0, false, false, 128, 128, "fp8-b128"},
+        {WeightFormat::FP8, 0, false, false, 3, 48, "fp8-b3x48"},
+        {WeightFormat::FP8, 0, false, false, 1, 1 << 20, "fp8-channel"},
+        {WeightFormat::BF16, 0, false, false, 0, 0, "bf16"},
+        {WeightFormat::F16, 0, false, false, 0, 0, "f16"},
+        {WeightFormat::F32, 0, false, false, 0, 0, "f32"},
+    };
+    // Every format, rows 1..8, plain and fused, the plan's split; K = 576 (INT4: 18 chunks, not a
+    // multiple of any lane count; g96: 6 groups), N = 45 (partial row tiles).
+    for (const Spec & s : specs)
+        for (const int rows : {1, 2, 3, 5, 8})
+            for (const int nw : {1, 2}) check_dense(s, 45, s.group == 96 ? 576 : 576, rows, nw, {}, filter);
+    // Every work split on a few formats (lanes per row x K-warps x K splits, partial steps).
+    for (const Spec & s : {specs[0], specs[1], specs[5], specs[7], specs[9]})
+        for (const int lpr : {32, 16, 8})
+            for (const int wk : {1, 2, 4, 8})
+                for (const int ks : {1, 3})
+                    for (const int nw : {1, 2}) check_dense(s, 21, 1280, nw == 1 ? 1 : 2, nw, {lpr, wk, ks}, filter);
+    // Model-like shapes at the plan's split (K as the models; N cut to keep the emulation short).
+    check_dense(specs[0], 70, 4096, 1, 2, {}, filter);
+    check_dense(specs[0], 70, 12288, 1, 1, {}, filter);
+    check_dense(specs[0], 3, 2048, 1, 1, {}, filter);   // N < rows per group
+    check_dense(specs[5], 70, 4096, 2, 2, {}, filter);
+    check_dense(specs[6], 70, 4096, 1, 1, {}, filter);
+    check_dense(specs[9], 128, 2048, 1, 1, {}, filter);  // router
+    {
+        Overrides & o = overrides();
+        o.gemv_ksplit = 4;  // the forced split the tests use
+        check_dense(specs[0], 100, 2048, 5, 1, {}, filter);
+        check_dense(specs[9], 100, 2048, 2, 2, {}, filter);
+        o.gemv_ksplit = 0;
+    }
+    // MATMUL_ID: Qwen3-30B-A3B gate/up (K 2048, expert width 768 cut to 40 rows) and down (K 768),
+    // several tokens, strided ids with invalid entries, shared and per-slot inputs.
+    for (const Spec & s : {specs[0], specs[1], specs[5], specs[6], specs[9]}) {
+        check_moe(s, 40, 2048, 16, 8, 1, 2, true, {}, filter);
+        check_moe(s, 40, 768, 16, 8, 2, 1, false, {}, filter);
+        check_moe(s, 33, 768, 16, 4, 3, 2, false, {8, 1, 2}, filter);
+        check_moe(s, 33, 1024, 16, 4, 2, 1, true, {32, 2, 3}, filter);
+    }
+    std::printf("%d of %d cases failed\n", g_fail, g_cases);
+    return g_fail ? 1 : 0;
+}
