@@ -7,7 +7,8 @@
 // dot product over the formats.h decoders for a sample of output rows.
 //
 // Per shape and format: the plan (lanes per row / K-warps / K splits, grid), the time per launch
-//   graph us  back-to-back launches replayed from a CUDA graph (a decode step's graph);
+//   graph us  back-to-back launches replayed from a CUDA graph (a decode step's graph; with PDL the
+//             next launch requests its first weights while the previous one finishes);
 //   event us  one launch between two events, averaged (as SPARK_PROFILE_OPS measures ops, so it
 //             includes the ~1.4 us event overhead; compare with the "brief" column: the INT4 / BF16
 //             numbers measured in a model step before this kernel);
@@ -16,7 +17,8 @@
 //
 // Build and run from the repository root (one line; -arch as the GPU: sm_90a H100, sm_120a RTX 50xx):
 //   nvcc -O3 -std=c++20 --expt-relaxed-constexpr -arch=sm_90a -Isrc -Iinclude dev/kernels/matmul/bench_matmul.cu src/backends/cuda/matmul/gemv_*.cu src/backends/cuda/matmul/gemm_*.cu src/backends/cuda/matmul/aux.cu src/backends/cuda/matmul/plan.cpp -o /tmp/bench_matmul && /tmp/bench_matmul
-// Options: --quick (INT4 only, no GEMM), --no-gemm, --rows (also 2, 4, 8 activation rows).
+// Options: --quick (INT4 only, no GEMM), --no-gemm, --rows (also 2, 4, 8 activation rows), --no-pdl
+// (GEMV launches without programmatic dependent launch; the dispatch's default is with, on sm_90+).
 #include "backends/cuda/cuda_common.h"
 #include "backends/cuda/matmul/launch.h"
 #include "quant/formats.h"
@@ -238,6 +240,8 @@ double check(const HostWeight & w, const std::vector<float> & x, int rows, const
 
 // ---- GEMV and MoE decode ------------------------------------------------------------------------
 
+bool g_pdl = false;  // programmatic dependent launch, as the dispatch (sm_90+, unless --no-pdl)
+
 // One planned GEMV launch, as matmul.cpp issues it (split-K: counters zeroed on the stream first).
 struct PlannedGemv {
     WeightFormat f{};
@@ -248,6 +252,7 @@ struct PlannedGemv {
         a.wk               = p.wk;
         a.lpr              = p.lpr;
         a.chunks_per_split = p.cps;
+        a.pdl              = g_pdl;
         if (p.ksplit > 1) {
             CK(cudaMemsetAsync(counters, 0, size_t(p.counters()) * 4, s));
             a.counters = counters;
@@ -628,20 +633,23 @@ void bench_gemm(WeightFormat f, int64_t m, int64_t n, int64_t k) {
 }  // namespace
 
 int main(int argc, char ** argv) {
-    bool quick = false, gemm = true, more_rows = false;
+    bool quick = false, gemm = true, more_rows = false, no_pdl = false;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--quick") quick = true, gemm = false;
         if (a == "--no-gemm") gemm = false;
         if (a == "--rows") more_rows = true;
+        if (a == "--no-pdl") no_pdl = true;
     }
     cudaDeviceProp prop{};
     CK(cudaGetDeviceProperties(&prop, 0));
     CK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
     g_sms     = prop.multiProcessorCount;
+    g_pdl     = !no_pdl && gemv_pdl_enabled(prop.major * 100 + prop.minor * 10);
     g_copy_bw = measure_copy_bw();
-    std::printf("%s, %d SMs, copy bandwidth %.0f GB/s (bytes read + written, the perf-anchors.md convention; %%copy = bytes read / graph us / this)\n",
-                prop.name, g_sms, g_copy_bw / 1e9);
+    std::printf("%s, %d SMs, copy bandwidth %.0f GB/s (bytes read + written, the perf-anchors.md convention; %%copy = bytes read / graph us / this); "
+                "GEMV launches %s programmatic dependent launch\n",
+                prop.name, g_sms, g_copy_bw / 1e9, g_pdl ? "with" : "without");
 
     // The decode-step shapes of the brief; brief us: INT4 (BF16 for lm_head / router) in a model step.
     struct Shape {

@@ -35,10 +35,20 @@
 // against a double reference without a GPU.
 #pragma once
 
+#include "backends/cuda/cuda_common.h"
 #include "backends/cuda/matmul/formats.cuh"
 #include "backends/cuda/matmul/launch.h"
 
 namespace spark::cuda::mm {
+
+// Programmatic dependent launch (sm_90+): the launch may overlap the previous kernel, which this
+// waits for here, before reading anything it produced (activations, expert ids) or writing anything.
+// A no-op without the launch attribute and below sm_90.
+__device__ __forceinline__ void wait_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 
 // ---- GEMV decoders ---------------------------------------------------------------------------------
 // Interface (all __device__):
@@ -331,6 +341,7 @@ __global__ void __launch_bounds__(kGemvThreads, R == 1 ? F::kMinBlocksR1 : gemv_
     int64_t       out_row0 = 0;
     bool          valid    = true;
     if (a.table[0] != nullptr) {
+        wait_previous_grid();  // the expert ids come from the router
         const int     pair = int(blockIdx.z);
         const int     j = pair % a.ids.k_slots, t = pair / a.ids.k_slots;
         const int32_t e = __ldg(a.ids.p + j * a.ids.s0 + t * a.ids.s1);
@@ -399,12 +410,15 @@ __global__ void __launch_bounds__(kGemvThreads, R == 1 ? F::kMinBlocksR1 : gemv_
         const uint32_t c = c0 + uint32_t(j) * stride;
         if (c < c_end) gemv_chunk<F, R, U, NW>(raw[slot], sc[slot], wt, xr, size_t(c) * F::E, acc);
     };
+    // The weights do not depend on the previous kernel: the first D steps are requested before
+    // waiting for it (a plain MATMUL; MATMUL_ID waited above), so their latency overlaps its tail.
 #pragma unroll
-    for (int d = 0; d < D - 1; ++d) issue(d, d);
+    for (int d = 0; d < D; ++d) issue(d, d);
+    if (a.table[0] == nullptr) wait_previous_grid();
     for (int j0 = 0; j0 < J; j0 += D) {
 #pragma unroll
         for (int d = 0; d < D; ++d) {
-            issue((d + D - 1) % D, j0 + d + D - 1);
+            if (j0 + d > 0) issue((d + D - 1) % D, j0 + d + D - 1);  // step D - 1 came with the prologue
             consume(d, j0 + d);
         }
     }
@@ -506,15 +520,34 @@ __global__ void __launch_bounds__(kGemvThreads, R == 1 ? F::kMinBlocksR1 : gemv_
 }
 
 #ifdef __CUDACC__
+// a.pdl: programmatic dependent launch (the kernel waits for the previous one in-kernel).
+template <class F, int R, bool GLU>
+void gemv_launch_one(const GemvArgs & a, dim3 grid, cudaStream_t s) {
+    if (!a.pdl) {
+        gemv_kernel<F, R, GLU><<<grid, kGemvThreads, 0, s>>>(a);
+        return;
+    }
+    cudaLaunchAttribute attr[1];
+    attr[0].id                                         = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg                             = {};
+    cfg.gridDim                                        = grid;
+    cfg.blockDim                                       = dim3(kGemvThreads);
+    cfg.dynamicSmemBytes                               = 0;
+    cfg.stream                                         = s;
+    cfg.attrs                                          = attr;
+    cfg.numAttrs                                       = 1;
+    SPARK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_kernel<F, R, GLU>, a));
+}
+
 template <class F>
 void gemv_launch(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, cudaStream_t s) {
-    const dim3 block(kGemvThreads);
 #define SPARK_GEMV_CASE(R)                                                              \
     case R:                                                                             \
         if (glu)                                                                        \
-            gemv_kernel<F, R, true><<<grid, block, 0, s>>>(a);                          \
+            gemv_launch_one<F, R, true>(a, grid, s);                                    \
         else                                                                            \
-            gemv_kernel<F, R, false><<<grid, block, 0, s>>>(a);                         \
+            gemv_launch_one<F, R, false>(a, grid, s);                                   \
         return;
     switch (r_tmpl) {
         SPARK_GEMV_CASE(1)

@@ -100,7 +100,13 @@ struct GemvArgs {
     int64_t chunks_per_split = 0;
     // INT4: some weight (any expert) has zero points (selects the decoder with per-group zeros).
     int32_t int4_zeros = 0;
+    // Launch with programmatic dependent launch (sm_90+): the kernel requests its first weights
+    // before it waits for the previous kernel (see gemv_pdl_enabled).
+    int32_t pdl = 0;
 };
+// Whether GEMV launches on a device of compute capability cc use programmatic dependent launch:
+// sm_90+, unless SPARK_GEMV_PDL=0.
+bool gemv_pdl_enabled(int cc);
 
 // r_tmpl in {1, 2, 4, 8}; grid = plan_gemv(...).grid: (ceil(n / rows_per_block), ksplit, jobs).
 void gemv_launch_f32(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, cudaStream_t s);

@@ -182,6 +182,7 @@ void run_gemv(const Dense & d, Scratch & scratch, const OpContext & ctx) {
         a.lpr              = p.lpr;
         a.chunks_per_split = p.cps;
         a.int4_zeros       = int4_zeros(*d.w[0]) || (d.nw == 2 && int4_zeros(*d.w[1]));
+        a.pdl              = gemv_pdl_enabled(ctx.props->cc);
         a.y                = d.y + b0 * N;
         if (p.ksplit > 1) {
             if (!partial) {
@@ -377,6 +378,7 @@ void run_moe(const Moe & m, Scratch & scratch, const OpContext & ctx) {
             a.lpr              = p.lpr;
             a.chunks_per_split = p.cps;
             a.int4_zeros       = m.zeros;
+            a.pdl              = gemv_pdl_enabled(ctx.props->cc);
             a.y                = m.y;
             if (p.ksplit > 1) {
                 a.partial  = static_cast<float *>(scratch.take(size_t(p.ksplit) * m.nw * size_t(pairs * N) * 4));

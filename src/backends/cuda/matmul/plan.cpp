@@ -1,16 +1,27 @@
 // Host-side planning shared by the dispatch (matmul.cpp) and the kernel lab (dev/kernels/matmul):
 // which weights the chunked kernels take, and how the GEMV splits its work.
+#include "backends/cuda/arch.h"
 #include "backends/cuda/cuda_common.h"
 #include "backends/cuda/matmul/launch.h"
 #include "backends/cuda/matmul/tuning.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 namespace spark::cuda::mm {
 
 Overrides & overrides() {
     static Overrides o;
     return o;
+}
+
+bool gemv_pdl_enabled(int cc) {
+    static const bool env_on = [] {
+        const char * e = std::getenv("SPARK_GEMV_PDL");
+        return !(e && std::string(e) == "0");
+    }();
+    return env_on && cc >= kCcHopper;
 }
 
 int elems_per_chunk(WeightFormat f) {
