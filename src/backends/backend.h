@@ -67,7 +67,12 @@ public:
     // reports; 0 when not meaningful.
     virtual double copy_bandwidth() { return 0.0; }
 
-    // Executes every node of the graph in order. Inputs are already uploaded.
+    // Executes every node of the graph in order. Inputs are already uploaded. A backend may cache
+    // work per graph (the CUDA backend captures and replays a step): computing the same graph again
+    // (same uid and generation) promises that its nodes, shapes, memory binding and weights are
+    // unchanged — only the contents of inputs and state differ. Re-binding memory bumps the
+    // generation; whoever changes a weight or a node of a graph in place must call
+    // graph.bump_generation().
     virtual void compute(Graph & graph) = 0;
     virtual void synchronize() {}
 

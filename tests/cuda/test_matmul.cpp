@@ -784,7 +784,8 @@ TEST_CASE("matmul: a weight replaced at the same address never runs a stale capt
     const std::vector<float> x_gemv = normals(size_t(k * r_gemv), 1.0f, 11), x_gemm = normals(size_t(k * r_gemm), 1.0f, 12);
 
     for (const Variant & v : vs) {
-        slot                            = v.w;
+        slot = v.w;
+        g.bump_generation();  // the backend contract: a graph whose weights changed is re-bound (backend.h)
         const std::vector<double> ref_v = reference(x_gemv, r_gemv, v.ref, n, k), ref_m = reference(x_gemm, r_gemm, v.ref, n, k);
         for (int run = 0; run < 3; ++run) {
             be.upload(xv->data, x_gemv.data(), x_gemv.size() * 4);  // (the planner may reuse input memory)
@@ -856,6 +857,7 @@ TEST_CASE("matmul_id: an expert array refilled in place never runs a stale exper
 
     for (const Set & s : sets) {
         std::copy(s.w.begin(), s.w.end(), slots.begin());
+        g.bump_generation();  // the backend contract: a graph whose weights changed is re-bound (backend.h)
         for (int run = 0; run < 3; ++run) {
             for (const Batch & b : batches) {  // (the planner may reuse input memory)
                 be.upload(b.x->data, b.xh.data(), b.xh.size() * 4);
