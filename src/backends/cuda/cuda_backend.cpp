@@ -181,6 +181,7 @@ public:
         for (auto & s : steps_)
             if (s.exec) cudaGraphExecDestroy(s.exec);
         if (stream_) cudaStreamDestroy(stream_);
+        if (staging_) cudaFreeHost(staging_);
     }
 
     std::string name() const override { return "cuda:" + std::to_string(device_) + " (" + name_ + ")"; }
@@ -190,14 +191,32 @@ public:
         activate();
         return std::make_unique<DeviceBuffer>(bytes, device_, stream_);
     }
+    // Small uploads (a step's inputs) go through a pinned ring buffer so the copy is truly
+    // asynchronous (a pageable copy stalls the host while it stages); the ring is reused after the
+    // stream synchronises. Large uploads (weights at load time) copy directly.
     void upload(void * dst, const void * src, size_t n) override {
         activate();
-        SPARK_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream_));
+        if (n > kStagingBytes / 4) {
+            SPARK_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream_));
+            return;
+        }
+        if (!staging_) {
+            SPARK_CUDA_CHECK(cudaMallocHost(&staging_, kStagingBytes));
+        }
+        if (staging_used_ + n > kStagingBytes) {
+            SPARK_CUDA_CHECK(cudaStreamSynchronize(stream_));
+            staging_used_ = 0;
+        }
+        char * p = static_cast<char *>(staging_) + staging_used_;
+        std::memcpy(p, src, n);
+        staging_used_ += (n + 255) & ~size_t(255);
+        SPARK_CUDA_CHECK(cudaMemcpyAsync(dst, p, n, cudaMemcpyHostToDevice, stream_));
     }
     void download(void * dst, const void * src, size_t n) override {
         activate();
         SPARK_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream_));
         SPARK_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        staging_used_ = 0;
     }
     void copy(void * dst, const void * src, size_t n) override {
         activate();
@@ -210,6 +229,7 @@ public:
     void synchronize() override {
         activate();
         SPARK_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        staging_used_ = 0;
     }
 
     QWeight prepare_weight(const QWeight & host, std::vector<std::unique_ptr<Buffer>> & storage) override {
@@ -526,6 +546,9 @@ private:
     std::deque<DeviceWeight> weights_;
     std::unordered_map<const QWeight *, ExpertTable> expert_tables_;
     double                  copy_bandwidth_ = 0.0;
+    static constexpr size_t kStagingBytes = size_t(4) << 20;
+    void *                  staging_      = nullptr;
+    size_t                  staging_used_ = 0;
     std::unique_ptr<OpProfiler> profiler_;
     uint64_t                last_uid_ = 0, last_generation_ = 0, last_fp_ = 0;
 };
