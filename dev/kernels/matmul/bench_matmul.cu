@@ -18,7 +18,10 @@
 // Build and run from the repository root (one line; -arch as the GPU: sm_90a H100, sm_120a RTX 50xx):
 //   nvcc -O3 -std=c++20 --expt-relaxed-constexpr -arch=sm_90a -Isrc -Iinclude dev/kernels/matmul/bench_matmul.cu src/backends/cuda/matmul/gemv_*.cu src/backends/cuda/matmul/gemm_*.cu src/backends/cuda/matmul/aux.cu src/backends/cuda/matmul/plan.cpp -o /tmp/bench_matmul && /tmp/bench_matmul
 // Options: --quick (INT4 only, no GEMM), --no-gemm, --rows (also 2, 4, 8 activation rows), --no-pdl
-// (GEMV launches without programmatic dependent launch; the dispatch's default is with, on sm_90+).
+// (GEMV launches without programmatic dependent launch; the dispatch's default is with, on sm_90+),
+// --mma-only / --fma-only (INT4 and NVFP4 through one decode kernel only; default: both, the plan
+// column says which: "mma[kp] wk/ks grid" for the tensor-core decode of gemv_mma.cuh). After the
+// per-shape table: q+k+v in one multi-weight launch (op_matmul_multi) against three launches.
 #include "backends/cuda/cuda_common.h"
 #include "backends/cuda/matmul/launch.h"
 #include "quant/formats.h"
@@ -31,6 +34,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -172,17 +176,6 @@ const char * fname(WeightFormat f) {
     return "?";
 }
 
-void gemv_launch_any(WeightFormat f, int r, bool glu, const GemvArgs & a, dim3 g, cudaStream_t s) {
-    switch (f) {
-        case WeightFormat::F32: gemv_launch_f32(r, glu, a, g, s); break;
-        case WeightFormat::F16: gemv_launch_f16(r, glu, a, g, s); break;
-        case WeightFormat::BF16: gemv_launch_bf16(r, glu, a, g, s); break;
-        case WeightFormat::NVFP4: gemv_launch_nvfp4(r, glu, a, g, s); break;
-        case WeightFormat::INT4: gemv_launch_int4(r, glu, a, g, s); break;
-        case WeightFormat::FP8: gemv_launch_fp8(r, glu, a, g, s); break;
-    }
-    CK(cudaGetLastError());
-}
 void gemm_launch_any(WeightFormat f, int mt, bool glu, const GemmArgs & a, dim3 g) {
     switch (f) {
         case WeightFormat::F32: gemm_launch_f32(mt, glu, a, g, 0); break;
@@ -249,17 +242,27 @@ struct PlannedGemv {
     GemvPlan     p;
     uint32_t *   counters = nullptr;
     void         launch(GemvArgs a, cudaStream_t s) const {
-        a.wk               = p.wk;
-        a.lpr              = p.lpr;
-        a.chunks_per_split = p.cps;
-        a.pdl              = g_pdl;
+        a.pdl = g_pdl;
         if (p.ksplit > 1) {
             CK(cudaMemsetAsync(counters, 0, size_t(p.counters()) * 4, s));
             a.counters = counters;
         }
-        gemv_launch_any(f, p.r_tmpl, glu, a, p.grid, s);
+        gemv_launch_planned(f, p, glu, a, s);
+        CK(cudaGetLastError());
     }
 };
+
+int g_smem_optin = 48 * 1024;
+// The dispatch's GEMV options: mma = the tensor-core decode where the format takes it (the lab's INT4
+// weights have groups of 128).
+GemvOpts lab_opts(WeightFormat f, bool mma, int n_mats = 1, const int64_t * mat_n = nullptr) {
+    GemvOpts o;
+    o.mma        = mma && (f == WeightFormat::INT4 || f == WeightFormat::NVFP4);
+    o.smem_optin = g_smem_optin;
+    o.n_mats     = n_mats;
+    o.mat_n      = mat_n;
+    return o;
+}
 
 // Split-K scratch for a plan (partial floats for out_rows rows of n, counters).
 struct SplitScratch {
@@ -340,7 +343,7 @@ int per_graph_for(double bytes) {
 cudaStream_t g_stream = nullptr;
 
 void print_header() {
-    std::printf("\n%-44s %-10s %-22s %9s %9s %9s %9s %8s %7s %6s  %s\n", "shape", "format", "plan lpr/wk/ks grid", "graph us", "event us",
+    std::printf("\n%-44s %-10s %-22s %9s %9s %9s %9s %8s %7s %6s  %s\n", "shape", "format", "plan lpr/wk/ks|mma wk/ks", "graph us", "event us",
                 "brief us", "ideal us", "MB", "GB/s", "%copy", "nmse");
 }
 
@@ -348,6 +351,8 @@ void print_row(const std::string & shape, WeightFormat f, const GemvPlan & p, co
     char plan[64], brief[16];
     if (p.grid.x == 0)
         std::snprintf(plan, sizeof plan, "-");
+    else if (p.mma)
+        std::snprintf(plan, sizeof plan, "mma%s %d/%d %ux%ux%u", p.mma_kpair ? "kp" : "", p.wk, p.ksplit, p.grid.x, p.grid.y, p.grid.z);
     else
         std::snprintf(plan, sizeof plan, "%d/%d/%d %ux%ux%u", p.lpr, p.wk, p.ksplit, p.grid.x, p.grid.y, p.grid.z);
     if (brief_us > 0)
@@ -361,7 +366,7 @@ void print_row(const std::string & shape, WeightFormat f, const GemvPlan & p, co
 }
 
 // A dense decode GEMV (nw = 2: fused gate/up + SwiGLU, y = silu(x Wg^T) * (x Wu^T)).
-void bench_gemv(const std::string & shape, WeightFormat f, int64_t n, int64_t k, int rows, int nw, double brief_us) {
+void bench_gemv(const std::string & shape, WeightFormat f, int64_t n, int64_t k, int rows, int nw, double brief_us, bool mma = false) {
     std::vector<HostWeight> hw;
     for (int i = 0; i < nw; ++i) hw.push_back(make_weight(f, n, k));
     double bytes = 0;
@@ -393,7 +398,7 @@ void bench_gemv(const std::string & shape, WeightFormat f, int64_t n, int64_t k,
     PlannedGemv pg;
     pg.f   = f;
     pg.glu = nw == 2;
-    pg.p   = plan_gemv(f, n, k, 1, rows, nw, g_sms);
+    pg.p   = plan_gemv(f, n, k, 1, rows, nw, g_sms, lab_opts(f, mma));
     SplitScratch sc(pg.p, nw, rows, n);
     pg.counters = sc.counters;
     auto launch = [&](int i, cudaStream_t s) {
@@ -450,7 +455,7 @@ void bench_gemv(const std::string & shape, WeightFormat f, int64_t n, int64_t k,
 
 // Qwen3-30B-A3B MoE decode of one layer: 8 of 128 experts, fused gate/up + SwiGLU (one launch), then
 // down (one launch), each timed on its own and as the pair. 16 routing sets rotate.
-void bench_moe(WeightFormat f, double brief_up_us, double brief_down_us) {
+void bench_moe(WeightFormat f, double brief_up_us, double brief_down_us, bool mma = false) {
     const int E = 128, top = 8, H = 2048, F = 768;
     std::vector<HostWeight> gate, up, down;
     for (int e = 0; e < E; ++e) {
@@ -483,8 +488,8 @@ void bench_moe(WeightFormat f, double brief_up_us, double brief_down_us) {
     PlannedGemv pu, pd;
     pu.f = pd.f = f;
     pu.glu      = true;
-    pu.p        = plan_gemv(f, F, H, top, 1, 2, g_sms);
-    pd.p        = plan_gemv(f, H, F, top, 1, 1, g_sms);
+    pu.p        = plan_gemv(f, F, H, top, 1, 2, g_sms, lab_opts(f, mma));
+    pd.p        = plan_gemv(f, H, F, top, 1, 1, g_sms, lab_opts(f, mma));
     SplitScratch su(pu.p, 2, top, F), sd(pd.p, 1, top, H);
     pu.counters = su.counters;
     pd.counters = sd.counters;
@@ -572,6 +577,93 @@ void bench_moe(WeightFormat f, double brief_up_us, double brief_down_us) {
     cudaFree(dy);
 }
 
+// Several weights over the same activation row (q, k and v): one multi-weight launch against one
+// launch per weight (each planned on its own), back to back in the graph.
+void bench_multi(const std::string & shape, WeightFormat f, const std::vector<int64_t> & ns, int64_t k, bool mma) {
+    const int                 count = int(ns.size());
+    std::vector<HostWeight>   hw;
+    double                    bytes = 0;
+    int64_t                   ntot  = 0;
+    for (int64_t n : ns) hw.push_back(make_weight(f, n, k)), bytes += double(hw.back().bytes()), ntot += n;
+    const int copies = int(std::clamp<int64_t>(int64_t(std::ceil(512e6 / bytes)), 1, 64));
+    std::vector<std::vector<DeviceWeight>> ws(static_cast<size_t>(count));
+    for (int i = 0; i < count; ++i)
+        for (int c = 0; c < copies; ++c) ws[size_t(i)].push_back(upload(hw[size_t(i)]));
+    std::vector<float> x(static_cast<size_t>(k));
+    for (float & v : x) v = uni(-1.0f, 1.0f);
+    float *              dx = dev_copy(x);
+    std::vector<float *> dy(static_cast<size_t>(count));
+    for (int i = 0; i < count; ++i) CK(cudaMalloc(&dy[size_t(i)], size_t(ns[size_t(i)]) * 4));
+    PlannedGemv pm;
+    pm.f   = f;
+    pm.p   = plan_gemv(f, ntot, k, 1, 1, 1, g_sms, lab_opts(f, mma, count, ns.data()));
+    SplitScratch scm(pm.p, 1, 1, ntot);
+    pm.counters = scm.counters;
+    auto multi = [&](int it, cudaStream_t s) {
+        const int c = it % copies;
+        GemvArgs  a;
+        a.n_mats     = count;
+        int64_t row0 = 0;
+        int32_t tile = 0;
+        for (int i = 0; i < count; ++i) {
+            a.w[i]         = ws[size_t(i)][size_t(c)];
+            a.mat_n[i]     = ns[size_t(i)];
+            a.mat_row0[i]  = row0;
+            a.mat_tile0[i] = tile;
+            a.mat_y[i]     = dy[size_t(i)];
+            row0 += ns[size_t(i)];
+            tile += int32_t((ns[size_t(i)] + pm.p.rows_per_block - 1) / pm.p.rows_per_block);
+        }
+        a.mat_tile0[count] = tile;
+        for (int r = 0; r < kGemvMaxRows; ++r) a.x[r] = dx;
+        a.n       = ntot;
+        a.k       = k;
+        a.partial = scm.partial;
+        pm.launch(a, s);
+    };
+    std::vector<PlannedGemv>                   ps(static_cast<size_t>(count));
+    std::vector<std::unique_ptr<SplitScratch>> scs;
+    for (int i = 0; i < count; ++i) {
+        ps[size_t(i)].f = f;
+        ps[size_t(i)].p = plan_gemv(f, ns[size_t(i)], k, 1, 1, 1, g_sms, lab_opts(f, mma));
+        scs.push_back(std::make_unique<SplitScratch>(ps[size_t(i)].p, 1, 1, ns[size_t(i)]));
+        ps[size_t(i)].counters = scs.back()->counters;
+    }
+    auto separate = [&](int it, cudaStream_t s) {
+        const int c = it % copies;
+        for (int i = 0; i < count; ++i) {
+            GemvArgs a;
+            a.w[0] = a.w[1] = ws[size_t(i)][size_t(c)];
+            for (int r = 0; r < kGemvMaxRows; ++r) a.x[r] = dx;
+            a.n       = ns[size_t(i)];
+            a.k       = k;
+            a.y       = dy[size_t(i)];
+            a.partial = scs[size_t(i)]->partial;
+            ps[size_t(i)].launch(a, s);
+        }
+    };
+    multi(0, g_stream);
+    CK(cudaStreamSynchronize(g_stream));
+    double num = 0, den = 0;
+    for (int i = 0; i < count; ++i) {
+        std::vector<float> y(static_cast<size_t>(ns[size_t(i)]));
+        CK(cudaMemcpy(y.data(), dy[size_t(i)], y.size() * 4, cudaMemcpyDeviceToHost));
+        const double e = check(hw[size_t(i)], x, 1, y, false);
+        num += e;
+        den += 1;
+    }
+    const Timing tm = time_launches(multi, per_graph_for(bytes), g_stream);
+    const Timing tsep = time_launches(separate, per_graph_for(bytes), g_stream);
+    print_row(shape + " one launch", f, pm.p, tm, 0.0, bytes, num / den);
+    GemvPlan none = pm.p;
+    none.grid     = dim3(0, 0, 0);
+    print_row(shape + " " + std::to_string(count) + " launches", f, none, tsep, 0.0, bytes, 0.0);
+    for (auto & v : ws)
+        for (auto & d : v) release(d);
+    cudaFree(dx);
+    for (float * p : dy) cudaFree(p);
+}
+
 void bench_gemm(WeightFormat f, int64_t m, int64_t n, int64_t k) {
     HostWeight   hw = make_weight(f, n, k);
     DeviceWeight dw = upload(hw);
@@ -633,13 +725,15 @@ void bench_gemm(WeightFormat f, int64_t m, int64_t n, int64_t k) {
 }  // namespace
 
 int main(int argc, char ** argv) {
-    bool quick = false, gemm = true, more_rows = false, no_pdl = false;
+    bool quick = false, gemm = true, more_rows = false, no_pdl = false, fma = true, mma = true;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--quick") quick = true, gemm = false;
         if (a == "--no-gemm") gemm = false;
         if (a == "--rows") more_rows = true;
         if (a == "--no-pdl") no_pdl = true;
+        if (a == "--mma-only") fma = false;
+        if (a == "--fma-only") mma = false;
     }
     cudaDeviceProp prop{};
     CK(cudaGetDeviceProperties(&prop, 0));
@@ -647,6 +741,7 @@ int main(int argc, char ** argv) {
     g_sms     = prop.multiProcessorCount;
     g_pdl     = !no_pdl && gemv_pdl_enabled(prop.major * 100 + prop.minor * 10);
     g_copy_bw = measure_copy_bw();
+    g_smem_optin = int(prop.sharedMemPerBlockOptin);
     std::printf("%s, %d SMs, copy bandwidth %.0f GB/s (bytes read + written, the perf-anchors.md convention; %%copy = bytes read / graph us / this); "
                 "GEMV launches %s programmatic dependent launch\n",
                 prop.name, g_sms, g_copy_bw / 1e9, g_pdl ? "with" : "without");
@@ -672,22 +767,41 @@ int main(int argc, char ** argv) {
     };
     std::vector<WeightFormat> formats = {WeightFormat::INT4, WeightFormat::NVFP4, WeightFormat::FP8, WeightFormat::BF16};
     if (quick) formats = {WeightFormat::INT4};
+    // INT4 / NVFP4 run through both decode kernels (fma: gemv.cuh; mma: gemv_mma.cuh, the dispatch's
+    // default where the weight takes it); FP8 / BF16 have the FMA kernel only.
+    auto paths = [&](WeightFormat f) {
+        std::vector<bool> v;
+        const bool        has_mma = f == WeightFormat::INT4 || f == WeightFormat::NVFP4;
+        if (fma || !has_mma) v.push_back(false);
+        if (mma && has_mma) v.push_back(true);
+        return v;
+    };
     print_header();
     for (const Shape & s : shapes) {
         if (s.bf16_only) {
             bench_gemv(s.name, WeightFormat::BF16, s.n, s.k, 1, s.nw, s.brief_us);
             continue;
         }
-        for (const WeightFormat f : formats) bench_gemv(s.name, f, s.n, s.k, 1, s.nw, f == WeightFormat::INT4 ? s.brief_us : 0.0);
+        for (const WeightFormat f : formats)
+            for (const bool m : paths(f)) bench_gemv(s.name, f, s.n, s.k, 1, s.nw, f == WeightFormat::INT4 ? s.brief_us : 0.0, m);
     }
-    for (const WeightFormat f : formats) bench_moe(f, f == WeightFormat::INT4 ? 25.5 : 0.0, f == WeightFormat::INT4 ? 12.8 : 0.0);
+    for (const WeightFormat f : formats)
+        for (const bool m : paths(f)) bench_moe(f, f == WeightFormat::INT4 ? 25.5 : 0.0, f == WeightFormat::INT4 ? 12.8 : 0.0, m);
+    // Multi-weight launches (op_matmul_multi): q/k/v of one layer in one launch.
+    print_header();
+    for (const WeightFormat f : formats)
+        for (const bool m : paths(f)) {
+            bench_multi("8B q+k+v 4096+1024+1024 K=4096", f, {4096, 1024, 1024}, 4096, m);
+            bench_multi("30B-A3B q+k+v 4096+512+512 K=2048", f, {4096, 512, 512}, 2048, m);
+        }
     if (more_rows) {
         print_header();
         for (const WeightFormat f : formats)
-            for (const int rows : {2, 4, 8}) {
-                bench_gemv(shapes[0].name, f, shapes[0].n, shapes[0].k, rows, 2, 0.0);
-                bench_gemv(shapes[1].name, f, shapes[1].n, shapes[1].k, rows, 1, 0.0);
-            }
+            for (const bool m : paths(f))
+                for (const int rows : {2, 4, 8}) {
+                    bench_gemv(shapes[0].name, f, shapes[0].n, shapes[0].k, rows, 2, 0.0, m);
+                    bench_gemv(shapes[1].name, f, shapes[1].n, shapes[1].k, rows, 1, 0.0, m);
+                }
     }
     if (gemm) {
         std::printf("\n");

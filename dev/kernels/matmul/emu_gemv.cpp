@@ -1,19 +1,26 @@
-// Runs the decode GEMV kernel (src/backends/cuda/matmul/gemv.cuh), unchanged, on the CPU warp
-// emulator of the attention lab (dev/kernels/attention/emu: threads are fibers, warps meet at
-// shuffles, blocks at __syncthreads, random warp orders between them; blocks run one after another)
-// against a double-precision reference over the bit-exact decoders of quant/formats.h. No GPU
-// needed: checks the work mapping (lanes per row, K-warps, K splits with the last-block reduction),
-// the register ring, the decoders (INT4 sym / asym, f16 / bf16 scales, group sizes that are and are
-// not powers of two, one group; NVFP4; FP8 with 2-D blocks; F32 / F16 / BF16), 1..8 activation
-// rows, fused gate/up + SwiGLU, MATMUL_ID pairs with strided and invalid expert ids, and the plans
-// plan_gemv picks for the model shapes. Weights live in exactly-sized buffers, so the address
-// sanitizer catches any load past a weight.
+// Runs the decode GEMV kernels (src/backends/cuda/matmul/gemv.cuh, the FMA decode, and gemv_mma.cuh,
+// the tensor-core decode), unchanged, on the CPU warp emulator of the attention lab
+// (dev/kernels/attention/emu: threads are fibers, warps meet at shuffles and mma.sync, blocks at
+// __syncthreads, random warp orders between them; blocks run one after another) against a
+// double-precision reference over the bit-exact decoders of quant/formats.h. No GPU needed: checks
+// the work mapping (lanes per row, K-warps, K splits with the last-block reduction; MMA: both tile
+// modes, odd block ranges), the register ring, the decoders (INT4 sym / asym, f16 / bf16 scales,
+// group sizes that are and are not powers of two, one group; NVFP4; FP8 with 2-D blocks; F32 / F16 /
+// BF16), 1..8 activation rows (MMA: 1 to 3 MMAs per fragment; activations over 80 binades), fused
+// gate/up + SwiGLU, MATMUL_ID pairs with strided and invalid expert ids, multi-weight launches, and
+// the plans plan_gemv picks for the model shapes. Weights live in exactly-sized buffers, so the
+// address sanitizer catches any load past a weight; shared memory starts as NaN, so any read of an
+// unwritten B fragment shows. The tensor cores' f32 sums are modelled pessimistically (every term
+// truncated to 2^(e_max - 23), the sum truncated; see mma_f16_16816 in emu/.../ptx.cuh): the MMA
+// kernel's worst nmse is printed at the end (~1e-13; "exact-mma" as a third argument sums exactly).
 //
-// Build and run (from the repository root; about a minute on two cores):
+// Build and run (from the repository root; about three minutes on two cores):
 //   g++ -std=c++20 -O2 -g -fsanitize=address,undefined -Idev/kernels/matmul/emu -Idev/kernels/attention/emu -Isrc \
 //       -Iinclude dev/kernels/matmul/emu_gemv.cpp src/backends/cuda/matmul/plan.cpp -o /tmp/emu_gemv && /tmp/emu_gemv
-// Options: a case-name filter (substring), then a seed.
+// Options: a case-name filter (substring, e.g. "mma"), then a seed, then "exact-mma"; or --plans
+// (the plans of both kernels for the lab's model shapes, no emulation).
 #include "backends/cuda/matmul/gemv.cuh"
+#include "backends/cuda/matmul/gemv_mma.cuh"
 #include "backends/cuda/matmul/tuning.h"
 
 #include <algorithm>
@@ -198,13 +205,74 @@ void run_any(WeightFormat f, bool int4_zeros, int r_tmpl, bool glu, const GemvAr
     }
 }
 
-// A work split: the plan's, or forced (lanes per row, K-warps, K splits).
+template <class F>
+void run_mma_kernel(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, int smem) {
+    const dim3 block(kGemvThreads);
+    auto       go = [&](auto kernel) { emu::launch(grid, block, size_t(smem), [&] { kernel(a); }, rng()); };
+    switch (r_tmpl * 2 + glu) {
+        case 2: go(gemv_mma_kernel<F, 1, false>); break;
+        case 3: go(gemv_mma_kernel<F, 1, true>); break;
+        case 4: go(gemv_mma_kernel<F, 2, false>); break;
+        case 5: go(gemv_mma_kernel<F, 2, true>); break;
+        case 8: go(gemv_mma_kernel<F, 4, false>); break;
+        case 9: go(gemv_mma_kernel<F, 4, true>); break;
+        case 16: go(gemv_mma_kernel<F, 8, false>); break;
+        case 17: go(gemv_mma_kernel<F, 8, true>); break;
+        default: std::abort();
+    }
+}
+
+// Either kernel, as the plan says.
+void run_plan(WeightFormat f, bool int4_zeros, const GemvPlan & p, bool glu, const GemvArgs & a) {
+    if (!p.mma) return run_any(f, int4_zeros, p.r_tmpl, glu, a, p.grid);
+    if (f == WeightFormat::NVFP4)
+        run_mma_kernel<MmaNvfp4>(p.r_tmpl, glu, a, p.grid, p.smem);
+    else if (int4_zeros)
+        run_mma_kernel<MmaInt4<true>>(p.r_tmpl, glu, a, p.grid, p.smem);
+    else
+        run_mma_kernel<MmaInt4<false>>(p.r_tmpl, glu, a, p.grid, p.smem);
+}
+
+// A work split: the plan's, or forced (lanes per row, K-warps, K splits; MMA kernel: lpr unused,
+// any non-zero value forces).
 struct Split {
     int lpr = 0, wk = 0, ks = 0;  // 0: plan_gemv's choice
+    int kp  = 0;                  // MMA: one row tile at two K blocks per step (nw = 1)
 };
 
-GemvPlan make_plan(const Spec & s, int64_t n, int64_t k, int64_t jobs, int rows, int nw, Split sp) {
-    if (sp.lpr == 0) return plan_gemv(s.f, n, k, jobs, rows, nw, 132);
+bool mma_spec(const Spec & s, int64_t k) {
+    DeviceWeight d;
+    d.format     = s.f;
+    d.k          = k;
+    d.group_size = s.group > 0 ? s.group : int32_t(k);
+    return gemv_mma_ok(d);
+}
+
+GemvPlan make_plan(const Spec & s, int64_t n, int64_t k, int64_t jobs, int rows, int nw, Split sp, bool mma = false,
+                   const int64_t * mat_n = nullptr, int n_mats = 1) {
+    GemvOpts o;
+    o.mma        = mma && mma_spec(s, k);
+    o.smem_optin = 227 * 1024;
+    o.n_mats     = n_mats;
+    o.mat_n      = mat_n;
+    if (sp.lpr == 0) return plan_gemv(s.f, n, k, jobs, rows, nw, 132, o);
+    if (o.mma) {
+        GemvPlan p;
+        p.mma            = true;
+        p.r_tmpl         = rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : 8;
+        const int64_t KB = (k / 32 + 3) / 4;
+        p.wk             = sp.wk;
+        p.cps            = (KB + sp.ks - 1) / sp.ks;  // not rounded to the K-warps: partial steps everywhere
+        if (sp.kp && nw == 1) p.cps += p.cps & 1;     // kp: even (room for the zero block of an odd range)
+        p.ksplit         = int((KB + p.cps - 1) / p.cps);
+        p.mma_kpair      = sp.kp && nw == 1;
+        p.rows_per_block = (kGemvThreads / 32 / sp.wk) * (p.mma_kpair ? 1 : gemv_mma_tiles(nw)) * 16;
+        p.smem           = gemv_mma_smem(p.r_tmpl, std::min<int64_t>(p.cps, KB + 1));
+        int64_t tiles    = 0;
+        for (int m = 0; m < n_mats; ++m) tiles += ((mat_n ? mat_n[m] : n) + p.rows_per_block - 1) / p.rows_per_block;
+        p.grid = dim3(unsigned(tiles), unsigned(p.ksplit), unsigned(jobs));
+        return p;
+    }
     GemvPlan      p;
     p.r_tmpl         = rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : 8;
     const int     e  = elems_per_chunk(s.f);
@@ -215,7 +283,10 @@ GemvPlan make_plan(const Spec & s, int64_t n, int64_t k, int64_t jobs, int rows,
     p.wk             = sp.wk;
     p.cps            = (KC + sp.ks - 1) / sp.ks;  // not rounded to the lane stride: partial steps everywhere
     p.ksplit         = int((KC + p.cps - 1) / p.cps);
-    p.grid           = dim3(unsigned((n + rb - 1) / rb), unsigned(p.ksplit), unsigned(jobs));
+    p.rows_per_block = int(rb);
+    int64_t tiles    = 0;
+    for (int m = 0; m < n_mats; ++m) tiles += ((mat_n ? mat_n[m] : n) + rb - 1) / rb;
+    p.grid = dim3(unsigned(tiles), unsigned(p.ksplit), unsigned(jobs));
     return p;
 }
 
@@ -232,26 +303,42 @@ double nmse(const std::vector<float> & got, const std::vector<double> & ref) {
 double silu_d(double g) { return g / (1.0 + std::exp(-g)); }
 
 int  g_fail = 0, g_cases = 0;
-void report(const std::string & name, double e, const GemvPlan & p) {
+double g_worst_mma = 0.0;
+void   report(const std::string & name, double e, const GemvPlan & p) {
     ++g_cases;
     const bool ok = e <= 1e-10;
     if (!ok) ++g_fail;
-    std::printf("%s %-70s lpr=%2d wk=%d ks=%d grid=%ux%ux%u  nmse %.1e\n", ok ? "ok  " : "FAIL", name.c_str(), p.lpr, p.wk, p.ksplit,
-                p.grid.x, p.grid.y, p.grid.z, e);
+    if (p.mma) g_worst_mma = std::max(g_worst_mma, e);
+    if (p.mma)
+        std::printf("%s %-74s mma wk=%d ks=%d cps=%lld smem=%d grid=%ux%ux%u  nmse %.1e\n", ok ? "ok  " : "FAIL", name.c_str(), p.wk, p.ksplit,
+                    (long long) p.cps, p.smem, p.grid.x, p.grid.y, p.grid.z, e);
+    else
+        std::printf("%s %-74s lpr=%2d wk=%d ks=%d grid=%ux%ux%u  nmse %.1e\n", ok ? "ok  " : "FAIL", name.c_str(), p.lpr, p.wk, p.ksplit,
+                    p.grid.x, p.grid.y, p.grid.z, e);
+}
+
+// Activation values: uniform in [-1, 1], or (wide) times 2^e with e uniform in [-40, 40] (per-block
+// scaling of the MMA kernel), with a few exact zeros.
+bool g_wide_x = false;
+float x_value() {
+    if (!g_wide_x) return uni(-1.0f, 1.0f);
+    if (bits32() % 31 == 0) return 0.0f;
+    return std::ldexp(uni(-1.0f, 1.0f), int(bits32() % 81) - 40);
 }
 
 // Plain MATMUL (nw = 1) or fused gate/up + SwiGLU (nw = 2) over `rows` activation rows.
-void check_dense(const Spec & s, int64_t n, int64_t k, int rows, int nw, Split sp, const std::string & filter) {
-    const std::string name = s.name + " N=" + std::to_string(n) + " K=" + std::to_string(k) + " rows=" + std::to_string(rows) +
-                             (nw == 2 ? " glu" : "") +
-                             (sp.lpr ? " forced lpr/wk/ks " + std::to_string(sp.lpr) + "/" + std::to_string(sp.wk) + "/" + std::to_string(sp.ks) : "");
+void check_dense(const Spec & s, int64_t n, int64_t k, int rows, int nw, Split sp, const std::string & filter, bool mma = false) {
+    if (mma && !mma_spec(s, k)) return;
+    const std::string name = std::string(mma ? "mma " : "") + s.name + " N=" + std::to_string(n) + " K=" + std::to_string(k) +
+                             " rows=" + std::to_string(rows) + (nw == 2 ? " glu" : "") + (g_wide_x ? " wide-x" : "") +
+                             (sp.lpr ? " forced " + (mma ? std::string(sp.kp ? "kp/" : "") : std::to_string(sp.lpr) + "/") + std::to_string(sp.wk) + "/" + std::to_string(sp.ks) : "");
     if (name.find(filter) == std::string::npos) return;
     std::vector<HostWeight> w;
     for (int i = 0; i < nw; ++i) w.push_back(make_weight(s, n, k));
     Buf      xb(size_t(rows * k) * 4);
     float *  x = reinterpret_cast<float *>(xb.data());
-    for (int64_t i = 0; i < rows * k; ++i) x[i] = uni(-1.0f, 1.0f);
-    const GemvPlan p = make_plan(s, n, k, 1, rows, nw, sp);
+    for (int64_t i = 0; i < rows * k; ++i) x[i] = x_value();
+    const GemvPlan p = make_plan(s, n, k, 1, rows, nw, sp, mma);
     Buf            yb(size_t(rows * n) * 4), pb(size_t(p.ksplit) * nw * rows * n * 4), cb(size_t(p.grid.x) * 4);
     float *        y = reinterpret_cast<float *>(yb.data());
     std::fill(y, y + rows * n, NAN);
@@ -266,12 +353,13 @@ void check_dense(const Spec & s, int64_t n, int64_t k, int rows, int nw, Split s
     a.lpr              = p.lpr;
     a.chunks_per_split = p.cps;
     a.int4_zeros       = s.zeros;
+    a.mma_kpair        = p.mma_kpair;
     a.y                = y;
     if (p.ksplit > 1) {
         a.partial  = reinterpret_cast<float *>(pb.data());
         a.counters = reinterpret_cast<uint32_t *>(cb.data());
     }
-    run_any(s.f, s.zeros, p.r_tmpl, nw == 2, a, p.grid);
+    run_plan(s.f, s.zeros, p, nw == 2, a);
     std::vector<float>  got(y, y + rows * n);
     std::vector<double> ref(size_t(rows * n));
     for (int r = 0; r < rows; ++r)
@@ -287,10 +375,11 @@ void check_dense(const Spec & s, int64_t n, int64_t k, int rows, int nw, Split s
 // MATMUL_ID over `experts` experts, k_slots x T pairs, ids with strides (s0, s1) and some invalid
 // ids (-1, n_experts) whose rows must come out 0; shared_x: the k_slots share one input row.
 void check_moe(const Spec & s, int64_t n, int64_t k, int experts, int k_slots, int T, int nw, bool shared_x, Split sp,
-               const std::string & filter) {
-    const std::string name = "moe " + s.name + " N=" + std::to_string(n) + " K=" + std::to_string(k) + " " + std::to_string(k_slots) + "x" +
-                             std::to_string(T) + (nw == 2 ? " glu" : "") + (shared_x ? " shared-x" : "") +
-                             (sp.lpr ? " forced lpr/wk/ks " + std::to_string(sp.lpr) + "/" + std::to_string(sp.wk) + "/" + std::to_string(sp.ks) : "");
+               const std::string & filter, bool mma = false) {
+    if (mma && !mma_spec(s, k)) return;
+    const std::string name = std::string(mma ? "mma " : "") + "moe " + s.name + " N=" + std::to_string(n) + " K=" + std::to_string(k) + " " +
+                             std::to_string(k_slots) + "x" + std::to_string(T) + (nw == 2 ? " glu" : "") + (shared_x ? " shared-x" : "") +
+                             (sp.lpr ? " forced " + (mma ? std::string(sp.kp ? "kp/" : "") : std::to_string(sp.lpr) + "/") + std::to_string(sp.wk) + "/" + std::to_string(sp.ks) : "");
     if (name.find(filter) == std::string::npos) return;
     std::vector<HostWeight> w[2];
     std::vector<DeviceWeight> table[2];
@@ -311,7 +400,7 @@ void check_moe(const Spec & s, int64_t n, int64_t k, int experts, int k_slots, i
     Buf           xb(size_t((T - 1) * x_st + (k_slots - 1) * x_sj + k) * 4);
     float *       x = reinterpret_cast<float *>(xb.data());
     for (size_t i = 0; i < xb.bytes / 4; ++i) x[i] = uni(-1.0f, 1.0f);
-    const GemvPlan p = make_plan(s, n, k, pairs, 1, nw, sp);
+    const GemvPlan p = make_plan(s, n, k, pairs, 1, nw, sp, mma);
     Buf            yb(size_t(pairs * n) * 4), pb(size_t(p.ksplit) * nw * pairs * n * 4), cb(size_t(p.grid.x * p.grid.z) * 4);
     float *        y = reinterpret_cast<float *>(yb.data());
     std::fill(y, y + pairs * n, NAN);
@@ -331,12 +420,13 @@ void check_moe(const Spec & s, int64_t n, int64_t k, int experts, int k_slots, i
     a.lpr              = p.lpr;
     a.chunks_per_split = p.cps;
     a.int4_zeros       = s.zeros;
+    a.mma_kpair        = p.mma_kpair;
     a.y                = y;
     if (p.ksplit > 1) {
         a.partial  = reinterpret_cast<float *>(pb.data());
         a.counters = reinterpret_cast<uint32_t *>(cb.data());
     }
-    run_any(s.f, s.zeros, 1, nw == 2, a, p.grid);
+    run_plan(s.f, s.zeros, p, nw == 2, a);
     std::vector<float>  got(y, y + pairs * n);
     std::vector<double> ref(size_t(pairs * n), 0.0);
     for (int t = 0; t < T; ++t)
@@ -358,11 +448,114 @@ void check_moe(const Spec & s, int64_t n, int64_t k, int experts, int k_slots, i
     report(name, nmse(got, ref), p);
 }
 
+// A multi-weight launch: weights of ns[m] rows (same format and K) over the same activation rows,
+// one launch, each into its own output.
+void check_multi(const Spec & s, const std::vector<int64_t> & ns, int64_t k, int rows, Split sp, const std::string & filter, bool mma) {
+    if (mma && !mma_spec(s, k)) return;
+    std::string name = std::string(mma ? "mma " : "") + "multi " + s.name + " N=";
+    for (size_t m = 0; m < ns.size(); ++m) name += (m ? "+" : "") + std::to_string(ns[m]);
+    name += " K=" + std::to_string(k) + " rows=" + std::to_string(rows) +
+            (sp.lpr ? " forced " + (mma ? std::string(sp.kp ? "kp/" : "") : std::to_string(sp.lpr) + "/") + std::to_string(sp.wk) + "/" + std::to_string(sp.ks) : "");
+    if (name.find(filter) == std::string::npos) return;
+    const int               count = int(ns.size());
+    std::vector<HostWeight> w;
+    int64_t                 ntot = 0;
+    for (int64_t n : ns) w.push_back(make_weight(s, n, k)), ntot += n;
+    Buf     xb(size_t(rows * k) * 4);
+    float * x = reinterpret_cast<float *>(xb.data());
+    for (int64_t i = 0; i < rows * k; ++i) x[i] = x_value();
+    const GemvPlan p = make_plan(s, ntot, k, 1, rows, 1, sp, mma, ns.data(), count);
+    std::vector<std::unique_ptr<Buf>> yb;
+    Buf pb(size_t(p.ksplit) * rows * ntot * 4), cb(size_t(p.grid.x) * 4);
+    GemvArgs a;
+    a.n_mats = count;
+    int64_t row0 = 0;
+    int32_t tile = 0;
+    for (int m = 0; m < count; ++m) {
+        a.w[m]         = w[size_t(m)].dw;
+        a.mat_n[m]     = ns[size_t(m)];
+        a.mat_row0[m]  = row0;
+        a.mat_tile0[m] = tile;
+        yb.push_back(std::make_unique<Buf>(size_t(rows * ns[size_t(m)]) * 4));
+        a.mat_y[m] = reinterpret_cast<float *>(yb.back()->data());
+        std::fill(a.mat_y[m], a.mat_y[m] + rows * ns[size_t(m)], NAN);
+        row0 += ns[size_t(m)];
+        tile += int32_t((ns[size_t(m)] + p.rows_per_block - 1) / p.rows_per_block);
+    }
+    a.mat_tile0[count] = tile;
+    if (unsigned(tile) != p.grid.x) std::abort();
+    for (int r = 0; r < kGemvMaxRows; ++r) a.x[r] = x + (r < rows ? r : 0) * k;
+    a.n    = ntot;
+    a.k    = k;
+    a.rows = a.out_rows = rows;
+    a.wk               = p.wk;
+    a.lpr              = p.lpr;
+    a.chunks_per_split = p.cps;
+    a.int4_zeros       = s.zeros;
+    a.mma_kpair        = p.mma_kpair;
+    if (p.ksplit > 1) {
+        a.partial  = reinterpret_cast<float *>(pb.data());
+        a.counters = reinterpret_cast<uint32_t *>(cb.data());
+    }
+    run_plan(s.f, s.zeros, p, false, a);
+    std::vector<float>  got;
+    std::vector<double> ref;
+    for (int m = 0; m < count; ++m)
+        for (int r = 0; r < rows; ++r)
+            for (int64_t j = 0; j < ns[size_t(m)]; ++j) {
+                double d = 0;
+                for (int64_t kk = 0; kk < k; ++kk) d += ref_weight(w[size_t(m)], j, kk) * x[r * k + kk];
+                ref.push_back(d);
+                got.push_back(a.mat_y[m][r * ns[size_t(m)] + j]);
+            }
+    report(name, nmse(got, ref), p);
+}
+
 }  // namespace
 
 int main(int argc, char ** argv) {
+    if (argc > 1 && std::string(argv[1]) == "--plans") {
+        // The plans for the model shapes of the lab (132 SMs, 227 KB of shared memory per block).
+        struct Sh {
+            const char * name;
+            int64_t      n, k, jobs;
+            int          nw;
+        };
+        const Sh shapes[] = {{"8B gate+up N=12288 K=4096", 12288, 4096, 1, 2}, {"8B q/o N=4096 K=4096", 4096, 4096, 1, 1},
+                             {"8B down N=4096 K=12288", 4096, 12288, 1, 1},   {"8B k/v N=1024 K=4096", 1024, 4096, 1, 1},
+                             {"30B k/v N=512 K=2048", 512, 2048, 1, 1},       {"30B q N=4096 K=2048", 4096, 2048, 1, 1},
+                             {"30B o N=2048 K=4096", 2048, 4096, 1, 1},       {"30B moe gate+up 8x768 K=2048", 768, 2048, 8, 2},
+                             {"30B moe down 8x2048 K=768", 2048, 768, 8, 1}};
+        for (const WeightFormat f : {WeightFormat::INT4, WeightFormat::NVFP4})
+            for (const int rows : {1, 2, 4, 8})
+                for (const Sh & sh : shapes) {
+                    if (rows > 1 && sh.jobs > 1) continue;
+                    for (const bool mma : {false, true}) {
+                        GemvOpts o;
+                        o.mma        = mma;
+                        o.smem_optin = 227 * 1024;
+                        const GemvPlan p = plan_gemv(f, sh.n, sh.k, sh.jobs, rows, sh.nw, 132, o);
+                        std::printf("%-6s rows=%d %-30s %s%s wk=%d lpr=%2d ks=%2d cps=%4lld rows/block=%3d smem=%6d grid=%ux%ux%u\n",
+                                    f == WeightFormat::INT4 ? "int4" : "nvfp4", rows, sh.name, mma ? "mma" : "fma", p.mma_kpair ? "-kp" : "   ", p.wk, p.lpr, p.ksplit,
+                                    (long long) p.cps, p.rows_per_block, p.smem, p.grid.x, p.grid.y, p.grid.z);
+                    }
+                }
+        const int64_t qkv[3] = {4096, 1024, 1024};
+        for (const bool mma : {false, true}) {
+            GemvOpts o;
+            o.mma        = mma;
+            o.smem_optin = 227 * 1024;
+            o.n_mats     = 3;
+            o.mat_n      = qkv;
+            const GemvPlan p = plan_gemv(WeightFormat::INT4, 6144, 4096, 1, 1, 1, 132, o);
+            std::printf("int4   rows=1 8B q+k+v multi (4096+1024+1024) %s%s wk=%d lpr=%2d ks=%2d cps=%4lld rows/block=%3d smem=%6d grid=%ux%ux%u\n",
+                        mma ? "mma" : "fma", p.mma_kpair ? "-kp" : "   ", p.wk, p.lpr, p.ksplit, (long long) p.cps, p.rows_per_block, p.smem, p.grid.x, p.grid.y, p.grid.z);
+        }
+        return 0;
+    }
     const std::string filter = argc > 1 ? argv[1] : "";
     if (argc > 2) rng.seed(std::stoull(argv[2]));
+    if (argc > 3 && std::string(argv[3]) == "exact-mma") mma_truncate() = false;
     const Spec specs[] = {
         {WeightFormat::INT4, 128, false, false, 0, 0, "int4-sym-g128"},
         {WeightFormat::INT4, 128, true, true, 0, 0, "int4-asym-g128-bf16s"},
@@ -410,6 +603,53 @@ int main(int argc, char ** argv) {
         check_moe(s, 33, 768, 16, 4, 3, 2, false, {8, 1, 2}, filter);
         check_moe(s, 33, 1024, 16, 4, 2, 1, true, {32, 2, 3}, filter);
     }
+    // Multi-weight launches (q/k/v-like: rows of several weights in one grid), both kernels.
+    for (const bool mma : {false, true}) {
+        for (const Spec & s : {specs[0], specs[1], specs[5], specs[9]}) {
+            check_multi(s, {70, 20, 20}, 1280, 1, {}, filter, mma);
+            check_multi(s, {45, 3}, 576, 3, {}, filter, mma);
+        }
+        check_multi(specs[0], {40, 17, 9, 33}, 1280, 2, {8, 2, 3}, filter, mma);
+        check_multi(specs[5], {40, 17}, 1280, 1, {8, 1, 4}, filter, mma);
+        if (mma) check_multi(specs[1], {40, 17, 20}, 1152, 1, {1, 2, 2, 1}, filter, mma);
+    }
+
+    // The tensor-core decode (gemv_mma.cuh): INT4 (groups of 128 and 256, one group, zero points, bf16
+    // scales) and NVFP4; rows 1..8, plain and fused; K = 1280 (10 blocks of 128) and K = 576 (a half
+    // last block); every work split; activations of a wide range (per-block scaling).
+    const Spec mma_specs[] = {specs[0], specs[1], specs[4], specs[5], {WeightFormat::INT4, 256, false, false, 0, 0, "int4-sym-g256"}};
+    for (const Spec & s : mma_specs)
+        for (const int rows : {1, 2, 3, 5, 8})
+            for (const int nw : {1, 2}) {
+                check_dense(s, 45, 1280, rows, nw, {}, filter, true);
+                if (rows <= 2) check_dense(s, 45, 576, rows, nw, {}, filter, true);
+            }
+    for (const Spec & s : {specs[0], specs[1], specs[5]})
+        for (const int wk : {1, 2, 4, 8})
+            for (const int ks : {1, 3})
+                for (const int nw : {1, 2}) {
+                    check_dense(s, 21, 1280, nw == 1 ? 1 : 2, nw, {1, wk, ks}, filter, true);
+                    if (nw == 1) check_dense(s, 21, nw == 1 && ks == 3 ? 1152 : 1280, 1, 1, {1, wk, ks, 1}, filter, true);  // kp; 9 blocks: odd ranges
+                }
+    check_dense(specs[0], 70, 4096, 1, 2, {}, filter, true);
+    check_dense(specs[0], 70, 12288, 1, 1, {}, filter, true);
+    check_dense(specs[0], 3, 2048, 1, 1, {}, filter, true);
+    check_dense(specs[5], 70, 4096, 2, 2, {}, filter, true);
+    check_dense(specs[1], 40, 4096, 8, 1, {}, filter, true);
+    g_wide_x = true;
+    for (const Spec & s : {specs[0], specs[5]})
+        for (const int rows : {1, 4}) check_dense(s, 40, 1280, rows, 1, {}, filter, true);
+    check_dense(specs[0], 40, 1280, 1, 1, {}, filter, false);
+    g_wide_x = false;
+    for (const Spec & s : {specs[0], specs[1], specs[5]}) {
+        check_moe(s, 40, 2048, 16, 8, 1, 2, true, {}, filter, true);
+        check_moe(s, 40, 768, 16, 8, 2, 1, false, {}, filter, true);
+        check_moe(s, 33, 768, 16, 4, 3, 2, false, {1, 1, 2}, filter, true);
+        check_moe(s, 33, 1024, 16, 4, 2, 1, true, {1, 2, 3}, filter, true);
+        check_moe(s, 33, 1152, 16, 4, 2, 1, true, {1, 2, 2, 1}, filter, true);
+    }
+    std::printf("worst MMA nmse %.1e (tensor-core sums modelled %s)\n", g_worst_mma,
+                mma_truncate() ? "with truncation to 2^(e_max - 23)" : "exactly");
     std::printf("%d of %d cases failed\n", g_fail, g_cases);
     return g_fail ? 1 : 0;
 }

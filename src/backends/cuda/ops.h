@@ -52,6 +52,15 @@ void op_matmul_id(const Tensor & t, const OpContext & ctx);
 // Fused gate/up projections with SwiGLU: out = silu(x Wg^T) * (x Wu^T). `swiglu` is the SWIGLU node
 // whose src0 / src1 are the two MATMUL (or two MATMUL_ID) nodes over the same input and ids.
 void op_matmul_swiglu(const Tensor & swiglu, const OpContext & ctx);
+// Several MATMUL nodes reading the same activations (q/k/v; in_proj_qkvz + in_proj_ba; ...): each
+// node's output in ONE decode-GEMV launch (blocks over the concatenated output rows).
+// matmul_multi_supported() says whether that single launch applies: 2..4 nodes, the same src[0]
+// (F32, at most 8 rows), weights of one format and K without act-order permutations, contiguous F32
+// outputs that overlap neither the input nor each other. op_matmul_multi() runs the nodes one by one
+// (op_matmul) when it does not, so it is always correct. Each output must be allocated and the input
+// live when it runs (e.g. at the position of the last of the nodes).
+bool matmul_multi_supported(const Tensor * const * matmuls, int count, const OpContext & ctx);
+void op_matmul_multi(const Tensor * const * matmuls, int count, const OpContext & ctx);
 // Host-side upload and device repack of one weight (INT4 transpose, act-order sort, ...). Device
 // buffers are allocated with `alloc` (owned by the caller).
 DeviceWeight upload_weight(const QWeight & host, void * (*alloc)(void * owner, size_t bytes), void * owner, cudaStream_t stream);

@@ -28,6 +28,7 @@ inline uint32_t min(uint32_t a, uint32_t b) { return a < b ? a : b; }
 inline uint32_t max(uint32_t a, uint32_t b) { return a > b ? a : b; }
 
 inline float    __uint_as_float(uint32_t u) { return spark::f32_from_bits(u); }
+inline float    __int_as_float(int u) { return spark::f32_from_bits(uint32_t(u)); }
 inline uint32_t __float_as_uint(float f) { return spark::f32_bits(f); }
 inline int      __ffs(int v) { return v == 0 ? 0 : __builtin_ctz(uint32_t(v)) + 1; }
 inline int      __clz(int v) { return v == 0 ? 32 : __builtin_clz(uint32_t(v)); }
@@ -59,9 +60,13 @@ template <class T>
 inline T __ldcg(const T * p) {
     return *p;
 }
-inline void     __threadfence() {}
-inline uint32_t atomicAdd(uint32_t * p, uint32_t v) {
-    const uint32_t old = *p;
-    *p                 = old + v;
+// Templates, so that the non-template versions of newer emu_runtime.h (if present) take precedence
+// instead of clashing.
+template <int = 0>
+inline void __threadfence() {}
+template <class T>
+inline T atomicAdd(T * p, T v) {
+    const T old = *p;
+    *p          = old + v;
     return old;
 }

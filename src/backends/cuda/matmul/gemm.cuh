@@ -43,20 +43,8 @@ namespace spark::cuda::mm {
 
 constexpr int kGemmLds = kGemmBK + 8;  // shared-memory row length in F16 elements (80 bytes)
 
-// ---- PTX used only by the GEMM (kept here rather than in ptx.cuh, which the GEMV shares) ----------
-
-// mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32: d += a (16x16, row) * b (16x8, col); fragments
-// as mma_bf16_16816 (ptx.cuh).
-__device__ __forceinline__ void mma_f16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-#if SPARK_ARCH_AMPERE_PLUS
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-                 "{%0, %1, %2, %3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-    __trap();
-#endif
-}
+// ---- PTX used only by the GEMM (kept here rather than in ptx.cuh, which the GEMV shares; the f16
+// mma.sync, mma_f16_16816, is in ptx.cuh: the MMA decode GEMV uses it too) ----------------------------
 
 // Two floats -> f16x2 (round to nearest even), lo in the low half, saturating: a finite or infinite
 // value beyond +-65504 becomes +-65504, NaN stays NaN (cvt.rn.satfinite.f16x2.f32, one F2FP).

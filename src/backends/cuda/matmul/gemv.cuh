@@ -31,6 +31,13 @@
 // the device (one launch for all routed experts of all tokens, R = 1); (row tile, split, pair) is one
 // flat grid.
 //
+// Multi-weight launches (op_matmul_multi, a.n_mats > 1): several weights over the same activations;
+// block x belongs to weight m for x in [mat_tile0[m], mat_tile0[m + 1]) (gemv_mat) and is then a
+// plain one-weight block of that weight's rows and output.
+//
+// INT4 with groups of a multiple of 128 (or one group) and NVFP4 take the tensor-core decode kernel
+// of gemv_mma.cuh instead (plan.mma), which shares the helpers below the decoders.
+//
 // The CPU emulation dev/kernels/matmul/emu_gemv.cpp runs this kernel (every format, split and path)
 // against a double reference without a GPU.
 #pragma once
@@ -89,6 +96,18 @@ __device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t b) {
     return d;
 #else
     return (a & kMask) | b;
+#endif
+}
+
+// (a & kMask) | (b & ~kMask) in one LOP3.
+template <uint32_t kMask>
+__device__ __forceinline__ uint32_t and_or_not(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__)
+    uint32_t d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xE2;" : "=r"(d) : "r"(a), "n"(kMask), "r"(b));  // 0xE2: (a & b) | (c & ~b)
+    return d;
+#else
+    return (a & kMask) | (b & ~kMask);
 #endif
 }
 
@@ -310,6 +329,63 @@ __device__ __forceinline__ void gemv_chunk(const uint4 (&raw)[NW][U], const type
     }
 }
 
+// ---- shared by the FMA kernel (below) and the MMA kernel (gemv_mma.cuh) ----------------------------
+
+// Which weight of a multi-weight launch this block computes, and its block x within that weight.
+struct GemvMat {
+    int      m  = 0;
+    unsigned bx = 0;
+    int64_t  n = 0, row_off = 0;
+    float *  y = nullptr;
+};
+__device__ __forceinline__ GemvMat gemv_mat(const GemvArgs & a) {
+    GemvMat r;
+    r.bx = blockIdx.x;
+    r.n  = a.n;
+    r.y  = a.y;
+    if (a.n_mats > 1) {
+        for (int m = 1; m < a.n_mats; ++m)
+            if (int(blockIdx.x) >= a.mat_tile0[m]) r.m = m;
+        r.bx      = blockIdx.x - unsigned(a.mat_tile0[r.m]);
+        r.n       = a.mat_n[r.m];
+        r.row_off = a.mat_row0[r.m];
+        r.y       = a.mat_y[r.m];
+    }
+    return r;
+}
+
+// K split across blocks: every block has written its sums to partial[split][nw][out_rows][a.n] (the
+// rows of its weight from row_off); the last block of the tile to arrive (arrival counter) sums the
+// splits in split order into y and applies SwiGLU.
+template <bool GLU>
+__device__ __forceinline__ void gemv_splitk_finish(const GemvArgs & a, int64_t tile_n0, int rows_per_block, int rows,
+                                                   int64_t out_row0, const GemvMat & mt) {
+    constexpr int NW = GLU ? 2 : 1;
+    __threadfence();
+    __syncthreads();
+    __shared__ bool last;
+    if (threadIdx.x == 0) last = atomicAdd(a.counters + (size_t(blockIdx.z) * gridDim.x + blockIdx.x), 1u) == gridDim.y - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int     ks       = int(gridDim.y);
+    const int64_t out_rows = a.out_rows, NT = a.n;
+    for (int idx = int(threadIdx.x); idx < rows_per_block * rows; idx += kGemvThreads) {
+        const int64_t n = tile_n0 + idx % rows_per_block;
+        if (n >= mt.n) continue;
+        const int64_t row = out_row0 + idx / rows_per_block;
+        float         g = 0.0f, up = 0.0f;
+        for (int s = 0; s < ks; ++s) {
+            g += __ldcg(a.partial + ((int64_t(s) * NW) * out_rows + row) * NT + mt.row_off + n);
+            if constexpr (GLU) up += __ldcg(a.partial + ((int64_t(s) * NW + 1) * out_rows + row) * NT + mt.row_off + n);
+        }
+        if constexpr (GLU)
+            mt.y[row * mt.n + n] = silu(g) * up;
+        else
+            mt.y[row * mt.n + n] = g;
+    }
+}
+
 // ---- the kernel ---------------------------------------------------------------------------------
 
 template <class F, int R, bool GLU>
@@ -331,9 +407,10 @@ __global__ void __launch_bounds__(kGemvThreads, R == 1 ? F::kMinBlocksR1 : gemv_
     const int sl        = lane & (lpr - 1);
     const int rows_per_block = (kWarps / wk) * G * U;
 
-    const int64_t  N       = a.n;
+    const GemvMat  mt      = gemv_mat(a);  // multi-weight launches: this block's weight
+    const int64_t  N       = mt.n;
     const uint32_t KC      = uint32_t(a.k / F::E);
-    const int64_t  tile_n0 = int64_t(blockIdx.x) * rows_per_block;
+    const int64_t  tile_n0 = int64_t(mt.bx) * rows_per_block;
     const int64_t  n_base  = tile_n0 + int64_t(wr * G + grp) * U;
 
     DeviceWeight  w[NW];
@@ -353,7 +430,7 @@ __global__ void __launch_bounds__(kGemvThreads, R == 1 ? F::kMinBlocksR1 : gemv_
         out_row0 = pair;
     } else {
 #pragma unroll
-        for (int i = 0; i < NW; ++i) w[i] = a.w[i];
+        for (int i = 0; i < NW; ++i) w[i] = a.w[mt.m + i];
 #pragma unroll
         for (int r = 0; r < R; ++r) xr[r] = a.x[r];
     }
@@ -472,15 +549,15 @@ __global__ void __launch_bounds__(kGemvThreads, R == 1 ? F::kMinBlocksR1 : gemv_
                 if (r >= rows) continue;
                 const int64_t row = out_row0 + r;
                 if constexpr (GLU)
-                    a.y[row * N + n] = silu(acc[0][u][r]) * acc[1][u][r];
+                    mt.y[row * N + n] = silu(acc[0][u][r]) * acc[1][u][r];
                 else
-                    a.y[row * N + n] = acc[0][u][r];
+                    mt.y[row * N + n] = acc[0][u][r];
             }
         }
         return;
     }
 
-    // K split across blocks: partial[split][nw][out_rows][n]; the tile's last block sums the splits.
+    // K split across blocks: partial[split][nw][out_rows][a.n]; the tile's last block sums the splits.
     if (writer) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -491,32 +568,12 @@ __global__ void __launch_bounds__(kGemvThreads, R == 1 ? F::kMinBlocksR1 : gemv_
                 if (r >= rows) continue;
                 const int64_t row = out_row0 + r;
 #pragma unroll
-                for (int i = 0; i < NW; ++i) a.partial[((int64_t(blockIdx.y) * NW + i) * out_rows + row) * N + n] = acc[i][u][r];
+                for (int i = 0; i < NW; ++i)
+                    a.partial[((int64_t(blockIdx.y) * NW + i) * out_rows + row) * a.n + mt.row_off + n] = acc[i][u][r];
             }
         }
     }
-    __threadfence();
-    __syncthreads();
-    __shared__ bool last;
-    if (threadIdx.x == 0) last = atomicAdd(a.counters + (size_t(blockIdx.z) * gridDim.x + blockIdx.x), 1u) == gridDim.y - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    const int ks = int(gridDim.y);
-    for (int idx = int(threadIdx.x); idx < rows_per_block * rows; idx += kGemvThreads) {
-        const int64_t n = tile_n0 + idx % rows_per_block;
-        if (n >= N) continue;
-        const int64_t row = out_row0 + idx / rows_per_block;
-        float         g = 0.0f, up = 0.0f;
-        for (int s = 0; s < ks; ++s) {
-            g += __ldcg(a.partial + ((int64_t(s) * NW) * out_rows + row) * N + n);
-            if constexpr (GLU) up += __ldcg(a.partial + ((int64_t(s) * NW + 1) * out_rows + row) * N + n);
-        }
-        if constexpr (GLU)
-            a.y[row * N + n] = silu(g) * up;
-        else
-            a.y[row * N + n] = g;
-    }
+    gemv_splitk_finish<GLU>(a, tile_n0, rows_per_block, rows, out_row0, mt);
 }
 
 #ifdef __CUDACC__

@@ -39,20 +39,38 @@ int elems_per_chunk(WeightFormat f);
 bool chunk_ok(const DeviceWeight & w);
 
 struct GemvPlan {
+    bool    mma    = false;  // the tensor-core decode kernel (gemv_mma.cuh) instead of the FMA one
     int     r_tmpl = 1, wk = 1, lpr = 32, ksplit = 1;
-    int64_t cps    = 0;  // chunks per split (gridDim.y blocks cover K)
-    dim3    grid;        // (row tiles, ksplit, jobs)
+    int64_t cps    = 0;  // per split (gridDim.y blocks cover K): chunks (FMA kernel), 128-K blocks (MMA)
+    int     rows_per_block = 0;  // output rows of one block (multi-weight launches tile each weight by it)
+    int     smem           = 0;  // dynamic shared memory bytes per block (MMA kernel)
+    bool    mma_kpair      = false;  // MMA kernel, nw = 1: 16 rows per warp, two K blocks per step
+    dim3    grid;                // (row tiles, ksplit, jobs)
     // Split-K scratch (ksplit > 1): partial floats [ksplit][nw][out_rows][n] and arrival counters
     // (one per row tile and job, zeroed on the stream before the launch).
     int64_t counters() const { return ksplit > 1 ? int64_t(grid.x) * grid.z : 0; }
 };
+struct GemvOpts {
+    bool            mma        = false;      // the weights take the MMA kernel (gemv_mma_ok) and it is enabled
+    int             smem_optin = 48 * 1024;  // opt-in shared memory per block of the device (DeviceProps)
+    int             n_mats     = 1;          // > 1: a multi-weight launch over mat_n[0 .. n_mats) rows (N = sum)
+    const int64_t * mat_n      = nullptr;
+};
 // The GEMV launch for `rows` (<= 8) activation rows, `jobs` MATMUL_ID pairs (1 for MATMUL), nw
-// weights (2: fused gate/up): a small cost model over lanes per row, K-warps and K splits (plan.cpp).
-GemvPlan plan_gemv(WeightFormat f, int64_t N, int64_t K, int64_t jobs, int rows, int nw, int sm_count);
+// weights (2: fused gate/up): a small cost model over lanes per row (FMA kernel), K-warps and K
+// splits (plan.cpp).
+GemvPlan plan_gemv(WeightFormat f, int64_t N, int64_t K, int64_t jobs, int rows, int nw, int sm_count, const GemvOpts & o = GemvOpts{});
+// Whether a weight takes the tensor-core decode GEMV: INT4 with groups of a multiple of 128 (or one
+// group per row), NVFP4; K a multiple of 32.
+bool gemv_mma_ok(const DeviceWeight & w);
+// Whether the MMA decode GEMV is used at all: compute capability 8.0+, unless SPARK_GEMV_MMA=0 (or
+// a test override, tuning.h).
+bool gemv_mma_enabled(int cc);
 
 // ---- GEMV (rows <= 8) -------------------------------------------------------------------------
 constexpr int kGemvThreads = 256;  // 8 warps
 constexpr int kGemvMaxRows = 8;
+constexpr int kGemvMaxMats = 4;    // weights of one multi-weight launch (op_matmul_multi)
 
 // Weight rows per row group (U), by the row template r (1, 2, 4, 8), the number of fused weights nw
 // (2: gate + up) and the chunk's element count e: a lane issues U * nw 16-byte loads per step (4 for
@@ -71,9 +89,28 @@ constexpr int gemv_min_blocks(int r, WeightFormat f) {
     return r == 1 ? (f == WeightFormat::NVFP4 ? 2 : 3) : r <= 4 ? 2 : 1;
 }
 
+// MMA decode GEMV (gemv_mma.cuh). A warp owns row tiles of 16 weight rows (2 tiles per step: two of
+// one weight, or gate and up), a step is one 128-K block of them (8 mma.sync m16n8k16 per tile).
+constexpr int kMmaK = 128;                                                     // K per step
+constexpr int gemv_mma_tiles(int nw) { return nw == 2 ? 1 : 2; }               // row tiles per warp (per weight)
+constexpr int gemv_mma_parts(int r) { return 3 * r; }                          // B columns: hi, mid, lo per row
+constexpr int gemv_mma_depth(int r) { return r <= 4 ? 2 : 1; }                 // steps in flight per lane
+constexpr int gemv_mma_min_blocks(int r) { return r <= 4 ? 2 : 1; }            // __launch_bounds__ blocks per SM
+constexpr int gemv_mma_col_stride(int r) { return (gemv_mma_parts(r) + 7) / 8 * 8; }  // 1 / s per block and column
+// Shared memory of one block: the split activations of cps 128-K blocks (16 words x parts x 4
+// lanes x 16 bytes each) and their 1 / s, reused for the cross-warp reduction ([8 warps][2 tiles]
+// [16 rows][parts] floats).
+// (kp plans keep cps even, so the zero block a kp split with an odd range appends fits.)
+constexpr int gemv_mma_smem(int r, int64_t cps) {
+    const int64_t b   = cps * 256 * gemv_mma_parts(r) + cps * gemv_mma_col_stride(r) * 4;
+    const int64_t red = int64_t(8) * 2 * 16 * gemv_mma_parts(r) * 4;
+    return int(b > red ? b : red);
+}
+
 struct GemvArgs {
-    // Plain MATMUL: the weight(s) (w[1] = the up projection of a fused gate/up + SwiGLU).
-    DeviceWeight w[2];
+    // Plain MATMUL: the weight(s) (w[1] = the up projection of a fused gate/up + SwiGLU; w[0 ..
+    // n_mats) the weights of a multi-weight launch).
+    DeviceWeight w[kGemvMaxMats];
     // MATMUL_ID: device expert tables (table[1]: up experts); block z = pair j + k_slots * t reads
     // its expert id on the device. nullptr for a plain matmul.
     const DeviceWeight * table[2] = {nullptr, nullptr};
@@ -103,6 +140,18 @@ struct GemvArgs {
     // Launch with programmatic dependent launch (sm_90+): the kernel requests its first weights
     // before it waits for the previous kernel (see gemv_pdl_enabled).
     int32_t pdl = 0;
+    // MMA kernel, one weight: a warp's two row tiles are one tile at two consecutive 128-K blocks
+    // (plan.mma_kpair; rows per block halve).
+    int32_t mma_kpair = 0;
+    // Multi-weight launch (n_mats > 1; plain MATMUL, nw = 1, one activation set): weight m = w[m]
+    // has mat_n[m] rows, written to mat_y[m] [rows][mat_n[m]], and owns the blocks x in
+    // [mat_tile0[m], mat_tile0[m + 1]). n is the sum of mat_n (split-K partials are laid out over the
+    // concatenated rows, weight m from mat_row0[m]). n_mats <= 1: one weight, n rows into y.
+    int32_t n_mats                      = 1;
+    int32_t mat_tile0[kGemvMaxMats + 1] = {};
+    int64_t mat_n[kGemvMaxMats]         = {};
+    int64_t mat_row0[kGemvMaxMats]      = {};
+    float * mat_y[kGemvMaxMats]         = {};
 };
 // Whether GEMV launches on a device of compute capability cc use programmatic dependent launch:
 // sm_90+, unless SPARK_GEMV_PDL=0.
@@ -115,6 +164,33 @@ void gemv_launch_bf16(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, cudaS
 void gemv_launch_nvfp4(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, cudaStream_t s);
 void gemv_launch_int4(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, cudaStream_t s);
 void gemv_launch_fp8(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, cudaStream_t s);
+// The MMA decode GEMV (plan.mma): INT4 (a.int4_zeros selects the zero-point decoder) and NVFP4;
+// a.chunks_per_split counts 128-K blocks; smem = plan.smem.
+void gemv_mma_launch_int4(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, int smem, cudaStream_t s);
+void gemv_mma_launch_nvfp4(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, int smem, cudaStream_t s);
+
+// One planned GEMV launch (either kernel; a.wk, a.lpr, a.chunks_per_split, a.mma_kpair from the plan).
+inline void gemv_launch_planned(WeightFormat f, const GemvPlan & p, bool glu, GemvArgs a, cudaStream_t s) {
+    a.wk               = p.wk;
+    a.lpr              = p.lpr;
+    a.chunks_per_split = p.cps;
+    a.mma_kpair        = p.mma_kpair ? 1 : 0;
+    if (p.mma) {
+        if (f == WeightFormat::NVFP4)
+            gemv_mma_launch_nvfp4(p.r_tmpl, glu, a, p.grid, p.smem, s);
+        else
+            gemv_mma_launch_int4(p.r_tmpl, glu, a, p.grid, p.smem, s);
+        return;
+    }
+    switch (f) {
+        case WeightFormat::F32: gemv_launch_f32(p.r_tmpl, glu, a, p.grid, s); break;
+        case WeightFormat::F16: gemv_launch_f16(p.r_tmpl, glu, a, p.grid, s); break;
+        case WeightFormat::BF16: gemv_launch_bf16(p.r_tmpl, glu, a, p.grid, s); break;
+        case WeightFormat::NVFP4: gemv_launch_nvfp4(p.r_tmpl, glu, a, p.grid, s); break;
+        case WeightFormat::INT4: gemv_launch_int4(p.r_tmpl, glu, a, p.grid, s); break;
+        case WeightFormat::FP8: gemv_launch_fp8(p.r_tmpl, glu, a, p.grid, s); break;
+    }
+}
 
 // y[r][n] = sum over splits (then silu(gate) * up when nw == 2). (The GEMV reduces its splits
 // in-kernel now; kept for aux.cu's owner.)

@@ -1,7 +1,9 @@
 // Host side of the CUDA matmuls: picks a path per node and launches it (never synchronises, never
 // allocates except through ctx.workspace, reads no device data).
 //
-//   MATMUL      rows <= 8                 decode GEMV (gemv.cuh)
+//   MATMUL      rows <= 8                 decode GEMV: tensor-core decode (gemv_mma.cuh) for INT4
+//                                         with groups of a multiple of 128 and NVFP4, else the FMA
+//                                         decode (gemv.cuh); SPARK_GEMV_MMA=0 keeps the FMA one
 //               rows > 8, K % 32 == 0     tensor-core GEMM (gemm.cuh): F16 operands (activations
 //                                         row-scaled by powers of two), F32 accumulation
 //               other chunkable shapes    GEMV over row batches of 8
@@ -9,7 +11,10 @@
 //                                         read on the device
 //               more tokens               grouped GEMM: device-built grouping (moe_route), F16
 //                                         gather, one GEMM launch over the maximum tile count
-//   SWIGLU of two MATMUL / MATMUL_ID      the same kernels with gate and up in one launch
+//   SWIGLU of two MATMUL / MATMUL_ID      the same kernels with gate and up in one launch (an
+//                                         input the output overlaps is copied first: the memory
+//                                         plan may reuse the matmuls' dead input for the output)
+//   several MATMUL of one input           op_matmul_multi: one decode-GEMV launch for all of them
 //   anything else                         generic per-element kernel (exact, slow)
 // "Chunkable": K a multiple of the 16-byte chunk (4 f32, 8 f16/bf16, 16 fp8, 32 int4/nvfp4
 // elements), INT4 groups of a multiple of 32 (or one group), FP8 k-blocks of a multiple of 16 (or
@@ -30,16 +35,19 @@ namespace mm {
 
 namespace {
 
-void gemv_launch_fmt(WeightFormat f, int r, bool glu, const GemvArgs & a, dim3 grid, cudaStream_t s) {
-    switch (f) {
-        case WeightFormat::F32: gemv_launch_f32(r, glu, a, grid, s); break;
-        case WeightFormat::F16: gemv_launch_f16(r, glu, a, grid, s); break;
-        case WeightFormat::BF16: gemv_launch_bf16(r, glu, a, grid, s); break;
-        case WeightFormat::NVFP4: gemv_launch_nvfp4(r, glu, a, grid, s); break;
-        case WeightFormat::INT4: gemv_launch_int4(r, glu, a, grid, s); break;
-        case WeightFormat::FP8: gemv_launch_fp8(r, glu, a, grid, s); break;
-    }
+void gemv_launch_fmt(WeightFormat f, const GemvPlan & p, bool glu, const GemvArgs & a, cudaStream_t s) {
+    gemv_launch_planned(f, p, glu, a, s);
     SPARK_CUDA_CHECK_LAUNCH();
+}
+
+// The GEMV options of a set of weights (all of one format and K): the tensor-core decode where every
+// weight takes it.
+GemvOpts gemv_opts(const DeviceWeight * const * w, int count, const OpContext & ctx) {
+    GemvOpts o;
+    o.mma = gemv_mma_enabled(ctx.props->cc);
+    for (int i = 0; i < count; ++i) o.mma = o.mma && gemv_mma_ok(*w[i]);
+    if (ctx.props->max_smem_per_block > 0) o.smem_optin = ctx.props->max_smem_per_block;
+    return o;
 }
 
 void gemm_launch_fmt(WeightFormat f, int mt, bool glu, const GemmArgs & a, dim3 grid, cudaStream_t s) {
@@ -78,6 +86,9 @@ struct Dense {
     XRows                x;
     int64_t              rows = 0;
     float *              y    = nullptr;
+    // The output overlaps the activations (a fused SWIGLU whose output the memory plan placed over
+    // the matmuls' input, which is dead after the second matmul node): copy them first.
+    bool stage_x = false;
 };
 
 enum class Path { Gemv, Gemm, Generic, Unfused };
@@ -117,9 +128,10 @@ struct GemvSplitScratch {
 GemvSplitScratch gemv_split_scratch(const Dense & d, const OpContext & ctx) {
     const DeviceWeight & w = *d.w[0];
     GemvSplitScratch     g;
+    const GemvOpts       o = gemv_opts(d.w, d.nw, ctx);
     for (const int64_t rb : {std::min<int64_t>(d.rows, kGemvMaxRows), d.rows % kGemvMaxRows}) {
         if (rb <= 0) continue;
-        const GemvPlan p = plan_gemv(w.format, w.n, w.k, 1, int(rb), d.nw, ctx.props->sm_count);
+        const GemvPlan p = plan_gemv(w.format, w.n, w.k, 1, int(rb), d.nw, ctx.props->sm_count, o);
         if (p.ksplit <= 1) continue;
         g.floats   = std::max(g.floats, size_t(p.ksplit) * d.nw * size_t(rb) * size_t(w.n));
         g.counters = std::max(g.counters, size_t(p.counters()));
@@ -163,11 +175,12 @@ void run_gemv(const Dense & d, Scratch & scratch, const OpContext & ctx) {
         x_to_f32_rows(d.x, d.rows, K, w.perm, nullptr, Ids{}, buf, ctx.stream);
         staged = buf;
     }
-    float *    partial  = nullptr;
-    uint32_t * counters = nullptr;
+    float *        partial  = nullptr;
+    uint32_t *     counters = nullptr;
+    const GemvOpts o        = gemv_opts(d.w, d.nw, ctx);
     for (int64_t b0 = 0; b0 < d.rows; b0 += kGemvMaxRows) {
         const int      rb = int(std::min<int64_t>(d.rows - b0, kGemvMaxRows));
-        const GemvPlan p  = plan_gemv(w.format, N, K, 1, rb, d.nw, ctx.props->sm_count);
+        const GemvPlan p  = plan_gemv(w.format, N, K, 1, rb, d.nw, ctx.props->sm_count, o);
         GemvArgs       a;
         for (int i = 0; i < d.nw; ++i) a.w[i] = *d.w[i];
         if (d.nw == 1) a.w[1] = a.w[0];
@@ -178,9 +191,6 @@ void run_gemv(const Dense & d, Scratch & scratch, const OpContext & ctx) {
         a.n = N;
         a.k = K;
         a.rows = a.out_rows = rb;
-        a.wk               = p.wk;
-        a.lpr              = p.lpr;
-        a.chunks_per_split = p.cps;
         a.int4_zeros       = int4_zeros(*d.w[0]) || (d.nw == 2 && int4_zeros(*d.w[1]));
         a.pdl              = gemv_pdl_enabled(ctx.props->cc);
         a.y                = d.y + b0 * N;
@@ -194,7 +204,7 @@ void run_gemv(const Dense & d, Scratch & scratch, const OpContext & ctx) {
             a.partial  = partial;
             a.counters = counters;
         }
-        gemv_launch_fmt(w.format, p.r_tmpl, d.nw == 2, a, p.grid, ctx.stream);
+        gemv_launch_fmt(w.format, p, d.nw == 2, a, ctx.stream);
     }
 }
 
@@ -252,12 +262,31 @@ void run_dense(const Dense & d, Scratch & scratch, const OpContext & ctx) {
     }
 }
 
+// Contiguous activation rows [rows][k] at `buf` as XRows.
+XRows contiguous_rows(const float * buf, int64_t rows, int64_t k) {
+    XRows r;
+    r.base = reinterpret_cast<const char *>(buf);
+    r.ne1  = rows;
+    r.ne2  = 1;
+    r.nb1  = k * 4;
+    r.nb2 = r.nb3 = rows * k * 4;
+    return r;
+}
+
 void exec_dense(const Dense & d, const OpContext & ctx) {
     if (d.rows <= 0 || d.w[0]->n <= 0) return;
-    const size_t bytes = scratch_bytes(d, ctx);
+    const size_t stage = d.stage_x ? aligned(size_t(d.rows * d.w[0]->k) * 4) : 0;
+    const size_t bytes = stage + scratch_bytes(d, ctx);
     Scratch      scratch;
     if (bytes > 0) scratch.base = static_cast<char *>(ctx.workspace->get(bytes));
-    run_dense(d, scratch, ctx);
+    if (!d.stage_x) return run_dense(d, scratch, ctx);
+    // Every kernel below reads the copy; y may then overwrite the original.
+    Dense  c   = d;
+    auto * buf = static_cast<float *>(scratch.take(size_t(d.rows * d.w[0]->k) * 4));
+    x_to_f32_rows(d.x, d.rows, d.w[0]->k, nullptr, nullptr, Ids{}, buf, ctx.stream);
+    c.x       = contiguous_rows(buf, d.rows, d.w[0]->k);
+    c.stage_x = false;
+    run_dense(c, scratch, ctx);
 }
 
 XRows dense_rows(const Tensor & x) {
@@ -280,10 +309,14 @@ struct Moe {
     bool                 fast = true;
     bool                 perm  = false;
     bool                 zeros = false;  // some INT4 expert has zero points
+    bool                 mma   = true;   // every expert takes the tensor-core decode GEMV (gemv_mma_ok)
     XRows                x;  // pair mode
     Ids                  ids;
     int64_t              n_tok = 0;
     float *              y     = nullptr;  // [pairs][N]
+    // The output overlaps the activations / the ids (see Dense::stage_x): copy them first.
+    bool   stage_x   = false;
+    size_t ids_bytes = 0;  // > 0: copy the ids (their byte span)
 };
 
 enum class MoePath { Gemv, Grouped, Generic, Unfused };
@@ -299,6 +332,13 @@ MoePath choose(const Moe & m) {
     if (m.n_tok <= kGemvMaxRows && pairs <= 65535) return MoePath::Gemv;
     if (gemm_ok) return MoePath::Grouped;
     return pairs <= 65535 ? MoePath::Gemv : MoePath::Generic;
+}
+
+GemvOpts moe_gemv_opts(const Moe & m, const OpContext & ctx) {
+    const DeviceWeight * w[1] = {&m.w0[0]};
+    GemvOpts             o    = gemv_opts(w, 1, ctx);
+    o.mma                     = o.mma && m.mma;
+    return o;
 }
 
 bool moe_x_aligned(const Moe & m) {
@@ -327,7 +367,7 @@ size_t scratch_bytes(const Moe & m, const OpContext & ctx) {
         case MoePath::Gemv: {
             size_t b = 0;
             if (m.perm || !moe_x_aligned(m)) b += aligned(size_t(pairs * K) * 4);
-            const GemvPlan p = plan_gemv(m.w0[0].format, N, K, pairs, 1, m.nw, ctx.props->sm_count);
+            const GemvPlan p = plan_gemv(m.w0[0].format, N, K, pairs, 1, m.nw, ctx.props->sm_count, moe_gemv_opts(m, ctx));
             if (p.ksplit > 1) b += aligned(size_t(p.ksplit) * m.nw * size_t(pairs * N) * 4) + aligned(size_t(p.counters()) * 4);
             return b;
         }
@@ -373,10 +413,7 @@ void run_moe(const Moe & m, Scratch & scratch, const OpContext & ctx) {
             a.k = K;
             a.rows     = 1;
             a.out_rows = int32_t(pairs);
-            const GemvPlan p = plan_gemv(m.w0[0].format, N, K, pairs, 1, m.nw, ctx.props->sm_count);
-            a.wk               = p.wk;
-            a.lpr              = p.lpr;
-            a.chunks_per_split = p.cps;
+            const GemvPlan p = plan_gemv(m.w0[0].format, N, K, pairs, 1, m.nw, ctx.props->sm_count, moe_gemv_opts(m, ctx));
             a.int4_zeros       = m.zeros;
             a.pdl              = gemv_pdl_enabled(ctx.props->cc);
             a.y                = m.y;
@@ -385,7 +422,7 @@ void run_moe(const Moe & m, Scratch & scratch, const OpContext & ctx) {
                 a.counters = static_cast<uint32_t *>(scratch.take(size_t(p.counters()) * 4));
                 SPARK_CUDA_CHECK(cudaMemsetAsync(a.counters, 0, size_t(p.counters()) * 4, ctx.stream));
             }
-            gemv_launch_fmt(m.w0[0].format, 1, m.nw == 2, a, p.grid, ctx.stream);
+            gemv_launch_fmt(m.w0[0].format, p, m.nw == 2, a, ctx.stream);
             return;
         }
         case MoePath::Grouped: {
@@ -467,6 +504,7 @@ void describe_experts(const Tensor & t, int i, Moe & m, const OpContext & ctx) {
         m.fast = m.fast && chunk_ok(w);
         m.perm  = m.perm || w.perm != nullptr;
         m.zeros = m.zeros || int4_zeros(w);
+        m.mma   = m.mma && gemv_mma_ok(w);
     }
 }
 
@@ -493,10 +531,35 @@ Moe moe_problem(const Tensor & mm, const OpContext & ctx) {
 
 void exec_moe(const Moe & m, const OpContext & ctx) {
     if (m.n_tok <= 0 || m.ids.k_slots <= 0 || m.w0[0].n <= 0) return;
-    const size_t bytes = scratch_bytes(m, ctx);
-    Scratch      scratch;
+    const int64_t pairs = int64_t(m.ids.k_slots) * m.n_tok, K = m.w0[0].k;
+    const size_t  stage = (m.stage_x ? aligned(size_t(pairs * K) * 4) : 0) + aligned(m.ids_bytes);
+    const size_t  bytes = stage + scratch_bytes(m, ctx);
+    Scratch       scratch;
     if (bytes > 0) scratch.base = static_cast<char *>(ctx.workspace->get(bytes));
-    run_moe(m, scratch, ctx);
+    if (!m.stage_x && m.ids_bytes == 0) return run_moe(m, scratch, ctx);
+    Moe c = m;
+    if (m.ids_bytes > 0) {
+        void * ids = scratch.take(m.ids_bytes);
+        SPARK_CUDA_CHECK(cudaMemcpyAsync(ids, m.ids.p, m.ids_bytes, cudaMemcpyDeviceToDevice, ctx.stream));
+        c.ids.p = static_cast<const int32_t *>(ids);
+    }
+    if (m.stage_x) {  // pair rows [pairs][K]
+        auto * buf = static_cast<float *>(scratch.take(size_t(pairs * K) * 4));
+        x_to_f32_rows(m.x, pairs, K, nullptr, nullptr, Ids{}, buf, ctx.stream);
+        c.x.base = reinterpret_cast<const char *>(buf);
+        c.x.nb1  = K * 4;
+        c.x.nb2  = K * 4 * m.ids.k_slots;
+    }
+    c.stage_x   = false;
+    c.ids_bytes = 0;
+    run_moe(c, scratch, ctx);
+}
+
+// Whether the byte spans of two tensors overlap.
+bool overlaps(const Tensor & a, const Tensor & b) {
+    const auto * pa = static_cast<const char *>(a.data);
+    const auto * pb = static_cast<const char *>(b.data);
+    return pa < pb + b.nbytes() && pb < pa + a.nbytes();
 }
 
 void check_output(const Tensor & t, int64_t n) {
@@ -519,6 +582,111 @@ void op_matmul(const Tensor & t, const OpContext & ctx) {
     d.rows = x.nrows();
     d.y    = static_cast<float *>(t.data);
     mm::exec_dense(d, ctx);
+}
+
+// ---- several MATMUL nodes over the same activations: one GEMV launch --------------------------------
+namespace mm {
+namespace {
+
+// The reason a set of MATMUL nodes cannot share one launch, or nullptr.
+const char * multi_refusal(const Tensor * const * mms, int count) {
+    if (count < 2 || count > kGemvMaxMats) return "count";
+    if (overrides().path != ForcePath::Auto && overrides().path != ForcePath::Gemv) return "forced path";
+    const Tensor * x = mms[0] ? mms[0]->src[0] : nullptr;
+    if (!x || x->type != DType::F32 || x->nb[0] != 4) return "activations";
+    const int64_t rows = x->nrows();
+    if (rows <= 0 || rows > kGemvMaxRows) return "rows";  // prefill: one GEMM per weight
+    const DeviceWeight * w0 = nullptr;
+    for (int i = 0; i < count; ++i) {
+        const Tensor * t = mms[i];
+        if (!t || t->op != Op::MATMUL || t->src[0] != x || !t->weight) return "not a MATMUL of the same input";
+        const DeviceWeight & w = device_weight(*t->weight);
+        if (!w0) w0 = &w;
+        if (w.format != w0->format || w.k != w0->k || w.k != x->ne[0]) return "format or K";
+        if (!chunk_ok(w) || w.perm) return "layout";  // act-order weights read x in their own orders
+        if (t->type != DType::F32 || !t->is_contiguous() || t->ne[0] != w.n || t->nrows() != rows) return "output";
+        if (overlaps(*t, *x)) return "output overlaps the input";
+        for (int j = 0; j < i; ++j)
+            if (overlaps(*t, *mms[j])) return "outputs overlap";
+    }
+    return nullptr;
+}
+
+void exec_multi(const Tensor * const * mms, int count, const OpContext & ctx) {
+    const Tensor &       x  = *mms[0]->src[0];
+    const DeviceWeight * ws[kGemvMaxMats] = {};
+    int64_t              ns[kGemvMaxMats] = {};
+    int64_t              ntot = 0;
+    for (int i = 0; i < count; ++i) {
+        ws[i] = &device_weight(*mms[i]->weight);
+        ns[i] = ws[i]->n;
+        ntot += ns[i];
+    }
+    const DeviceWeight & w0   = *ws[0];
+    const int64_t        rows = x.nrows(), K = w0.k;
+    GemvOpts             o    = gemv_opts(ws, count, ctx);
+    o.n_mats                  = count;
+    o.mat_n                   = ns;
+    const GemvPlan p          = plan_gemv(w0.format, ntot, K, 1, int(rows), 1, ctx.props->sm_count, o);
+    Dense          d;  // for the row addressing helpers
+    d.x    = dense_rows(x);
+    d.rows = rows;
+    const bool stage = !rows_aligned(d);
+    size_t     bytes = stage ? aligned(size_t(rows * K) * 4) : 0;
+    if (p.ksplit > 1) bytes += aligned(size_t(p.ksplit) * size_t(rows * ntot) * 4) + aligned(size_t(p.counters()) * 4);
+    Scratch scratch;
+    if (bytes > 0) scratch.base = static_cast<char *>(ctx.workspace->get(bytes));
+    const float * staged = nullptr;
+    if (stage) {
+        auto * buf = static_cast<float *>(scratch.take(size_t(rows * K) * 4));
+        x_to_f32_rows(d.x, rows, K, nullptr, nullptr, Ids{}, buf, ctx.stream);
+        staged = buf;
+    }
+    GemvArgs a;
+    a.n_mats    = count;
+    int64_t row0 = 0;
+    int32_t tile = 0;
+    for (int i = 0; i < count; ++i) {
+        a.w[i]         = *ws[i];
+        a.mat_n[i]     = ns[i];
+        a.mat_row0[i]  = row0;
+        a.mat_tile0[i] = tile;
+        a.mat_y[i]     = static_cast<float *>(mms[i]->data);
+        row0 += ns[i];
+        tile += int32_t(ceil_div(ns[i], int64_t(p.rows_per_block)));
+    }
+    a.mat_tile0[count] = tile;
+    for (int r = 0; r < kGemvMaxRows; ++r) {
+        const int64_t row = r < rows ? r : 0;
+        a.x[r]            = staged ? staged + row * K : row_ptr(d.x, row);
+    }
+    a.n = ntot;
+    a.k = K;
+    a.rows = a.out_rows = int32_t(rows);
+    for (int i = 0; i < count; ++i) a.int4_zeros = a.int4_zeros || int4_zeros(*ws[i]);
+    a.pdl = gemv_pdl_enabled(ctx.props->cc);
+    if (p.ksplit > 1) {
+        a.partial  = static_cast<float *>(scratch.take(size_t(p.ksplit) * size_t(rows * ntot) * 4));
+        a.counters = static_cast<uint32_t *>(scratch.take(size_t(p.counters()) * 4));
+        SPARK_CUDA_CHECK(cudaMemsetAsync(a.counters, 0, size_t(p.counters()) * 4, ctx.stream));
+    }
+    if (unsigned(tile) != p.grid.x) fail(SPARK_ERR_INTERNAL, "matmul_multi: %d row tiles, grid of %u", tile, p.grid.x);
+    gemv_launch_fmt(w0.format, p, false, a, ctx.stream);
+}
+
+}  // namespace
+}  // namespace mm
+
+bool matmul_multi_supported(const Tensor * const * matmuls, int count, const OpContext &) {
+    return mm::multi_refusal(matmuls, count) == nullptr;
+}
+
+void op_matmul_multi(const Tensor * const * matmuls, int count, const OpContext & ctx) {
+    if (mm::multi_refusal(matmuls, count) != nullptr) {
+        for (int i = 0; i < count; ++i) op_matmul(*matmuls[i], ctx);
+        return;
+    }
+    mm::exec_multi(matmuls, count, ctx);
 }
 
 void op_matmul_id(const Tensor & t, const OpContext & ctx) {
@@ -544,9 +712,10 @@ void op_matmul_swiglu(const Tensor & swiglu, const OpContext & ctx) {
             fail(SPARK_ERR_SHAPE_MISMATCH, "matmul_swiglu: gate [%lld, %lld] and up [%lld, %lld] do not match the input (%lld)",
                  (long long) d.w[0]->n, (long long) d.w[0]->k, (long long) d.w[1]->n, (long long) d.w[1]->k, (long long) x.ne[0]);
         mm::check_output(swiglu, d.w[0]->n);
-        d.x    = mm::dense_rows(x);
-        d.rows = x.nrows();
-        d.y    = static_cast<float *>(swiglu.data);
+        d.x       = mm::dense_rows(x);
+        d.rows    = x.nrows();
+        d.y       = static_cast<float *>(swiglu.data);
+        d.stage_x = mm::overlaps(swiglu, x);
         mm::exec_dense(d, ctx);
         return;
     }
@@ -559,16 +728,23 @@ void op_matmul_swiglu(const Tensor & swiglu, const OpContext & ctx) {
     }
     m.nw = 2;
     mm::check_output(swiglu, m.w0[0].n);
-    m.y = static_cast<float *>(swiglu.data);
+    m.y         = static_cast<float *>(swiglu.data);
+    m.stage_x   = mm::overlaps(swiglu, *g->src[0]);
+    m.ids_bytes = mm::overlaps(swiglu, *g->src[1]) ? g->src[1]->nbytes() : 0;
     mm::exec_moe(m, ctx);
 }
 
 const char * kernel_paths(int cc) {
     if (!cc_supported(cc)) return "unsupported (compute capability below 8.0)";
-    return "f32=gemv-fma/gemm-f16-mma f16=gemv-fma/gemm-f16-mma(cp.async) bf16=gemv-fma/gemm-f16-mma "
-           "nvfp4=gemv-f16bits/gemm-dequant-f16-mma int4=gemv-lop3-magic/gemm-dequant-f16-mma "
-           "fp8=gemv-f16bits/gemm-dequant-f16-mma moe=gemv-ids(1 launch)/grouped-gemm(device routing) "
-           "swiglu=fused-gate-up";
+    const bool mma = mm::gemv_mma_enabled(cc);
+    return mma ? "f32=gemv-fma/gemm-f16-mma f16=gemv-fma/gemm-f16-mma(cp.async) bf16=gemv-fma/gemm-f16-mma "
+                 "nvfp4=gemv-f16-mma(x split hi/mid/lo)/gemm-dequant-f16-mma int4=gemv-f16-mma(g%128; else lop3-magic)/gemm-dequant-f16-mma "
+                 "fp8=gemv-f16bits/gemm-dequant-f16-mma moe=gemv-ids(1 launch)/grouped-gemm(device routing) "
+                 "swiglu=fused-gate-up multi=one-gemv-launch"
+               : "f32=gemv-fma/gemm-f16-mma f16=gemv-fma/gemm-f16-mma(cp.async) bf16=gemv-fma/gemm-f16-mma "
+                 "nvfp4=gemv-f16bits/gemm-dequant-f16-mma int4=gemv-lop3-magic/gemm-dequant-f16-mma "
+                 "fp8=gemv-f16bits/gemm-dequant-f16-mma moe=gemv-ids(1 launch)/grouped-gemm(device routing) "
+                 "swiglu=fused-gate-up multi=one-gemv-launch";
 }
 
 }  // namespace spark::cuda

@@ -16,6 +16,23 @@ Overrides & overrides() {
     return o;
 }
 
+bool gemv_mma_enabled(int cc) {
+    static const bool env_on = [] {
+        const char * e = std::getenv("SPARK_GEMV_MMA");
+        return !(e && std::string(e) == "0");
+    }();
+    const int forced = overrides().gemv_mma;
+    if (forced >= 0) return forced > 0 && cc >= kCcAmpere;
+    return env_on && cc >= kCcAmpere;
+}
+
+bool gemv_mma_ok(const DeviceWeight & w) {
+    if (w.k % 32 != 0) return false;
+    if (w.format == WeightFormat::NVFP4) return true;
+    if (w.format == WeightFormat::INT4) return w.group_size % kMmaK == 0 || w.group_size >= w.k;
+    return false;
+}
+
 bool gemv_pdl_enabled(int cc) {
     static const bool env_on = [] {
         const char * e = std::getenv("SPARK_GEMV_PDL");
@@ -74,9 +91,92 @@ GemvCost gemv_cost(WeightFormat f, int r) {
     return {1.0, 1.0 + r};
 }
 
+// The MMA kernel (gemv_mma.cuh): the same model over K-warps and K splits, with its own costs: 2 x 16
+// rows x 128 K per warp step, ~2 (INT4) / ~2.9 (NVFP4) instructions per weight for any row count up to
+// 2 (+0.15 per further 8 B columns), a prologue that splits the block's K range of the activations
+// into shared memory (~12 instructions per element and ~0.3 us of latency, partly behind the first
+// weight loads), and shared memory that may limit the blocks per SM.
+GemvPlan plan_gemv_mma(WeightFormat f, const int64_t * mat_n, int n_mats, int64_t K, int64_t jobs, int rows, int nw, int sm_count,
+                       int smem_optin) {
+    GemvPlan p;
+    p.mma             = true;
+    p.lpr             = 0;
+    p.r_tmpl          = rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : 8;
+    const int     R   = p.r_tmpl;
+    const int     U   = gemv_mma_tiles(nw);
+    const int     T   = U * nw;
+    const int     D   = gemv_mma_depth(R);
+    const int     NB  = (gemv_mma_parts(R) + 7) / 8;
+    const int64_t KB  = std::max<int64_t>(1, ceil_div(K, int64_t(kMmaK)));
+    const int64_t sms = std::max(1, sm_count);
+    const int     warps = kGemvThreads / 32;
+    const double  ipe   = (f == WeightFormat::NVFP4 ? 2.9 : 2.0) + 0.15 * (NB - 1);
+    const double  epb   = f == WeightFormat::NVFP4 ? 1.78 : 1.94;  // weights per streamed byte
+    const int64_t smem_sm = int64_t(smem_optin) + 1024;                // per SM (one 1 KB reservation per block)
+
+    constexpr double kLat = 1.0, kBwSm = 3.0e6 / 132, kIssueSm = 128 * 1750.0, kBlockStart = 0.5, kPro = 0.3;
+    constexpr double kSplitCost = 0.8, kLowOcc = 0.5;
+
+    const int forced = overrides().gemv_ksplit;
+    double    best   = 1e300;
+    for (const int kp : {0, 1}) {  // kp: one row tile at two K blocks per warp step (nw = 1)
+    if (kp && nw != 1) continue;
+    for (const int wk : {1, 2, 4, 8}) {
+        const int64_t rb = int64_t(warps / wk) * (kp ? 1 : U) * 16;  // rows per block
+        int64_t       tiles = 0;
+        for (int m = 0; m < n_mats; ++m) tiles += ceil_div(mat_n[m], rb);
+        const int64_t per_step = int64_t(wk) << kp;  // K blocks of one step of the block's warps
+        const int64_t max_ks   = std::min<int64_t>(64, ceil_div(KB, per_step));
+        for (int64_t ks_try = 1; ks_try <= max_ks; ks_try = ks_try < 4 ? ks_try + 1 : ks_try * 2) {
+            if (forced > 0 && ks_try != std::min<int64_t>(forced, max_ks)) continue;
+            const int64_t cps = ceil_div(ceil_div(KB, ks_try), per_step) * per_step;
+            const int64_t ks  = ceil_div(KB, cps);
+            if (forced > 0 ? (ks > 1) != (forced > 1 && KB > 1) : ks != ks_try) continue;
+            const int smem = gemv_mma_smem(R, std::min(cps, KB + kp));  // kp: room for the appended zero block
+            if (smem > smem_optin) continue;
+            const int64_t bps = std::min<int64_t>(gemv_mma_min_blocks(R) == 1 ? 1 : 2, smem_sm / (smem + 1024 + 512));
+            if (bps < 1) continue;
+            const int64_t J        = cps / per_step;
+            const int64_t blocks   = tiles * ks * jobs;
+            const double  lane_eff = double(KB) / double(ks * cps);
+            const double  bytes_b  = double(rb) * nw * (double(K) / ks) / epb;  // per block
+            const int64_t per_sm   = ceil_div(blocks, sms);
+            const int64_t resident = std::min<int64_t>(per_sm, bps);
+            const double  bytes    = double(per_sm) * bytes_b;
+            const double  inflight = double(resident) * kGemvThreads * lane_eff * double(std::min<int64_t>(J, D)) * T * 32.0;
+            const double  t_mem    = bytes / std::min(kBwSm, inflight / kLat);
+            const double  issue    = kIssueSm * std::min(1.0, double(resident * warps) / 16.0) * lane_eff;
+            const double  t_cmp    = bytes * epb * ipe / issue + double(per_sm) * double(cps * kMmaK * R) * 12.0 / kIssueSm;
+            double        t        = kLat + kPro + std::max(t_mem, t_cmp);
+            if (blocks > sms * bps) t += kBlockStart;
+            if (ks > 1) t += kSplitCost + 0.02 * double(ks);
+            t += kLowOcc * (1.0 - std::min(1.0, double(resident * warps) / 16.0));  // MMA chains and loads hide behind other warps
+            if (t < best * 0.98) {  // candidates in preference order: fewer splits, fewer K-warps
+                best             = t;
+                p.wk             = wk;
+                p.ksplit         = int(ks);
+                p.cps            = cps;
+                p.smem           = smem;
+                p.mma_kpair      = kp != 0;
+                p.rows_per_block = int(rb);
+                p.grid           = dim3(unsigned(tiles), unsigned(ks), unsigned(jobs));
+            }
+        }
+    }
+    }
+    return p;
+}
+
 }  // namespace
 
-GemvPlan plan_gemv(WeightFormat f, int64_t N, int64_t K, int64_t jobs, int rows, int nw, int sm_count) {
+GemvPlan plan_gemv(WeightFormat f, int64_t N, int64_t K, int64_t jobs, int rows, int nw, int sm_count, const GemvOpts & o) {
+    const int64_t   one_n[1] = {N};
+    const int64_t * mat_n    = o.n_mats > 1 ? o.mat_n : one_n;
+    const int       n_mats   = o.n_mats > 1 ? o.n_mats : 1;
+    if (o.mma) {
+        const GemvPlan m = plan_gemv_mma(f, mat_n, n_mats, K, jobs, rows, nw, sm_count, o.smem_optin);
+        if (m.grid.x > 0) return m;  // else: no split fits the shared memory; the FMA kernel
+    }
     GemvPlan p;
     p.r_tmpl          = rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : 8;
     const int     e   = elems_per_chunk(f);
@@ -95,8 +195,9 @@ GemvPlan plan_gemv(WeightFormat f, int64_t N, int64_t K, int64_t jobs, int rows,
     double    best   = 1e300;
     for (const int lpr : {32, 16, 8}) {
         for (const int wk : {1, 2, 4, 8}) {
-            const int64_t rb     = int64_t(warps / wk) * (32 / lpr) * U;  // rows per block
-            const int64_t tiles  = ceil_div(N, rb);
+            const int64_t rb = int64_t(warps / wk) * (32 / lpr) * U;  // rows per block
+            int64_t       tiles = 0;
+            for (int m = 0; m < n_mats; ++m) tiles += ceil_div(mat_n[m], rb);
             const int64_t stride = int64_t(lpr) * wk;
             const int64_t max_ks = std::min<int64_t>(64, ceil_div(KC, stride));
             for (int64_t ks_try = 1; ks_try <= max_ks; ks_try = ks_try < 4 ? ks_try + 1 : ks_try * 2) {
@@ -125,6 +226,7 @@ GemvPlan plan_gemv(WeightFormat f, int64_t N, int64_t K, int64_t jobs, int rows,
                     p.lpr    = lpr;
                     p.ksplit = int(ks);
                     p.cps    = cps;
+                    p.rows_per_block = int(rb);
                     p.grid   = dim3(unsigned(tiles), unsigned(ks), unsigned(jobs));
                 }
             }

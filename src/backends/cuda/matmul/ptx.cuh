@@ -10,6 +10,10 @@
 
 #include <cstdint>
 
+// The kernel's dynamic shared memory as an array `name` of `type` (the emulator maps it onto its
+// per-block buffer).
+#define SPARK_GEMV_DYNAMIC_SMEM(type, name) extern __shared__ type name[]
+
 namespace spark::cuda::mm {
 
 // ---- global loads
@@ -102,6 +106,70 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
 #else
     __trap();
 #endif
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32: d += a (16x16, row) * b (16x8, col), the
+// fragments as mma_bf16_16816. The products of two f16 are exact in f32; the tensor core adds the 16
+// products and the accumulator with (at least) f32 precision, truncating (the decode GEMV keeps its
+// accumulator chains short for that reason, gemv_mma.cuh).
+__device__ __forceinline__ void mma_f16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if SPARK_ARCH_AMPERE_PLUS
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    __trap();
+#endif
+}
+
+// ---- f16x2 arithmetic on raw register bits (round to nearest even; f16 subnormals are kept)
+
+// sub.rn.f16x2 d, a, b
+__device__ __forceinline__ uint32_t hsub2_bits(uint32_t a, uint32_t b) {
+    uint32_t d = 0;
+#if SPARK_ARCH_AMPERE_PLUS
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+#else
+    __trap();
+#endif
+    return d;
+}
+// fma.rn.f16x2 d, a, b, c  (a * b + c, one rounding)
+__device__ __forceinline__ uint32_t hfma2_bits(uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t d = 0;
+#if SPARK_ARCH_AMPERE_PLUS
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+#else
+    __trap();
+#endif
+    return d;
+}
+// mul.rn.f16x2 d, a, b
+__device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, uint32_t b) {
+    uint32_t d = 0;
+#if SPARK_ARCH_AMPERE_PLUS
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+#else
+    __trap();
+#endif
+    return d;
+}
+// Two floats -> f16x2 (cvt.rn.f16x2.f32: lo in the low half; |x| >= 65520 -> inf).
+__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
+    uint32_t d = 0;
+#if SPARK_ARCH_AMPERE_PLUS
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+#else
+    __trap();
+#endif
+    return d;
+}
+// f16x2 -> two floats (exact).
+__device__ __forceinline__ float2 unpack_f16x2(uint32_t h) {
+    __half2 v;
+    *reinterpret_cast<uint32_t *>(&v) = h;
+    return __half22float2(v);
 }
 
 // ---- small helpers (no PTX, but shared by every kernel)

@@ -14,7 +14,8 @@ enum class ForcePath : int {
 
 struct Overrides {
     ForcePath path        = ForcePath::Auto;
-    int       gemv_ksplit = 0;  // > 0: split K across this many blocks (as far as K allows)
+    int       gemv_ksplit = 0;   // > 0: split K across this many blocks (as far as K allows)
+    int       gemv_mma    = -1;  // -1: as SPARK_GEMV_MMA (default on); 0: the FMA decode GEMV only; 1: MMA where it applies
 };
 
 Overrides & overrides();

@@ -1,0 +1,578 @@
+// Decode GEMV on the tensor cores (1..8 activation rows; INT4 with groups of a multiple of 128 or
+// one group per row, NVFP4). The FMA kernel (gemv.cuh) spends ~3.8 instructions per INT4 weight
+// (decode to f32, then one FMA per weight and activation row). Here the decode makes f16 MMA operands
+// (INT4: 8 nibbles -> four f16x2 with one SHF, four LOP3 and four HSUB2/HFMA2, 1.1 per weight; NVFP4
+// 2 per weight with its block scale folded in), an mma.sync m16n8k16 takes 256 weights of a warp,
+// and the activation rows are the MMA's columns: 1-2 rows cost the same, 3-8 rows 2-3 MMAs per
+// fragment instead of one. sm_90a SASS of the main loop: ~2.3 (INT4) / ~2.9 (NVFP4) instructions per
+// weight, all included.
+//
+// Exactness. The products are the exactly dequantized weights times the f32 activations, summed in
+// f32:
+//   weights   INT4: q - zero is an integer in [-16, 15], exact in f16 ((1024 + q) - (1024 + zero),
+//             all three exact). The group scale multiplies the f32 partial sum of each 128-K block
+//             (one rounding, as the FMA kernel does per group).
+//             NVFP4: e2m1 * e4m3 has at most 2 + 4 significant bits and lies in [2^-10, 2688]:
+//             (e2m1 * 2^-14) * (e4m3 * 2^7) is exact in f16 (at most 21, a multiple of 2^-17 >=
+//             2^-24), so the block scale is inside the weight operand; global * 2^7 multiplies the
+//             sum at the end (the reference rounds f32(e4m3) * global once per block: the two differ
+//             by a relative 2^-24 per weight, a reassociation).
+//   x         every 128-K block of every activation row r gets a power of two s (max |x| s in
+//             [2^14, 2^15) over the block) and x s is split exactly into three f16: hi = f16(x s),
+//             mid = f16(x s - hi), lo = f16(x s - hi - mid) (both subtractions are exact in f32).
+//             hi + mid + lo == x s exactly when |x s| >= 2^-1 (x s has 24 significant bits; the last
+//             one is then >= 2^-24, the f16 quantum): every element within a factor 2^15 of its
+//             block's maximum is exact. A smaller element loses only its bits below 2^-24:
+//             |error| <= 2^-25 / s <= 2^-39 max_block |x|, so a block's dot product is off by at most
+//             2^-39 max_block|x| sum_block|w| - an outlier 1e4 times the typical activation still
+//             leaves every element's error below 2^-25 of the typical size, far below the f32
+//             summation error (nmse contribution < 1e-18). Non-finite x: hi = x, mid = lo = 0 (inf
+//             and NaN propagate as in f32).
+//   MMA       B has one column per (activation row r, part): 3r, 3r + 1, 3r + 2. f16 x f16 products
+//             (11 x 11 significant bits) are exact in the tensor core; it adds the 16 products and
+//             the accumulator with at least f32 precision (Hopper: aligned to the largest term and
+//             truncated, >= 24 fraction bits: <= 2^-23 of the largest term per MMA, biased towards
+//             zero). So that the truncation bias cannot accumulate, a chain is only the 8 MMAs of one
+//             128-K block: each block's partial (per column) goes into an f32 accumulator with an
+//             ordinary rounded FFMA, acc += (1 / s) * (scale * partial). Relative error per block
+//             partial <= 8 * 2^-23 of its largest term; the 32 partials of K = 4096 add in f32 as the
+//             FMA kernel's groups do. Measured on the emulator with a pessimistic truncation model
+//             (dev/kernels/matmul/emu_gemv.cpp): nmse <= 1e-13 against a double reference, as the
+//             FMA kernel's (tests allow 1e-10).
+//   result    y = sum hi + (sum mid + sum lo) (NVFP4: times global * 2^7).
+//
+// Work mapping. A warp owns T = 2 tiles of 16 weight rows (two row tiles of one weight, the gate and
+// up tiles of the same rows, or - kp, one weight - one row tile at two consecutive 128-K blocks: half
+// the rows per block, twice the blocks, for the smaller matrices) and walks its K range one step (one
+// 128-K block of each tile) at a time. Lane (g = lane / 4, q = lane % 4) loads 16-byte chunk q of the
+// block of rows g and g + 8: the chunk's 4 words x 8 nibbles are the A fragments of the block's 8
+// MMAs (word i -> MMAs 2i and 2i + 1; an f16x2 holds nibbles j and j + 4, so the MMA's k order is a
+// permutation of K, and B is written in the same permutation). Warps split K within a block (wk),
+// blocks across the grid (gridDim.y); plan_gemv picks kp, wk and the split.
+//
+// Activations. At its start a block converts its K range of the R rows into the B fragments in
+// shared memory (one pass: half a warp per 128-K block finds the block's maximum by shuffles, scales,
+// splits and stores), with 1 / s per block and column after them; the main loop reads B with
+// conflict-free LDS.128 (lane (g, q): column g, chunk q). The weight loads of the first steps are
+// issued before (and before waiting for the previous kernel under PDL), so the conversion overlaps
+// their latency.
+//
+// Pipeline: a register ring of D steps (T tiles x 2 x 16 bytes of weights + scales per lane per
+// step), as the FMA kernel.
+//
+// Reduction, all in fixed orders (deterministic): each warp writes its accumulators (per row and
+// column) to shared memory; one thread per (row, activation row) sums the K-warps in order and the
+// parts as hi + (mid + lo); K split across blocks: partials and the last block's reduction
+// (gemv_splitk_finish), as the FMA kernel.
+#pragma once
+
+#include "backends/cuda/matmul/gemv.cuh"
+
+namespace spark::cuda::mm {
+
+// ---- decoders ------------------------------------------------------------------------------------
+// Interface (all __device__):
+//   kScaled                      the K-block partial is multiplied by factor(cst, h) (INT4 group scale)
+//   Wt   prep(w)                 per-weight constants
+//   Row  row(w, wt, n0, n1)      scale offsets of rows n0 (g) and n1 (g + 8)
+//   Sc   load_scale(w, wt, row, b, c, chunk_ok, block_ok)  raw scale bits of 128-K block b (chunk c
+//                                of this lane; chunk_ok: the chunk is inside K, block_ok: the block is
+//                                inside the block's range), loaded with the weights
+//   Cst  cst(wt, sc)             decoded constants of the block
+//   decode(word, cst, h, i, v)   word i of the chunk of row half h -> four f16x2 (nibbles (j, j+4))
+//   factor(cst, h)               f32 multiplier of the block partial of row half h (kScaled)
+//   final_factor(w)              multiplier of the whole sum (NVFP4: global * 2^7)
+
+template <bool kAsym>
+struct MmaInt4 {
+    static constexpr WeightFormat kFormat = WeightFormat::INT4;
+    static constexpr bool         kScaled = true;
+    struct Wt {
+        ChunkDiv         grp;  // 128-K block -> group
+        bool             bf16;
+        const uint16_t * s;
+        const uint8_t *  z;  // kAsym: zero points (nullptr: symmetric)
+    };
+    struct Row {
+        uint32_t off[2];  // n * n_groups of rows g and g + 8
+    };
+    struct Sc {
+        uint32_t s;  // scale bits of row g | row g + 8 << 16
+        uint32_t z;  // kAsym: zero of row g | row g + 8 << 16
+    };
+    struct Cst {
+        float    s[2];
+        uint32_t z1[2], nz2[2];  // kAsym: f16x2 of 1024 + zero and -(64 + zero)
+    };
+    __device__ __forceinline__ static Wt prep(const DeviceWeight & w) {
+        return {ChunkDiv::make(w.group_size, w.k, kMmaK), w.scale_type == ScaleType::BF16, static_cast<const uint16_t *>(w.scales), w.zeros};
+    }
+    __device__ __forceinline__ static Row row(const DeviceWeight & w, const Wt &, int64_t n0, int64_t n1) {
+        return {{uint32_t(n0) * uint32_t(w.n_groups), uint32_t(n1) * uint32_t(w.n_groups)}};  // scales below 8 GB
+    }
+    __device__ __forceinline__ static Sc load_scale(const DeviceWeight &, const Wt & p, const Row & r, uint32_t b, uint32_t, bool,
+                                                    bool block_ok) {
+        const uint32_t g = p.grp(b), i0 = r.off[0] + g, i1 = r.off[1] + g;
+        Sc             o{0u, 0x00080008u};
+        if (!block_ok) return o;  // kp: a block past the range (not used)
+        o.s = uint32_t(__ldg(p.s + i0)) | (uint32_t(__ldg(p.s + i1)) << 16);
+        if constexpr (kAsym)
+            if (p.z) o.z = uint32_t(__ldg(p.z + i0)) | (uint32_t(__ldg(p.z + i1)) << 16);
+        return o;
+    }
+    __device__ __forceinline__ static Cst cst(const Wt & p, const Sc & sc) {
+        Cst c{};
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const uint32_t b = (sc.s >> (16 * h)) & 0xFFFFu;
+            c.s[h]           = p.bf16 ? __uint_as_float(b << 16) : __half2float(__ushort_as_half(uint16_t(b)));
+            if constexpr (kAsym) {
+                const uint32_t z = (sc.z >> (16 * h)) & 0xFFu;           // 0 .. 16
+                c.z1[h]          = (0x6400u + z) * 0x10001u;              // 1024 + z (units of 1)
+                c.nz2[h]         = (0xD400u + 16u * z) * 0x10001u;        // -(64 + z) (units of 1/16)
+            }
+        }
+        return c;
+    }
+    // Nibble j of w (bits 4j .. 4j + 3, j < 4) and nibble j + 4 (bits 16 + 4j ..): under the f16
+    // exponent of 1024 the nibble at bits 0..3 is the units (1024 + q), at bits 4..7 sixteens
+    // (1024 + 16 q: times 1/16 in the HFMA2); w >> 8 brings nibbles 2, 3 (6, 7) down.
+    __device__ __forceinline__ static void decode(uint32_t w, const Cst & c, int h, int, uint32_t (&v)[4]) {
+        const uint32_t z1  = kAsym ? c.z1[h] : 0x64086408u;   // 1032 = 1024 + 8
+        const uint32_t nz2 = kAsym ? c.nz2[h] : 0xD480D480u;  // -72 = -(64 + 8)
+        const uint32_t w8  = w >> 8;
+        v[0]               = hsub2_bits(and_or<0x000F000Fu>(w, 0x64006400u), z1);
+        v[1]               = hfma2_bits(and_or<0x00F000F0u>(w, 0x64006400u), 0x2C002C00u, nz2);  // 0x2C00 = 1/16
+        v[2]               = hsub2_bits(and_or<0x000F000Fu>(w8, 0x64006400u), z1);
+        v[3]               = hfma2_bits(and_or<0x00F000F0u>(w8, 0x64006400u), 0x2C002C00u, nz2);
+    }
+    __device__ __forceinline__ static float factor(const Cst & c, int h) { return c.s[h]; }
+    __device__ __forceinline__ static float final_factor(const DeviceWeight &) { return 1.0f; }
+};
+
+struct MmaNvfp4 {
+    static constexpr WeightFormat kFormat = WeightFormat::NVFP4;
+    static constexpr bool         kScaled = false;
+    struct Wt {
+        const uint16_t * s;  // the scale pairs (one u16 per chunk)
+    };
+    struct Row {
+        uint32_t off[2];  // n * K / 32 of rows g and g + 8
+    };
+    struct Sc {
+        uint32_t s;  // the chunk's two E4M3 codes, row g | row g + 8 << 16
+    };
+    struct Cst {
+        uint32_t sh[2][2];  // [row half][scale block of the chunk]: f16x2 {e4m3 * 2^7, same}
+    };
+    __device__ __forceinline__ static Wt  prep(const DeviceWeight & w) { return {static_cast<const uint16_t *>(w.scales)}; }
+    __device__ __forceinline__ static Row row(const DeviceWeight & w, const Wt &, int64_t n0, int64_t n1) {
+        const uint32_t kc = uint32_t(w.k / 32);
+        return {{uint32_t(n0) * kc, uint32_t(n1) * kc}};  // scales below 8 GB
+    }
+    __device__ __forceinline__ static Sc load_scale(const DeviceWeight &, const Wt & p, const Row & r, uint32_t, uint32_t c, bool chunk_ok,
+                                                    bool) {
+        return {chunk_ok ? uint32_t(__ldg(p.s + (r.off[0] + c))) | (uint32_t(__ldg(p.s + (r.off[1] + c))) << 16) : 0u};
+    }
+    __device__ __forceinline__ static Cst cst(const Wt &, const Sc & sc) {
+        Cst c;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            // Both codes into f16 as e4m3 * 2^-8 (formats.cuh), then * 2^15 (exact: at most 57344).
+            const uint32_t t  = __byte_perm(sc.s >> (16 * h), 0u, 0x1404u);
+            const uint32_t f  = hmul2_bits(((t >> 1) & 0x3F803F80u) | (t & 0x80008000u), 0x78007800u);
+            c.sh[h][0]        = __byte_perm(f, 0u, 0x1010u);
+            c.sh[h][1]        = __byte_perm(f, 0u, 0x3232u);
+        }
+        return c;
+    }
+    // Nibble pair (j, j + 4) as FmtNvfp4: e2m1 * 2^-14 in f16 (magnitude bits at 9..11, sign at 15;
+    // the subnormal 0.5 included), times the word's scale block (words 0, 1: block 0; 2, 3: block 1).
+    // Three shared steps place every nibble's sign 3 bits above its magnitude (w3 = w rotated left by
+    // 3; the even nibbles of each byte in pe, the odd ones in po, n7's sign wrapping to bit 2), so a
+    // pair is one shift (or rotate) and one mask.
+    __device__ __forceinline__ static void decode(uint32_t w, const Cst & c, int h, int i, uint32_t (&v)[4]) {
+        const uint32_t s  = c.sh[h][i >> 1];
+        const uint32_t w3 = (w << 3) | (w >> 29);
+        const uint32_t pe = and_or_not<0x07070707u>(w, w3);  // (w & m) | (w3 & ~m)
+        const uint32_t po = and_or_not<0x70707070u>(w, w3);
+        v[0]              = hmul2_bits((pe << 9) & 0x8E008E00u, s);                 // n0, n4
+        v[1]              = hmul2_bits((po << 5) & 0x8E008E00u, s);                 // n1, n5
+        v[2]              = hmul2_bits((pe << 1) & 0x8E008E00u, s);                 // n2, n6
+        v[3]              = hmul2_bits(((po >> 3) | (po << 29)) & 0x8E008E00u, s);  // n3, n7
+    }
+    __device__ __forceinline__ static float factor(const Cst &, int) { return 1.0f; }
+    __device__ __forceinline__ static float final_factor(const DeviceWeight & w) { return w.global_scale * 128.0f; }
+};
+
+// ---- activations -> B fragments in shared memory ---------------------------------------------------
+// Layout: uint4 entry ((b * 4 + i) * P + col) * 4 + q holds, for 128-K block b (local), chunk q, word
+// i and column col = 3 r + part, the four f16x2 {x[j], x[j + 4]} (j = 0..3) of the word's 8 elements
+// k = 128 b + 32 q + 8 i + (0..7), scaled by s_{r,b} and split into that part. Then the floats
+// 1 / s_{r,b} at [b][col] (row stride gemv_mma_col_stride(R)), after the fragments.
+
+// Power-of-two scale from the max |x| bits: max * s in [2^14, 2^15); s and 1 / s normal. Returns the
+// exponent (s = 2^p); an all-zero block: 0.
+__device__ __forceinline__ int gemv_mma_scale_exp(uint32_t m) {
+    if (m == 0) return 0;
+    const int e = m >= 0x00800000u ? int(m >> 23) - 127 : (31 - __clz(int(m))) - 149;
+    return min(14 - e, 126);
+}
+
+// The block's K range [cb, cb + nblk) of the R rows, written as nblk_pad >= nblk blocks (zeros past
+// nblk): half a warp per 128-K block (thread wi: block wi / 16, chunk wi % 4, word wi / 4 % 4), one
+// pass (the block's max over its 16 lanes by shuffles).
+template <int R>
+__device__ __forceinline__ void gemv_mma_split(const float * const (&xr)[R], uint32_t cb, uint32_t nblk, uint32_t nblk_pad, uint32_t KC,
+                                               uint4 * smem) {
+    constexpr int  P     = gemv_mma_parts(R);
+    float *        inv_s = reinterpret_cast<float *>(smem + size_t(nblk_pad) * 16 * P);
+    const uint32_t words = nblk_pad * 16;
+    for (uint32_t base = 0; base < words; base += kGemvThreads) {  // uniform trip count: shuffles below
+        const uint32_t wi = base + threadIdx.x, b = wi >> 4, q = wi & 3, i = (wi >> 2) & 3, c = (cb + b) * 4 + q;
+        const bool     active = wi < words, in = active && b < nblk && c < KC;
+        const size_t   k0     = size_t(c) * 32 + 8 * i;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            float e[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            if (in) {
+                const float4 * p = reinterpret_cast<const float4 *>(xr[r] + k0);
+                const float4   u = __ldg(p), v = __ldg(p + 1);
+                e[0] = u.x, e[1] = u.y, e[2] = u.z, e[3] = u.w, e[4] = v.x, e[5] = v.y, e[6] = v.z, e[7] = v.w;
+            }
+            // Max |x| bits; inf / NaN count as the largest finite value (the result is non-finite
+            // anyway; the finite elements of the block then lose their low bits, harmlessly).
+            uint32_t m = 0;
+#pragma unroll
+            for (int t = 0; t < 8; ++t) m = max(m, __float_as_uint(e[t]) & 0x7FFFFFFFu);
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1) m = max(m, uint32_t(__shfl_xor_sync(0xFFFFFFFFu, int(m), o)));  // the block's 16 lanes
+            const int   pw = gemv_mma_scale_exp(min(m, 0x7F7FFFFFu));
+            const float sc = __int_as_float((127 + pw) << 23);
+            if (!active) continue;
+            uint32_t hi[4], mid[4], lo[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const float  a0 = e[j] * sc, a1 = e[j + 4] * sc;
+                hi[j]           = pack_f16x2(a0, a1);
+                const float2 h  = unpack_f16x2(hi[j]);
+                // Non-finite: everything in hi (x - hi would be NaN for an infinity).
+                const float r0 = (__float_as_uint(a0) & 0x7FFFFFFFu) < 0x7F800000u ? a0 - h.x : 0.0f;
+                const float r1 = (__float_as_uint(a1) & 0x7FFFFFFFu) < 0x7F800000u ? a1 - h.y : 0.0f;
+                mid[j]          = pack_f16x2(r0, r1);
+                const float2 md = unpack_f16x2(mid[j]);
+                lo[j]           = pack_f16x2(r0 - md.x, r1 - md.y);
+            }
+            uint4 * dst = smem + ((size_t(b) * 4 + i) * P + 3 * r) * 4 + q;
+            dst[0]      = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+            dst[4]      = make_uint4(mid[0], mid[1], mid[2], mid[3]);
+            dst[8]      = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+            if ((wi & 15) == 0) {
+                const float inv = __int_as_float((127 - pw) << 23);
+                float *     d   = inv_s + size_t(b) * gemv_mma_col_stride(R) + 3 * r;
+                d[0] = d[1] = d[2] = inv;
+            }
+        }
+    }
+}
+
+// ---- the kernel -------------------------------------------------------------------------------------
+
+template <class F, int R, bool GLU>
+__global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R)) gemv_mma_kernel(const GemvArgs a) {
+    constexpr int NW     = GLU ? 2 : 1;
+    constexpr int U      = gemv_mma_tiles(NW);  // row tiles per weight
+    constexpr int T      = U * NW;              // tiles per step (index t = i * U + u)
+    constexpr int P      = gemv_mma_parts(R);
+    constexpr int NB     = (P + 7) / 8;  // MMAs per A fragment (n = 8 columns each)
+    constexpr int CS     = gemv_mma_col_stride(R);
+    constexpr int D      = gemv_mma_depth(R);
+    constexpr int kWarps = kGemvThreads / 32;
+    SPARK_GEMV_DYNAMIC_SMEM(uint4, gemv_mma_smem_buf);
+
+    const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
+    const int g = lane >> 2, q = lane & 3;
+    const int wk = a.wk, wk_shift = __ffs(wk) - 1;
+    const int kw = warp & (wk - 1), wr = warp >> wk_shift;
+    // kp = 1 (one weight only): a warp's two tiles are one row tile at two consecutive 128-K blocks
+    // (half the rows per block: twice the blocks for the same work, without splitting K).
+    const int kp             = NW == 1 ? (a.mma_kpair ? 1 : 0) : 0;
+    const int UR             = kp ? 1 : U;  // row tiles per warp
+    const int rows_per_block = (kWarps / wk) * UR * 16;
+
+    const GemvMat  mt      = gemv_mat(a);
+    const int64_t  N       = mt.n;
+    const uint32_t KC      = uint32_t(a.k / 32);
+    const uint32_t KB      = (KC + 3) / 4;
+    const int64_t  tile_n0 = int64_t(mt.bx) * rows_per_block;
+    const int64_t  n_warp  = tile_n0 + int64_t(wr) * UR * 16;
+
+    DeviceWeight  w[NW];
+    const float * xr[R];
+    int64_t       out_row0 = 0;
+    bool          valid    = true;
+    if (a.table[0] != nullptr) {
+        wait_previous_grid();  // the expert ids come from the router
+        const int     pair = int(blockIdx.z);
+        const int     j = pair % a.ids.k_slots, t = pair / a.ids.k_slots;
+        const int32_t e = __ldg(a.ids.p + j * a.ids.s0 + t * a.ids.s1);
+        valid           = e >= 0 && e < a.ids.n_experts;
+#pragma unroll
+        for (int i = 0; i < NW; ++i) w[i] = a.table[i][valid ? e : 0];
+#pragma unroll
+        for (int r = 0; r < R; ++r) xr[r] = a.xbase + j * a.x_sj + t * a.x_st;
+        out_row0 = pair;
+    } else {
+#pragma unroll
+        for (int i = 0; i < NW; ++i) w[i] = a.w[mt.m + i];
+#pragma unroll
+        for (int r = 0; r < R; ++r) xr[r] = a.x[r];
+    }
+
+    // This block's 128-K blocks [cb, ce) (local bl = b - cb < nblk); step j of warp kw covers local
+    // blocks ((kw + j wk) << kp) + (kp ? t : 0) of its tiles t (j < J).
+    const uint32_t cps    = uint32_t(a.chunks_per_split);
+    const uint32_t cb     = blockIdx.y * cps;
+    const uint32_t ce     = valid ? min(KB, cb + cps) : cb;
+    const uint32_t nblk   = ce > cb ? ce - cb : 0;
+    const uint32_t nstep  = (nblk + uint32_t(kp)) >> kp;  // step positions in the range
+    const int      J      = nstep > uint32_t(kw) ? int((nstep - uint32_t(kw) + uint32_t(wk) - 1) >> wk_shift) : 0;
+
+    typename F::Wt  wt[NW];
+    typename F::Row rr[T];
+    const uint4 *   wp[T][2];  // rows g and g + 8 of each tile, at the chunk of the next step
+#pragma unroll
+    for (int i = 0; i < NW; ++i) wt[i] = F::prep(w[i]);
+#pragma unroll
+    for (int i = 0; i < NW; ++i)
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int     t  = i * U + u;
+            const int64_t r0 = n_warp + (kp ? 0 : u * 16) + g;
+            const int64_t n0 = min(r0, N - 1), n1 = min(r0 + 8, N - 1);  // past N: row N - 1, not stored
+            wp[t][0]         = static_cast<const uint4 *>(w[i].data) + size_t(n0) * KC;
+            wp[t][1]         = static_cast<const uint4 *>(w[i].data) + size_t(n1) * KC;
+            rr[t]            = F::row(w[i], wt[i], n0, n1);
+        }
+
+    float acc[T][NB][4];
+#pragma unroll
+    for (int t = 0; t < T; ++t)
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[t][nb][e] = 0.0f;
+
+    const uint4 * bp0 = gemv_mma_smem_buf + g * 4 + q;  // column g, chunk q of the B fragments
+    // 1 / s of this lane's accumulator columns 2q, 2q + 1 (+ 8 nb) per block (columns >= P: unused).
+    const uint32_t nblk_pad = nblk + (nblk & uint32_t(kp));  // kp: an even number of blocks (a zero block appended)
+    const float *  inv0     = reinterpret_cast<const float *>(gemv_mma_smem_buf + size_t(nblk_pad) * 16 * P) + 2 * q;
+    uint4          raw[D][T][2];
+    typename F::Sc sc[D][T];
+#pragma unroll
+    for (int s = 0; s < D; ++s)
+#pragma unroll
+        for (int t = 0; t < T; ++t) raw[s][t][0] = raw[s][t][1] = make_uint4(0, 0, 0, 0);
+    const uint64_t policy = l2_evict_first_policy();
+
+    // Steps are issued in order, j = 0, 1, ...: running local block and weight pointers.
+    uint32_t bl_next = uint32_t(kw) << kp;
+#pragma unroll
+    for (int t = 0; t < T; ++t)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) wp[t][h] += (cb + bl_next + uint32_t(kp * t)) * 4 + uint32_t(q);
+    const uint32_t bl_step = uint32_t(wk) << kp;
+    auto issue = [&](const int slot, const int j) {
+        if (j < J) {
+#pragma unroll
+            for (int t = 0; t < T; ++t) {
+                // Past K (chunks of the last block beyond K) or past the range (kp): the slot keeps
+                // older weights, which are finite and meet zeros in B, or are not used.
+                const uint32_t bl = bl_next + uint32_t(kp * t), c = (cb + bl) * 4 + uint32_t(q);
+                const bool     block_ok = bl < nblk, ok = block_ok && c < KC;
+                if (ok) {
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) raw[slot][t][h] = ld_stream_v4(wp[t][h], policy);
+                }
+                sc[slot][t] = F::load_scale(w[t / U], wt[t / U], rr[t], cb + bl, c, ok, block_ok);
+#pragma unroll
+                for (int h = 0; h < 2; ++h) wp[t][h] += bl_step * 4;
+            }
+            bl_next += bl_step;
+        }
+    };
+    auto consume = [&](const int slot, const int j) {
+        if (j >= J) return;
+        const uint32_t bl0 = uint32_t(kw + (j << wk_shift)) << kp;
+        typename F::Cst cs[T];
+#pragma unroll
+        for (int t = 0; t < T; ++t) cs[t] = F::cst(wt[t / U], sc[slot][t]);
+        float d[T][NB][4];
+#pragma unroll
+        for (int t = 0; t < T; ++t)
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) d[t][nb][e] = 0.0f;
+        // B of tile t: local block bl0 + kp t (kp with an odd range: the last step's second block is
+        // the zero block the split appended).
+        const uint4 * bpt[2] = {bp0 + bl0 * (16 * P), bp0 + (bl0 + uint32_t(kp)) * (16 * P)};
+        const float * ivt[2] = {inv0 + bl0 * CS, inv0 + (bl0 + uint32_t(kp)) * CS};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            // Lanes of columns >= P read column P - 1 (their D columns are never stored).
+            uint4 bv[T][NB];
+#pragma unroll
+            for (int t = 0; t < T; ++t)
+#pragma unroll
+                for (int nb = 0; nb < NB; ++nb) bv[t][nb] = bpt[t & 1][(i * P + (8 * nb + g < P ? 8 * nb : P - 1 - g)) * 4];
+#pragma unroll
+            for (int t = 0; t < T; ++t) {
+                uint32_t v0[4], v1[4];
+                F::decode(word_of(raw[slot][t][0], i), cs[t], 0, i, v0);
+                F::decode(word_of(raw[slot][t][1], i), cs[t], 1, i, v1);
+                const uint32_t fa[4] = {v0[0], v1[0], v0[1], v1[1]}, fb[4] = {v0[2], v1[2], v0[3], v1[3]};
+#pragma unroll
+                for (int nb = 0; nb < NB; ++nb) {
+                    mma_f16_16816(d[t][nb], fa, bv[t][nb].x, bv[t][nb].y);
+                    mma_f16_16816(d[t][nb], fb, bv[t][nb].z, bv[t][nb].w);
+                }
+            }
+        }
+        // acc += 1 / s_{r,b} * (factor * partial): the power of two last, so nothing under- or
+        // overflows that the true partial would not.
+#pragma unroll
+        for (int t = 0; t < T; ++t) {
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb) {
+                const float2 iv = *reinterpret_cast<const float2 *>(ivt[t & 1] + 8 * nb);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float f = F::kScaled ? F::factor(cs[t], e >> 1) * d[t][nb][e] : d[t][nb][e];
+                    acc[t][nb][e] = fmaf(e & 1 ? iv.y : iv.x, f, acc[t][nb][e]);
+                }
+            }
+        }
+    };
+
+    // The weights do not depend on the previous kernel: the first D steps are requested before
+    // waiting for it (a plain MATMUL; MATMUL_ID waited above) and before the activation split.
+#pragma unroll
+    for (int s = 0; s < D; ++s) issue(s, s);
+    if (a.table[0] == nullptr) wait_previous_grid();
+    gemv_mma_split<R>(xr, cb, nblk, nblk + (nblk & uint32_t(kp)), KC, gemv_mma_smem_buf);
+    __syncthreads();
+    for (int j0 = 0; j0 < J; j0 += D) {
+#pragma unroll
+        for (int s = 0; s < D; ++s) {
+            if (j0 + s > 0) issue((s + D - 1) % D, j0 + s + D - 1);  // step D - 1 came with the prologue
+            consume(s, j0 + s);
+        }
+    }
+    if (kp) {  // both tiles are the same rows: one sum, in a fixed order
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[0][nb][e] += acc[T - 1][nb][e];
+    }
+
+    // Accumulators -> shared memory red[warp][t][row 0..15][column] (the B fragments are dead).
+    __syncthreads();
+    float * red = reinterpret_cast<float *>(gemv_mma_smem_buf);
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+        if (t > 0 && kp) continue;
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int col = 8 * nb + 2 * q + (e & 1), row = g + 8 * (e >> 1);
+                if (col < P) red[((warp * T + t) * 16 + row) * P + col] = acc[t][nb][e];
+            }
+    }
+    __syncthreads();
+
+    // One thread per (output row of the block, activation row): K-warps in order, hi + (mid + lo).
+    const int   rows    = a.table[0] != nullptr ? 1 : a.rows;
+    const float ffac[2] = {F::final_factor(w[0]), F::final_factor(w[NW - 1])};
+    for (int idx = int(threadIdx.x); idx < rows_per_block * rows; idx += kGemvThreads) {
+        const int     nl = idx % rows_per_block, r = idx / rows_per_block;
+        const int64_t n  = tile_n0 + nl;
+        if (n >= N) continue;
+        const int wrr = nl / (UR * 16), u = (nl / 16) % UR, rw = nl % 16;
+        float     v[NW];
+#pragma unroll
+        for (int i = 0; i < NW; ++i) {
+            float hi = 0.0f, mid = 0.0f, lo = 0.0f;
+            for (int k = 0; k < wk; ++k) {
+                const float * p = red + ((((wrr << wk_shift) + k) * T + i * U + u) * 16 + rw) * P + 3 * r;
+                hi += p[0];
+                mid += p[1];
+                lo += p[2];
+            }
+            v[i] = (hi + (mid + lo)) * ffac[i];
+        }
+        const int64_t row = out_row0 + r;
+        if (a.partial == nullptr) {
+            if constexpr (GLU)
+                mt.y[row * N + n] = silu(v[0]) * v[1];
+            else
+                mt.y[row * N + n] = v[0];
+        } else {
+#pragma unroll
+            for (int i = 0; i < NW; ++i) a.partial[((int64_t(blockIdx.y) * NW + i) * a.out_rows + row) * a.n + mt.row_off + n] = v[i];
+        }
+    }
+    if (a.partial == nullptr) return;
+    gemv_splitk_finish<GLU>(a, tile_n0, rows_per_block, rows, out_row0, mt);
+}
+
+#ifdef __CUDACC__
+template <class F, int R, bool GLU>
+void gemv_mma_launch_one(const GemvArgs & a, dim3 grid, int smem, cudaStream_t s) {
+    auto kernel = gemv_mma_kernel<F, R, GLU>;
+    if (smem > 48 * 1024) {
+        // Opt in once per device to the largest size requested so far (plan_gemv stays under the
+        // device's opt-in maximum).
+        static int set[64] = {};
+        int        dev     = 0;
+        SPARK_CUDA_CHECK(cudaGetDevice(&dev));
+        if (dev < 64 && set[dev] < smem) {
+            SPARK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+            set[dev] = smem;
+        }
+    }
+    cudaLaunchAttribute attr[1];
+    attr[0].id                                         = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg                             = {};
+    cfg.gridDim                                        = grid;
+    cfg.blockDim                                       = dim3(kGemvThreads);
+    cfg.dynamicSmemBytes                               = size_t(smem);
+    cfg.stream                                         = s;
+    cfg.attrs                                          = a.pdl ? attr : nullptr;
+    cfg.numAttrs                                       = a.pdl ? 1 : 0;
+    SPARK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a));
+}
+
+template <class F>
+void gemv_mma_launch(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, int smem, cudaStream_t s) {
+#define SPARK_GEMV_MMA_CASE(R)                              \
+    case R:                                                 \
+        if (glu)                                            \
+            gemv_mma_launch_one<F, R, true>(a, grid, smem, s);  \
+        else                                                \
+            gemv_mma_launch_one<F, R, false>(a, grid, smem, s); \
+        return;
+    switch (r_tmpl) {
+        SPARK_GEMV_MMA_CASE(1)
+        SPARK_GEMV_MMA_CASE(2)
+        SPARK_GEMV_MMA_CASE(4)
+        SPARK_GEMV_MMA_CASE(8)
+        default: break;
+    }
+#undef SPARK_GEMV_MMA_CASE
+}
+#endif
+
+}  // namespace spark::cuda::mm
