@@ -133,7 +133,7 @@ GemvPlan plan_gemv_mma(WeightFormat f, const int64_t * mat_n, int n_mats, int64_
             const int64_t ks  = ceil_div(KB, cps);
             if (forced > 0 ? (ks > 1) != (forced > 1 && KB > 1) : ks != ks_try) continue;
             const int smem = gemv_mma_smem(R, std::min(cps, KB + kp));  // kp: room for the appended zero block
-            if (smem > smem_optin) continue;
+            if (smem + 1024 > smem_optin) continue;  // (room for the static shared memory)
             const int64_t bps = std::min<int64_t>(gemv_mma_min_blocks(R) == 1 ? 1 : 2, smem_sm / (smem + 1024 + 512));
             if (bps < 1) continue;
             const int64_t J        = cps / per_step;
