@@ -368,6 +368,24 @@ private:
         return wg.format == wu.format && wg.n == wu.n && wg.k == wu.k;
     }
 
+    static constexpr int kMaxMatmulGroup = 4;
+
+    // The MATMUL at nodes[first] and the following MATMULs on the same input, up to the first node
+    // that is neither such a matmul nor a view (views launch nothing and allocate nothing, so every
+    // output already exists and the input is still live when the group runs at `first`).
+    template <class Nodes>
+    static int matmul_group(const Nodes & nodes, size_t first, const std::vector<bool> & skip, const Tensor ** group) {
+        const Tensor * x     = nodes[first]->src[0];
+        int            count = 0;
+        for (size_t j = first; j < nodes.size() && count < kMaxMatmulGroup; ++j) {
+            const Tensor * n = nodes[j];
+            if (n->op == Op::VIEW || n->op == Op::NONE) continue;
+            if (n->op != Op::MATMUL || n->src[0] != x || skip[size_t(n->id)]) break;
+            group[count++] = n;
+        }
+        return count;
+    }
+
     void run_nodes(Graph & graph) {
         const auto &     nodes = graph.nodes();
         std::vector<int> uses(graph.tensors().size(), 0);
@@ -386,6 +404,19 @@ private:
                 timer.label = "MATMUL+SWIGLU";
                 cuda::op_matmul_swiglu(*n, ctx_);
                 continue;
+            }
+            // MATMULs over the same activations with only views between them (q/k/v; in_proj_qkvz
+            // + in_proj_ba): one multi-weight GEMV launch where the matmul layer supports it.
+            if (n->op == Op::MATMUL) {
+                const Tensor * group[kMaxMatmulGroup];
+                const int      count = matmul_group(nodes, i, skip, group);
+                if (count > 1 && cuda::matmul_multi_supported(group, count, ctx_)) {
+                    static const char * const kLabels[] = {"", "", "MATMUL x2", "MATMUL x3", "MATMUL x4"};
+                    timer.label = kLabels[count];
+                    cuda::op_matmul_multi(group, count, ctx_);
+                    for (int j = 1; j < count; ++j) skip[size_t(group[j]->id)] = true;
+                    continue;
+                }
             }
             // Residual add followed by the next layer's norm of that sum: one kernel.
             if (n->op == Op::ADD && i + 1 < nodes.size() && nodes[i + 1]->op == Op::RMS_NORM && nodes[i + 1]->src[0] == n) {

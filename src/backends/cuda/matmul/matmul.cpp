@@ -223,7 +223,11 @@ void run_gemm(const Dense & d, Scratch & scratch, const OpContext & ctx) {
     for (int i = 0; i < d.nw; ++i) a.w[i] = *d.w[i];
     if (d.nw == 1) a.w[1] = a.w[0];
     a.y          = d.y;
-    const int mt = d.rows <= 64 ? 1 : 4;
+    // 128-row tiles reuse each weight tile 4x more, but a narrow matrix (k/v projections at pp512)
+    // would then leave most SMs idle: under half a wave, take 32-row tiles (4x the blocks).
+    const int64_t tiles_n = ceil_div(w.n, int64_t(gemm_bn(d.nw == 2)));
+    const bool    narrow  = ceil_div(d.rows, int64_t(gemm_bm(4))) * tiles_n < ctx.props->sm_count / 2;
+    const int     mt      = d.rows <= 64 || narrow ? 1 : 4;
     const dim3 grid(unsigned(ceil_div(d.rows, gemm_bm(mt))), unsigned(ceil_div(w.n, gemm_bn(d.nw == 2))));
     if (grid.y > 65535) fail(SPARK_ERR_UNSUPPORTED, "matmul: %lld output columns are too many for the GEMM grid", (long long) w.n);
     gemm_launch_fmt(w.format, mt, d.nw == 2, a, grid, ctx.stream);
