@@ -8,6 +8,9 @@
 // sequences. Every case also compares the updated K and V caches (harness states) and runs the CUDA
 // side three times (eager, captured, replayed): the replays must be bit-identical.
 //
+// The decode cases also cover the fused decode kernel (one launch: this step's k/v appended by the
+// kernel, the splits merged by each column's last block) at page boundaries for T = 1..8.
+//
 // Tolerances (normalized mean squared error against the CPU, see op_harness.h), with the reason:
 //   2e-7  decode. The CUDA cache is FP16 (IEEE half, unit roundoff 2^-11): this step's k/v are
 //         rounded to f16 on the GPU only (the CPU's float cache keeps them exact; the earlier
@@ -147,6 +150,31 @@ TEST_CASE("attention decode: several sequences in one step") {
     run(h, {128, 32, 4, {{2, 5, 1}, {0, 700, 1}, {1, 64, 1}}}, kDecodeTol);
     run(h, {256, 16, 2, {{1, 300, 2}, {0, 10, 1}, {2, 129, 4}}}, kDecodeTol);
     run(h, {64, 4, 4, {{3, 0, 1}, {1, 17, 1}}, 0, 5}, kDecodeTol);
+}
+
+TEST_CASE("attention decode: fused append at page boundaries (T = 1..8 at contexts 1, 63, 64, 65, 300, 4096)") {
+    // The decode kernel appends this step's k/v itself and, with several splits, merges them in the
+    // column's last block (attention.h). T tokens of one sequence, the first at context ctx
+    // (positions ctx-1 .. ctx+T-2, so tokens cross the page boundaries at 64 and 128), with a block
+    // table just wide enough (one split up to 128 positions) and with a 4608-token one (36..66
+    // splits, most of them past the length at short contexts).
+    OpHarness h(107);
+    for (int T = 1; T <= 8; ++T)
+        for (int ctx : {1, 63, 64, 65, 300, 4096}) {
+            run(h, {128, 32, 4, {{0, ctx - 1, T}}}, kDecodeTol);
+            run(h, {128, 32, 4, {{0, ctx - 1, T}}, 72}, kDecodeTol);
+        }
+    // Qwen3-Next's hd256 16/2 and the demo model's hd64 4/4 at the same boundaries.
+    for (int T : {1, 2, 5, 8})
+        for (int ctx : {1, 63, 64, 65, 300, 4096}) {
+            run(h, {256, 16, 2, {{0, ctx - 1, T}}, 72}, kDecodeTol);
+            run(h, {64, 4, 4, {{0, ctx - 1, T}}}, kDecodeTol);
+        }
+    // Group 6: a token's rows straddle two row groups (its cache row belongs to the first block);
+    // group 32: one token spans two row groups.
+    run(h, {64, 12, 2, {{0, 62, 4}}}, kDecodeTol);
+    run(h, {64, 12, 2, {{1, 300, 3}, {0, 64, 2}}, 16}, kDecodeTol);
+    run(h, {64, 64, 2, {{0, 129, 3}}, 8}, kDecodeTol);
 }
 
 TEST_CASE("attention prefill: one sequence") {

@@ -1,12 +1,15 @@
-// Decode-attention benchmark on a GPU: the production kernels (append + split-KV decode + combine)
-// for real model shapes at contexts 2K .. 32K, replayed from a CUDA graph over enough layers' caches
-// that L2 cannot hold them, with effective KV bandwidth; plus a check of one step against a CPU
-// reference (double precision, f16 cache).
+// Decode-attention benchmark on a GPU: the production decode step (launch_attention: one fused
+// launch that appends this step's k / v and merges the splits in-kernel) for real model shapes at
+// contexts 64 .. 32K, replayed from a CUDA graph over enough layers' caches that L2 cannot hold
+// them, with effective KV bandwidth; plus a check of one step against a CPU reference (double
+// precision, f16 cache) and of the appended cache rows (bit-exact f16 of this step's k / v).
 //
 // Build and run (repository root; -arch for the GPU at hand):
 //   nvcc -O3 -std=c++20 -arch=sm_90a --expt-relaxed-constexpr -Isrc -Iinclude dev/kernels/attention/bench_decode.cu \
 //        src/backends/cuda/attention/attention_decode.cu src/backends/cuda/attention/attention_prefill.cu -o /tmp/bench_decode \
 //     && /tmp/bench_decode
+// A/B switches (environment): SPARK_ATTN_PDL=0 (no programmatic dependent launch),
+// SPARK_ATTN_COMBINE=0 (splits merged by the separate combine kernel: two launches per step).
 #include "backends/cuda/attention/attention.h"
 #include "backends/cuda/attention/ptx.cuh"
 #include "backends/cuda/cuda_common.h"
@@ -46,7 +49,8 @@ struct Setup {
     std::vector<uint16_t *> kc, vc;
     float *                 q = nullptr, *k = nullptr, *v = nullptr, *out = nullptr, *ws = nullptr;
     int32_t *               pos = nullptr, *seq = nullptr, *bt = nullptr;
-    std::vector<int32_t>    h_bt;
+    std::vector<int32_t>    h_bt, h_pos;
+    std::vector<float>      h_k, h_v;
     attn::AttnPlan          plan;
     std::vector<attn::AttnParams> params;
 };
@@ -89,12 +93,15 @@ Setup make(const Shape & s, int ctx, int T, int capacity, size_t l2_bytes, int s
     for (auto & x : hk) x = nd(rng);
     CK(cudaMalloc(&st.k, hk.size() * 4));
     CK(cudaMemcpy(st.k, hk.data(), hk.size() * 4, cudaMemcpyHostToDevice));
+    st.h_k = hk;
     for (auto & x : hk) x = nd(rng);
     CK(cudaMalloc(&st.v, hk.size() * 4));
     CK(cudaMemcpy(st.v, hk.data(), hk.size() * 4, cudaMemcpyHostToDevice));
+    st.h_v = hk;
     CK(cudaMalloc(&st.out, h.size() * 4));
     std::vector<int32_t> hp(static_cast<size_t>(T)), hs(static_cast<size_t>(T), 0);
     for (int t = 0; t < T; ++t) hp[size_t(t)] = ctx - T + t;  // the last token sits at ctx - 1
+    st.h_pos = hp;
     CK(cudaMalloc(&st.pos, T * 4));
     CK(cudaMalloc(&st.seq, T * 4));
     CK(cudaMemcpy(st.pos, hp.data(), T * 4, cudaMemcpyHostToDevice));
@@ -104,6 +111,7 @@ Setup make(const Shape & s, int ctx, int T, int capacity, size_t l2_bytes, int s
     std::shuffle(pages.begin(), pages.end(), rng);
     st.h_bt.assign(size_t(st.max_pages), -1);
     for (int p = 0; p < (ctx + 63) / 64; ++p) st.h_bt[size_t(p)] = pages[size_t(p)];
+    if (T > ctx) std::fprintf(stderr, "bench: T=%d > ctx=%d\n", T, ctx), std::exit(1);
     CK(cudaMalloc(&st.bt, st.h_bt.size() * 4));
     CK(cudaMemcpy(st.bt, st.h_bt.data(), st.h_bt.size() * 4, cudaMemcpyHostToDevice));
 
@@ -173,6 +181,18 @@ double check(Setup & st, cudaStream_t stream) {
     CK(cudaMemcpy(q.data(), st.q, q.size() * 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(out.data(), st.out, out.size() * 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(pos.data(), st.pos, T * 4, cudaMemcpyDeviceToHost));
+    // The appended rows: f16 (saturating, RNE) of this step's k / v, bit for bit.
+    size_t bad = 0;
+    for (int t = 0; t < T; ++t) {
+        const int    ps = st.h_pos[size_t(t)];
+        const size_t r  = (size_t(st.h_bt[size_t(ps / 64)]) * 64 + ps % 64) * KV * hd;
+        for (int i = 0; i < KV * hd; ++i) {
+            auto f16 = [](float x) { return f32_to_f16(std::fabs(x) > 65504.0f ? std::copysign(65504.0f, x) : x); };
+            bad += kc[r + i] != f16(st.h_k[size_t(t) * KV * hd + i]);
+            bad += vc[r + i] != f16(st.h_v[size_t(t) * KV * hd + i]);
+        }
+    }
+    if (bad) std::printf("  CACHE MISMATCH: %zu appended values differ\n", bad);
     double num = 0, den = 0;
     const double scale = 1.0 / std::sqrt(double(hd));
     std::vector<double> sc;
@@ -217,18 +237,19 @@ int main() {
         {"Qwen3-8B (hd128, 32/8)", 128, 32, 8},
         {"demo (hd64, 8/8)", 64, 8, 8},
     };
-    // Correctness of one step per shape (context 1000, T = 1 and 4).
+    // Correctness of one step per shape (contexts 8 (one split), 300 and 1000, T = 1 and 4).
     for (const Shape & s : shapes)
-        for (int T : {1, 4}) {
-            Setup st = make(s, 1000, T, 32768, 0, prop.multiProcessorCount);
-            std::printf("check %-30s T=%d ctx 1000: nmse %.2e (splits %d)\n", s.name, T, check(st, stream), st.plan.n_splits);
-            destroy(st);
-        }
+        for (int T : {1, 4})
+            for (int ctx : {8, 300, 1000}) {
+                Setup st = make(s, ctx, T, ctx == 8 ? 128 : 32768, 0, prop.multiProcessorCount);
+                std::printf("check %-30s T=%d ctx %4d: nmse %.2e (splits %d)\n", s.name, T, ctx, check(st, stream), st.plan.n_splits);
+                destroy(st);
+            }
 
     std::printf("\n%-30s %3s %6s %6s %6s %9s %9s\n", "shape", "T", "ctx", "cap", "splits", "us/layer", "KV GB/s");
     for (const Shape & s : shapes)
         for (int T : {1, 4})
-            for (int ctx : {2048, 8192, 16384, 32768}) {
+            for (int ctx : {64, 300, 1024, 2048, 8192, 16384, 32768}) {
                 const int capacity = 32768 + 64 * 8;
                 Setup     st       = make(s, ctx, T, capacity, size_t(prop.l2CacheSize), prop.multiProcessorCount);
                 // One graph: every layer's step once, replayed.

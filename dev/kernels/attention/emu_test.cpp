@@ -107,6 +107,7 @@ struct AttnCase {
     bool   outliers   = false;  // some of this step's k, v beyond f16's range (+-1e5, +-inf)
     double tol_kernel = 0.0;    // 0: the path's default (below)
     float  q_spread   = 0.0f;   // each q row (token, head) also times 2^u, u uniform in [-q_spread, q_spread]
+    bool   separate_combine = false;  // decode: no arrival counters, the combine kernel merges the splits
 };
 
 // The cache's value of x: RNE f16, saturated at +-65504 (attention_append.cuh).
@@ -168,6 +169,12 @@ void run_attention(const AttnCase & tc) {
         }
 
     auto cache_row = [&](int slot, int p) { return int64_t(bt[size_t(slot) * tc.max_pages + p / page]) * page + p % page; };
+    // This step's rows of the cache hold NaN before the step: a kernel that reads one of them from the
+    // cache instead of this step's k / v (or before the append stored it) produces NaN.
+    for (int t = 0; t < T; ++t) {
+        const int64_t r = cache_row(seq[size_t(t)], pos[size_t(t)]);
+        for (int i = 0; i < KV * D; ++i) kc[size_t(r * row + i)] = vc[size_t(r * row + i)] = 0x7E00;
+    }
 #ifdef EMU_CPU_ORACLE
     std::vector<float> kc0(n_cache), vc0(n_cache);  // the CPU backend's float cache before the step
     for (size_t i = 0; i < n_cache; ++i) {
@@ -249,21 +256,41 @@ void run_attention(const AttnCase & tc) {
     p.part_o  = ws.data();
     p.part_ml = ws.data() + size_t(plan.n_splits) * T * H * D;
 
+    // Arrival counters of the fused combine (0 before and after every launch).
+    std::vector<uint32_t> counters(size_t(plan.grid_x) * plan.grid_z + 1, 0);
+    p.counters = plan.n_splits > 1 && !tc.separate_combine ? counters.data() : nullptr;
+
     const uint64_t seed = rng();
-    emu::launch(dim3(T), dim3(attn::kThreads), 0, [&] { attn::attn_append_kernel(p); }, seed);
-    const dim3 grid(plan.grid_x, plan.grid_y, plan.grid_z);
+    const dim3     grid(plan.grid_x, plan.grid_y, plan.grid_z);
+    bool           stores_ok = true;
     if (plan.path == attn::AttnPath::Decode) {
+        // One launch (as launch_decode): the decode kernel appends this step's k / v itself.
+        emu::S().global_stores.clear();
         auto run = [&](auto kernel, int smem) { emu::launch(grid, dim3(attn::kThreads), size_t(smem), [&] { kernel(p); }, seed + 1); };
         if (D == 64) run(attn::attn_decode_kernel<64>, attn::DecodeCfg<64>::kSmem);
         if (D == 128) run(attn::attn_decode_kernel<128>, attn::DecodeCfg<128>::kSmem);
         if (D == 256) run(attn::attn_decode_kernel<256>, attn::DecodeCfg<256>::kSmem);
-        if (plan.n_splits > 1) {
+        // Exactly one 16-byte store per (token, KV head, 8 dims) of K and of V, at its cache row.
+        std::vector<const void *> want, got = emu::S().global_stores;
+        for (int t = 0; t < T; ++t) {
+            const int64_t r = cache_row(seq[size_t(t)], pos[size_t(t)]);
+            for (int i = 0; i < KV * D; i += 8) {
+                want.push_back(kc.data() + r * row + i);
+                want.push_back(vc.data() + r * row + i);
+            }
+        }
+        std::sort(want.begin(), want.end());
+        std::sort(got.begin(), got.end());
+        stores_ok = want == got;
+        for (uint32_t x : counters) stores_ok = stores_ok && x == 0;
+        if (plan.n_splits > 1 && !p.counters) {
             auto comb = [&](auto kernel) { emu::launch(dim3(H, T), dim3(D), 0, [&] { kernel(p); }, seed + 2); };
             if (D == 64) comb(attn::attn_combine_kernel<64>);
             if (D == 128) comb(attn::attn_combine_kernel<128>);
             if (D == 256) comb(attn::attn_combine_kernel<256>);
         }
     } else {
+        emu::launch(dim3(T), dim3(attn::kThreads), 0, [&] { attn::attn_append_kernel(p); }, seed);
         auto run = [&](auto kernel, int smem) { emu::launch(grid, dim3(attn::kThreads), size_t(smem), [&] { kernel(p); }, seed + 1); };
         if (D == 64) run(attn::attn_prefill_kernel<64>, attn::PrefillCfg<64>::kSmem);
         if (D == 128) run(attn::attn_prefill_kernel<128>, attn::PrefillCfg<128>::kSmem);
@@ -277,8 +304,10 @@ void run_attention(const AttnCase & tc) {
         vc_f[i] = ptx::f16_float(vc[i]);
     }
     char info[96];
-    std::snprintf(info, sizeof info, " [%s T=%d splits=%d]", plan.path == attn::AttnPath::Decode ? "decode" : "prefill", T,
-                  plan.n_splits);
+    std::snprintf(info, sizeof info, " [%s T=%d splits=%d%s]", plan.path == attn::AttnPath::Decode ? "decode" : "prefill", T,
+                  plan.n_splits, plan.n_splits > 1 ? (p.counters ? " fused" : " combine") : "");
+    // The fused append: each cache row of the step stored once, by one block; counters back at 0.
+    report(tc.name + info, stores_ok ? 0.0 : 1.0, 0.0, "stores", 0);
     if (!tc.outliers) report(tc.name + info, nmse(out, ref), tc.tol_out, "out", secs);
     // The kernel's own arithmetic error (against a reference that rounds this step's k, v to f16 as
     // the cache does): ~1e-14 for decode (Q and P as f16 hi + lo), ~6e-8 for prefill (single f16
@@ -526,6 +555,15 @@ int main(int argc, char ** argv) {
         {"multi d128 g8 2 seqs", 128, 16, 2, {{0, 33, 1}, {1, 200, 1}}, 8, 2, 16},
         {"multi d64 g1 3 seqs", 64, 4, 4, {{2, 5, 1}, {0, 150, 3}, {1, 0, 1}}, 4, 3},
         {"multi d256 g8 3 seqs", 256, 16, 2, {{1, 90, 2}, {0, 10, 1}, {2, 400, 1}}, 8, 3, 16},
+        // Group 6: the rows of token 2 straddle two row groups (the cache store belongs to the first).
+        {"multi d64 g6 T=4 straddle", 64, 12, 2, {{0, 62, 4}}, 4, 1},
+        {"multi d64 g6 2 seqs straddle", 64, 12, 2, {{1, 300, 3}, {0, 64, 2}}, 8, 2, 16},
+        // Group 32: one token spans two row groups.
+        {"multi d64 g32 T=3", 64, 64, 2, {{0, 129, 3}}, 4, 1},
+        // The separate combine kernel (no arrival counters).
+        {"combine d128 g8 ctx300", 128, 32, 4, {{0, 299, 1}}, 16, 1, 132, kDecodeTol, false, 1, 1, false, false, 0, 0, true},
+        {"combine d64 g16 T=8", 64, 32, 2, {{0, 70, 8}}, 8, 1, 132, kDecodeTol, false, 1, 1, false, false, 0, 0, true},
+        {"combine d256 3 seqs", 256, 16, 2, {{1, 90, 2}, {0, 10, 1}, {2, 400, 1}}, 8, 3, 16, kDecodeTol, false, 1, 1, false, false, 0, 0, true},
         // Prefill.
         {"prefill d128 g8 T=64", 128, 16, 2, {{0, 0, 64}}, 2, 1, 132, kPrefillTol},
         {"prefill d64 g1 T=100 +ctx", 64, 4, 4, {{0, 37, 100}}, 4, 1, 132, kPrefillTol},
@@ -549,6 +587,15 @@ int main(int argc, char ** argv) {
         // the outliers prefill case checks saturation and finiteness, its kernel bound is loose.
         {"range prefill d64 g2 outliers", 64, 8, 4, {{0, 30, 20}}, 1, 1, 132, kPrefillTol, false, 1.0f, 1.0f, false, true, 1e-4},
     };
+    // The fused decode at page boundaries: T = 1..8 tokens of one sequence, the first at context ctx
+    // (positions ctx-1 .. ctx+T-2), with a 4608-token block table (36 splits: the in-kernel combine)
+    // and with just enough pages (one split up to 128 tokens).
+    for (int T : {1, 2, 3, 4, 5, 6, 7, 8})
+        for (int ctx : {1, 63, 64, 65, 300, 4096}) {
+            const std::string n = "fused d128 g8 T=" + std::to_string(T) + " ctx" + std::to_string(ctx);
+            cases.push_back({n + " cap4608", 128, 16, 2, {{0, ctx - 1, T}}, 72, 1});
+            if (ctx <= 300) cases.push_back({n + " tight", 128, 16, 2, {{0, ctx - 1, T}}, (ctx + T - 2) / 64 + 1, 1});
+        }
     for (const AttnCase & c : cases)
         if (want(c.name)) run_attention(c);
 

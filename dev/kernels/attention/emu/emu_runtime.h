@@ -8,7 +8,10 @@
 // cp.async check that their shared-memory addresses lie inside the block's dynamic shared memory
 // and are 16-byte aligned. cp.async copies land either at issue or only at the matching
 // cp.async.wait_group (randomly per launch), shared memory starts filled with NaN bytes. Blocks run
-// one after another (static __shared__ arrays are plain statics).
+// one after another, in a random order per launch (static __shared__ arrays are plain statics), so
+// a block that reads what another block of the same grid writes sees it or not depending on the
+// seed; atomicAdd and __threadfence are plain (blocks do not overlap). The global stores of the
+// ptx st_global_16 wrapper are logged (S().global_stores) so that tests can check who writes what.
 //
 // Not modelled: timing, bank conflicts, register limits, the tensor cores' internal rounding
 // (products are summed in double here).
@@ -98,6 +101,7 @@ struct Sched {
     std::mt19937          rng{1};
     bool                  lazy_copies = false;
     long long             n_collectives = 0;
+    std::vector<const void *> global_stores;  // addresses of st_global_16 since the last clear
 };
 
 inline Sched & S() {
@@ -173,51 +177,60 @@ inline void launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function
     gridDim  = grid;
     blockDim = block;
     s.body   = kernel;
+    std::vector<uint3> order;
     for (unsigned bz = 0; bz < grid.z; ++bz)
         for (unsigned by = 0; by < grid.y; ++by)
-            for (unsigned bx = 0; bx < grid.x; ++bx) {
-                blockIdx = uint3{bx, by, bz};
-                s.smem.assign(smem_bytes + 16, 0xFF);  // NaN in f16, bf16 and f32
-                s.fibers.assign(size_t(n), Fiber{});
-                s.warps.assign(size_t(n / 32), Warp{});
-                for (Warp & w : s.warps) w.bar.expected = 32;
-                s.block_bar = Barrier{};
-                s.block_bar.expected = n;
-                for (int t = 0; t < n; ++t) {
-                    Fiber & f = s.fibers[size_t(t)];
-                    f.idx     = uint3{unsigned(t) % block.x, (unsigned(t) / block.x) % block.y, unsigned(t) / (block.x * block.y)};
-                    f.stack.resize(256 * 1024);
-                    getcontext(&f.ctx);
-                    f.ctx.uc_stack.ss_sp   = f.stack.data();
-                    f.ctx.uc_stack.ss_size = f.stack.size();
-                    f.ctx.uc_link          = &s.main;
-                    makecontext(&f.ctx, trampoline, 0);
-                }
-                std::vector<int> runnable;
-                for (;;) {
-                    runnable.clear();
-                    bool all_done = true;
-                    for (int t = 0; t < n; ++t) {
-                        const Fiber & f = s.fibers[size_t(t)];
-                        if (!f.done) all_done = false;
-                        if (!f.done && !f.waiting) runnable.push_back(t);
-                    }
-                    if (all_done) break;
-                    if (runnable.empty()) {
-                        threadIdx = s.fibers[0].idx;
-                        die("deadlock: every live thread waits at a barrier or warp collective (divergent sync?)");
-                    }
-                    s.cur     = runnable[s.rng() % runnable.size()];
-                    threadIdx = s.fibers[size_t(s.cur)].idx;
-                    swapcontext(&s.main, &s.fibers[size_t(s.cur)].ctx);
-                }
+            for (unsigned bx = 0; bx < grid.x; ++bx) order.push_back(uint3{bx, by, bz});
+    for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[s.rng() % i]);  // random block order
+    for (const uint3 & b : order) {
+        blockIdx = b;
+        s.smem.assign(smem_bytes + 16, 0xFF);  // NaN in f16, bf16 and f32
+        s.fibers.assign(size_t(n), Fiber{});
+        s.warps.assign(size_t(n / 32), Warp{});
+        for (Warp & w : s.warps) w.bar.expected = 32;
+        s.block_bar = Barrier{};
+        s.block_bar.expected = n;
+        for (int t = 0; t < n; ++t) {
+            Fiber & f = s.fibers[size_t(t)];
+            f.idx     = uint3{unsigned(t) % block.x, (unsigned(t) / block.x) % block.y, unsigned(t) / (block.x * block.y)};
+            f.stack.resize(256 * 1024);
+            getcontext(&f.ctx);
+            f.ctx.uc_stack.ss_sp   = f.stack.data();
+            f.ctx.uc_stack.ss_size = f.stack.size();
+            f.ctx.uc_link          = &s.main;
+            makecontext(&f.ctx, trampoline, 0);
+        }
+        std::vector<int> runnable;
+        for (;;) {
+            runnable.clear();
+            bool all_done = true;
+            for (int t = 0; t < n; ++t) {
+                const Fiber & f = s.fibers[size_t(t)];
+                if (!f.done) all_done = false;
+                if (!f.done && !f.waiting) runnable.push_back(t);
             }
+            if (all_done) break;
+            if (runnable.empty()) {
+                threadIdx = s.fibers[0].idx;
+                die("deadlock: every live thread waits at a barrier or warp collective (divergent sync?)");
+            }
+            s.cur     = runnable[s.rng() % runnable.size()];
+            threadIdx = s.fibers[size_t(s.cur)].idx;
+            swapcontext(&s.main, &s.fibers[size_t(s.cur)].ctx);
+        }
+    }
 }
 
 }  // namespace emu
 
 // ---- CUDA built-ins used by the kernels
 inline void __syncthreads() { emu::arrive(emu::S().block_bar); }
+inline void __threadfence() {}
+inline unsigned atomicAdd(unsigned * p, unsigned v) {
+    const unsigned old = *p;
+    *p                 = old + v;
+    return old;
+}
 
 inline float __shfl_xor_sync(unsigned, float v, int m) {
     emu::Warp & w = emu::warp();

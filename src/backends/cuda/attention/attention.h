@@ -3,11 +3,20 @@
 // graph node, fills AttnParams and calls launch_attention; the kernel lab in dev/kernels/attention
 // drives the same entry points directly.
 //
-// One step runs up to three kernels on the stream:
-//   1. append: this step's k, v (f32) rounded to f16 (IEEE half, round to nearest even, saturating
-//      at +-65504) and written at (seq[t], pos[t]) of the cache;
-//   2. decode (T <= kDecodeMaxTokens) or prefill (larger T);
-//   3. combine (decode with n_splits > 1): merges the per-split partial softmax states.
+// Kernels of one step:
+//   decode (T <= kDecodeMaxTokens): ONE launch, the fused decode kernel, which also appends this
+//      step's k, v to the cache (below); with more than one split its blocks combine their partial
+//      softmax states themselves (the last block of each (row group, KV head) column). A second
+//      launch, the combine kernel, only when no arrival counters are available (launch_decode:
+//      graph capture on a stream that never ran an eager decode step, or more columns than the
+//      counter buffer holds) or with SPARK_ATTN_COMBINE=0.
+//   prefill (larger T): the append kernel, then the prefill kernel.
+// The append rounds this step's k, v (f32) to f16 (IEEE half, round to nearest even, saturating at
+// +-65504) and writes them at (seq[t], pos[t]) of the cache; the decode kernel does the same
+// conversion, so the cache and the outputs are bit-identical between the two ways.
+// Decode launches use programmatic dependent launch on sm_90+ (SPARK_ATTN_PDL=0 turns it off): the
+// kernel waits for the previous kernel (griddepcontrol.wait) before its first global memory access
+// and at once lets the next kernel launch (which itself waits for this one to complete).
 //
 // The cache is FP16, not BF16: 3 more mantissa bits (unit roundoff 2^-11 instead of 2^-8, so the
 // rounding of K and V is 8x smaller), which the whole-model golden checks need. K is RMS-normed and
@@ -23,13 +32,29 @@
 // n_splits chunks (a multiple of the tile, at least kMinChunk positions); block y takes chunk y and
 // exits at once when the chunk starts past L. n_splits depends only on shapes (max_pages, T,
 // head counts) and the SM count, never on device data, so a decode step can be captured into a CUDA
-// graph and replayed with new positions. Inside a block, 4 warps share a cp.async pipeline of K/V
-// tiles (one tile never crosses a page); for each tile each warp scores kN/4 positions for all 16
-// rows (mma m16n8k16 f16), the block agrees on the running row maxima through shared memory, then
-// each warp accumulates O for its D/4 output dims over all kN positions. Q and P enter the tensor
-// cores as f16 hi + lo pairs (x = hi + lo, two mma each), so the products are accurate to ~2^-22
-// and the only f16 rounding of consequence is that of the cache itself. Decode is memory-bound; the
-// extra mma cost nothing measurable.
+// graph and replayed with new positions.
+//   This step's k, v (the fused append): positions of this step's tokens are not read from the
+// cache (its block may not have written them yet); the tile loader converts them from p.k / p.v
+// into shared memory instead (the tokens of the run's sequence anywhere in the step, not only the
+// block's own, so token t sees tokens < t of the same sequence), and exactly one block per
+// (token, KV head) stores them to the cache: the block of the token's first row (row group
+// t * group / 16) whose chunk holds the position. Positions whose page is invalid are neither
+// stored nor substituted (read as zeros, as before with the separate append).
+//   Results: when only split 0 has positions (L <= chunk: short contexts, or n_splits = 1) it
+// writes the final output and the other splits exit at once. Otherwise splits 0 .. n_active-1
+// write partial (m, l, O) to the workspace, fence, and count themselves on the column's arrival
+// counter; the last one reads every split's partial in split order (deterministic whichever block
+// is last), writes the output and resets the counter to 0 for the next launch. The counters live
+// in a zeroed per-(device, stream) buffer (decode_counters) that is always 0 between launches.
+// That block reads n_active x (its valid rows) x D partial floats (float4, 8 loads in flight per
+// thread): ~4 KB per split for Qwen3-30B-A3B at T = 1.
+//   Inside a block, 4 warps share a cp.async pipeline of K/V tiles (one tile never crosses a
+// page); for each tile each warp scores kN/4 positions for all 16 rows (mma m16n8k16 f16), the
+// block agrees on the running row maxima through shared memory, then each warp accumulates O for
+// its D/4 output dims over all kN positions. Q and P enter the tensor cores as f16 hi + lo pairs
+// (x = hi + lo, two mma each), so the products are accurate to ~2^-22 and the only f16 rounding of
+// consequence is that of the cache itself. Decode is memory-bound; the extra mma cost nothing
+// measurable.
 //
 // f16 range of the operands (both kernels). f16 overflows at 65520 and goes subnormal below 2^-14,
 // where a value (or the lo half of a pair) loses its bits. So:
@@ -73,6 +98,9 @@ struct AttnParams {
     int64_t         out_nb1 = 0;
     float *         part_o  = nullptr;  // decode workspace: [n_splits][T * n_head][D]
     float *         part_ml = nullptr;  //                   [n_splits][T * n_head][2] (max, sum * kPScale)
+    // Decode arrival counters, [n_kv][row groups], 0 before and after every launch (n_splits > 1).
+    // nullptr: the partials are merged by the separate combine kernel instead.
+    uint32_t *      counters = nullptr;
     int   n_tok = 0, n_head = 0, n_kv = 0, group = 0, head_dim = 0;
     int   page_size = 0, n_pages = 0, max_pages = 0, n_slots = 0;
     int   n_splits = 1;
@@ -105,8 +133,12 @@ template <int D> struct DecodeCfg {
     static constexpr int kOffRed = kOffPlo + kPBytes;           // f32 red_max[4][16], red_sum[4][16]
     static constexpr int kOffTok = kOffRed + 2 * 4 * kRows * 4;  // i32 pos[16], seq[16]
     static constexpr int kOffQInv = kOffTok + 2 * kRows * 4;     // f32 q_inv[16] (1 / the rows' Q scales)
-    static constexpr int kSmem    = kOffQInv + kRows * 4;
+    static constexpr int kOffFlag = kOffQInv + kRows * 4;        // i32 flag[4] (last block of the column)
+    static constexpr int kSmem    = kOffFlag + 16;
     static_assert(D % 64 == 0 && kPW % 8 == 0 && kDW % 16 == 0 && kN % 16 == 0, "decode tile shape");
+    // The in-kernel combine keeps its split weights [16 rows][n_splits <= 1024] f32 in the K/V stages.
+    static_assert(kStages * 2 * kTileBytes >= kRows * 1024 * 4, "combine weights fit the K/V stages");
+    static_assert(kDecodeMaxTokens <= kRows, "all of a step's tokens fit the token arrays");
     static_assert(kQBytes % 16 == 0 && kTileBytes % 16 == 0 && kPBytes % 16 == 0, "16-byte aligned smem");
 };
 
@@ -183,16 +215,39 @@ inline AttnPlan plan_attention(int head_dim, int n_tok, int n_head, int n_kv, in
     return p;
 }
 
-// Enqueues append + attention (+ combine) on `stream`. `p` must have head_dim supported and, for
-// decode with plan.n_splits > 1, part_o / part_ml pointing into plan.workspace_bytes of scratch
-// (part_ml right after the n_splits * T * n_head * D floats of part_o). Throws spark::Error.
+// The decode split chunk for a run of KV length L (positions; a multiple of the tile kN, at least
+// kMinChunk) and how many splits have positions in it (split y covers [y * chunk, (y+1) * chunk)
+// clipped to L; split 0 counts even when L = 0: it writes the zero output).
+constexpr int decode_chunk(int L, int n_splits, int kN) {
+    int chunk = (L + n_splits - 1) / n_splits;
+    chunk     = (chunk + kN - 1) / kN * kN;
+    return chunk > kMinChunk ? chunk : kMinChunk;
+}
+constexpr int decode_active_splits(int L, int chunk) { return L > 0 ? (L + chunk - 1) / chunk : 1; }
+
+// Enqueues the step on `stream`: the fused decode kernel (plus the combine kernel only without
+// arrival counters), or append + prefill. `p` must have head_dim supported and, for decode with
+// plan.n_splits > 1, part_o / part_ml pointing into plan.workspace_bytes of scratch (part_ml right
+// after the n_splits * T * n_head * D floats of part_o); p.counters is filled in by launch_decode.
+// Throws spark::Error.
 void launch_attention(const AttnParams & p, const AttnPlan & plan, cudaStream_t stream);
 
 // Resident decode blocks per SM on the current device for head_dim d (occupancy query, cached per
 // device; at least 1).
 int decode_blocks_per_sm(int head_dim);
 
-// The pieces (attention_decode.cu / attention_prefill.cu).
+// The decode arrival counters of `stream` on the current device: a zeroed buffer of at least
+// `count` u32, allocated (cudaMalloc + cudaMemsetAsync on the stream) on first use and kept for the
+// process; nullptr when count exceeds its size or when it would have to be allocated during graph
+// capture (the caller then falls back to the combine kernel).
+uint32_t * decode_counters(cudaStream_t stream, int64_t count);
+
+// Whether decode launches use programmatic dependent launch (sm_90+ unless SPARK_ATTN_PDL=0) on
+// the current device.
+bool decode_pdl_enabled();
+
+// The pieces (attention_decode.cu / attention_prefill.cu). launch_decode fills p.counters (and
+// launches the combine kernel when it has none); the decode kernel appends this step's k, v itself.
 void launch_append(const AttnParams & p, cudaStream_t stream);
 void launch_decode(const AttnParams & p, const AttnPlan & plan, cudaStream_t stream);
 void launch_prefill(const AttnParams & p, const AttnPlan & plan, cudaStream_t stream);

@@ -1,20 +1,16 @@
-// The append kernel: this step's k, v (f32) rounded to f16 into the paged cache. Included by
+// The append kernel of the prefill path: this step's k, v (f32) rounded to f16 (f16_saturate, then
+// RNE: the conversion the fused decode kernel uses too) into the paged cache. Included by
 // attention_decode.cu only (one definition) and by the CPU warp emulator.
 #pragma once
 
 #include "backends/cuda/attention/attention.h"
+#include "backends/cuda/attention/attention_kernels.cuh"
 #include "backends/cuda/attention/ptx.cuh"
 
 #include <cmath>
 #include <cstdint>
 
 namespace spark::cuda::attn {
-
-// f32 -> f16 for the cache saturates: |x| > 65504 (f16's largest finite value; RNE would give inf
-// from 65520 on) is stored as +-65504. K (RMS-normed) and V (a projection output) are far below
-// that in practice; the clamp only keeps one outlier from becoming inf and turning every score and
-// output that reads it into NaN. NaN stays NaN (the comparison is false), as in the CPU's cache.
-__device__ __forceinline__ float f16_saturate(float x) { return fabsf(x) > 65504.0f ? copysignf(65504.0f, x) : x; }
 
 // ---------------------------------------------------------------------------------------------
 // Append this step's k, v to the cache. grid (T), block kThreads. Tokens with an invalid slot, position or page store nothing.

@@ -1,27 +1,60 @@
-// Append, split-KV decode and combine kernels (attention_kernels.cuh), instantiated for head_dim
-// 64, 128 and 256.
+// Fused decode (append + split-KV decode + in-kernel combine), the fallback combine kernel and the
+// prefill path's append kernel (attention_kernels.cuh, attention_append.cuh), instantiated for
+// head_dim 64, 128 and 256; the decode launch helpers (arrival counters, programmatic dependent
+// launch).
+#include "backends/cuda/arch.h"
 #include "backends/cuda/attention/attention_append.cuh"
 #include "backends/cuda/attention/attention_kernels.cuh"
 #include "backends/cuda/attention/launch_util.h"
 #include "backends/cuda/cuda_common.h"
 
+#include <cstdlib>
 #include <map>
 #include <mutex>
+#include <string>
 #include <utility>
 
 namespace spark::cuda::attn {
 
 namespace {
 
+bool env_off(const char * name) {
+    const char * e = std::getenv(name);
+    return e && std::string(e) == "0";
+}
+
+// SPARK_ATTN_COMBINE=0: always merge the splits with the separate combine kernel (A/B timing).
+bool fused_combine_enabled() {
+    static const bool on = !env_off("SPARK_ATTN_COMBINE");
+    return on;
+}
+
+// Launches kernel(p) on `stream`, with programmatic stream serialization when `pdl`.
+void launch_pdl(void (*kernel)(AttnParams), dim3 grid, dim3 block, int smem, cudaStream_t stream, bool pdl, const AttnParams & p) {
+    if (!pdl) {
+        kernel<<<grid, block, smem, stream>>>(p);
+        SPARK_CUDA_CHECK_LAUNCH();
+        return;
+    }
+    cudaLaunchAttribute attr[1];
+    attr[0].id                                         = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg                             = {};
+    cfg.gridDim                                        = grid;
+    cfg.blockDim                                       = block;
+    cfg.dynamicSmemBytes                               = size_t(smem);
+    cfg.stream                                         = stream;
+    cfg.attrs                                          = attr;
+    cfg.numAttrs                                       = 1;
+    SPARK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
+}
+
 template <int D> void decode_d(const AttnParams & p, const AttnPlan & plan, cudaStream_t stream) {
     static std::atomic<uint32_t> smem_set{0};
     set_smem_limit_once(reinterpret_cast<const void *>(&attn_decode_kernel<D>), DecodeCfg<D>::kSmem, smem_set);
-    attn_decode_kernel<D><<<dim3(plan.grid_x, plan.grid_y, plan.grid_z), kThreads, DecodeCfg<D>::kSmem, stream>>>(p);
-    SPARK_CUDA_CHECK_LAUNCH();
-    if (plan.n_splits > 1) {
-        attn_combine_kernel<D><<<dim3(p.n_head, p.n_tok), D, 0, stream>>>(p);
-        SPARK_CUDA_CHECK_LAUNCH();
-    }
+    const bool pdl = decode_pdl_enabled();
+    launch_pdl(attn_decode_kernel<D>, dim3(plan.grid_x, plan.grid_y, plan.grid_z), dim3(kThreads), DecodeCfg<D>::kSmem, stream, pdl, p);
+    if (plan.n_splits > 1 && !p.counters) launch_pdl(attn_combine_kernel<D>, dim3(p.n_head, p.n_tok), dim3(D), 0, stream, pdl, p);
 }
 
 template <int D> int blocks_per_sm_d() {
@@ -53,13 +86,60 @@ int decode_blocks_per_sm(int head_dim) {
     return n;
 }
 
+bool decode_pdl_enabled() {
+    static const bool env_on = !env_off("SPARK_ATTN_PDL");
+    if (!env_on) return false;
+    static std::mutex         mu;
+    static std::map<int, bool> cache;  // device -> sm_90+
+    int                       dev = 0;
+    SPARK_CUDA_CHECK(cudaGetDevice(&dev));
+    std::lock_guard<std::mutex> lock(mu);
+    auto                        it = cache.find(dev);
+    if (it != cache.end()) return it->second;
+    int major = 0, minor = 0;
+    SPARK_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    SPARK_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    const bool on = major * 100 + minor * 10 >= kCcHopper;
+    cache[dev]    = on;
+    return on;
+}
+
+uint32_t * decode_counters(cudaStream_t stream, int64_t count) {
+    // 16K columns (row groups x KV heads) is far more than any decode step has (T <= 8).
+    constexpr int64_t kCounters = 16384;
+    if (count > kCounters) return nullptr;
+    static std::mutex                                        mu;
+    static std::map<std::pair<int, cudaStream_t>, uint32_t *> buffers;  // (device, stream) -> counters
+    int                                                      dev = 0;
+    SPARK_CUDA_CHECK(cudaGetDevice(&dev));
+    std::lock_guard<std::mutex> lock(mu);
+    auto                        it = buffers.find({dev, stream});
+    if (it != buffers.end()) return it->second;
+    // A stream's first decode step is eager (the backend runs every step shape once before it
+    // captures it); a capture that gets here anyway uses the combine kernel.
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    SPARK_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    if (capture != cudaStreamCaptureStatusNone) return nullptr;
+    // One buffer per (device, stream): two streams may run decode steps at the same time. Kept for
+    // the life of the process (captured graphs hold the pointer); a stream handle that is reused
+    // finds the counters at 0, as every launch leaves them.
+    void * ptr = nullptr;
+    SPARK_CUDA_CHECK(cudaMalloc(&ptr, size_t(kCounters) * sizeof(uint32_t)));
+    SPARK_CUDA_CHECK(cudaMemsetAsync(ptr, 0, size_t(kCounters) * sizeof(uint32_t), stream));
+    buffers[{dev, stream}] = static_cast<uint32_t *>(ptr);
+    return static_cast<uint32_t *>(ptr);
+}
+
 void launch_append(const AttnParams & p, cudaStream_t stream) {
     attn_append_kernel<<<p.n_tok, kThreads, 0, stream>>>(p);
     SPARK_CUDA_CHECK_LAUNCH();
 }
 
-void launch_decode(const AttnParams & p, const AttnPlan & plan, cudaStream_t stream) {
-    if (plan.n_splits > 1 && (!p.part_o || !p.part_ml)) fail(SPARK_ERR_INTERNAL, "attention decode: no workspace for %d splits", plan.n_splits);
+void launch_decode(const AttnParams & params, const AttnPlan & plan, cudaStream_t stream) {
+    if (plan.n_splits > 1 && (!params.part_o || !params.part_ml))
+        fail(SPARK_ERR_INTERNAL, "attention decode: no workspace for %d splits", plan.n_splits);
+    AttnParams p = params;
+    p.counters   = plan.n_splits > 1 && fused_combine_enabled() ? decode_counters(stream, int64_t(plan.grid_x) * plan.grid_z) : nullptr;
     switch (p.head_dim) {
         case 64: return decode_d<64>(p, plan, stream);
         case 128: return decode_d<128>(p, plan, stream);
@@ -70,9 +150,12 @@ void launch_decode(const AttnParams & p, const AttnPlan & plan, cudaStream_t str
 
 void launch_attention(const AttnParams & p, const AttnPlan & plan, cudaStream_t stream) {
     if (p.n_tok <= 0) return;
-    launch_append(p, stream);
-    if (plan.path == AttnPath::Decode) launch_decode(p, plan, stream);
-    else launch_prefill(p, plan, stream);
+    if (plan.path == AttnPath::Decode) {
+        launch_decode(p, plan, stream);  // appends this step's k, v itself
+    } else {
+        launch_append(p, stream);
+        launch_prefill(p, plan, stream);
+    }
 }
 
 }  // namespace spark::cuda::attn

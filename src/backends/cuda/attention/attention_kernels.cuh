@@ -15,6 +15,13 @@ namespace spark::cuda::attn {
 // Shared helpers
 // ---------------------------------------------------------------------------------------------
 
+// f32 -> f16 for the cache saturates: |x| > 65504 (f16's largest finite value; RNE would give inf
+// from 65520 on) is stored as +-65504. K (RMS-normed) and V (a projection output) are far below
+// that in practice; the clamp only keeps one outlier from becoming inf and turning every score and
+// output that reads it into NaN. NaN stays NaN (the comparison is false), as in the CPU's cache.
+// Used by the append kernel and by the decode kernel's fused append (identical values).
+__device__ __forceinline__ float f16_saturate(float x) { return fabsf(x) > 65504.0f ? copysignf(65504.0f, x) : x; }
+
 // The tokens [t_begin, t_end) a block's rows cover, their positions and slots into smem.
 __device__ __forceinline__ void load_token_meta(const AttnParams & p, int t_begin, int t_end, int * tok_pos, int * tok_seq) {
     for (int i = threadIdx.x; i < t_end - t_begin; i += blockDim.x) {
@@ -91,8 +98,24 @@ __device__ __forceinline__ void load_q_row(const AttnParams & p, bool valid, int
 }
 
 // ---------------------------------------------------------------------------------------------
-// Decode: split-KV, 16 rows per block. grid (row groups, n_splits, n_kv), block kThreads.
+// Decode: split-KV, 16 rows per block, this step's k / v appended on the way, splits combined by the
+// column's last block. grid (row groups, n_splits, n_kv), block kThreads. (attention.h, "Decode".)
 // ---------------------------------------------------------------------------------------------
+
+// The step token that supplies position ps of sequence s (the last one if several do), or -1.
+__device__ __forceinline__ int fresh_token(const int * tok_pos, const int * tok_seq, int n_tok, int s, int ps) {
+    int u = -1;
+    for (int i = 0; i < n_tok; ++i)
+        if (tok_seq[i] == s && tok_pos[i] == ps) u = i;
+    return u;
+}
+
+// 8 consecutive f32 of this step's k or v row as f16 (saturated, RNE: exactly the append's values).
+__device__ __forceinline__ void fresh_f16x8(const float * src, uint32_t (&h)[4]) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) h[j] = ptx::pack_f16x2(f16_saturate(src[2 * j]), f16_saturate(src[2 * j + 1]));
+}
+
 template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_decode_kernel(const AttnParams p) {
     using C = DecodeCfg<D>;
     constexpr int kN = C::kN, kStr = C::kStr, kPStr = C::kPStr, kPW = C::kPW, kDW = C::kDW, kS = C::kStages;
@@ -107,6 +130,7 @@ template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_decode_kern
     int *      tok_pos = reinterpret_cast<int *>(smem + C::kOffTok);
     int *      tok_seq = tok_pos + 16;
     float *    q_inv   = reinterpret_cast<float *>(smem + C::kOffQInv);
+    int *      flag    = reinterpret_cast<int *>(smem + C::kOffFlag);
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
     const int split = blockIdx.y, kvh = blockIdx.z;
@@ -114,9 +138,32 @@ template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_decode_kern
     const int R0      = blockIdx.x * 16;
     const int t_begin = R0 / p.group;
     const int t_end   = min(p.n_tok, (R0 + 15) / p.group + 1);
+    // Without arrival counters (n_splits > 1) every block writes its partials for the combine kernel.
+    const bool separate_combine = p.n_splits > 1 && p.counters == nullptr;
 
-    load_token_meta(p, t_begin, t_end, tok_pos, tok_seq);
+    // Programmatic dependent launch: nothing above touched global memory; everything below may read
+    // what the previous kernel wrote. The next kernel may launch now (it waits for this one).
+    ptx::grid_dep_wait();
+    ptx::grid_dep_launch_dependents();
+
+    // All of the step's tokens (T <= 8): this step's k / v of a run's sequence may come from tokens
+    // of other row groups.
+    load_token_meta(p, 0, p.n_tok, tok_pos, tok_seq);
     __syncthreads();
+
+    // The block's work (block-uniform, and the same in every block of the column): does split
+    // `split` have positions in any run, and how many splits the column's last block combines.
+    bool has_work   = separate_combine;
+    int  n_combined = 0;
+    for (int t = t_begin; t < t_end;) {
+        int       L     = 0;
+        const int te    = next_run(p, tok_pos, tok_seq, 0, t, t_end, L);
+        const int n_act = decode_active_splits(L, decode_chunk(L, p.n_splits, kN));
+        if (split < n_act) has_work = true;
+        if (n_act > 1) n_combined = max(n_combined, n_act);
+        t = te;
+    }
+    if (!has_work) return;  // past every run's length (most splits at short contexts)
 
     // This thread's two rows (mma C layout): g and g + 8.
     int row_tok[2], row_pos[2], row_head[2];
@@ -124,7 +171,7 @@ template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_decode_kern
         const int R  = R0 + g + 8 * rr;
         row_tok[rr]  = R < n_rows ? R / p.group : -1;
         row_head[rr] = R < n_rows ? kvh * p.group + R % p.group : -1;
-        row_pos[rr]  = R < n_rows ? tok_pos[row_tok[rr] - t_begin] : -1;
+        row_pos[rr]  = R < n_rows ? tok_pos[row_tok[rr]] : -1;
     }
 
     const int64_t row_elems = int64_t(p.n_kv) * D;
@@ -143,39 +190,66 @@ template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_decode_kern
 
     for (int t = t_begin; t < t_end;) {
         int       L  = 0;
-        const int te = next_run(p, tok_pos, tok_seq, t_begin, t, t_end, L);
+        const int te = next_run(p, tok_pos, tok_seq, 0, t, t_end, L);
         bool      in_run[2];
         for (int rr = 0; rr < 2; ++rr) in_run[rr] = row_tok[rr] >= t && row_tok[rr] < te;
 
         // This block's chunk of 0 .. L-1.
-        int chunk = (L + p.n_splits - 1) / p.n_splits;
-        chunk     = (chunk + kN - 1) / kN * kN;
-        chunk     = max(chunk, kMinChunk);
+        const int chunk   = decode_chunk(L, p.n_splits, kN);
+        const int n_act   = decode_active_splits(L, chunk);
         const int c0      = split * chunk;
         const int c1      = min(L, c0 + chunk);
         const int n_tiles = c1 > c0 ? (c1 - c0 + kN - 1) / kN : 0;
-        const int s       = tok_seq[t - t_begin];
+        const int s       = tok_seq[t];
         const int32_t * bt = p.block_table + int64_t(L > 0 ? s : 0) * p.max_pages;
+        // Positions of this step's tokens of sequence s inside the chunk: [f_lo, f_hi] (empty: f_lo > f_hi).
+        int f_lo = c1, f_hi = c0 - 1;
+        for (int u = 0; u < p.n_tok; ++u)
+            if (tok_seq[u] == s && tok_pos[u] >= c0 && tok_pos[u] < c1) {
+                f_lo = min(f_lo, tok_pos[u]);
+                f_hi = max(f_hi, tok_pos[u]);
+            }
 
         float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
         float o[kDW / 8][4];
         for (int nd = 0; nd < kDW / 8; ++nd)
             for (int e = 0; e < 4; ++e) o[nd][e] = 0.0f;
 
-        // K and V rows of tile `it` into its stage (zero-filled past c1).
+        // K and V rows of tile `it` into its stage (zero-filled past c1). Rows of this step's tokens
+        // come from p.k / p.v (plain shared stores, visible after the barrier that publishes the
+        // tile), and the block that owns the token stores them to the cache too.
         auto load_tile = [&](int it) {
             uint16_t *    ks      = kv_s + (it % kS) * 2 * kN * kStr;
             uint16_t *    vs      = ks + kN * kStr;
             const int     p0      = c0 + it * kN;
             const int     page    = bt[p0 / p.page_size];
             const bool    page_ok = page >= 0 && page < p.n_pages;
+            const bool    fresh   = page_ok && p0 <= f_hi && p0 + kN > f_lo;  // block-uniform
             const int64_t row0    = (int64_t(page_ok ? page : 0) * p.page_size + p0 % p.page_size) * row_elems + int64_t(kvh) * D;
             for (int i = tid; i < kN * (D / 8); i += kThreads) {
                 const int     r   = i / (D / 8), cc = i % (D / 8);
                 const bool    ok  = page_ok && p0 + r < c1;
                 const int64_t off = ok ? row0 + int64_t(r) * row_elems + cc * 8 : 0;
-                ptx::cp_async_16(ks + r * kStr + cc * 8, p.k_cache + off, ok);
-                ptx::cp_async_16(vs + r * kStr + cc * 8, p.v_cache + off, ok);
+                const int     u   = fresh && ok ? fresh_token(tok_pos, tok_seq, p.n_tok, s, p0 + r) : -1;
+                if (u < 0) {
+                    ptx::cp_async_16(ks + r * kStr + cc * 8, p.k_cache + off, ok);
+                    ptx::cp_async_16(vs + r * kStr + cc * 8, p.v_cache + off, ok);
+                    continue;
+                }
+                const bool writer = u >= t && u < te && (u * p.group) / 16 == int(blockIdx.x);
+                uint32_t   hk[4], hv[4];
+                fresh_f16x8(reinterpret_cast<const float *>(p.k + u * p.k_nb2 + kvh * p.k_nb1) + cc * 8, hk);
+                fresh_f16x8(reinterpret_cast<const float *>(p.v + u * p.v_nb2 + kvh * p.v_nb1) + cc * 8, hv);
+                uint32_t * dk = reinterpret_cast<uint32_t *>(ks + r * kStr + cc * 8);
+                uint32_t * dv = reinterpret_cast<uint32_t *>(vs + r * kStr + cc * 8);
+                for (int j = 0; j < 4; ++j) {
+                    dk[j] = hk[j];
+                    dv[j] = hv[j];
+                }
+                if (writer) {
+                    ptx::st_global_16(p.k_cache + off, hk);
+                    ptx::st_global_16(p.v_cache + off, hv);
+                }
             }
         };
 
@@ -301,24 +375,27 @@ template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_decode_kern
         ptx::cp_async_wait<0>();
         __syncthreads();  // smem free for the next run
 
-        // ---- results of this run's rows
+        // ---- results of this run's rows: the output itself when split 0 is the only split with
+        // positions, else this split's partial state (for the column's last block / the combine kernel)
+        const bool direct  = !separate_combine && n_act == 1 && split == 0;
+        const bool partial = separate_combine || (n_act > 1 && split < n_act);
         for (int rr = 0; rr < 2; ++rr) {
             if (!in_run[rr]) continue;
             const int dcol = warp * kDW + c * 2;
-            if (p.n_splits == 1) {
+            if (direct) {
                 const float inv = l[rr] > 0.0f ? 1.0f / l[rr] : 0.0f;
                 float *     out = reinterpret_cast<float *>(reinterpret_cast<char *>(p.out) + row_tok[rr] * p.out_nb1) + int64_t(row_head[rr]) * D;
                 for (int nd = 0; nd < kDW / 8; ++nd) {
                     out[dcol + nd * 8]     = o[nd][2 * rr] * inv;
                     out[dcol + nd * 8 + 1] = o[nd][2 * rr + 1] * inv;
                 }
-            } else {
+            } else if (partial) {
                 const int64_t base = int64_t(split) * all_rows + int64_t(row_tok[rr]) * p.n_head + row_head[rr];
                 if (warp == 0 && c == 0) {
                     p.part_ml[2 * base]     = m[rr];
                     p.part_ml[2 * base + 1] = l[rr];
                 }
-                if (n_tiles > 0) {  // empty chunks leave part_o unwritten (combine skips l == 0)
+                if (n_tiles > 0) {  // empty chunks leave part_o unwritten (the combines skip l == 0)
                     float * po = p.part_o + base * D;
                     for (int nd = 0; nd < kDW / 8; ++nd) {
                         po[dcol + nd * 8]     = o[nd][2 * rr];
@@ -329,12 +406,84 @@ template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_decode_kern
         }
         t = te;
     }
+
+    // ---- the column's last block merges the splits (in split order: the same result whichever
+    // block is last) of every run that has more than one.
+    if (separate_combine || n_combined == 0 || split >= n_combined) return;
+    __threadfence();  // this thread's partials are visible device-wide ...
+    __syncthreads();  // ... before the block counts itself
+    if (tid == 0) {
+        uint32_t * ctr  = p.counters + int64_t(kvh) * gridDim.x + blockIdx.x;
+        const bool last = atomicAdd(ctr, 1u) == uint32_t(n_combined - 1);
+        if (last) *ctr = 0;  // every block of the column has counted: ready for the next launch
+        flag[0] = last ? 1 : 0;
+    }
+    __syncthreads();
+    if (!flag[0]) return;
+    __threadfence();
+    float * wts     = reinterpret_cast<float *>(kv_s);  // [16 rows][n_act] split weights (K/V stages are free)
+    float * row_sum = red_sum;                          // [16]
+    for (int t = t_begin; t < t_end;) {
+        int       L     = 0;
+        const int te    = next_run(p, tok_pos, tok_seq, 0, t, t_end, L);
+        const int n_act = decode_active_splits(L, decode_chunk(L, p.n_splits, kN));
+        if (n_act > 1) {
+            // Weights exp2(m_s - M) of the splits with l_s > 0 and the total sum, warp w: rows w, w + 4, ...
+            for (int r = warp; r < 16; r += 4) {
+                const int R = R0 + r, tok = R / p.group;
+                if (R >= n_rows || tok < t || tok >= te) continue;  // warp-uniform
+                const int64_t Rg = int64_t(tok) * p.n_head + kvh * p.group + R % p.group;
+                float         M  = -INFINITY;
+                for (int y = lane; y < n_act; y += 32) {
+                    const float * ml = p.part_ml + 2 * (int64_t(y) * all_rows + Rg);
+                    if (ptx::ld_cg_f32(ml + 1) > 0.0f) M = fmaxf(M, ptx::ld_cg_f32(ml));
+                }
+                for (int off = 16; off > 0; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
+                float sum = 0.0f;
+                for (int y = lane; y < n_act; y += 32) {
+                    const float * ml = p.part_ml + 2 * (int64_t(y) * all_rows + Rg);
+                    const float   ly = ptx::ld_cg_f32(ml + 1);
+                    const float   w  = ly > 0.0f ? exp2f(ptx::ld_cg_f32(ml) - M) : 0.0f;
+                    sum += w * ly;
+                    wts[r * n_act + y] = w;
+                }
+                for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+                if (lane == 0) row_sum[r] = sum;
+            }
+            __syncthreads();
+            // O = sum_s w_s O_s / sum, four dims per thread and item.
+            constexpr int kD4 = D / 4;
+            for (int i = tid; i < 16 * kD4; i += kThreads) {
+                const int r = i / kD4, d = (i % kD4) * 4;
+                const int R = R0 + r, tok = R / p.group;
+                if (R >= n_rows || tok < t || tok >= te) continue;
+                const int     h  = kvh * p.group + R % p.group;
+                const int64_t Rg = int64_t(tok) * p.n_head + h;
+                float         acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                const float * po     = p.part_o + Rg * D + d;
+#pragma unroll 8
+                for (int y = 0; y < n_act; ++y) {  // every active split wrote part_o (n_tiles > 0)
+                    float     v[4];
+                    ptx::ld_cg_f32x4(po + int64_t(y) * all_rows * D, v);
+                    const float w = wts[r * n_act + y];
+                    for (int e = 0; e < 4; ++e) acc[e] += w > 0.0f ? w * v[e] : 0.0f;  // l = 0: skipped, as the combine kernel
+                }
+                const float sum = row_sum[r];
+                float *     out = reinterpret_cast<float *>(reinterpret_cast<char *>(p.out) + tok * p.out_nb1) + int64_t(h) * D + d;
+                for (int e = 0; e < 4; ++e) out[e] = sum > 0.0f ? acc[e] / sum : 0.0f;
+            }
+            __syncthreads();  // weights free for the next run
+        }
+        t = te;
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
-// Combine the decode splits. grid (n_head, T), block D.
+// Combine the decode splits (only when the decode kernel had no arrival counters). grid (n_head, T),
+// block D.
 // ---------------------------------------------------------------------------------------------
 template <int D> __global__ void __launch_bounds__(256) attn_combine_kernel(const AttnParams p) {
+    ptx::grid_dep_wait();  // (programmatic dependent launch: the partials come from the decode kernel)
     const int     h = blockIdx.x, t = blockIdx.y, d = threadIdx.x;
     const int64_t all_rows = int64_t(p.n_tok) * p.n_head;
     const int64_t R        = int64_t(t) * p.n_head + h;

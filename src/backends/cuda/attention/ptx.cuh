@@ -12,8 +12,8 @@
 //
 // The kernels written on these wrappers are also run by the CPU warp emulator in
 // dev/kernels/attention/emu (which shadows this header), so kernel bodies use only these wrappers,
-// threadIdx/blockIdx/blockDim/gridDim, __syncthreads, __shfl_xor_sync and plain arithmetic (with
-// <cmath>'s fabsf, copysignf, exp2f, frexpf, ldexpf).
+// threadIdx/blockIdx/blockDim/gridDim, __syncthreads, __shfl_xor_sync, __threadfence, atomicAdd
+// (unsigned) and plain arithmetic (with <cmath>'s fabsf, copysignf, exp2f, frexpf, ldexpf).
 #pragma once
 
 #include "backends/cuda/arch.h"
@@ -131,6 +131,39 @@ __device__ __forceinline__ void cp_async_commit() {
 template <int N> __device__ __forceinline__ void cp_async_wait() {
 #if SPARK_ARCH_AMPERE_PLUS
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+// ---- global memory written by other blocks of the same grid (the decode kernel's split partials):
+// ld.global.cg (L2, never a stale L1 line).
+__device__ __forceinline__ float ld_cg_f32(const float * p) { return __ldcg(p); }
+__device__ __forceinline__ void  ld_cg_f32x4(const float * p, float (&v)[4]) {  // p 16-byte aligned
+    const float4 x = __ldcg(reinterpret_cast<const float4 *>(p));
+    v[0]           = x.x;
+    v[1]           = x.y;
+    v[2]           = x.z;
+    v[3]           = x.w;
+}
+
+// ---- 16 bytes (four 32-bit words, w[0] at the lowest address) to global memory; dst 16-byte aligned.
+__device__ __forceinline__ void st_global_16(void * dst, const uint32_t (&w)[4]) {
+    *reinterpret_cast<uint4 *>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// ---- programmatic dependent launch (sm_90+). A kernel launched with
+// cudaLaunchAttributeProgrammaticStreamSerialization may start while the previous kernel of the
+// stream is still running: grid_dep_wait() blocks until that kernel has completed and its memory is
+// visible, so it must come before the first global read or write. grid_dep_launch_dependents() lets
+// the next kernel (if it was launched the same way) start early; that kernel still waits for this
+// one to complete before it touches memory. Both are no-ops below sm_90 and without the attribute.
+__device__ __forceinline__ void grid_dep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void grid_dep_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 

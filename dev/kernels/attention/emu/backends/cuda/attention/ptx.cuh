@@ -104,4 +104,22 @@ template <int N> inline void cp_async_wait() {
     }
 }
 
+inline float ld_cg_f32(const float * p) { return *p; }
+inline void  ld_cg_f32x4(const float * p, float (&v)[4]) {
+    if ((reinterpret_cast<uintptr_t>(p) & 15u) != 0) emu::die("ld_cg_f32x4: unaligned");
+    for (int i = 0; i < 4; ++i) v[i] = p[i];
+}
+
+// Logged (emu::S().global_stores): the decode tests check that every cache row of this step is
+// stored exactly once.
+inline void st_global_16(void * dst, const uint32_t (&w)[4]) {
+    if ((reinterpret_cast<uintptr_t>(dst) & 15u) != 0) emu::die("st_global_16: unaligned");
+    std::memcpy(dst, w, 16);
+    emu::S().global_stores.push_back(dst);
+}
+
+// Blocks run one after another: nothing to wait for.
+inline void grid_dep_wait() {}
+inline void grid_dep_launch_dependents() {}
+
 }  // namespace spark::cuda::ptx
