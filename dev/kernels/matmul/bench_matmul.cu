@@ -17,13 +17,14 @@
 //
 // Build and run from the repository root (one line; -arch as the GPU: sm_90a H100, sm_120a RTX 50xx):
 //   nvcc -O3 -std=c++20 --expt-relaxed-constexpr -arch=sm_90a -Isrc -Iinclude dev/kernels/matmul/bench_matmul.cu src/backends/cuda/matmul/gemv_*.cu src/backends/cuda/matmul/gemm_*.cu src/backends/cuda/matmul/aux.cu src/backends/cuda/matmul/plan.cpp -o /tmp/bench_matmul && /tmp/bench_matmul
-// Options: --quick (INT4 only, no GEMM), --no-gemm, --rows (also 2, 4, 8 activation rows), --no-pdl
+// Options: --sweep (every plan of the large 8B INT4 shapes, timed), --quick (INT4 only, no GEMM), --no-gemm, --rows (also 2, 4, 8 activation rows), --no-pdl
 // (GEMV launches without programmatic dependent launch; the dispatch's default is with, on sm_90+),
 // --mma-only / --fma-only (INT4 and NVFP4 through one decode kernel only; default: both, the plan
 // column says which: "mma[kp] wk/ks grid" for the tensor-core decode of gemv_mma.cuh). After the
 // per-shape table: q+k+v in one multi-weight launch (op_matmul_multi) against three launches.
 #include "backends/cuda/cuda_common.h"
 #include "backends/cuda/matmul/launch.h"
+#include "backends/cuda/matmul/tuning.h"
 #include "quant/formats.h"
 
 #include <cuda_runtime.h>
@@ -724,8 +725,44 @@ void bench_gemm(WeightFormat f, int64_t m, int64_t n, int64_t k) {
 
 }  // namespace
 
+// --sweep: every decode-GEMV plan the planner can make (kernel x K-pair or lanes per row x K-warps x
+// K splits, restricted through the tuning overrides) for the large INT4 shapes of Qwen3-8B, to check
+// the cost model's choice against the clock.
+void sweep() {
+    struct S {
+        const char * name;
+        int64_t      n, k;
+        int          nw;
+    };
+    const S shapes[] = {{"8B ffn gate+up+swiglu N=12288 K=4096", 12288, 4096, 2},
+                        {"8B down N=4096 K=12288", 4096, 12288, 1},
+                        {"8B q/o N=4096 K=4096", 4096, 4096, 1}};
+    Overrides & ov = overrides();
+    for (const S & s : shapes) {
+        print_header();
+        for (const bool mma : {true, false}) {
+            for (const int variant : mma ? std::vector<int>{0, 1} : std::vector<int>{32, 16}) {
+                for (const int wk : {1, 2, 4, 8}) {
+                    for (const int ks : {1, 2, 4}) {
+                        ov             = Overrides{};
+                        ov.gemv_wk     = wk;
+                        ov.gemv_ksplit = ks;
+                        if (mma) ov.gemv_kpair = variant;
+                        else ov.gemv_lpr = variant;
+                        const GemvPlan p = plan_gemv(WeightFormat::INT4, s.n, s.k, 1, 1, s.nw, g_sms, lab_opts(WeightFormat::INT4, mma));
+                        if (p.grid.x == 0 || p.mma != mma || p.wk != wk) continue;
+                        bench_gemv(s.name, WeightFormat::INT4, s.n, s.k, 1, s.nw, 0.0, mma);
+                    }
+                }
+            }
+        }
+        ov = Overrides{};
+        bench_gemv(std::string(s.name) + " (planner)", WeightFormat::INT4, s.n, s.k, 1, s.nw, 0.0, true);
+    }
+}
+
 int main(int argc, char ** argv) {
-    bool quick = false, gemm = true, more_rows = false, no_pdl = false, fma = true, mma = true;
+    bool quick = false, gemm = true, more_rows = false, no_pdl = false, fma = true, mma = true, do_sweep = false;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--quick") quick = true, gemm = false;
@@ -734,6 +771,7 @@ int main(int argc, char ** argv) {
         if (a == "--no-pdl") no_pdl = true;
         if (a == "--mma-only") fma = false;
         if (a == "--fma-only") mma = false;
+        if (a == "--sweep") do_sweep = true;
     }
     cudaDeviceProp prop{};
     CK(cudaGetDeviceProperties(&prop, 0));
@@ -745,6 +783,10 @@ int main(int argc, char ** argv) {
     std::printf("%s, %d SMs, copy bandwidth %.0f GB/s (bytes read + written, the perf-anchors.md convention; %%copy = bytes read / graph us / this); "
                 "GEMV launches %s programmatic dependent launch\n",
                 prop.name, g_sms, g_copy_bw / 1e9, g_pdl ? "with" : "without");
+    if (do_sweep) {
+        sweep();
+        return 0;
+    }
 
     // The decode-step shapes of the brief; brief us: INT4 (BF16 for lm_head / router) in a model step.
     struct Shape {

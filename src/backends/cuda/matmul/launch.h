@@ -45,7 +45,7 @@ struct GemvPlan {
     int     rows_per_block = 0;  // output rows of one block (multi-weight launches tile each weight by it)
     int     smem           = 0;  // dynamic shared memory bytes per block (MMA kernel)
     bool    mma_kpair      = false;  // MMA kernel, nw = 1: 16 rows per warp, two K blocks per step
-    dim3    grid;                // (row tiles, ksplit, jobs)
+    dim3    grid{0, 0, 0};       // (row tiles, ksplit, jobs); x = 0: no plan (no candidate fitted)
     // Split-K scratch (ksplit > 1): partial floats [ksplit][nw][out_rows][n] and arrival counters
     // (one per row tile and job, zeroed on the stream before the launch).
     int64_t counters() const { return ksplit > 1 ? int64_t(grid.x) * grid.z : 0; }

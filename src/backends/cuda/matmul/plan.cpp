@@ -114,14 +114,18 @@ GemvPlan plan_gemv_mma(WeightFormat f, const int64_t * mat_n, int n_mats, int64_
     const double  epb   = f == WeightFormat::NVFP4 ? 1.78 : 1.94;  // weights per streamed byte
     const int64_t smem_sm = int64_t(smem_optin) + 1024;                // per SM (one 1 KB reservation per block)
 
-    constexpr double kLat = 1.0, kBwSm = 3.0e6 / 132, kIssueSm = 128 * 1750.0, kBlockStart = 0.5, kPro = 0.3;
+    // kLatLoaded: DRAM latency under load, fitted to the 8B gate/up plans measured with
+    // bench_matmul --sweep on an H100 (one block alone streams ~16 KB/us).
+    constexpr double kLat = 1.0, kBw = 3.0e6, kLatLoaded = 2.0, kIssueSm = 128 * 1750.0, kBlockStart = 0.5, kPro = 0.3;
     constexpr double kSplitCost = 0.8, kLowOcc = 0.5;
 
     const int forced = overrides().gemv_ksplit;
     double    best   = 1e300;
     for (const int kp : {0, 1}) {  // kp: one row tile at two K blocks per warp step (nw = 1)
     if (kp && nw != 1) continue;
+    if (overrides().gemv_kpair >= 0 && kp != overrides().gemv_kpair) continue;
     for (const int wk : {1, 2, 4, 8}) {
+        if (overrides().gemv_wk > 0 && wk != overrides().gemv_wk) continue;
         const int64_t rb = int64_t(warps / wk) * (kp ? 1 : U) * 16;  // rows per block
         int64_t       tiles = 0;
         for (int m = 0; m < n_mats; ++m) tiles += ceil_div(mat_n[m], rb);
@@ -143,12 +147,18 @@ GemvPlan plan_gemv_mma(WeightFormat f, const int64_t * mat_n, int n_mats, int64_
             const int64_t per_sm   = ceil_div(blocks, sms);
             const int64_t resident = std::min<int64_t>(per_sm, bps);
             const double  bytes    = double(per_sm) * bytes_b;
-            const double  inflight = double(resident) * kGemvThreads * lane_eff * double(std::min<int64_t>(J, D)) * T * 32.0;
-            const double  t_mem    = bytes / std::min(kBwSm, inflight / kLat);
+            // Memory: rounds of the whole GPU's resident slots (sms x bps blocks); a round streams at
+            // the device bandwidth or at what its blocks keep in flight, whichever is less - so a
+            // last round that fills few slots (a wave tail: 384 blocks over 264 slots) is slow.
+            const double  blk_inflight = kGemvThreads * lane_eff * double(std::min<int64_t>(J, D)) * T * 32.0;
+            const int64_t slots        = sms * bps;
+            const int64_t rounds       = ceil_div(blocks, slots);
+            auto          round_us     = [&](int64_t nb) { return double(nb) * bytes_b / std::min(kBw, double(nb) * blk_inflight / kLatLoaded); };
+            const double  t_mem        = double(blocks / slots) * round_us(slots) + (blocks % slots ? round_us(blocks % slots) : 0.0);
             const double  issue    = kIssueSm * std::min(1.0, double(resident * warps) / 16.0) * lane_eff;
             const double  t_cmp    = bytes * epb * ipe / issue + double(per_sm) * double(cps * kMmaK * R) * 12.0 / kIssueSm;
             double        t        = kLat + kPro + std::max(t_mem, t_cmp);
-            if (blocks > sms * bps) t += kBlockStart;
+            t += kBlockStart * double(rounds - 1);
             if (ks > 1) t += kSplitCost + 0.02 * double(ks);
             t += kLowOcc * (1.0 - std::min(1.0, double(resident * warps) / 16.0));  // MMA chains and loads hide behind other warps
             if (t < best * 0.98) {  // candidates in preference order: fewer splits, fewer K-warps
@@ -194,7 +204,9 @@ GemvPlan plan_gemv(WeightFormat f, int64_t N, int64_t K, int64_t jobs, int rows,
     const int forced = overrides().gemv_ksplit;
     double    best   = 1e300;
     for (const int lpr : {32, 16, 8}) {
+        if (overrides().gemv_lpr > 0 && lpr != overrides().gemv_lpr) continue;
         for (const int wk : {1, 2, 4, 8}) {
+            if (overrides().gemv_wk > 0 && wk != overrides().gemv_wk) continue;
             const int64_t rb = int64_t(warps / wk) * (32 / lpr) * U;  // rows per block
             int64_t       tiles = 0;
             for (int m = 0; m < n_mats; ++m) tiles += ceil_div(mat_n[m], rb);
@@ -232,6 +244,9 @@ GemvPlan plan_gemv(WeightFormat f, int64_t N, int64_t K, int64_t jobs, int rows,
             }
         }
     }
+    // Unrestricted, ks = 1 always fits; only the lab's plan restrictions can leave nothing.
+    if (p.grid.x == 0 && overrides().gemv_wk == 0 && overrides().gemv_lpr == 0)
+        fail(SPARK_ERR_INTERNAL, "matmul: no decode GEMV plan for N %lld, K %lld", (long long) N, (long long) K);
     return p;
 }
 

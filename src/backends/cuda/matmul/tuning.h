@@ -16,6 +16,10 @@ struct Overrides {
     ForcePath path        = ForcePath::Auto;
     int       gemv_ksplit = 0;   // > 0: split K across this many blocks (as far as K allows)
     int       gemv_mma    = -1;  // -1: as SPARK_GEMV_MMA (default on); 0: the FMA decode GEMV only; 1: MMA where it applies
+    // GEMV plan sweeps (kernel lab): restrict the planner's candidates; 0 / -1: any.
+    int       gemv_wk     = 0;   // > 0: only this many K-warps per block
+    int       gemv_lpr    = 0;   // > 0: FMA kernel, only this many lanes per row
+    int       gemv_kpair  = -1;  // 0 / 1: MMA kernel, only plans without / with the K-pair mapping
 };
 
 Overrides & overrides();
