@@ -346,7 +346,7 @@ CheckResult OpHarness::check_multi(const std::string & name, double max_nmse,
             }
         }
     } catch (const spark::Error & e) {
-        FAIL_CHECK(name << ": " << e.what());
+        FAIL_CHECK(name << ": " << std::string(e.what()));  // (doctest prints a const char * as a pointer)
         return result;
     }
     result.ok = result.nmse <= max_nmse;
