@@ -33,9 +33,10 @@ wait_for "def add"
 wait_for '^>' 3
 send '/reset'
 wait_for "conversation reset"
-# A prompt that makes the demo model repeat itself until -n: interrupt it.
-send 'Write a Python function `is_prime(n)`: Return True if n is a prime number.'
-wait_for "is_prime(n)" 2
+# A prompt that makes the demo model repeat itself until -n (4000 tokens, ~8 s on one core of the
+# development machine; checked with -p): interrupt it while it runs.
+send 'Write a Python function `primes_up_to(n)`: Return all primes up to n.'
+wait_for "primes = \[\]" 2
 sleep 0.3
 tmux -L "$sock" send-keys -t $session C-c
 wait_for "\[interrupted\]"
