@@ -10,6 +10,7 @@
 
 #include "backends/cuda/arch.h"
 #include "backends/cuda/cuda_common.h"
+#include "backends/cuda/matmul/tuning.h"
 #include "backends/cuda/ops.h"
 
 #include <algorithm>
@@ -489,6 +490,13 @@ private:
             if (t.experts) {
                 const void * table = expert_table_cached(t.experts, t.n_experts);
                 mix(&table, sizeof table);
+                // No table yet: the step must run eagerly (tables are built outside capture). A
+                // fresh value keeps it from matching an earlier step whose expert set was also
+                // unbuilt at this point (e.g. another set at the same host address since).
+                if (!table) {
+                    const uint64_t fresh = ++unbuilt_table_steps_;
+                    mix(&fresh, sizeof fresh);
+                }
                 mix(t.experts[0].device_layout, sizeof(DeviceWeight));
             }
             for (const Tensor * s : t.src) {
@@ -496,6 +504,9 @@ private:
                 mix(&id, sizeof id);
             }
         }
+        // The matmul test / lab knobs choose kernels too (a test that forces another path on the
+        // same graph must not replay the launches captured before).
+        mix(&cuda::mm::overrides(), sizeof(cuda::mm::Overrides));
         return h;
     }
 
@@ -576,6 +587,7 @@ private:
     std::mutex              weights_mutex_;
     std::deque<DeviceWeight> weights_;
     std::unordered_map<const QWeight *, ExpertTable> expert_tables_;
+    uint64_t                unbuilt_table_steps_ = 0;
     double                  copy_bandwidth_ = 0.0;
     static constexpr size_t kStagingBytes = size_t(4) << 20;
     void *                  staging_      = nullptr;
