@@ -354,6 +354,31 @@ __device__ __forceinline__ GemvMat gemv_mat(const GemvArgs & a) {
     return r;
 }
 
+// The weights and activation rows of this block: MATMUL_ID reads the (slot, token) pair's expert id
+// (an invalid id: valid = false, the block computes nothing and writes zeros) and its activation
+// row; MATMUL takes weight mt.m (.. + NW - 1) and the launch's rows.
+template <int NW, int R>
+__device__ __forceinline__ void gemv_block_operands(const GemvArgs & a, const GemvMat & mt, DeviceWeight (&w)[NW], const float * (&xr)[R],
+                                                    int64_t & out_row0, bool & valid) {
+    if (a.table[0] != nullptr) {
+        wait_previous_grid();  // the expert ids come from the router
+        const int     pair = int(blockIdx.z);
+        const int     j = pair % a.ids.k_slots, t = pair / a.ids.k_slots;
+        const int32_t e = __ldg(a.ids.p + j * a.ids.s0 + t * a.ids.s1);
+        valid           = e >= 0 && e < a.ids.n_experts;
+#pragma unroll
+        for (int i = 0; i < NW; ++i) w[i] = a.table[i][valid ? e : 0];
+#pragma unroll
+        for (int r = 0; r < R; ++r) xr[r] = a.xbase + j * a.x_sj + t * a.x_st;
+        out_row0 = pair;
+    } else {
+#pragma unroll
+        for (int i = 0; i < NW; ++i) w[i] = a.w[mt.m + i];
+#pragma unroll
+        for (int r = 0; r < R; ++r) xr[r] = a.x[r];
+    }
+}
+
 // K split across blocks: every block has written its sums to partial[split][nw][out_rows][a.n] (the
 // rows of its weight from row_off); the last block of the tile to arrive (arrival counter) sums the
 // splits in split order into y and applies SwiGLU.
@@ -417,23 +442,7 @@ __global__ void __launch_bounds__(kGemvThreads, R == 1 ? F::kMinBlocksR1 : gemv_
     const float * xr[R];
     int64_t       out_row0 = 0;
     bool          valid    = true;
-    if (a.table[0] != nullptr) {
-        wait_previous_grid();  // the expert ids come from the router
-        const int     pair = int(blockIdx.z);
-        const int     j = pair % a.ids.k_slots, t = pair / a.ids.k_slots;
-        const int32_t e = __ldg(a.ids.p + j * a.ids.s0 + t * a.ids.s1);
-        valid           = e >= 0 && e < a.ids.n_experts;
-#pragma unroll
-        for (int i = 0; i < NW; ++i) w[i] = a.table[i][valid ? e : 0];
-#pragma unroll
-        for (int r = 0; r < R; ++r) xr[r] = a.xbase + j * a.x_sj + t * a.x_st;
-        out_row0 = pair;
-    } else {
-#pragma unroll
-        for (int i = 0; i < NW; ++i) w[i] = a.w[mt.m + i];
-#pragma unroll
-        for (int r = 0; r < R; ++r) xr[r] = a.x[r];
-    }
+    gemv_block_operands(a, mt, w, xr, out_row0, valid);
 
     // This block's K range, and this lane's chunks c0 + j * stride (j < J).
     const uint32_t cps     = uint32_t(a.chunks_per_split);

@@ -311,23 +311,7 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R)) gemv_mma
     const float * xr[R];
     int64_t       out_row0 = 0;
     bool          valid    = true;
-    if (a.table[0] != nullptr) {
-        wait_previous_grid();  // the expert ids come from the router
-        const int     pair = int(blockIdx.z);
-        const int     j = pair % a.ids.k_slots, t = pair / a.ids.k_slots;
-        const int32_t e = __ldg(a.ids.p + j * a.ids.s0 + t * a.ids.s1);
-        valid           = e >= 0 && e < a.ids.n_experts;
-#pragma unroll
-        for (int i = 0; i < NW; ++i) w[i] = a.table[i][valid ? e : 0];
-#pragma unroll
-        for (int r = 0; r < R; ++r) xr[r] = a.xbase + j * a.x_sj + t * a.x_st;
-        out_row0 = pair;
-    } else {
-#pragma unroll
-        for (int i = 0; i < NW; ++i) w[i] = a.w[mt.m + i];
-#pragma unroll
-        for (int r = 0; r < R; ++r) xr[r] = a.x[r];
-    }
+    gemv_block_operands(a, mt, w, xr, out_row0, valid);
 
     // This block's 128-K blocks [cb, ce) (local bl = b - cb < nblk); step j of warp kw covers local
     // blocks ((kw + j wk) << kp) + (kp ? t : 0) of its tiles t (j < J).
