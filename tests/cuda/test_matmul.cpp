@@ -28,6 +28,7 @@
 // NaN and inf) is checked row by row against a double reference ("GEMM row scaling" below).
 #include "op_harness.h"
 
+#include "backends/cuda/matmul/launch.h"
 #include "backends/cuda/matmul/tuning.h"
 #include "backends/cuda/ops.h"
 #include "graph/error.h"
@@ -41,6 +42,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <deque>
 #include <limits>
 #include <memory>
@@ -402,6 +404,43 @@ TEST_CASE("matmul: every path forced on every format") {
             ForceGuard f(mm::ForcePath::Gemm);
             check_rows(h, s, n, k, {1, 5}, kGemm, "matmul forced-gemm");
         }
+    }
+}
+
+// The GEMM with K split across blocks: forced split counts (an uneven last split, the most splits),
+// plain and fused gate/up; and the splits the planner picks for the shapes it exists for.
+TEST_CASE("matmul: GEMM split over K") {
+    struct SplitGuard {
+        mm::Overrides saved = mm::overrides();
+        explicit SplitGuard(int ksplit) { mm::overrides().gemm_ksplit = ksplit; }
+        ~SplitGuard() { mm::overrides() = saved; }
+    };
+    OpHarness     h(23);
+    const int64_t n = 1000, k = 2048;  // 64 K stages: 3 splits of 22, 22, 20
+    for (const Spec & s : main_specs()) {
+        SplitGuard g(3);
+        check_rows(h, s, n, k, {17, 300}, kGemm, "matmul gemm-splitk3");
+    }
+    {
+        SplitGuard g(8);
+        check_rows(h, {"int4-asym-g32", int4_spec(32, false)}, n, k, {65, 200}, kGemm, "matmul gemm-splitk8");
+    }
+    for (const Spec & s : main_specs()) {
+        SplitGuard g(2);
+        check_swiglu(h, s, n, k, 300);
+    }
+    // Qwen3-8B at 512 rows on an H100 (132 SMs): q/o (128 tiles of 128 x 128) and down split K;
+    // the fused gate/up (768 tiles) does not; up to 64 rows, 32-row tiles.
+    const mm::GemmPlan o = mm::plan_gemm(512, 32, 4096, 132), down = mm::plan_gemm(512, 32, 12288, 132);
+    const mm::GemmPlan gate_up = mm::plan_gemm(512, 12288 / 64, 4096, 132), small = mm::plan_gemm(40, 8, 4096, 132);
+    CHECK(o.ksplit > 1);
+    CHECK(down.ksplit > 1);
+    CHECK(gate_up.ksplit == 1);
+    CHECK(small.mt == 1);
+    for (const mm::GemmPlan * p : {&o, &down, &gate_up, &small}) {
+        CHECK(int64_t(p->grid.z) == p->ksplit);
+        CHECK(p->kt_per_split * (p->ksplit - 1) < (p == &down ? 384 : 128));  // no empty split
+        CHECK(p->kt_per_split * p->ksplit >= (p == &down ? 384 : 128));
     }
 }
 
@@ -1352,15 +1391,26 @@ TEST_CASE("matmul: op_matmul_multi (q/k/v-like weights in one launch)") {
         std::vector<const QWeight *> ao = {&host.int4(ns[0], k, 128, true, true, 62), &host.int4(ns[1], k, 128, true, true, 63)};
         cases.push_back({"act-order (refused)", ao, {1}, false});
     }
-    cases.push_back({"int4-sym-g128 prefill rows (refused: GEMMs)", int4s(true, 128, 70, 3), {20}, false});
+    cases.push_back({"int4-sym-g128 prefill rows (one GEMM)", int4s(true, 128, 70, 3), {20, 300}, true});
+    cases.push_back({"int4-asym-g32 prefill x4 (one GEMM)", int4s(false, 32, 80, 4), {9, 130}, true});
+    {
+        std::vector<const QWeight *> v;
+        for (int i = 0; i < 3; ++i) v.push_back(&host.nvfp4(ns[i], k, 90 + uint64_t(i)));
+        cases.push_back({"nvfp4 prefill q/k/v (one GEMM)", v, {64}, true});
+        std::vector<const QWeight *> mixed = {&host.int4(ns[0], k, 128, true, false, 95), &host.bf16w(ns[1], k, 96)};
+        cases.push_back({"int4 + bf16 prefill (refused)", mixed, {40}, false});
+    }
 
     for (const Case & c : cases) {
         std::vector<QWeight>            prepared;
         std::vector<std::vector<float>> refw;
         for (const QWeight * w : c.host) prepared.push_back(be.prepare_weight(*w, storage)), refw.push_back(dequantized(*w));
         for (const int64_t rows : c.rows) {
-            for (const int mma : {0, 1}) {
+            // Decode: both GEMV kernels; prefill: the GEMM as planned and with K forced into 3 splits.
+            for (const int variant : {0, 1}) {
+                const int                mma = rows <= 8 ? variant : -1;
                 MmaGuard                 g(mma);
+                mm::overrides().gemm_ksplit = rows > 8 && variant == 1 ? 3 : 0;
                 spark::Graph             gr;
                 Tensor *                 x = gr.input(DType::F32, {k, rows}, "x");
                 std::vector<Tensor *>    ys;
@@ -1373,14 +1423,24 @@ TEST_CASE("matmul: op_matmul_multi (q/k/v-like weights in one launch)") {
                 const std::vector<float> xv = normals(size_t(rows * k), 1.0f, 99 + uint64_t(rows));
                 be.upload(x->data, xv.data(), xv.size() * 4);
                 be.synchronize();
-                INFO(c.name << " rows " << rows << (mma ? " (mma)" : " (fma)"));
+                INFO(c.name << " rows " << rows << (rows > 8 ? (variant ? " (gemm, 3 K splits)" : " (gemm)") : mma ? " (mma)" : " (fma)"));
                 CHECK(spark::cuda::matmul_multi_supported(cys.data(), int(cys.size()), tc.ctx) == c.single);
                 spark::cuda::op_matmul_multi(cys.data(), int(cys.size()), tc.ctx);
                 REQUIRE(cudaStreamSynchronize(tc.stream) == cudaSuccess);
+                std::vector<std::vector<float>> first;
                 for (size_t i = 0; i < ys.size(); ++i) {
-                    const double e = nmse_of(download(be, *ys[i]), reference(xv, rows, refw[i], ys[i]->ne[0], k));
+                    first.push_back(download(be, *ys[i]));
+                    const double e = nmse_of(first.back(), reference(xv, rows, refw[i], ys[i]->ne[0], k));
                     INFO("weight " << i << " nmse " << e);
                     CHECK(e <= (rows > 8 ? kGemm : kGemv));
+                }
+                // A rerun is bit-identical (the split-K partials are summed in split order, whichever
+                // block arrives last).
+                spark::cuda::op_matmul_multi(cys.data(), int(cys.size()), tc.ctx);
+                REQUIRE(cudaStreamSynchronize(tc.stream) == cudaSuccess);
+                for (size_t i = 0; i < ys.size(); ++i) {
+                    const std::vector<float> again = download(be, *ys[i]);
+                    CHECK(std::memcmp(again.data(), first[i].data(), again.size() * 4) == 0);
                 }
             }
         }

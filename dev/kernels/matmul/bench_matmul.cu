@@ -17,7 +17,7 @@
 //
 // Build and run from the repository root (one line; -arch as the GPU: sm_90a H100, sm_120a RTX 50xx):
 //   nvcc -O3 -std=c++20 --expt-relaxed-constexpr -arch=sm_90a -Isrc -Iinclude dev/kernels/matmul/bench_matmul.cu src/backends/cuda/matmul/gemv_*.cu src/backends/cuda/matmul/gemm_*.cu src/backends/cuda/matmul/aux.cu src/backends/cuda/matmul/plan.cpp -o /tmp/bench_matmul && /tmp/bench_matmul
-// Options: --sweep (every plan of the large 8B INT4 shapes, timed), --quick (INT4 only, no GEMM), --no-gemm, --rows (also 2, 4, 8 activation rows), --no-pdl
+// Options: --sweep (every plan of the large 8B INT4 shapes, timed), --gemm-sweep (the prefill GEMM's K splits), --quick (INT4 only, no GEMM), --no-gemm, --rows (also 2, 4, 8 activation rows), --no-pdl
 // (GEMV launches without programmatic dependent launch; the dispatch's default is with, on sm_90+),
 // --mma-only / --fma-only (INT4 and NVFP4 through one decode kernel only; default: both, the plan
 // column says which: "mma[kp] wk/ks grid" for the tensor-core decode of gemv_mma.cuh). After the
@@ -665,14 +665,18 @@ void bench_multi(const std::string & shape, WeightFormat f, const std::vector<in
     for (float * p : dy) cudaFree(p);
 }
 
-void bench_gemm(WeightFormat f, int64_t m, int64_t n, int64_t k) {
+// One prefill GEMM (glu: fused gate/up, two weights of n rows), planned as the dispatch plans it
+// (plan_gemm; split-K partials and zeroed counters as matmul.cpp sets them up), or with K forced into
+// `ksplit` splits. Returns the time per launch (us).
+double bench_gemm(WeightFormat f, int64_t m, int64_t n, int64_t k, bool glu = false, int ksplit = 0, const char * label = "") {
     HostWeight   hw = make_weight(f, n, k);
     DeviceWeight dw = upload(hw);
     std::vector<float> x(size_t(m * k));
     for (float & v : x) v = uni(-1.0f, 1.0f);
-    float *    dx = dev_copy(x), *dy = nullptr;
+    float *    dx = dev_copy(x), *dy = nullptr, *part = nullptr;
     uint16_t * xh = nullptr;
     float *    xs = nullptr;
+    uint32_t * counters = nullptr;
     CK(cudaMalloc(&dy, size_t(m * n) * 4));
     CK(cudaMalloc(&xh, size_t(m * k) * 2));
     CK(cudaMalloc(&xs, size_t(m) * 4));
@@ -682,45 +686,81 @@ void bench_gemm(WeightFormat f, int64_t m, int64_t n, int64_t k) {
     xr.nb1  = k * 4;
     xr.nb2 = xr.nb3 = m * k * 4;
     x_to_f16_rows(xr, m, k, nullptr, nullptr, nullptr, nullptr, Ids{}, xh, xs, 0);
+    overrides().gemm_ksplit = ksplit;
+    const GemmPlan p        = plan_gemm(m, (n + gemm_bn(glu) - 1) / gemm_bn(glu), k, g_sms);
+    overrides().gemm_ksplit = 0;
     GemmArgs a;
-    a.a           = xh;
-    a.a_inv_scale = xs;
-    a.lda         = k;
-    a.m           = m;
-    a.n           = n;
-    a.k           = k;
-    a.w[0] = a.w[1] = dw;
-    a.y             = dy;
-    const int  mt   = m <= 64 ? 1 : 4;
-    const dim3 grid(unsigned((m + gemm_bm(mt) - 1) / gemm_bm(mt)), unsigned((n + gemm_bn(false) - 1) / gemm_bn(false)));
-    gemm_launch_any(f, mt, false, a, grid);
+    a.a            = xh;
+    a.a_inv_scale  = xs;
+    a.lda          = k;
+    a.m            = m;
+    a.n            = n;
+    a.k            = k;
+    a.w[0] = a.w[1] = dw;  // (glu: the same weight as gate and up; only the time matters then)
+    a.y            = dy;
+    a.ksplit       = p.ksplit;
+    a.kt_per_split = p.kt_per_split;
+    if (p.ksplit > 1) {
+        CK(cudaMalloc(&part, size_t(p.partial_floats()) * 4));
+        CK(cudaMalloc(&counters, size_t(p.counters()) * 4));
+        a.partial  = part;
+        a.counters = counters;
+    }
+    auto launch = [&] {
+        if (counters) CK(cudaMemsetAsync(counters, 0, size_t(p.counters()) * 4, 0));
+        gemm_launch_any(f, p.mt, glu, a, p.grid);
+    };
+    launch();
     CK(cudaDeviceSynchronize());
-    std::vector<float> y(size_t(m * n));
-    CK(cudaMemcpy(y.data(), dy, y.size() * 4, cudaMemcpyDeviceToHost));
-    // Reference with the f32 activations: the F16 rounding of both operands remains (nmse ~1e-7).
-    const int    rows_checked = 4;
-    std::vector<float> x_rows(x.begin(), x.begin() + rows_checked * k), ys(size_t(rows_checked * n));
-    for (int r = 0; r < rows_checked; ++r)
-        for (int64_t j = 0; j < n; ++j) ys[size_t(r * n + j)] = y[size_t(r * n + j)];
-    const double err = check(hw, x_rows, rows_checked, ys, false);
+    double err = 0.0;
+    if (!glu) {
+        std::vector<float> y(size_t(m * n));
+        CK(cudaMemcpy(y.data(), dy, y.size() * 4, cudaMemcpyDeviceToHost));
+        // Reference with the f32 activations: the F16 rounding of both operands remains (nmse ~1e-7).
+        const int          rows_checked = 4;
+        std::vector<float> x_rows(x.begin(), x.begin() + rows_checked * k), ys(y.begin(), y.begin() + rows_checked * n);
+        err = check(hw, x_rows, rows_checked, ys, false);
+    }
     const int   iters = 20;
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
     cudaEventRecord(e0);
-    for (int i = 0; i < iters; ++i) gemm_launch_any(f, mt, false, a, grid);
+    for (int i = 0; i < iters; ++i) launch();
     cudaEventRecord(e1);
     cudaEventSynchronize(e1);
     float ms = 0;
     cudaEventElapsedTime(&ms, e0, e1);
     const double us = ms * 1e3 / iters;
-    std::printf("gemm  %-10s M=%-5lld N=%-6lld K=%-6lld  grid=%ux%u  %9.1f us  %6.1f TFLOP/s  nmse %.1e (f16 operands)\n", fname(f),
-                (long long) m, (long long) n, (long long) k, grid.x, grid.y, us, 2.0 * m * n * k / (us * 1e-6) / 1e12, err);
+    std::printf("gemm  %-10s M=%-5lld N=%-6lld K=%-6lld %s grid=%ux%ux%u mt=%d  %9.1f us  %6.1f TFLOP/s  nmse %.1e %s\n", fname(f),
+                (long long) m, (long long) n * (glu ? 2 : 1), (long long) k, glu ? "glu" : "   ", p.grid.x, p.grid.y, p.grid.z, p.mt,
+                us, 2.0 * m * n * (glu ? 2 : 1) * k / (us * 1e-6) / 1e12, err, label);
     release(dw);
     cudaFree(dx);
     cudaFree(dy);
     cudaFree(xh);
     cudaFree(xs);
+    cudaFree(part);
+    cudaFree(counters);
+    return us;
+}
+
+// --gemm-sweep: the prefill GEMM of the 8B / 30B-A3B projections at 512 rows with K in 1..8 splits
+// and as planned, to check plan_gemm's model against the clock.
+void gemm_sweep() {
+    struct S {
+        const char * name;
+        int64_t      n, k;
+        bool         glu;
+    };
+    const S shapes[] = {{"8B q/o", 4096, 4096, false},        {"8B q+k+v", 6144, 4096, false},
+                        {"8B k/v", 1024, 4096, false},        {"8B down", 4096, 12288, false},
+                        {"8B gate/up", 12288, 4096, true},    {"30B q+k+v", 5120, 2048, false},
+                        {"30B o", 2048, 4096, false},         {"30B q", 4096, 2048, false}};
+    for (const S & s : shapes) {
+        for (int ks = 1; ks <= 8; ++ks) bench_gemm(WeightFormat::INT4, 512, s.n, s.k, s.glu, ks, s.name);
+        bench_gemm(WeightFormat::INT4, 512, s.n, s.k, s.glu, 0, (std::string(s.name) + " (planner)").c_str());
+    }
 }
 
 }  // namespace
@@ -762,7 +802,7 @@ void sweep() {
 }
 
 int main(int argc, char ** argv) {
-    bool quick = false, gemm = true, more_rows = false, no_pdl = false, fma = true, mma = true, do_sweep = false;
+    bool quick = false, gemm = true, more_rows = false, no_pdl = false, fma = true, mma = true, do_sweep = false, gemm_only = false;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--quick") quick = true, gemm = false;
@@ -772,6 +812,7 @@ int main(int argc, char ** argv) {
         if (a == "--mma-only") fma = false;
         if (a == "--fma-only") mma = false;
         if (a == "--sweep") do_sweep = true;
+        if (a == "--gemm-sweep") gemm_only = true;
     }
     cudaDeviceProp prop{};
     CK(cudaGetDeviceProperties(&prop, 0));
@@ -785,6 +826,10 @@ int main(int argc, char ** argv) {
                 prop.name, g_sms, g_copy_bw / 1e9, g_pdl ? "with" : "without");
     if (do_sweep) {
         sweep();
+        return 0;
+    }
+    if (gemm_only) {
+        gemm_sweep();
         return 0;
     }
 

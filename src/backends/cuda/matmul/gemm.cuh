@@ -34,6 +34,14 @@
 // Grouped (MATMUL_ID): block x indexes the device-built tile table (expert, first row); rows past
 // the expert's end are zero-filled and not stored; a row's inv_scale is indexed by its sorted row
 // (the row of `a`), its output row = out_rows[sorted row].
+//
+// Multi-weight (q/k/v at prefill): the column tiles of up to 4 weights of one format and K side by
+// side in grid y, over one F16 conversion of the activations; each block finds its weight.
+//
+// Split K (plan_gemm): blockIdx.z takes a range of K stages; the partial accumulators go to a
+// workspace, and the last block of a tile to arrive (arrival counter) adds them in split order -
+// deterministic, whichever block finishes last - and writes the output. It fills the SMs when the
+// tiles alone would leave them idle (q/o/down projections at 512 rows: 128 tiles on 132 SMs).
 #pragma once
 
 #include "backends/cuda/matmul/formats.cuh"
@@ -58,8 +66,16 @@ __device__ __forceinline__ uint32_t pack_f16x2_satfinite(float lo, float hi) {
     return r;
 }
 
+// A short pause in the split-K wait loop (nanosleep: the waiting warp leaves the issue slots to the
+// block's other warps and the SM's other block).
+__device__ __forceinline__ void gemm_backoff() {
+#if SPARK_ARCH_AMPERE_PLUS
+    __nanosleep(64);
+#endif
+}
+
 template <class F, int MT, bool GLU>
-__global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
+__global__ void __launch_bounds__(kGemmThreads, gemm_min_blocks(MT)) gemm_kernel(const GemmArgs a) {
     constexpr int  BM     = gemm_bm(MT);
     constexpr int  BN     = 128;  // weight rows in shared memory per stage
     constexpr int  NOUT   = gemm_bn(GLU);
@@ -71,12 +87,16 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
 
     __shared__ alignas(16) uint16_t sA[2][BM][kGemmLds];
     __shared__ alignas(16) uint16_t sB[2][BN][kGemmLds];
+    __shared__ uint32_t             s_last_split;  // split-K: this block arrived last at its tile
 
     const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
     const int wm = warp / 4, wn = warp % 4;
 
     DeviceWeight w[NW];
     int64_t      row0, row_end;
+    int64_t      N      = a.n;
+    float *      Y      = a.y;
+    int64_t      tile_n = blockIdx.y;  // column tile within the block's weight
     if (a.tiles != nullptr) {
         if (int(blockIdx.x) >= __ldg(a.n_tiles)) return;
         const int e = __ldg(a.tiles + 2 * blockIdx.x);
@@ -89,9 +109,29 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
         row_end = a.m;
 #pragma unroll
         for (int i = 0; i < NW; ++i) w[i] = a.w[i];
+        if constexpr (!GLU) {
+            if (a.n_mats > 1) {  // multi-weight: the weight owning column tile y (by-value selects: no
+                int m = 0;       // runtime index into the parameter arrays, which would go to local memory)
+#pragma unroll
+                for (int i = 1; i < kGemmMaxMats; ++i)
+                    if (i < a.n_mats && tile_n >= a.mat_tile0[i]) m = i;
+#pragma unroll
+                for (int i = 0; i < kGemmMaxMats; ++i)
+                    if (i == m) {
+                        w[0] = a.w[i];
+                        N    = a.mat_n[i];
+                        Y    = a.mat_y[i];
+                        tile_n -= a.mat_tile0[i];
+                    }
+            }
+        }
     }
-    const int64_t N = a.n, K = a.k, KT = K / kGemmBK, KC = K / F::E;
-    const int64_t n0 = int64_t(blockIdx.y) * NOUT;
+    const int64_t K = a.k, KC = K / F::E;
+    const int64_t n0 = tile_n * NOUT;
+    // K stages [kt0, kt1) of 32: all of K, or split z of a split-K launch.
+    const int64_t kt_all = K / kGemmBK;
+    const int64_t kt0    = a.ksplit > 1 ? int64_t(blockIdx.z) * a.kt_per_split : 0;
+    const int64_t kt1    = a.ksplit > 1 ? min(kt_all, kt0 + a.kt_per_split) : kt_all;
 
     // Weight chunks this thread loads each stage: chunk q = tid + i * 256 -> smem row q / CPR,
     // chunk q % CPR of the stage.
@@ -174,21 +214,21 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
 
-    // Prologue: stage 0.
-    load_a(0, 0);
+    // Prologue: stage kt0.
+    load_a(0, kt0);
     if constexpr (kDirect) {
-        load_b_direct(0, 0);
+        load_b_direct(0, kt0);
     } else {
-        load_b_regs(0);
+        load_b_regs(kt0);
     }
     cp_async_commit();
     if constexpr (!kDirect) store_b(0);
     cp_async_wait_all();
     __syncthreads();
 
-    for (int64_t kt = 0; kt < KT; ++kt) {
-        const int  cur  = int(kt & 1), nxt = cur ^ 1;
-        const bool more = kt + 1 < KT;
+    for (int64_t kt = kt0; kt < kt1; ++kt) {
+        const int  cur  = int((kt - kt0) & 1), nxt = cur ^ 1;
+        const bool more = kt + 1 < kt1;
         if (more) {
             load_a(nxt, kt + 1);
             if constexpr (kDirect) load_b_direct(nxt, kt + 1);
@@ -224,6 +264,57 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
         __syncthreads();
     }
 
+    // Split K: the blocks of a tile take arrival tickets; all but the last store their raw
+    // accumulators and count the store; the last waits for those stores (their blocks have left the
+    // main loop and wait for nothing, so this cannot deadlock), adds the partials in split order -
+    // its own from registers - and goes on to the epilogue. The last block's partial never goes
+    // through memory: a tile of s splits moves s - 1 partials out and back.
+    if (a.ksplit > 1) {
+        constexpr int kSlot   = kGemmThreads * MT * 4;  // float4s of one block's partial
+        const int64_t tile    = int64_t(blockIdx.x) + int64_t(gridDim.x) * blockIdx.y;
+        float4 *      part    = reinterpret_cast<float4 *>(a.partial) + tile * a.ksplit * kSlot + tid;
+        uint32_t *    arrived = a.counters + 2 * tile, *stored = arrived + 1;
+        const int     z       = int(blockIdx.z);
+        if (tid == 0) s_last_split = atomicAdd(arrived, 1u) == uint32_t(a.ksplit - 1);
+        __syncthreads();
+        if (!s_last_split) {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < 4; ++nt)
+                    part[z * kSlot + (mt * 4 + nt) * kGemmThreads] = make_float4(acc[mt][nt][0], acc[mt][nt][1], acc[mt][nt][2], acc[mt][nt][3]);
+            __threadfence();  // the partial is visible device-wide before the store is counted
+            __syncthreads();
+            if (tid == 0) atomicAdd(stored, 1u);
+            return;
+        }
+        if (tid == 0)
+            while (*static_cast<volatile uint32_t *>(stored) < uint32_t(a.ksplit - 1)) gemm_backoff();
+        __syncthreads();
+        __threadfence();
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt) {
+                // Left to right, p0 + p1 + ... (the own partial in place at z), from L2
+                // (ld.global.cg: other blocks' stores are not in this SM's L1).
+                const float4 * p = part + (mt * 4 + nt) * kGemmThreads;
+                float *        c = acc[mt][nt];
+                if (z > 0) {
+                    float4 v = __ldcg(p);
+                    for (int zz = 1; zz < z; ++zz) {
+                        const float4 u = __ldcg(p + zz * kSlot);
+                        v.x += u.x, v.y += u.y, v.z += u.z, v.w += u.w;
+                    }
+                    c[0] = v.x + c[0], c[1] = v.y + c[1], c[2] = v.z + c[2], c[3] = v.w + c[3];
+                }
+                for (int zz = z + 1; zz < a.ksplit; ++zz) {
+                    const float4 u = __ldcg(p + zz * kSlot);
+                    c[0] += u.x, c[1] += u.y, c[2] += u.z, c[3] += u.w;
+                }
+            }
+    }
+
     // Epilogue: (acc * inv_scale of the row) * global scale; the first product is exact (a power of
     // two; unless the result leaves f32's normal range), so the row scale costs no accuracy.
     float gscale[NW];
@@ -238,7 +329,7 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
             if (gr >= row_end) continue;
             const float   inv  = __ldg(a.a_inv_scale + gr);
             const int64_t orow = a.out_rows != nullptr ? int64_t(__ldg(a.out_rows + gr)) : gr;
-            float *       yr   = a.y + orow * N;
+            float *       yr   = Y + orow * N;
 #pragma unroll
             for (int nt = 0; nt < (GLU ? 2 : 4); ++nt) {
                 const int64_t col = n0 + (GLU ? wn * 16 : wn * 32) + nt * 8 + q4 * 2;
@@ -260,6 +351,7 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmArgs a) {
         }
 }
 
+#ifdef __CUDACC__
 template <class F>
 void gemm_launch(int mt, bool glu, const GemmArgs & a, dim3 grid, cudaStream_t s) {
     const dim3 block(kGemmThreads);
@@ -275,5 +367,6 @@ void gemm_launch(int mt, bool glu, const GemmArgs & a, dim3 grid, cudaStream_t s
             gemm_kernel<F, 4, false><<<grid, block, 0, s>>>(a);
     }
 }
+#endif
 
 }  // namespace spark::cuda::mm

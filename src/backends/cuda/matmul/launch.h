@@ -199,8 +199,14 @@ void gemv_splitk_reduce(const float * partial, int ksplit, int nw, int64_t out_r
 // ---- GEMM (rows > 8): mma.sync m16n8k16 F16 -> F32 ---------------------------------------------
 constexpr int kGemmThreads = 256;  // 8 warps: 2 along M x 4 along N
 constexpr int kGemmBK      = 32;   // K per pipeline stage; the GEMM needs K % 32 == 0
+constexpr int kGemmMaxMats = 4;    // weights of one multi-weight GEMM (op_matmul_multi at prefill)
 constexpr int gemm_bm(int mt) { return 2 * 16 * mt; }             // rows of activations per block
 constexpr int gemm_bn(bool glu) { return glu ? 64 : 128; }        // output columns per block
+// Blocks per SM the kernel is compiled for (__launch_bounds__): 128-row tiles fit 128 registers (2
+// blocks, 84 KB of shared memory), 32-row tiles 64 (4 blocks). The split-K planner counts on it.
+constexpr int gemm_min_blocks(int mt) { return mt == 1 ? 4 : 2; }
+// Floats of one block's split-K partial: its accumulators, [MT x 4 x 4] per thread.
+constexpr int gemm_partial_floats(int mt) { return kGemmThreads * mt * 16; }
 
 struct GemmArgs {
     // Activations converted to F16 by x_to_f16_rows (row r scaled by a power of two, and permuted for
@@ -211,7 +217,8 @@ struct GemmArgs {
     int64_t          lda         = 0;
     int64_t          m           = 0;  // dense: rows; grouped: rows of `a` (= pairs)
     int64_t          n = 0, k = 0;
-    DeviceWeight     w[2];
+    // w[0] (w[1]: the up projection of a fused gate/up); a multi-weight launch: w[0 .. n_mats).
+    DeviceWeight w[kGemmMaxMats];
     // Grouped (MATMUL_ID): block x = tile of the device-built table: tiles[2i] = expert,
     // tiles[2i + 1] = first row; blocks past *n_tiles exit. Rows of expert e end at expert_end[e];
     // out_rows[row] = output row of sorted row `row`.
@@ -221,9 +228,41 @@ struct GemmArgs {
     const int32_t *      expert_end = nullptr;
     const int32_t *      out_rows   = nullptr;
     float *              y          = nullptr;  // [rows][n]
+    // Split over K (dense only): block z computes K stages [z, z + 1) x kt_per_split (of 32) of its
+    // tile (tile = x + gridDim.x * y). Blocks take arrival tickets (counters[2 tile]); all but the last
+    // store their raw accumulators to partial [tile][ksplit][gemm_partial_floats(mt)] and count the
+    // store (counters[2 tile + 1]); the last waits for the stores, sums the partials in split order
+    // (bit-identical whichever block comes last) and runs the epilogue. Counters zeroed before the launch.
+    int32_t    ksplit       = 1;
+    int64_t    kt_per_split = 0;
+    float *    partial      = nullptr;
+    uint32_t * counters     = nullptr;
+    // Multi-weight launch (n_mats > 1; dense, no GLU, one activation set): weight i has mat_n[i] rows,
+    // written to mat_y[i] [rows][mat_n[i]], and owns the column tiles y in [mat_tile0[i],
+    // mat_tile0[i + 1]). n_mats <= 1: one weight, n columns into y.
+    int32_t n_mats                      = 1;
+    int32_t mat_tile0[kGemmMaxMats + 1] = {};
+    int64_t mat_n[kGemmMaxMats]         = {};
+    float * mat_y[kGemmMaxMats]         = {};
 };
 
-// mt in {1, 4} (block rows 32 or 128); grid = (m tiles or max tiles, ceil(n / gemm_bn(glu))).
+// The GEMM launch of a dense problem: tile height (mt) and K split.
+struct GemmPlan {
+    int     mt           = 4;
+    int     ksplit       = 1;
+    int64_t kt_per_split = 0;        // K stages of 32 per split
+    dim3    grid{0, 0, 0};           // (row tiles, column tiles, ksplit)
+    int64_t tiles() const { return int64_t(grid.x) * grid.y; }
+    // Split-K scratch: partial floats and arrival counters (0 without a split).
+    int64_t partial_floats() const { return ksplit > 1 ? tiles() * ksplit * gemm_partial_floats(mt) : 0; }
+    int64_t counters() const { return ksplit > 1 ? 2 * tiles() : 0; }
+};
+// rows x K against column tiles of width gemm_bn(glu) (tiles_n in all; a multi-weight launch sums
+// its weights' tiles): 32-row tiles up to 64 rows, else 128; K split across blocks when the tiles
+// alone leave SMs idle or end in a ragged last wave (a model of waves of resident blocks, plan.cpp).
+GemmPlan plan_gemm(int64_t rows, int64_t tiles_n, int64_t K, int sm_count);
+
+// mt in {1, 4} (block rows 32 or 128); grid = (m tiles or max tiles, column tiles, a.ksplit).
 void gemm_launch_f32(int mt, bool glu, const GemmArgs & a, dim3 grid, cudaStream_t s);
 void gemm_launch_f16(int mt, bool glu, const GemmArgs & a, dim3 grid, cudaStream_t s);
 void gemm_launch_bf16(int mt, bool glu, const GemmArgs & a, dim3 grid, cudaStream_t s);

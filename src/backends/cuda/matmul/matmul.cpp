@@ -5,7 +5,8 @@
 //                                         with groups of a multiple of 128 and NVFP4, else the FMA
 //                                         decode (gemv.cuh); SPARK_GEMV_MMA=0 keeps the FMA one
 //               rows > 8, K % 32 == 0     tensor-core GEMM (gemm.cuh): F16 operands (activations
-//                                         row-scaled by powers of two), F32 accumulation
+//                                         row-scaled by powers of two), F32 accumulation, K split
+//                                         across blocks where the tiles leave SMs idle (plan_gemm)
 //               other chunkable shapes    GEMV over row batches of 8
 //   MATMUL_ID   tokens <= 8               one GEMV launch over all (slot, token) pairs, expert ids
 //                                         read on the device
@@ -14,7 +15,8 @@
 //   SWIGLU of two MATMUL / MATMUL_ID      the same kernels with gate and up in one launch (an
 //                                         input the output overlaps is copied first: the memory
 //                                         plan may reuse the matmuls' dead input for the output)
-//   several MATMUL of one input           op_matmul_multi: one decode-GEMV launch for all of them
+//   several MATMUL of one input           op_matmul_multi: one decode-GEMV launch for all of them, or
+//                                         (prefill) one GEMM launch over their column tiles
 //   anything else                         generic per-element kernel (exact, slow)
 // "Chunkable": K a multiple of the 16-byte chunk (4 f32, 8 f16/bf16, 16 fp8, 32 int4/nvfp4
 // elements), INT4 groups of a multiple of 32 (or one group), FP8 k-blocks of a multiple of 16 (or
@@ -75,8 +77,35 @@ struct Scratch {
 };
 size_t aligned(size_t b) { return (b + 255) & ~size_t(255); }
 
-// GEMM input staging: F16 activations [rows][k] and one f32 inverse row scale per row.
-size_t gemm_scratch(int64_t rows, int64_t k) { return aligned(size_t(rows * k) * 2) + aligned(size_t(rows) * 4); }
+// GEMM input staging: F16 activations [rows][k] and one f32 inverse row scale per row; the split-K
+// partials and arrival counters of plan p.
+size_t gemm_scratch(int64_t rows, int64_t k, const GemmPlan & p) {
+    size_t b = aligned(size_t(rows * k) * 2) + aligned(size_t(rows) * 4);
+    if (p.ksplit > 1) b += aligned(size_t(p.partial_floats()) * 4) + aligned(size_t(p.counters()) * 4);
+    return b;
+}
+
+// Stages the activations (F16, row scales) for the GEMM and sets the plan's K split in a (scratch for
+// its partials, counters zeroed on the stream).
+void gemm_prepare(GemmArgs & a, const GemmPlan & p, const XRows & x, int64_t rows, int64_t k, const int32_t * perm,
+                  Scratch & scratch, const OpContext & ctx) {
+    if (p.grid.y > 65535) fail(SPARK_ERR_UNSUPPORTED, "matmul: %u column tiles are too many for the GEMM grid", p.grid.y);
+    auto * xh = static_cast<uint16_t *>(scratch.take(size_t(rows * k) * 2));
+    auto * xs = static_cast<float *>(scratch.take(size_t(rows) * 4));
+    x_to_f16_rows(x, rows, k, perm, nullptr, nullptr, nullptr, Ids{}, xh, xs, ctx.stream);
+    a.a            = xh;
+    a.a_inv_scale  = xs;
+    a.lda          = k;
+    a.m            = rows;
+    a.k            = k;
+    a.ksplit       = p.ksplit;
+    a.kt_per_split = p.kt_per_split;
+    if (p.ksplit > 1) {
+        a.partial  = static_cast<float *>(scratch.take(size_t(p.partial_floats()) * 4));
+        a.counters = static_cast<uint32_t *>(scratch.take(size_t(p.counters()) * 4));
+        SPARK_CUDA_CHECK(cudaMemsetAsync(a.counters, 0, size_t(p.counters()) * 4, ctx.stream));
+    }
+}
 
 // ---- dense (MATMUL, fused gate/up) ---------------------------------------------------------------
 
@@ -120,6 +149,11 @@ bool rows_aligned(const Dense & d) {
 
 size_t scratch_bytes(const Dense & d, const OpContext & ctx);
 
+GemmPlan dense_gemm_plan(const Dense & d, const OpContext & ctx) {
+    const DeviceWeight & w = *d.w[0];
+    return plan_gemm(d.rows, ceil_div(w.n, int64_t(gemm_bn(d.nw == 2))), w.k, ctx.props->sm_count);
+}
+
 // Split-K scratch of the GEMV row batches of d (0 floats: no batch splits K): partial floats and
 // arrival counters. Batches run one after the other on the stream and share the buffers.
 struct GemvSplitScratch {
@@ -151,7 +185,7 @@ size_t gemv_scratch(const Dense & d, const OpContext & ctx) {
 size_t scratch_bytes(const Dense & d, const OpContext & ctx) {
     switch (choose(d)) {
         case Path::Gemv: return gemv_scratch(d, ctx);
-        case Path::Gemm: return gemm_scratch(d.rows, d.w[0]->k);
+        case Path::Gemm: return gemm_scratch(d.rows, d.w[0]->k, dense_gemm_plan(d, ctx));
         case Path::Generic: return 0;
         case Path::Unfused: {
             Dense g = d, u = d;
@@ -209,28 +243,15 @@ void run_gemv(const Dense & d, Scratch & scratch, const OpContext & ctx) {
 }
 
 void run_gemm(const Dense & d, Scratch & scratch, const OpContext & ctx) {
-    const DeviceWeight & w  = *d.w[0];
-    auto *               xh = static_cast<uint16_t *>(scratch.take(size_t(d.rows * w.k) * 2));
-    auto *               xs = static_cast<float *>(scratch.take(size_t(d.rows) * 4));
-    x_to_f16_rows(d.x, d.rows, w.k, w.perm, nullptr, nullptr, nullptr, Ids{}, xh, xs, ctx.stream);
-    GemmArgs a;
-    a.a           = xh;
-    a.a_inv_scale = xs;
-    a.lda         = w.k;
-    a.m           = d.rows;
-    a.n           = w.n;
-    a.k           = w.k;
+    const DeviceWeight & w = *d.w[0];
+    const GemmPlan       p = dense_gemm_plan(d, ctx);
+    GemmArgs             a;
+    gemm_prepare(a, p, d.x, d.rows, w.k, w.perm, scratch, ctx);
+    a.n = w.n;
     for (int i = 0; i < d.nw; ++i) a.w[i] = *d.w[i];
     if (d.nw == 1) a.w[1] = a.w[0];
-    a.y          = d.y;
-    // 128-row tiles reuse each weight tile 4x more, but a narrow matrix (k/v projections at pp512)
-    // would then leave most SMs idle: under half a wave, take 32-row tiles (4x the blocks).
-    const int64_t tiles_n = ceil_div(w.n, int64_t(gemm_bn(d.nw == 2)));
-    const bool    narrow  = ceil_div(d.rows, int64_t(gemm_bm(4))) * tiles_n < ctx.props->sm_count / 2;
-    const int     mt      = d.rows <= 64 || narrow ? 1 : 4;
-    const dim3 grid(unsigned(ceil_div(d.rows, gemm_bm(mt))), unsigned(ceil_div(w.n, gemm_bn(d.nw == 2))));
-    if (grid.y > 65535) fail(SPARK_ERR_UNSUPPORTED, "matmul: %lld output columns are too many for the GEMM grid", (long long) w.n);
-    gemm_launch_fmt(w.format, mt, d.nw == 2, a, grid, ctx.stream);
+    a.y = d.y;
+    gemm_launch_fmt(w.format, p.mt, d.nw == 2, a, p.grid, ctx.stream);
 }
 
 void run_generic_dense(const Dense & d, const OpContext & ctx) {
@@ -377,7 +398,7 @@ size_t scratch_bytes(const Moe & m, const OpContext & ctx) {
         }
         case MoePath::Grouped: {
             const GroupedLayout g = grouped_layout(m);
-            return aligned(size_t(moe_route_ints(pairs, m.ids.n_experts, g.max_tiles)) * 4) + gemm_scratch(pairs, K);
+            return aligned(size_t(moe_route_ints(pairs, m.ids.n_experts, g.max_tiles)) * 4) + gemm_scratch(pairs, K, GemmPlan{});  // (no K split)
         }
         case MoePath::Generic: return 0;
         case MoePath::Unfused: {
@@ -594,12 +615,15 @@ namespace {
 
 // The reason a set of MATMUL nodes cannot share one launch, or nullptr.
 const char * multi_refusal(const Tensor * const * mms, int count) {
+    static_assert(kGemvMaxMats == kGemmMaxMats);
     if (count < 2 || count > kGemvMaxMats) return "count";
-    if (overrides().path != ForcePath::Auto && overrides().path != ForcePath::Gemv) return "forced path";
     const Tensor * x = mms[0] ? mms[0]->src[0] : nullptr;
     if (!x || x->type != DType::F32 || x->nb[0] != 4) return "activations";
     const int64_t rows = x->nrows();
-    if (rows <= 0 || rows > kGemvMaxRows) return "rows";  // prefill: one GEMM per weight
+    if (rows <= 0) return "rows";
+    const bool      gemm  = rows > kGemvMaxRows;  // prefill: one GEMM launch, else one decode GEMV
+    const ForcePath force = overrides().path;
+    if (force != ForcePath::Auto && force != (gemm ? ForcePath::Gemm : ForcePath::Gemv)) return "forced path";
     const DeviceWeight * w0 = nullptr;
     for (int i = 0; i < count; ++i) {
         const Tensor * t = mms[i];
@@ -607,6 +631,7 @@ const char * multi_refusal(const Tensor * const * mms, int count) {
         const DeviceWeight & w = device_weight(*t->weight);
         if (!w0) w0 = &w;
         if (w.format != w0->format || w.k != w0->k || w.k != x->ne[0]) return "format or K";
+        if (gemm && w.k % kGemmBK != 0) return "K (GEMM)";
         if (!chunk_ok(w) || w.perm) return "layout";  // act-order weights read x in their own orders
         if (t->type != DType::F32 || !t->is_contiguous() || t->ne[0] != w.n || t->nrows() != rows) return "output";
         if (overlaps(*t, *x)) return "output overlaps the input";
@@ -616,8 +641,33 @@ const char * multi_refusal(const Tensor * const * mms, int count) {
     return nullptr;
 }
 
+// Prefill: the weights' column tiles side by side in one GEMM launch over one F16 conversion.
+void exec_multi_gemm(const Tensor * const * mms, int count, const OpContext & ctx) {
+    const Tensor & x    = *mms[0]->src[0];
+    const int64_t  rows = x.nrows(), K = device_weight(*mms[0]->weight).k;
+    GemmArgs       a;
+    a.n_mats           = count;
+    int32_t tiles      = 0;
+    for (int i = 0; i < count; ++i) {
+        a.w[i]         = device_weight(*mms[i]->weight);
+        a.mat_n[i]     = a.w[i].n;
+        a.mat_y[i]     = static_cast<float *>(mms[i]->data);
+        a.mat_tile0[i] = tiles;
+        tiles += int32_t(ceil_div(a.w[i].n, int64_t(gemm_bn(false))));
+    }
+    a.mat_tile0[count] = tiles;
+    a.n                = a.mat_n[0];
+    a.y                = a.mat_y[0];
+    const GemmPlan p   = plan_gemm(rows, tiles, K, ctx.props->sm_count);
+    Scratch        scratch;
+    scratch.base = static_cast<char *>(ctx.workspace->get(gemm_scratch(rows, K, p)));
+    gemm_prepare(a, p, dense_rows(x), rows, K, nullptr, scratch, ctx);
+    gemm_launch_fmt(a.w[0].format, p.mt, false, a, p.grid, ctx.stream);
+}
+
 void exec_multi(const Tensor * const * mms, int count, const OpContext & ctx) {
     const Tensor &       x  = *mms[0]->src[0];
+    if (x.nrows() > kGemvMaxRows) return exec_multi_gemm(mms, count, ctx);
     const DeviceWeight * ws[kGemvMaxMats] = {};
     int64_t              ns[kGemvMaxMats] = {};
     int64_t              ntot = 0;
@@ -744,11 +794,11 @@ const char * kernel_paths(int cc) {
     return mma ? "f32=gemv-fma/gemm-f16-mma f16=gemv-fma/gemm-f16-mma(cp.async) bf16=gemv-fma/gemm-f16-mma "
                  "nvfp4=gemv-f16-mma(x split hi/mid/lo)/gemm-dequant-f16-mma int4=gemv-f16-mma(g%128; else lop3-magic)/gemm-dequant-f16-mma "
                  "fp8=gemv-f16bits/gemm-dequant-f16-mma moe=gemv-ids(1 launch)/grouped-gemm(device routing) "
-                 "swiglu=fused-gate-up multi=one-gemv-launch"
+                 "swiglu=fused-gate-up multi=one-gemv/gemm-launch"
                : "f32=gemv-fma/gemm-f16-mma f16=gemv-fma/gemm-f16-mma(cp.async) bf16=gemv-fma/gemm-f16-mma "
                  "nvfp4=gemv-f16bits/gemm-dequant-f16-mma int4=gemv-lop3-magic/gemm-dequant-f16-mma "
                  "fp8=gemv-f16bits/gemm-dequant-f16-mma moe=gemv-ids(1 launch)/grouped-gemm(device routing) "
-                 "swiglu=fused-gate-up multi=one-gemv-launch";
+                 "swiglu=fused-gate-up multi=one-gemv/gemm-launch";
 }
 
 }  // namespace spark::cuda

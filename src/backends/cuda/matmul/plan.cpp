@@ -250,4 +250,54 @@ GemvPlan plan_gemv(WeightFormat f, int64_t N, int64_t K, int64_t jobs, int rows,
     return p;
 }
 
+// GEMM K split. The tiles of a prefill projection often leave SMs idle or end in a ragged last wave:
+// Qwen3-8B's q, o and down projections at 512 rows are 128 tiles of 128 x 128 on 132 SMs that hold 2
+// blocks each, so every SM runs one block, alone. Splitting K multiplies the blocks. Model, in K
+// stages at the full rate of an SM: each SM gets ceil(units / SMs) units of kt_per_split stages, run
+// bps at a time at the full rate, a remainder of r < bps at rate(r); a split unit adds its partial's
+// round trip and the tile's reduction (kSplitUnit). Fitted to bench_matmul --gemm-sweep on an H100
+// (INT4, 128-row tiles): a stage takes 1.29 us for each of two co-resident blocks and 0.90 us for a
+// block alone (rate(1) = 0.72), a split unit ~6 us (~9 stages of the full-rate SM). Ties go to fewer
+// splits.
+GemmPlan plan_gemm(int64_t rows, int64_t tiles_n, int64_t K, int sm_count) {
+    GemmPlan p;
+    p.mt                    = rows <= 64 ? 1 : 4;
+    const int64_t tiles_m   = ceil_div(rows, int64_t(gemm_bm(p.mt)));
+    const int64_t KT        = std::max<int64_t>(1, K / kGemmBK);
+    const int64_t tiles     = tiles_m * tiles_n;
+    const int64_t sms       = std::max(1, sm_count);
+    const int     bps       = gemm_min_blocks(p.mt);
+    auto          rate      = [&](int64_t k) { return k >= bps ? 1.0 : 0.72 + 0.28 * double(k - 1) / double(bps - 1); };
+    constexpr double  kSplitUnit     = 9.0;
+    constexpr int64_t kMinStages     = 8;                      // K of 256 per split at least: the pipeline fills
+    constexpr int64_t kMaxSplit      = 8;
+    constexpr double  kMaxPartialMiB = 64.0;                   // workspace bound of the partials
+    const int         forced         = overrides().gemm_ksplit;
+    double            best           = 1e300;
+    p.kt_per_split                   = KT;  // (a forced split K does not allow stays 1)
+    for (int64_t s_try = 1; s_try <= kMaxSplit; ++s_try) {
+        const int64_t per = ceil_div(KT, s_try);
+        const int64_t s   = ceil_div(KT, per);
+        if (s != s_try) continue;  // (that split count leaves an empty split; a smaller one covers it)
+        if (forced > 0) {
+            if (s != std::min<int64_t>(forced, KT)) continue;
+        } else if (s > 1 && (per < kMinStages ||
+                             double(tiles * s * gemm_partial_floats(p.mt)) * 4.0 > kMaxPartialMiB * 1048576.0)) {
+            continue;
+        }
+        const int64_t units  = tiles * s;
+        const int64_t per_sm = ceil_div(units, sms);
+        const int64_t full = per_sm / bps, rem = per_sm % bps;
+        double        t    = double(full * bps * per) / rate(bps) + (rem ? double(rem * per) / rate(rem) : 0.0);
+        if (s > 1) t += kSplitUnit * double(per_sm);
+        if (t < best * 0.97) {
+            best           = t;
+            p.ksplit       = int(s);
+            p.kt_per_split = per;
+        }
+    }
+    p.grid = dim3(unsigned(tiles_m), unsigned(tiles_n), unsigned(p.ksplit));
+    return p;
+}
+
 }  // namespace spark::cuda::mm

@@ -20,6 +20,7 @@ struct Overrides {
     int       gemv_wk     = 0;   // > 0: only this many K-warps per block
     int       gemv_lpr    = 0;   // > 0: FMA kernel, only this many lanes per row
     int       gemv_kpair  = -1;  // 0 / 1: MMA kernel, only plans without / with the K-pair mapping
+    int       gemm_ksplit = 0;   // > 0: the dense GEMM splits K across this many blocks (as far as K allows)
 };
 
 Overrides & overrides();
