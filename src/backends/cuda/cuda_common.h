@@ -22,4 +22,25 @@ namespace spark::cuda {
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+#ifdef __CUDACC__  // (kernel files only: the CPU warp emulators of dev/kernels include this header too)
+// kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream serialization when `pdl`
+// (sm_90+): the kernel may start while the previous kernel of the stream finishes, and waits for it
+// in-kernel (griddepcontrol.wait) before it reads that kernel's outputs. Launch errors throw.
+template <class... KernelArgs, class... Args>
+void launch_kernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool pdl,
+                   Args &&... args) {
+    cudaLaunchAttribute attr[1];
+    attr[0].id                                         = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg                             = {};
+    cfg.gridDim                                        = grid;
+    cfg.blockDim                                       = block;
+    cfg.dynamicSmemBytes                               = smem;
+    cfg.stream                                         = stream;
+    cfg.attrs                                          = pdl ? attr : nullptr;
+    cfg.numAttrs                                       = pdl ? 1 : 0;
+    SPARK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<Args &&>(args)...));
+}
+#endif
+
 }  // namespace spark::cuda

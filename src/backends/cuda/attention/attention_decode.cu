@@ -29,32 +29,12 @@ bool fused_combine_enabled() {
     return on;
 }
 
-// Launches kernel(p) on `stream`, with programmatic stream serialization when `pdl`.
-void launch_pdl(void (*kernel)(AttnParams), dim3 grid, dim3 block, int smem, cudaStream_t stream, bool pdl, const AttnParams & p) {
-    if (!pdl) {
-        kernel<<<grid, block, smem, stream>>>(p);
-        SPARK_CUDA_CHECK_LAUNCH();
-        return;
-    }
-    cudaLaunchAttribute attr[1];
-    attr[0].id                                         = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg                             = {};
-    cfg.gridDim                                        = grid;
-    cfg.blockDim                                       = block;
-    cfg.dynamicSmemBytes                               = size_t(smem);
-    cfg.stream                                         = stream;
-    cfg.attrs                                          = attr;
-    cfg.numAttrs                                       = 1;
-    SPARK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
-}
-
 template <int D> void decode_d(const AttnParams & p, const AttnPlan & plan, cudaStream_t stream) {
     static std::atomic<uint32_t> smem_set{0};
     set_smem_limit_once(reinterpret_cast<const void *>(&attn_decode_kernel<D>), DecodeCfg<D>::kSmem, smem_set);
     const bool pdl = decode_pdl_enabled();
-    launch_pdl(attn_decode_kernel<D>, dim3(plan.grid_x, plan.grid_y, plan.grid_z), dim3(kThreads), DecodeCfg<D>::kSmem, stream, pdl, p);
-    if (plan.n_splits > 1 && !p.counters) launch_pdl(attn_combine_kernel<D>, dim3(p.n_head, p.n_tok), dim3(D), 0, stream, pdl, p);
+    launch_kernel(attn_decode_kernel<D>, dim3(plan.grid_x, plan.grid_y, plan.grid_z), dim3(kThreads), DecodeCfg<D>::kSmem, stream, pdl, p);
+    if (plan.n_splits > 1 && !p.counters) launch_kernel(attn_combine_kernel<D>, dim3(p.n_head, p.n_tok), dim3(D), 0, stream, pdl, p);
 }
 
 template <int D> int blocks_per_sm_d() {

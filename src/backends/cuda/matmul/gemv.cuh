@@ -589,21 +589,7 @@ __global__ void __launch_bounds__(kGemvThreads, R == 1 ? F::kMinBlocksR1 : gemv_
 // a.pdl: programmatic dependent launch (the kernel waits for the previous one in-kernel).
 template <class F, int R, bool GLU>
 void gemv_launch_one(const GemvArgs & a, dim3 grid, cudaStream_t s) {
-    if (!a.pdl) {
-        gemv_kernel<F, R, GLU><<<grid, kGemvThreads, 0, s>>>(a);
-        return;
-    }
-    cudaLaunchAttribute attr[1];
-    attr[0].id                                         = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg                             = {};
-    cfg.gridDim                                        = grid;
-    cfg.blockDim                                       = dim3(kGemvThreads);
-    cfg.dynamicSmemBytes                               = 0;
-    cfg.stream                                         = s;
-    cfg.attrs                                          = attr;
-    cfg.numAttrs                                       = 1;
-    SPARK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_kernel<F, R, GLU>, a));
+    launch_kernel(gemv_kernel<F, R, GLU>, grid, dim3(kGemvThreads), 0, s, a.pdl != 0, a);
 }
 
 template <class F>

@@ -526,17 +526,7 @@ void gemv_mma_launch_one(const GemvArgs & a, dim3 grid, int smem, cudaStream_t s
             set[dev] = smem;
         }
     }
-    cudaLaunchAttribute attr[1];
-    attr[0].id                                         = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg                             = {};
-    cfg.gridDim                                        = grid;
-    cfg.blockDim                                       = dim3(kGemvThreads);
-    cfg.dynamicSmemBytes                               = size_t(smem);
-    cfg.stream                                         = s;
-    cfg.attrs                                          = a.pdl ? attr : nullptr;
-    cfg.numAttrs                                       = a.pdl ? 1 : 0;
-    SPARK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a));
+    launch_kernel(kernel, grid, dim3(kGemvThreads), size_t(smem), s, a.pdl != 0, a);
 }
 
 template <class F>
