@@ -42,7 +42,12 @@ tmux -L "$sock" send-keys -t $session C-c
 wait_for "\[interrupted\]"
 wait_for '^>' 5
 send 'Write a Python function `read_json(path)`: Load a JSON file and return its contents.'
-wait_for "def read_json"
+# The interrupted answer stays in the history, cut wherever Ctrl-C landed, so what the model says
+# next depends on that timing (e.g. just the "```" that closes the cut code block): check that the
+# turn runs and answers, not its words (the uninterrupted turns above check those).
+wait_for '^>' 6
+reply=$(screen | awk '/read_json\(path\)/ { f = 1; next } f && /^>/ { exit } f')
+[ -n "$(printf '%s' "$reply" | tr -d '[:space:]')" ] || { echo "no answer after the interrupted turn; screen:"; screen; exit 1; }
 send '/stats'
 wait_for "tok/s"
 send '/quit'
