@@ -233,6 +233,12 @@ typedef struct spark_context_params {
     int32_t n_seq_max;    /* max distinct sequence ids (0 .. n_seq_max-1); default 1 */
     int32_t n_threads;    /* CPU threads for decoding; <= 0: all hardware threads */
     int32_t n_snapshots;  /* recurrent-state snapshots kept per context (for rollback); default 2 */
+    int32_t n_rollback;   /* linear-attention layers keep their states after each of the last
+                             n_rollback positions, so that up to n_rollback trailing tokens can be
+                             removed exactly and without recompute (speculative decoding needs its
+                             draft length; spark_spec_init raises it). 0 .. 64; default 0. Costs
+                             n_rollback extra recurrent states per sequence; nothing for
+                             attention-only models, which can always drop a tail. */
 } spark_context_params;
 
 SPARK_API spark_context_params spark_context_default_params(void);
@@ -302,13 +308,18 @@ SPARK_API void spark_memory_clear(spark_context * ctx);
 
 /* Removes positions [p0, p1) of sequence seq_id (seq_id < 0: every sequence; p1 < 0: to the end).
  * Only removal of a tail (p1 < 0 or p1 past the end) is supported, since positions are contiguous.
- * For recurrent (linear-attention) layers a tail can only be removed back to a snapshot
- * (spark_memory_seq_restore) or entirely (p0 == 0).
+ * For recurrent (linear-attention) layers a tail can be removed entirely (p0 == 0), or back to one
+ * of the last n_rollback positions appended since the sequence was last cut, restored or copied
+ * (spark_memory_seq_can_rm tells); otherwise go back to a snapshot (spark_memory_seq_restore).
+ * Snapshots of the sequence taken above p0 become invalid.
  * Returns SPARK_OK, SPARK_ERR_INVALID_ARGUMENT (bad seq id), SPARK_ERR_UNSUPPORTED (a middle
- * range, or a partial tail of a recurrent model). */
+ * range, or a tail the recurrent state cannot go back over); on error nothing changed. */
 SPARK_API spark_status spark_memory_seq_rm(spark_context * ctx, spark_seq_id seq_id, spark_pos p0, spark_pos p1);
 
-/* Copies sequence src into dst (dst is cleared first). */
+/* Whether spark_memory_seq_rm(ctx, seq_id, p0, p1) would succeed, without changing anything. */
+SPARK_API bool spark_memory_seq_can_rm(const spark_context * ctx, spark_seq_id seq_id, spark_pos p0, spark_pos p1);
+
+/* Copies sequence src into dst (dst is cleared first; its snapshots become invalid). */
 SPARK_API spark_status spark_memory_seq_cp(spark_context * ctx, spark_seq_id src, spark_seq_id dst);
 
 /* Number of tokens sequence seq_id holds (its next position); -1 for a bad id. */
@@ -320,7 +331,9 @@ SPARK_API spark_status spark_memory_seq_snapshot(spark_context * ctx, spark_seq_
 
 /* Restores sequence seq_id to a snapshot taken from it: tokens appended since are removed and the
  * recurrent state is restored exactly. The snapshot stays valid (restore again or free it).
- * SPARK_ERR_INVALID_ARGUMENT for a bad id, or when the sequence was truncated below the snapshot. */
+ * A snapshot becomes invalid when its sequence is truncated below it, cleared, overwritten by
+ * spark_memory_seq_cp or restored to an earlier snapshot; restoring it then fails with
+ * SPARK_ERR_INVALID_ARGUMENT and a message saying why (as for a bad id). */
 SPARK_API spark_status spark_memory_seq_restore(spark_context * ctx, spark_seq_id seq_id, int32_t snapshot);
 
 SPARK_API void spark_memory_snapshot_free(spark_context * ctx, int32_t snapshot);

@@ -241,7 +241,7 @@ Tensor * Graph::conv1d_ssm(Tensor * x, Tensor * w, Tensor * state, const StepInp
     SPARK_ASSERT(x->type == DType::F32 && w->type == DType::F32 && x->nrows() == x->ne[1]);
     const int64_t channels = x->ne[0], kernel = w->ne[0];
     SPARK_ASSERT(w->ne[1] == channels && kernel >= 2);
-    SPARK_ASSERT(state->ne[0] == (kernel - 1) * channels);
+    SPARK_ASSERT(state->ne[0] == (kernel - 1) * channels && state->ne[1] >= 1 && state->ne[3] == 1);
     Tensor * t = new_op(Op::CONV1D_SSM, DType::F32, x);
     t->src[0]  = x;
     t->src[1]  = w;
@@ -259,7 +259,7 @@ Tensor * Graph::gated_delta(Tensor * q, Tensor * k, Tensor * v, Tensor * a, Tens
     SPARK_ASSERT(k->ne[0] == dk && k->ne[1] == n_kh && k->ne[2] == n_tok && v->ne[2] == n_tok);
     SPARK_ASSERT(n_vh % n_kh == 0 && a->ne[0] == n_vh && b->ne[0] == n_vh);
     SPARK_ASSERT(A_log->ne[0] == n_vh && dt_bias->ne[0] == n_vh);
-    SPARK_ASSERT(state->ne[0] == dk * dv * n_vh);
+    SPARK_ASSERT(state->ne[0] == dk * dv * n_vh && state->ne[1] >= 1 && state->ne[3] == 1);
     int64_t  ne[3] = {dv, n_vh, n_tok};
     Tensor * t     = new_tensor(DType::F32, ne, 3, Op::GATED_DELTA);
     t->src[0] = q;
@@ -271,6 +271,7 @@ Tensor * Graph::gated_delta(Tensor * q, Tensor * k, Tensor * v, Tensor * a, Tens
     t->src[6] = dt_bias;
     t->src[7] = state;
     t->src[8] = step.seq_ranges;
+    t->src[9] = step.pos;
     return t;
 }
 

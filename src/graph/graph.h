@@ -144,10 +144,17 @@ public:
     Tensor * moe_ids(Tensor * route);       // I32 [k, T]
     Tensor * moe_combine(Tensor * y, Tensor * weights);
 
-    // Causal depthwise conv1d over time with a rolling per-sequence state, then silu.
-    // x [C, T]; w F32 [K, C] (tap j of channel c at w[c*K + j], tap K-1 multiplies the current
-    // input); state external F32 [(K-1) * C, n_seq_slots]: per slot the previous K-1 inputs as
-    // [K-1][C], oldest first; it is updated in place. Output [C, T].
+    // Recurrent state with rollback. A linear-attention state tensor is external F32
+    // [state_size, R, n_seq_slots]: per sequence slot a ring of R states, where entry p mod R holds
+    // the state after position p. An op reads the state after position pos0 - 1 (pos0: the first
+    // position of the sequence in this step; a sequence starting at position 0 starts from zeros,
+    // whatever the ring holds) and writes the state after each of the step's last min(count, R)
+    // positions. So the states after the last R positions of a sequence stay available: removing up
+    // to R - 1 trailing positions is exact without recompute (Memory, n_rollback = R - 1).
+    //
+    // Causal depthwise conv1d over time, then silu. x [C, T]; w F32 [K, C] (tap j of channel c at
+    // w[c*K + j], tap K-1 multiplies the current input); state [(K-1) * C, R, n_seq_slots], one
+    // state being the previous K-1 inputs as [K-1][C], oldest first. Output [C, T].
     Tensor * conv1d_ssm(Tensor * x, Tensor * w, Tensor * state, const StepInputs & step);
 
     // Gated delta rule (Qwen3-Next linear attention), per value head h and token t:
@@ -155,8 +162,8 @@ public:
     //   S = S * exp(g); S += k (x) ((v - S^T k) * beta); o = S^T q
     // q, k [dk, n_k_heads, T] (already l2-normalised, q scaled), v [dv, n_v_heads, T],
     // a, b [n_v_heads, T]; A_log, dt_bias F32 [n_v_heads]; value head h uses key head
-    // h / (n_v_heads / n_k_heads). state external F32 [dk * dv * n_v_heads, n_seq_slots] (S[h] is
-    // dk x dv, row i = key dim). Output [dv, n_v_heads, T].
+    // h / (n_v_heads / n_k_heads). state [dk * dv * n_v_heads, R, n_seq_slots], a ring as above
+    // (S[h] is dk x dv, row i = key dim). Output [dv, n_v_heads, T].
     Tensor * gated_delta(Tensor * q, Tensor * k, Tensor * v, Tensor * a, Tensor * b, Tensor * A_log,
                          Tensor * dt_bias, Tensor * state, const StepInputs & step);
 

@@ -96,6 +96,7 @@ SPARK_API spark_context_params spark_context_default_params(void) {
     p.n_seq_max   = 1;
     p.n_threads   = 0;
     p.n_snapshots = 2;
+    p.n_rollback  = 0;
     return p;
 }
 
@@ -168,6 +169,10 @@ SPARK_API spark_status spark_memory_seq_rm(spark_context * ctx, spark_seq_id seq
         require(ctx != nullptr, "spark_memory_seq_rm: NULL context");
         ctx->impl->memory().seq_rm(seq_id, p0, p1);
     });
+}
+
+SPARK_API bool spark_memory_seq_can_rm(const spark_context * ctx, spark_seq_id seq_id, spark_pos p0, spark_pos p1) {
+    return ctx && ctx->impl->memory().can_rm(seq_id, p0, p1);
 }
 
 SPARK_API spark_status spark_memory_seq_cp(spark_context * ctx, spark_seq_id src, spark_seq_id dst) {

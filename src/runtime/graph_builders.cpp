@@ -1,8 +1,10 @@
 #include "runtime/graph_builders.h"
 
 #include "graph/error.h"
-#include "runtime/memory.h"
+#include "runtime/context.h"
+#include "runtime/memory/memory.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace spark {
@@ -75,11 +77,42 @@ Tensor * build_attention(GraphContext & gc, Tensor * x, const LayerWeights & L, 
     return g.named(g.matmul(o, L.wo), "attn_out", il);
 }
 
+void capture_layer(GraphContext & gc, int il, Tensor * x) {
+    if (!gc.capture) return;
+    const auto & layers = gc.capture->layers;
+    gc.captured_parts.resize(layers.size(), nullptr);
+    for (size_t i = 0; i < layers.size(); ++i)
+        if (layers[i] == il) gc.captured_parts[i] = x;
+}
+
+namespace {
+
+// The captured parts side by side, in the order asked for.
+Tensor * concat_all(Graph & g, const std::vector<Tensor *> & parts) {
+    SPARK_ASSERT(!parts.empty());
+    Tensor * out = parts[0];
+    size_t   i   = 1;
+    if (parts.size() == 1) return g.cont(out);
+    for (; i < parts.size(); i += 2) out = g.concat(out, parts[i], i + 1 < parts.size() ? parts[i + 1] : nullptr);
+    return out;
+}
+
+}  // namespace
+
 Tensor * build_output(GraphContext & gc, Tensor * x, bool zc) {
-    Graph & g = gc.graph;
-    // Only the rows that want logits go through the final norm and lm_head.
-    if (gc.out_ids->ne[0] != x->ne[1]) x = g.get_rows(x, gc.out_ids);
+    Graph &    g       = gc.graph;
+    const bool capture = gc.capture && !gc.capture->empty();
+    const bool final   = capture && std::count(gc.capture->layers.begin(), gc.capture->layers.end(), HiddenCapture::kFinalNorm) > 0;
+    // Only the rows that want logits go through the final norm and lm_head, unless the normed
+    // hidden state of every row is captured.
+    if (gc.out_ids->ne[0] != x->ne[1] && !final) x = g.get_rows(x, gc.out_ids);
     x = build_norm(gc, x, gc.model.output_norm, gc.model.hparams.rms_eps, zc, "output_norm", -1);
+    if (capture) {
+        capture_layer(gc, HiddenCapture::kFinalNorm, x);
+        for (Tensor * p : gc.captured_parts) SPARK_ASSERT(p != nullptr);
+        gc.captured = g.named(concat_all(g, gc.captured_parts), "captured");
+    }
+    if (gc.out_ids->ne[0] != x->ne[1]) x = g.get_rows(x, gc.out_ids);
     Tensor * logits = g.named(g.matmul(x, gc.model.output), "logits");
     g.mark_output(logits);
     return logits;

@@ -24,7 +24,12 @@ Tensor * build_moe(GraphContext & gc, Tensor * x, const LayerWeights & L, int il
 // sigmoid(gate). Returns o_proj's output [n_embd, T].
 Tensor * build_attention(GraphContext & gc, Tensor * x, const LayerWeights & L, int il, bool q_gated, bool zero_centered_norms);
 
-// Final norm, the rows that want logits, and lm_head: -> [n_vocab, n_out].
+// Final norm, the rows that want logits, and lm_head: -> [n_vocab, n_out]. Captures the final
+// normed hidden state of every row when gc.capture asks for it.
 Tensor * build_output(GraphContext & gc, Tensor * x, bool zero_centered_norm);
+
+// Records the output of layer il ([n_embd, T]) when gc.capture asks for it; architectures call it
+// after every layer. build_output assembles gc.captured.
+void capture_layer(GraphContext & gc, int il, Tensor * x);
 
 }  // namespace spark

@@ -85,6 +85,12 @@ int64_t HParams::n_layer_of(LayerKind kind) const {
     return std::count(layer_kinds.begin(), layer_kinds.end(), kind);
 }
 
+int64_t HParams::conv_state_floats() const {
+    return std::max<int64_t>(ssm_conv_kernel - 1, 0) * (2 * ssm_n_k_heads * ssm_k_dim + ssm_n_v_heads * ssm_v_dim);
+}
+
+int64_t HParams::ssm_state_floats() const { return ssm_k_dim * ssm_v_dim * ssm_n_v_heads; }
+
 HParams parse_hparams(const json & j) {
     if (!j.is_object()) fail(SPARK_ERR_INVALID_FORMAT, "config.json is not a JSON object");
     HParams hp;

@@ -16,7 +16,8 @@ enum class LayerKind : uint8_t { Attention, LinearAttention };
 struct HParams {
     std::string arch;  // model_type: "qwen3", "qwen3_moe", "qwen3_next"
 
-    int64_t n_vocab     = 0;
+    int64_t n_vocab     = 0;  // logits per token
+    int64_t n_vocab_in  = 0;  // token ids the embedding takes, when they differ (an EAGLE3 head)
     int64_t n_embd      = 0;
     int64_t n_layer     = 0;
     int64_t n_head      = 0;
@@ -50,8 +51,13 @@ struct HParams {
     std::vector<int32_t> eos_token_ids;
     int32_t              bos_token_id = -1;
 
+    int64_t embd_vocab() const { return n_vocab_in ? n_vocab_in : n_vocab; }
     bool is_moe_layer(int64_t il) const;
     int64_t n_layer_of(LayerKind kind) const;
+    // Floats of one sequence's recurrent state in one linear-attention layer: the conv window (the
+    // previous K-1 inputs of the q|k|v channels) and the delta-rule matrices (dk x dv per value head).
+    int64_t conv_state_floats() const;
+    int64_t ssm_state_floats() const;
 };
 
 // Throws Error(SPARK_ERR_INVALID_FORMAT) for missing/ill-typed fields,

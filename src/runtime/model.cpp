@@ -85,9 +85,7 @@ void fill_info(Model & m, int64_t n_params) {
     }
     i.decode_weight_bytes = step;
     i.kv_bytes_per_token  = uint64_t(i.n_layer_attention) * 2 * uint64_t(hp.n_head_kv * hp.head_dim) * dtype_size(m.backend->caps().kv_type);
-    const uint64_t conv_channels = uint64_t(2 * hp.ssm_n_k_heads * hp.ssm_k_dim + hp.ssm_n_v_heads * hp.ssm_v_dim);
-    i.recurrent_bytes = uint64_t(i.n_layer_linear_attention) * 4 *
-                        (uint64_t(std::max<int64_t>(hp.ssm_conv_kernel - 1, 0)) * conv_channels + uint64_t(hp.ssm_k_dim * hp.ssm_v_dim * hp.ssm_n_v_heads));
+    i.recurrent_bytes = uint64_t(i.n_layer_linear_attention) * 4 * uint64_t(hp.conv_state_floats() + hp.ssm_state_floats());
 }
 
 }  // namespace

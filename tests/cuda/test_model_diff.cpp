@@ -7,7 +7,7 @@
 #include "graph/graph.h"
 #include "graph/planner.h"
 #include "quant/formats.h"
-#include "runtime/memory.h"
+#include "runtime/memory/memory.h"
 #include "runtime/model.h"
 #include "runtime/models/arch.h"
 #include "runtime/tokenizer/tokenizer.h"
@@ -31,9 +31,9 @@ struct StepRun {
         p.device             = device;
         p.load_tokenizer     = false;
         model                = spark::load_model(path, p);
-        memory               = std::make_unique<spark::Memory>(*model, 256, 1, 0);
+        memory               = std::make_unique<spark::Memory>(*model, 256, 1, 0, 0);
         const int64_t n      = int64_t(tokens.size());
-        spark::GraphContext gc{graph, *model, *memory, {}, nullptr, nullptr, n};
+        spark::GraphContext gc{graph, *model, *memory, {}, nullptr, nullptr, n, nullptr, nullptr, nullptr, {}};
         gc.tokens           = graph.input(spark::DType::I32, {n}, "tokens");
         gc.step.pos         = graph.input(spark::DType::I32, {n}, "pos");
         gc.step.seq         = graph.input(spark::DType::I32, {n}, "seq");

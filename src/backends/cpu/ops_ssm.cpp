@@ -23,28 +23,55 @@ std::vector<SeqRange> seq_ranges(const Tensor & ranges) {
     for (int64_t i = 0; i < ranges.ne[1]; ++i) out.push_back({d[3 * i], d[3 * i + 1], d[3 * i + 2]});
     return out;
 }
+
+// The ring of states of one sequence slot (graph.h: "Recurrent state with rollback").
+struct StateRing {
+    float * base;       // [R][size]
+    int64_t size, R;
+    int32_t pos0, count;  // first position of the step, tokens of the step
+    // The state the step starts from: after position pos0 - 1 (none at position 0).
+    const float * initial() const { return pos0 == 0 ? nullptr : at(pos0 - 1); }
+    float *       at(int64_t p) const { return base + (p % R) * size; }
+    // Whether the state after token i of the step is kept (the last R positions).
+    bool          keeps(int32_t i) const { return i >= count - R; }
+};
+
+StateRing ring_of(const Tensor & st, const Tensor & pos, const SeqRange & r) {
+    SPARK_ASSERT(st.is_contiguous() && r.slot >= 0 && r.slot < st.ne[2]);
+    const int64_t size = st.ne[0], R = st.ne[1];
+    const int32_t pos0 = static_cast<const int32_t *>(pos.data)[r.first];
+    SPARK_ASSERT(pos0 >= 0);
+    return {static_cast<float *>(st.data) + int64_t(r.slot) * R * size, size, R, pos0, r.count};
+}
+
 }  // namespace
 
 void op_conv1d_ssm(const Tensor & t, ThreadPool & pool) {
     const Tensor & x  = *t.src[0];
     const float *  w  = static_cast<const float *>(t.src[1]->data);
-    const Tensor & st = *t.src[2];
     const int64_t  C = x.ne[0], K = t.src[1]->ne[0];
     const auto     ranges = seq_ranges(*t.src[7]);
-    SPARK_ASSERT(x.nb[0] == 4 && st.is_contiguous());
+    SPARK_ASSERT(x.nb[0] == 4);
     for (const SeqRange & r : ranges) {
-        float * state = static_cast<float *>(st.data) + int64_t(r.slot) * (K - 1) * C;  // [K-1][C]
+        const StateRing ring = ring_of(*t.src[2], *t.src[5], r);  // a state: [K-1][C]
         pool.parallel_for(C, 256, [&](int64_t c0, int64_t c1, int) {
+            std::vector<float> hist(size_t(K - 1));
             for (int64_t c = c0; c < c1; ++c) {
-                const float * wc = w + c * K;
+                const float * wc   = w + c * K;
+                const float * init = ring.initial();
+                for (int64_t j = 0; j < K - 1; ++j) hist[size_t(j)] = init ? init[j * C + c] : 0.0f;
                 for (int32_t i = 0; i < r.count; ++i) {
                     const int64_t tok = r.first + i;
                     const float   xin = reinterpret_cast<const float *>(x.row(tok))[c];
                     float         acc = wc[K - 1] * xin;
-                    for (int64_t j = 0; j < K - 1; ++j) acc += wc[j] * state[j * C + c];
+                    for (int64_t j = 0; j < K - 1; ++j) acc += wc[j] * hist[size_t(j)];
                     reinterpret_cast<float *>(t.row(tok))[c] = silu(acc);
-                    for (int64_t j = 0; j + 1 < K - 1; ++j) state[j * C + c] = state[(j + 1) * C + c];
-                    state[(K - 2) * C + c] = xin;
+                    for (int64_t j = 0; j + 1 < K - 1; ++j) hist[size_t(j)] = hist[size_t(j + 1)];
+                    hist[size_t(K - 2)] = xin;
+                    if (ring.keeps(i)) {
+                        float * out = ring.at(ring.pos0 + i);
+                        for (int64_t j = 0; j < K - 1; ++j) out[j * C + c] = hist[size_t(j)];
+                    }
                 }
             }
         });
@@ -59,17 +86,18 @@ void op_gated_delta(const Tensor & t, ThreadPool & pool) {
     const Tensor & b = *t.src[4];
     const float *  A_log   = static_cast<const float *>(t.src[5]->data);
     const float *  dt_bias = static_cast<const float *>(t.src[6]->data);
-    const Tensor & st      = *t.src[7];
     const int64_t  dk = q.ne[0], n_kh = q.ne[1], dv = v.ne[0], n_vh = v.ne[1];
     const int64_t  ratio   = n_vh / n_kh;
     const auto     ranges  = seq_ranges(*t.src[8]);
     for (const SeqRange & r : ranges) {
-        float * state = static_cast<float *>(st.data) + int64_t(r.slot) * dk * dv * n_vh;
+        const StateRing ring = ring_of(*t.src[7], *t.src[9], r);  // a state: [n_vh][dk][dv]
         pool.parallel_for(n_vh, 1, [&](int64_t h0, int64_t h1, int) {
-            std::vector<float> kv(static_cast<size_t>(dv)), delta(static_cast<size_t>(dv));
+            std::vector<float> kv(static_cast<size_t>(dv)), delta(static_cast<size_t>(dv)), S(size_t(dk * dv));
             for (int64_t h = h0; h < h1; ++h) {
-                float *       S  = state + h * dk * dv;  // [dk][dv]
-                const int64_t kh = h / ratio;
+                const int64_t head = h * dk * dv;
+                const int64_t kh   = h / ratio;
+                if (const float * init = ring.initial()) std::copy(init + head, init + head + dk * dv, S.begin());
+                else std::fill(S.begin(), S.end(), 0.0f);
                 for (int32_t i = 0; i < r.count; ++i) {
                     const int64_t tok  = r.first + i;
                     const float * qt   = reinterpret_cast<const float *>(q.row(kh, tok));
@@ -80,17 +108,18 @@ void op_gated_delta(const Tensor & t, ThreadPool & pool) {
                     const float   g    = -std::exp(A_log[h]) * softplus(at + dt_bias[h]);
                     const float   beta = sigmoid(bt);
                     const float   decay = std::exp(g);
-                    for (int64_t e = 0; e < dk * dv; ++e) S[e] *= decay;
+                    for (float & e : S) e *= decay;
                     std::fill(kv.begin(), kv.end(), 0.0f);
                     for (int64_t ki = 0; ki < dk; ++ki)
-                        for (int64_t j = 0; j < dv; ++j) kv[size_t(j)] += S[ki * dv + j] * kt[ki];
+                        for (int64_t j = 0; j < dv; ++j) kv[size_t(j)] += S[size_t(ki * dv + j)] * kt[ki];
                     for (int64_t j = 0; j < dv; ++j) delta[size_t(j)] = (vt[j] - kv[size_t(j)]) * beta;
                     for (int64_t ki = 0; ki < dk; ++ki)
-                        for (int64_t j = 0; j < dv; ++j) S[ki * dv + j] += kt[ki] * delta[size_t(j)];
+                        for (int64_t j = 0; j < dv; ++j) S[size_t(ki * dv + j)] += kt[ki] * delta[size_t(j)];
                     float * o = reinterpret_cast<float *>(t.row(h, tok));
                     for (int64_t j = 0; j < dv; ++j) o[j] = 0.0f;
                     for (int64_t ki = 0; ki < dk; ++ki)
-                        for (int64_t j = 0; j < dv; ++j) o[j] += S[ki * dv + j] * qt[ki];
+                        for (int64_t j = 0; j < dv; ++j) o[j] += S[size_t(ki * dv + j)] * qt[ki];
+                    if (ring.keeps(i)) std::copy(S.begin(), S.end(), ring.at(ring.pos0 + i) + head);
                 }
             }
         });

@@ -12,6 +12,7 @@
 namespace spark {
 
 class Memory;
+struct HiddenCapture;
 
 // How an architecture gets its weights: from a checkpoint (CheckpointLoader) or random of the same
 // shapes for benchmarks (SyntheticLoader, src/runtime/synthetic.cpp). Architectures only name the
@@ -64,6 +65,15 @@ struct GraphContext {
     Tensor *     tokens  = nullptr;  // I32 [T]
     Tensor *     out_ids = nullptr;  // I32 [n_out]: rows whose logits are wanted
     int64_t      n_tokens = 0;
+
+    // Speculative decoding. capture: hidden states the step must output (a target feeding an
+    // EAGLE3 or MTP head; see capture_layer / build_output). hidden_in: a head's input rows
+    // [hidden_input_width, T]. captured: set by the build, the hidden states [width, T] the step
+    // outputs (the captured layers, or a head's own output for chained drafting).
+    const HiddenCapture * capture   = nullptr;
+    Tensor *              hidden_in = nullptr;
+    Tensor *              captured  = nullptr;
+    std::vector<Tensor *> captured_parts;  // in the order of capture->layers
 };
 
 class Architecture {
@@ -73,6 +83,12 @@ public:
     virtual void load(Model & model, ModelLoader & loader) = 0;
     // Builds the step graph; returns the logits [n_vocab, n_out] of the rows in gc.out_ids.
     virtual Tensor * build(GraphContext & gc) const = 0;
+    // The greedy token of each logits row (an EAGLE3 head maps its draft vocabulary to the target's).
+    virtual Tensor * greedy_tokens(GraphContext & gc, Tensor * logits) const { return gc.graph.argmax(logits); }
+    // Heads of speculative decoding: the width of the hidden-state input each token takes, and of
+    // the hidden state each token outputs for the next chained step (0: not a head).
+    virtual int64_t hidden_input_width(const Model &) const { return 0; }
+    virtual int64_t hidden_output_width(const Model &) const { return 0; }
 };
 
 std::unique_ptr<Architecture> make_architecture(const std::string & model_type);

@@ -58,6 +58,7 @@ Tensor * Qwen3::build(GraphContext & gc) const {
         x          = g.add(x, build_attention(gc, h, L, int(il), false, false));
         h          = build_norm(gc, x, L.ffn_norm, hp.rms_eps, false, "ffn_norm", int(il));
         x          = g.named(g.add(x, build_ffn_block(gc, h, L, int(il))), "l_out", int(il));
+        capture_layer(gc, int(il), x);
     }
     return build_output(gc, x, false);
 }

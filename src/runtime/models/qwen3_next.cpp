@@ -5,7 +5,7 @@
 // (formats.md 7.3).
 #include "graph/error.h"
 #include "runtime/graph_builders.h"
-#include "runtime/memory.h"
+#include "runtime/memory/memory.h"
 
 #include <cmath>
 
@@ -81,6 +81,7 @@ public:
             x = g.add(x, h);
             h = build_norm(gc, x, L.ffn_norm, hp.rms_eps, true, "ffn_norm", int(il));
             x = g.named(g.add(x, build_ffn_block(gc, h, L, int(il))), "l_out", int(il));
+            capture_layer(gc, int(il), x);
         }
         return build_output(gc, x, true);
     }

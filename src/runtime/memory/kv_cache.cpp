@@ -1,0 +1,91 @@
+#include "runtime/memory/kv_cache.h"
+
+#include "graph/error.h"
+
+namespace spark {
+
+namespace {
+constexpr int32_t kPageSize = 64;
+int32_t ceil_div(int32_t a, int32_t b) { return (a + b - 1) / b; }
+}  // namespace
+
+KvCache::KvCache(Backend & backend, const MemoryLayout & layout, int32_t n_ctx, int32_t n_seq_max)
+    : backend_(backend), n_seq_(n_seq_max), page_size_(kPageSize) {
+    max_pages_per_seq_ = ceil_div(n_ctx, page_size_);
+    // Enough pages for n_ctx tokens however they are spread over the sequences (each sequence may
+    // leave one page partly empty).
+    n_pages_ = max_pages_per_seq_ + n_seq_max;
+    kv_type_ = backend_.caps().kv_type;
+    kv_row_  = layout.kv_row;
+    const size_t bytes = size_t(n_pages_) * size_t(page_size_) * size_t(kv_row_) * dtype_size(kv_type_);
+    slot_of_layer_.assign(layout.attention.size(), -1);
+    for (size_t il = 0; il < layout.attention.size(); ++il) {
+        if (!layout.attention[il]) continue;
+        slot_of_layer_[il] = int(k_.size());
+        k_.push_back(backend_.alloc(bytes));
+        v_.push_back(backend_.alloc(bytes));
+    }
+    block_table_.assign(size_t(n_seq_max) * size_t(max_pages_per_seq_), -1);
+    for (int32_t p = n_pages_ - 1; p >= 0; --p) free_pages_.push_back(p);
+}
+
+void KvCache::reserve(const std::vector<int32_t> & len, const std::vector<int32_t> & n_new) {
+    // Count pages first so that a failure changes nothing.
+    int32_t need = 0;
+    for (int32_t s = 0; s < n_seq_; ++s) {
+        if (!n_new[size_t(s)]) continue;
+        const int32_t want = ceil_div(len[size_t(s)] + n_new[size_t(s)], page_size_);
+        if (want > max_pages_per_seq_)
+            fail(SPARK_ERR_CONTEXT_FULL, "context full: sequence %d would exceed n_ctx = %d tokens", s, max_pages_per_seq_ * page_size_);
+        for (int32_t p = 0; p < want; ++p)
+            if (page(s, p) < 0) ++need;
+    }
+    if (need > int32_t(free_pages_.size())) fail(SPARK_ERR_CONTEXT_FULL, "context full: no free KV pages");
+    for (int32_t s = 0; s < n_seq_; ++s) {
+        if (!n_new[size_t(s)]) continue;
+        const int32_t want = ceil_div(len[size_t(s)] + n_new[size_t(s)], page_size_);
+        for (int32_t p = 0; p < want; ++p) {
+            if (page(s, p) >= 0) continue;
+            page(s, p) = free_pages_.back();
+            free_pages_.pop_back();
+        }
+    }
+}
+
+void KvCache::truncate(int32_t seq, int32_t len) {
+    for (int32_t p = ceil_div(len, page_size_); p < max_pages_per_seq_; ++p) {
+        if (page(seq, p) < 0) continue;
+        free_pages_.push_back(page(seq, p));
+        page(seq, p) = -1;
+    }
+}
+
+void KvCache::copy(int32_t src, int32_t dst, int32_t len) {
+    const size_t page_bytes = size_t(page_size_) * size_t(kv_row_) * dtype_size(kv_type_);
+    for (int32_t p = 0; p < ceil_div(len, page_size_); ++p) {
+        const size_t from = size_t(page(src, p)) * page_bytes, to = size_t(page(dst, p)) * page_bytes;
+        for (size_t i = 0; i < k_.size(); ++i) {
+            backend_.copy(static_cast<char *>(k_[i]->data()) + to, static_cast<char *>(k_[i]->data()) + from, page_bytes);
+            backend_.copy(static_cast<char *>(v_[i]->data()) + to, static_cast<char *>(v_[i]->data()) + from, page_bytes);
+        }
+    }
+}
+
+void KvCache::add_info(spark_memory_info & info) const {
+    for (const auto & b : k_) info.kv_bytes += b->size();
+    for (const auto & b : v_) info.kv_bytes += b->size();
+}
+
+Tensor * KvCache::k_cache(Graph & g, int il) const {
+    const int s = slot_of_layer_[size_t(il)];
+    SPARK_ASSERT(s >= 0);
+    return g.external(kv_type_, {kv_row_, page_size_, n_pages_}, k_[size_t(s)]->data(), "k_cache-" + std::to_string(il));
+}
+
+Tensor * KvCache::v_cache(Graph & g, int il) const {
+    const int s = slot_of_layer_[size_t(il)];
+    SPARK_ASSERT(s >= 0);
+    return g.external(kv_type_, {kv_row_, page_size_, n_pages_}, v_[size_t(s)]->data(), "v_cache-" + std::to_string(il));
+}
+
+}  // namespace spark

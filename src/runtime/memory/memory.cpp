@@ -1,0 +1,239 @@
+#include "runtime/memory/memory.h"
+
+#include "graph/error.h"
+#include "runtime/memory/kv_cache.h"
+#include "runtime/memory/recurrent_state.h"
+#include "runtime/model.h"
+
+#include <algorithm>
+
+namespace spark {
+
+MemoryLayout MemoryLayout::of(const Model & model) {
+    const HParams & hp = model.hparams;
+    MemoryLayout    l;
+    for (int64_t il = 0; il < hp.n_layer; ++il) l.attention.push_back(hp.layer_kinds[size_t(il)] == LayerKind::Attention);
+    l.kv_row     = hp.n_head_kv * hp.head_dim;
+    l.conv_bytes = size_t(hp.conv_state_floats()) * sizeof(float);
+    l.ssm_bytes  = size_t(hp.ssm_state_floats()) * sizeof(float);
+    return l;
+}
+
+Memory::Memory(const Model & model, int32_t n_ctx, int32_t n_seq_max, int32_t n_snapshots, int32_t n_rollback)
+    : n_ctx_(n_ctx), n_seq_(n_seq_max), n_rollback_(n_rollback) {
+    if (n_ctx <= 0 || n_seq_max <= 0 || n_snapshots < 0 || n_rollback < 0)
+        fail(SPARK_ERR_INVALID_ARGUMENT, "context: n_ctx, n_seq_max must be positive and n_snapshots, n_rollback not negative (got %d, %d, %d, %d)",
+             n_ctx, n_seq_max, n_snapshots, n_rollback);
+    const MemoryLayout layout = MemoryLayout::of(model);
+    const bool any_attention  = std::count(layout.attention.begin(), layout.attention.end(), true) > 0;
+    const bool any_recurrent  = std::count(layout.attention.begin(), layout.attention.end(), false) > 0;
+    if (any_attention) kv_ = std::make_unique<KvCache>(*model.backend, layout, n_ctx, n_seq_max);
+    if (any_recurrent) recurrent_ = std::make_unique<RecurrentState>(*model.backend, layout, n_seq_max, n_rollback);
+    seq_len_.assign(size_t(n_seq_max), 0);
+    no_pages_.assign(size_t(n_seq_max), -1);
+    snapshots_.resize(size_t(n_snapshots));
+    if (recurrent_)
+        for (Snapshot & s : snapshots_) s.data = recurrent_->snapshot_buffers();
+}
+
+Memory::~Memory() = default;
+
+std::vector<SequenceState *> Memory::parts() const {
+    std::vector<SequenceState *> p;
+    if (kv_) p.push_back(kv_.get());
+    if (recurrent_) p.push_back(recurrent_.get());
+    return p;
+}
+
+void Memory::check_seq(int32_t seq) const {
+    if (seq < 0 || seq >= n_seq_) fail(SPARK_ERR_INVALID_ARGUMENT, "sequence id %d out of range [0, %d)", seq, n_seq_);
+}
+
+int32_t Memory::total_tokens() const {
+    int32_t n = 0;
+    for (int32_t l : seq_len_) n += l;
+    return n;
+}
+
+void Memory::reserve(const std::vector<int32_t> & n_new) {
+    int32_t total = total_tokens();
+    for (int32_t n : n_new) total += n;
+    if (total > n_ctx_)
+        fail(SPARK_ERR_CONTEXT_FULL, "context full: the batch needs %d tokens of KV cache but the context holds %d (n_ctx)", total, n_ctx_);
+    for (SequenceState * p : parts()) p->reserve(seq_len_, n_new);
+}
+
+void Memory::advance(int32_t seq, int32_t n) {
+    seq_len_[size_t(seq)] += n;
+    for (SequenceState * p : parts()) p->appended(seq, seq_len_[size_t(seq)]);
+}
+
+void Memory::backup(const std::vector<int32_t> & seqs) {
+    if (recurrent_)
+        for (int32_t s : seqs) recurrent_->backup(s, seq_len_[size_t(s)]);
+}
+
+void Memory::undo(const std::vector<int32_t> & len) {
+    for (int32_t s = 0; s < n_seq_; ++s) {
+        const bool changed = seq_len_[size_t(s)] != len[size_t(s)];
+        seq_len_[size_t(s)] = len[size_t(s)];
+        if (kv_) kv_->truncate(s, len[size_t(s)]);  // pages reserved beyond the length return to the free list
+        if (recurrent_ && changed) recurrent_->restore_backup(s, len[size_t(s)]);
+    }
+}
+
+void Memory::invalidate_snapshots(int32_t seq, int32_t below, const char * why) {
+    for (size_t id = 0; id < snapshots_.size(); ++id) {
+        Snapshot & s = snapshots_[id];
+        if (!s.used || !s.valid || s.seq != seq || s.length <= below) continue;
+        s.valid       = false;
+        s.why_invalid = strfmt("snapshot %zu of sequence %d (at %d tokens) is no longer valid: %s", id, seq, s.length, why);
+    }
+}
+
+void Memory::clear() {
+    for (int32_t s = 0; s < n_seq_; ++s) {
+        seq_len_[size_t(s)] = 0;
+        for (SequenceState * p : parts()) p->truncate(s, 0);
+        invalidate_snapshots(s, 0, "the memory was cleared");
+    }
+}
+
+bool Memory::can_rm(int32_t seq, int32_t p0, int32_t p1, std::string * why) const {
+    auto no = [&](std::string msg) {
+        if (why) *why = std::move(msg);
+        return false;
+    };
+    if (seq >= n_seq_) return no(strfmt("sequence id %d out of range [0, %d)", seq, n_seq_));
+    if (seq < 0) {
+        for (int32_t s = 0; s < n_seq_; ++s)
+            if (!can_rm(s, p0, p1, why)) return false;
+        return true;
+    }
+    const int32_t len = seq_len_[size_t(seq)];
+    if (p0 < 0) p0 = 0;
+    if (p1 < 0 || p1 > len) p1 = len;
+    if (p0 >= p1) return true;
+    if (p1 != len) return no(strfmt("memory: only a tail can be removed (positions are contiguous); asked [%d, %d) of %d", p0, p1, len));
+    for (SequenceState * p : parts()) {
+        const int32_t floor = p->min_length(seq, len);
+        if (p0 != 0 && p0 < floor)
+            return no(strfmt("memory: the recurrent state of sequence %d (%d tokens) can be rolled back to %d tokens at the earliest, not %d "
+                             "(context parameter n_rollback = %d; use a snapshot)",
+                             seq, len, floor, p0, n_rollback_));
+    }
+    return true;
+}
+
+void Memory::seq_rm(int32_t seq, int32_t p0, int32_t p1) {
+    std::string why;
+    if (!can_rm(seq, p0, p1, &why))
+        fail(seq >= n_seq_ ? SPARK_ERR_INVALID_ARGUMENT : SPARK_ERR_UNSUPPORTED, "%s", why.c_str());
+    if (seq < 0) {
+        for (int32_t s = 0; s < n_seq_; ++s) seq_rm(s, p0, p1);
+        return;
+    }
+    const int32_t len = seq_len_[size_t(seq)];
+    if (p0 < 0) p0 = 0;
+    if (p1 < 0 || p1 > len) p1 = len;
+    if (p0 >= p1) return;
+    seq_len_[size_t(seq)] = p0;
+    for (SequenceState * p : parts()) p->truncate(seq, p0);
+    invalidate_snapshots(seq, p0, "the sequence was truncated below it");
+}
+
+void Memory::seq_cp(int32_t src, int32_t dst) {
+    check_seq(src);
+    check_seq(dst);
+    if (src == dst) return;
+    const int32_t len = seq_len_[size_t(src)];
+    // Room for dst's copy counts dst's current tokens as freed.
+    std::vector<int32_t> after = seq_len_, need(size_t(n_seq_), 0);
+    after[size_t(dst)]         = 0;
+    need[size_t(dst)]          = len;
+    int32_t total              = len;
+    for (int32_t l : after) total += l;
+    if (total > n_ctx_) fail(SPARK_ERR_CONTEXT_FULL, "context full: copying sequence %d (%d tokens) needs more than n_ctx = %d", src, len, n_ctx_);
+    seq_len_[size_t(dst)] = 0;
+    for (SequenceState * p : parts()) p->truncate(dst, 0);
+    invalidate_snapshots(dst, 0, "the sequence was overwritten by a copy");
+    for (SequenceState * p : parts()) {
+        p->reserve(seq_len_, need);
+        p->copy(src, dst, len);
+    }
+    seq_len_[size_t(dst)] = len;
+}
+
+int32_t Memory::snapshot(int32_t seq) {
+    check_seq(seq);
+    for (size_t id = 0; id < snapshots_.size(); ++id) {
+        Snapshot & s = snapshots_[id];
+        if (s.used) continue;
+        for (SequenceState * p : parts()) p->save(seq, seq_len_[size_t(seq)], s.data);
+        s.used   = true;
+        s.valid  = true;
+        s.seq    = seq;
+        s.length = seq_len_[size_t(seq)];
+        s.why_invalid.clear();
+        return int32_t(id);
+    }
+    fail(SPARK_ERR_OUT_OF_MEMORY, "all %zu snapshot slots are in use (raise n_snapshots)", snapshots_.size());
+}
+
+void Memory::restore(int32_t seq, int32_t id) {
+    check_seq(seq);
+    if (id < 0 || size_t(id) >= snapshots_.size() || !snapshots_[size_t(id)].used) fail(SPARK_ERR_INVALID_ARGUMENT, "invalid snapshot id %d", id);
+    Snapshot & s = snapshots_[size_t(id)];
+    if (s.seq != seq) fail(SPARK_ERR_INVALID_ARGUMENT, "snapshot %d was taken from sequence %d, not %d", id, s.seq, seq);
+    if (!s.valid) fail(SPARK_ERR_INVALID_ARGUMENT, "%s", s.why_invalid.c_str());
+    SPARK_ASSERT(seq_len_[size_t(seq)] >= s.length);
+    seq_len_[size_t(seq)] = s.length;
+    for (SequenceState * p : parts()) {
+        p->truncate(seq, s.length);
+        p->load(seq, s.length, s.data);
+    }
+    invalidate_snapshots(seq, s.length, "the sequence was restored to an earlier snapshot");
+}
+
+void Memory::snapshot_free(int32_t id) {
+    if (id >= 0 && size_t(id) < snapshots_.size()) snapshots_[size_t(id)].used = false;
+}
+
+void Memory::set_rollback(int32_t n) {
+    if (n < 0) fail(SPARK_ERR_INVALID_ARGUMENT, "n_rollback must not be negative (got %d)", n);
+    if (recurrent_) recurrent_->set_rollback(n, seq_len_);
+    n_rollback_ = n;
+}
+
+spark_memory_info Memory::info() const {
+    spark_memory_info i{};
+    for (SequenceState * p : parts()) p->add_info(i);
+    for (const Snapshot & s : snapshots_)
+        for (const auto & b : s.data) i.snapshot_bytes += b->size();
+    i.kv_cells_total = n_ctx_;
+    i.kv_cells_used  = total_tokens();
+    return i;
+}
+
+int32_t Memory::max_pages_per_seq() const { return kv_ ? kv_->max_pages_per_seq() : 1; }
+
+const std::vector<int32_t> & Memory::block_table() const { return kv_ ? kv_->block_table() : no_pages_; }
+
+Tensor * Memory::k_cache(Graph & g, int il) const {
+    SPARK_ASSERT(kv_);
+    return kv_->k_cache(g, il);
+}
+Tensor * Memory::v_cache(Graph & g, int il) const {
+    SPARK_ASSERT(kv_);
+    return kv_->v_cache(g, il);
+}
+Tensor * Memory::conv_state(Graph & g, int il) const {
+    SPARK_ASSERT(recurrent_);
+    return recurrent_->conv_state(g, il);
+}
+Tensor * Memory::ssm_state(Graph & g, int il) const {
+    SPARK_ASSERT(recurrent_);
+    return recurrent_->ssm_state(g, il);
+}
+
+}  // namespace spark
