@@ -87,10 +87,10 @@ Tensor * Graph::get_rows(const QWeight & w, Tensor * ids) {
 }
 
 Tensor * Graph::get_rows(Tensor * src, Tensor * ids) {
-    SPARK_ASSERT(ids->type == DType::I32 && ids->ne[1] == 1 && src->type == DType::F32);
+    SPARK_ASSERT(ids->type == DType::I32 && ids->ne[1] == 1 && (src->type == DType::F32 || src->type == DType::I32));
     SPARK_ASSERT(src->ne[2] == 1 && src->ne[3] == 1);
     int64_t  ne[2] = {src->ne[0], ids->ne[0]};
-    Tensor * t     = new_tensor(DType::F32, ne, 2, Op::GET_ROWS);
+    Tensor * t     = new_tensor(src->type, ne, 2, Op::GET_ROWS);
     t->src[0]      = src;
     t->src[1]      = ids;
     return t;

@@ -30,7 +30,7 @@ enum class Op : uint8_t {
     VIEW,         // alias of src0 (offset + strides, possibly another 4-byte dtype); no compute
     CONT,         // contiguous copy of src0
     CONCAT,       // rows of src0, src1[, src2] side by side: [n0 + n1 + n2, rows]
-    GET_ROWS,     // rows src1[i] (I32) of a dense weight (weight) or of a F32 tensor (src0)
+    GET_ROWS,     // rows src1[i] (I32) of a dense weight (weight) or of a F32 / I32 tensor (src0)
     MATMUL,       // y[n, r] = sum_k x[k, r] * W[n, k]   (src0 = x, weight = W, any format)
     MATMUL_ID,    // MoE: x src0 [K, A, T] (A = 1: shared by all slots, A = k: one row per slot),
                   // ids src1 I32 [k, T] -> y [N, k, T] with expert ids[j, t]; experts[n_experts]
@@ -116,7 +116,7 @@ public:
 
     // ---- ops (all outputs F32 unless stated)
     Tensor * get_rows(const QWeight & w, Tensor * ids);       // -> [K, n_ids]
-    Tensor * get_rows(Tensor * src, Tensor * ids);            // rows of a F32 [ne0, rows] tensor
+    Tensor * get_rows(Tensor * src, Tensor * ids);            // rows of a F32 or I32 [ne0, rows] tensor
     Tensor * matmul(Tensor * x, const QWeight & w);           // [K, ...] -> [N, ...]
     Tensor * matmul_id(Tensor * x, const QWeight * experts, int32_t n_experts, Tensor * ids);
     Tensor * add(Tensor * a, Tensor * b);

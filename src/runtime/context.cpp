@@ -35,6 +35,9 @@ int32_t Context::output_index(int32_t i) const {
 struct Context::StepGraph {
     int32_t                n = 0, n_seqs = 0, n_out = 0;
     std::unique_ptr<Graph> graph;
+    // The step's inputs live outside the arena, so that an input copied from the outputs of the
+    // previous step (chained drafting) is never overwritten by this step's upload.
+    std::unique_ptr<Buffer> input_buf, hidden_buf;
     Tensor *               inputs    = nullptr;  // I32: tokens | pos | seq | block table | seq ranges | out ids
     Tensor *               hidden_in = nullptr;  // heads: F32 [width, n]
     Tensor *               logits    = nullptr;
@@ -55,7 +58,8 @@ Context::StepGraph & Context::step_graph(int32_t n, int32_t n_seqs, int32_t n_ou
     Graph &       g      = *s->graph;
     const int64_t pages  = memory_->max_pages_per_seq(), slots = memory_->n_seq_max();
     const int64_t total  = 3 * int64_t(n) + pages * slots + 3 * int64_t(n_seqs) + n_out;
-    s->inputs            = g.input(DType::I32, {total}, "step_inputs");
+    s->input_buf         = model_.backend->alloc(size_t(total) * 4);
+    s->inputs            = g.external(DType::I32, {total}, s->input_buf->data(), "step_inputs");
     size_t       off     = 0;
     auto         part    = [&](int64_t count) {
         Tensor * v = g.view(s->inputs, {count}, {4}, off * 4);
@@ -72,7 +76,10 @@ Context::StepGraph & Context::step_graph(int32_t n, int32_t n_seqs, int32_t n_ou
     off += size_t(3 * n_seqs);
     gc.out_ids = part(n_out);
     gc.capture = &capture_;
-    if (const int64_t w = model_.arch->hidden_input_width(model_); w > 0) gc.hidden_in = s->hidden_in = g.input(DType::F32, {w, n}, "hidden_in");
+    if (const int64_t w = model_.arch->hidden_input_width(model_); w > 0) {
+        s->hidden_buf = model_.backend->alloc(size_t(w) * size_t(n) * 4);
+        gc.hidden_in = s->hidden_in = g.external(DType::F32, {w, n}, s->hidden_buf->data(), "hidden_in");
+    }
     s->logits = model_.arch->build(gc);
     SPARK_ASSERT(s->logits->ne[0] == model_.hparams.n_vocab && s->logits->ne[1] == n_out);
     // Greedy choice on the backend: a greedy loop copies one id per step, not the logits.
@@ -93,6 +100,9 @@ void Context::set_capture(const HiddenCapture & c) {
         if (il != HiddenCapture::kFinalNorm && (il < 0 || il >= model_.hparams.n_layer))
             fail(SPARK_ERR_INVALID_ARGUMENT, "hidden state of layer %d requested, but the model has layers 0 .. %lld", il,
                  (long long) model_.hparams.n_layer - 1);
+    if (c.project && c.project->k != int64_t(c.layers.size()) * model_.hparams.n_embd)
+        fail(SPARK_ERR_SHAPE_MISMATCH, "the projection of the captured hidden states takes %lld inputs, the %zu layers give %lld", (long long) c.project->k,
+             c.layers.size(), (long long) (int64_t(c.layers.size()) * model_.hparams.n_embd));
     if (c == capture_) return;
     capture_ = c;
     steps_.clear();
@@ -112,6 +122,7 @@ void Context::set_rollback(int32_t n) {
 
 int64_t Context::hidden_width() const {
     if (const int64_t w = model_.arch->hidden_output_width(model_); w > 0) return w;
+    if (capture_.project) return capture_.project->n;
     return int64_t(capture_.layers.size()) * model_.hparams.n_embd;
 }
 

@@ -18,10 +18,12 @@ namespace spark {
 
 // Hidden states a step outputs besides the logits (the inputs of EAGLE3 and MTP heads): the
 // outputs of the listed layers, concatenated in that order, for every token of the step. A layer
-// id of kFinalNorm stands for the final normed hidden state (what lm_head reads).
+// id of kFinalNorm stands for the final normed hidden state (what lm_head reads). With `project`,
+// the concatenation is multiplied by that weight in the step (an EAGLE3 head's fc).
 struct HiddenCapture {
     static constexpr int32_t kFinalNorm = -1;
     std::vector<int32_t>     layers;
+    const QWeight *          project = nullptr;
     bool                     empty() const { return layers.empty(); }
     bool                     operator==(const HiddenCapture &) const = default;
 };

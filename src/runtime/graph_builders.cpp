@@ -64,10 +64,11 @@ Tensor * build_attention(GraphContext & gc, Tensor * x, const LayerWeights & L, 
     Tensor * k = g.reshape(g.matmul(x, L.wk), {hd, nkv, T});
     Tensor * v = g.reshape(g.matmul(x, L.wv), {hd, nkv, T});
 
-    // Each norm directly followed by its RoPE: backends may fuse the pair.
-    q = g.rms_norm(q, param(gc, L.q_norm, "q_norm"), hp.rms_eps, zc);
+    // Each norm directly followed by its RoPE: backends may fuse the pair. Llama-style layers (an
+    // EAGLE3 head) have no q/k norms.
+    if (L.q_norm.data) q = g.rms_norm(q, param(gc, L.q_norm, "q_norm"), hp.rms_eps, zc);
     q = g.named(g.rope(q, gc.step.pos, int32_t(hp.n_rot), hp.rope_theta), "q_rope", il);
-    k = g.rms_norm(k, param(gc, L.k_norm, "k_norm"), hp.rms_eps, zc);
+    if (L.k_norm.data) k = g.rms_norm(k, param(gc, L.k_norm, "k_norm"), hp.rms_eps, zc);
     k = g.named(g.rope(k, gc.step.pos, int32_t(hp.n_rot), hp.rope_theta), "k_rope", il);
 
     Tensor * o = g.attention(q, k, v, gc.memory.k_cache(g, il), gc.memory.v_cache(g, il), gc.step,
@@ -110,7 +111,8 @@ Tensor * build_output(GraphContext & gc, Tensor * x, bool zc) {
     if (capture) {
         capture_layer(gc, HiddenCapture::kFinalNorm, x);
         for (Tensor * p : gc.captured_parts) SPARK_ASSERT(p != nullptr);
-        gc.captured = g.named(concat_all(g, gc.captured_parts), "captured");
+        Tensor * c  = concat_all(g, gc.captured_parts);
+        gc.captured = g.named(gc.capture->project ? g.matmul(c, *gc.capture->project) : c, "captured");
     }
     if (gc.out_ids->ne[0] != x->ne[1]) x = g.get_rows(x, gc.out_ids);
     Tensor * logits = g.named(g.matmul(x, gc.model.output), "logits");

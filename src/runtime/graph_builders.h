@@ -19,7 +19,8 @@ Tensor * build_ffn(GraphContext & gc, Tensor * x, const QWeight & gate, const QW
 // to them, weighted and summed: x [n_embd, T] -> [n_embd, T].
 Tensor * build_moe(GraphContext & gc, Tensor * x, const LayerWeights & L, int il);
 
-// Softmax attention with per-head q/k RMSNorm and (partial) NEOX RoPE over the KV cache.
+// Softmax attention with per-head q/k RMSNorm (when the layer has them) and (partial) NEOX RoPE
+// over the KV cache.
 // q_gated: Qwen3-Next's q_proj holds [q | gate] per head and the output is multiplied by
 // sigmoid(gate). Returns o_proj's output [n_embd, T].
 Tensor * build_attention(GraphContext & gc, Tensor * x, const LayerWeights & L, int il, bool q_gated, bool zero_centered_norms);

@@ -15,6 +15,7 @@ namespace spark {
 
 using json = nlohmann::json;
 
+Model::Model()  = default;
 Model::~Model() = default;
 
 namespace {
@@ -90,7 +91,7 @@ void fill_info(Model & m, int64_t n_params) {
 
 }  // namespace
 
-std::unique_ptr<Model> load_model(const std::string & path, const spark_model_params & params) {
+std::unique_ptr<Model> load_model(const std::string & path, const spark_model_params & params, std::shared_ptr<Backend> backend) {
     if (path.empty()) fail(SPARK_ERR_INVALID_ARGUMENT, "empty model path");
     if (is_synthetic_path(path)) return load_synthetic_model(path, params, fill_info);
     auto m  = std::make_unique<Model>();
@@ -117,7 +118,8 @@ std::unique_ptr<Model> load_model(const std::string & path, const spark_model_pa
     m->quant   = parse_quant_config(config, hf_quant);
     m->layers.resize(size_t(m->hparams.n_layer));
     m->arch    = make_architecture(m->hparams.arch);
-    m->backend = make_backend(params, m->device);
+    if (backend) m->backend = std::move(backend);
+    else m->backend = make_backend(params, m->device);
 
     WeightResolver resolver(*m->source, m->quant, m->host_store);
     CheckpointLoader loader(*m, resolver, params);

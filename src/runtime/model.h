@@ -50,18 +50,37 @@ struct LayerWeights {
     Param   ssm_conv, ssm_A_log, ssm_dt_bias, ssm_norm;
 };
 
+// What a speculative-decoding head has beyond its decoder layer (an EAGLE3 head, the Qwen3-Next MTP
+// head). The head is a Model of its own (one attention layer, its own KV cache in its contexts)
+// that borrows the target's embedding (and, for MTP, its lm_head).
+struct HeadWeights {
+    // EAGLE3: fc [H, n_aux * H_target] over the target's aux hidden states (computed in the target's
+    // step); MTP: fc [H, 2H] over [normed embedding | normed hidden state].
+    QWeight fc;
+    // MTP: pre_fc_norm_embedding / pre_fc_norm_hidden; EAGLE3: input_layernorm (the embedding) and
+    // hidden_norm (the hidden state) before their concatenation.
+    Param norm_embd, norm_hidden;
+    // EAGLE3: the target layers whose outputs fc reads, in order, and the target token id of each
+    // draft-vocabulary token (I32 [draft_vocab] in backend memory).
+    std::vector<int32_t> aux_layers;
+    const void *         draft_to_target = nullptr;
+};
+
 struct Model {
     HParams                          hparams;
     QuantConfig                      quant;
     std::string                      path;
     std::unique_ptr<Architecture>    arch;
-    std::unique_ptr<Backend>         backend;
+    std::shared_ptr<Backend>         backend;  // shared with the heads and draft models of speculation
     spark_device_kind                device = SPARK_DEVICE_CPU;
 
     QWeight                          tok_embd;
     QWeight                          output;  // lm_head (== tok_embd when tied)
     Param                            output_norm;
     std::vector<LayerWeights>        layers;
+
+    std::unique_ptr<HeadWeights>     head;  // set when this model is a speculative head
+    std::unique_ptr<Model>           mtp;   // Qwen3-Next: the MTP head, when the checkpoint has one
 
     std::unique_ptr<spark_tokenizer> tokenizer;
     std::map<std::string, std::string> meta;  // spark_model_meta()
@@ -73,11 +92,13 @@ struct Model {
     std::vector<std::unique_ptr<Buffer>>   storage;
     spark_model_info                       info{};
 
+    Model();
     ~Model();
 };
 
-// Loads from a Hugging Face directory or a spark file. Throws spark::Error.
-std::unique_ptr<Model> load_model(const std::string & path, const spark_model_params & params);
+// Loads from a Hugging Face directory or a spark file. Throws spark::Error. A draft model of
+// speculative decoding shares its target's backend (same device, same stream).
+std::unique_ptr<Model> load_model(const std::string & path, const spark_model_params & params, std::shared_ptr<Backend> backend = nullptr);
 
 }  // namespace spark
 

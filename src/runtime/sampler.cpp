@@ -1,5 +1,7 @@
 // Sampler chain: each stage narrows or reshapes the candidate distribution of one row of logits;
 // a final pick is greedy unless a dist stage draws a seeded random token.
+#include "runtime/sampler.h"
+
 #include "graph/error.h"
 #include "runtime/context.h"
 
@@ -46,10 +48,12 @@ public:
     virtual void apply(Candidates & c) = 0;
     virtual void accept(int32_t) {}
     virtual void reset() {}
+    virtual std::unique_ptr<Stage> clone() const = 0;
 };
 
 class Greedy final : public Stage {
 public:
+    std::unique_ptr<Stage> clone() const override { return std::make_unique<Greedy>(*this); }
     void apply(Candidates & c) override {
         int32_t best = 0;
         for (int32_t i = 1; i < int32_t(c.items.size()); ++i)
@@ -61,10 +65,10 @@ public:
 class Dist final : public Stage {
 public:
     explicit Dist(uint32_t seed) : seed_(seed), rng_(seed) {}
+    std::unique_ptr<Stage> clone() const override { return std::make_unique<Dist>(*this); }
     void apply(Candidates & c) override {
         c.softmax();
-        // 24 random bits -> [0, 1): identical on every platform (std distributions are not).
-        const double u   = double(rng_() >> 8) / double(1u << 24);
+        const double u   = uniform();
         double       acc = 0.0;
         c.selected       = int32_t(c.items.size()) - 1;
         for (size_t i = 0; i < c.items.size(); ++i) {
@@ -75,6 +79,8 @@ public:
             }
         }
     }
+    // 24 random bits -> [0, 1): identical on every platform (std distributions are not).
+    double uniform() { return double(rng_() >> 8) / double(1u << 24); }
     void reset() override { rng_.seed(seed_); }
 
 private:
@@ -84,6 +90,7 @@ private:
 
 class Temperature final : public Stage {
 public:
+    std::unique_ptr<Stage> clone() const override { return std::make_unique<Temperature>(*this); }
     explicit Temperature(float t) : t_(t) {}
     void apply(Candidates & c) override {
         if (t_ <= 0.0f) {  // temperature 0: only the best token survives
@@ -100,6 +107,7 @@ private:
 
 class TopK final : public Stage {
 public:
+    std::unique_ptr<Stage> clone() const override { return std::make_unique<TopK>(*this); }
     explicit TopK(int32_t k) : k_(k) {}
     void apply(Candidates & c) override {
         if (k_ <= 0 || size_t(k_) >= c.items.size()) return;
@@ -113,6 +121,7 @@ private:
 
 class TopP final : public Stage {
 public:
+    std::unique_ptr<Stage> clone() const override { return std::make_unique<TopP>(*this); }
     TopP(float p, size_t min_keep) : p_(p), min_keep_(std::max<size_t>(1, min_keep)) {}
     void apply(Candidates & c) override {
         if (p_ >= 1.0f) return;
@@ -136,6 +145,7 @@ private:
 
 class MinP final : public Stage {
 public:
+    std::unique_ptr<Stage> clone() const override { return std::make_unique<MinP>(*this); }
     MinP(float p, size_t min_keep) : p_(p), min_keep_(std::max<size_t>(1, min_keep)) {}
     void apply(Candidates & c) override {
         if (p_ <= 0.0f || c.items.empty()) return;
@@ -158,6 +168,7 @@ private:
 // transformers' RepetitionPenaltyLogitsProcessor over the last `last_n` tokens.
 class Penalties final : public Stage {
 public:
+    std::unique_ptr<Stage> clone() const override { return std::make_unique<Penalties>(*this); }
     Penalties(int32_t last_n, float penalty) : last_n_(last_n), penalty_(penalty) {}
     void apply(Candidates & c) override {
         if (penalty_ == 1.0f || history_.empty()) return;
@@ -201,14 +212,14 @@ spark_sampler * make_stage(std::unique_ptr<Stage> s) {
     return smpl;
 }
 
-void apply_all(spark_sampler * s, Candidates & c) {
+// The stages of a chain in order (chains nest).
+void flatten(spark_sampler * s, std::vector<Stage *> & out) {
     if (s->is_chain)
-        for (auto & child : s->chain) {
-            if (c.selected >= 0) break;
-            apply_all(child.get(), c);
-        }
-    else s->stage->apply(c);
+        for (auto & child : s->chain) flatten(child.get(), out);
+    else out.push_back(s->stage.get());
 }
+
+bool picks(const Stage * s) { return dynamic_cast<const Greedy *>(s) || dynamic_cast<const Dist *>(s); }
 
 // A chain that only picks the best token: the context's on-device argmax serves it.
 bool is_pure_greedy(const spark_sampler * s) {
@@ -218,19 +229,133 @@ bool is_pure_greedy(const spark_sampler * s) {
     return true;
 }
 
-spark_token sample(spark_sampler * smpl, const float * logits, int32_t n_vocab) {
-    Candidates c;
+// The chain's stages up to its picking stage, returned (nullptr: none, a greedy pick).
+Stage * narrow(spark_sampler * smpl, const float * logits, int32_t n_vocab, Candidates & c) {
     c.items.resize(size_t(n_vocab));
     for (int32_t i = 0; i < n_vocab; ++i) c.items[size_t(i)] = {i, logits[i], 0.0f};
-    apply_all(smpl, c);
-    if (c.items.empty()) fail(SPARK_ERR_INTERNAL, "sampler removed every candidate");
-    if (c.selected < 0) Greedy().apply(c);
+    std::vector<Stage *> stages;
+    flatten(smpl, stages);
+    for (Stage * st : stages) {
+        if (picks(st)) return st;
+        st->apply(c);
+        if (c.items.empty()) fail(SPARK_ERR_INTERNAL, "sampler removed every candidate");
+    }
+    return nullptr;
+}
+
+spark_token sample(spark_sampler * smpl, const float * logits, int32_t n_vocab) {
+    Candidates c;
+    Stage *    picker = narrow(smpl, logits, n_vocab, c);
+    if (picker) picker->apply(c);
+    else Greedy().apply(c);
     const spark_token t = c.items[size_t(c.selected)].id;
     spark_sampler_accept(smpl, t);
     return t;
 }
 
 }  // namespace
+
+namespace spark {
+
+float Distribution::p(int32_t id) const {
+    for (size_t i = 0; i < ids.size(); ++i)
+        if (ids[i] == id) return probs[i];
+    return 0.0f;
+}
+
+Distribution sampler_distribution(spark_sampler * smpl, const float * logits, int32_t n_vocab) {
+    Candidates   c;
+    Stage *      picker = narrow(smpl, logits, n_vocab, c);
+    Distribution d;
+    if (dynamic_cast<Dist *>(picker)) {
+        c.softmax();
+        for (const Candidate & x : c.items) {
+            d.ids.push_back(x.id);
+            d.probs.push_back(x.p);
+        }
+        return d;
+    }
+    Greedy().apply(c);
+    d.ids   = {c.items[size_t(c.selected)].id};
+    d.probs = {1.0f};
+    return d;
+}
+
+bool sampler_is_pure_greedy(const spark_sampler * smpl) { return smpl && is_pure_greedy(smpl); }
+
+double sampler_uniform(spark_sampler * smpl) {
+    std::vector<Stage *> stages;
+    flatten(smpl, stages);
+    for (Stage * st : stages)
+        if (picks(st)) {
+            if (auto * d = dynamic_cast<Dist *>(st)) return d->uniform();
+            return 0.0;
+        }
+    return 0.0;
+}
+
+int32_t draw(const Distribution & d, double u) {
+    double acc = 0.0;
+    for (size_t i = 0; i < d.ids.size(); ++i) {
+        acc += d.probs[i];
+        if (u < acc) return d.ids[i];
+    }
+    return d.ids.back();
+}
+
+Verdict verify_draft(spark_sampler * smpl, const Distribution & p, int32_t draft, const float * q, int32_t n_vocab) {
+    const float pd = p.p(draft);
+    const float qd = q ? (draft >= 0 && draft < n_vocab ? q[draft] : 0.0f) : 1.0f;
+    if (p.ids.size() == 1) {  // a point mass decides without randomness (greedy: token identity)
+        if (pd == 1.0f && qd > 0.0f) return {true, draft};
+        return {false, p.ids[0]};
+    }
+    if (qd > 0.0f && (pd >= qd || sampler_uniform(smpl) < double(pd) / double(qd))) return {true, draft};
+    // Rejected: draw from the residual max(0, p - q), renormalised.
+    Distribution residual;
+    for (size_t i = 0; i < p.ids.size(); ++i) {
+        const int32_t id = p.ids[i];
+        const float   qi = q ? (id < n_vocab ? q[id] : 0.0f) : (id == draft ? 1.0f : 0.0f);
+        const float   r  = std::max(0.0f, p.probs[i] - qi);
+        if (r > 0.0f) {
+            residual.ids.push_back(id);
+            residual.probs.push_back(r);
+        }
+    }
+    double z = 0.0;
+    for (float r : residual.probs) z += r;
+    if (residual.ids.empty() || z <= 0.0) return {false, p.ids[0]};  // p <= q everywhere: only possible by rounding
+    for (float & r : residual.probs) r = float(double(r) / z);
+    return {false, draw(residual, sampler_uniform(smpl))};
+}
+
+int32_t verify_drafts(spark_sampler * smpl, int32_t n_draft, const int32_t * drafts, const float * q, int32_t n_vocab,
+                      const std::function<const float *(int32_t)> & row, const std::function<int32_t(int32_t)> & greedy,
+                      const std::function<bool(int32_t)> & stop, int32_t * out) {
+    const bool pure_greedy = is_pure_greedy(smpl);
+    int32_t    n           = 0;
+    for (int32_t i = 0; i <= n_draft; ++i) {
+        int32_t token;
+        bool    accepted = false;
+        if (pure_greedy) {
+            token    = greedy(i);
+            accepted = i < n_draft && token == drafts[i];
+        } else if (i < n_draft) {
+            const Verdict v = verify_draft(smpl, sampler_distribution(smpl, row(i), n_vocab), drafts[i], q ? q + size_t(i) * size_t(n_vocab) : nullptr, n_vocab);
+            token           = v.token;
+            accepted        = v.accepted;
+        } else {
+            const Distribution d = sampler_distribution(smpl, row(i), n_vocab);
+            token                = d.ids.size() == 1 ? d.ids[0] : draw(d, sampler_uniform(smpl));
+        }
+        out[n++] = token;
+        spark_sampler_accept(smpl, token);
+        if (!accepted || stop(token)) break;
+    }
+    return n;
+}
+
+}  // namespace spark
 
 extern "C" {
 
@@ -281,6 +406,52 @@ SPARK_API spark_status spark_sampler_sample_logits(spark_sampler * smpl, const f
     return api_guard([&] {
         if (!smpl || !logits || !out || n_vocab <= 0) fail(SPARK_ERR_INVALID_ARGUMENT, "spark_sampler_sample_logits: bad argument");
         *out = sample(smpl, logits, n_vocab);
+    });
+}
+
+SPARK_API spark_sampler * spark_sampler_clone(const spark_sampler * smpl) {
+    if (!smpl) return nullptr;
+    auto * c = new (std::nothrow) spark_sampler();
+    if (!c) return nullptr;
+    c->is_chain = smpl->is_chain;
+    if (smpl->stage) c->stage = smpl->stage->clone();
+    for (const auto & child : smpl->chain) {
+        spark_sampler * cc = spark_sampler_clone(child.get());
+        if (!cc) {
+            delete c;
+            return nullptr;
+        }
+        c->chain.emplace_back(cc);
+    }
+    return c;
+}
+
+SPARK_API spark_status spark_sampler_probs(spark_sampler * smpl, const float * logits, int32_t n_vocab, float * probs) {
+    return api_guard([&] {
+        if (!smpl || !logits || !probs || n_vocab <= 0) fail(SPARK_ERR_INVALID_ARGUMENT, "spark_sampler_probs: bad argument");
+        const Distribution d = sampler_distribution(smpl, logits, n_vocab);
+        std::fill(probs, probs + n_vocab, 0.0f);
+        for (size_t i = 0; i < d.ids.size(); ++i) probs[d.ids[i]] = d.probs[i];
+    });
+}
+
+SPARK_API spark_status spark_sampler_verify(spark_sampler * smpl, spark_context * ctx, const int32_t * idxs, const spark_token * draft,
+                                            int32_t n_draft, const float * draft_probs, spark_token * out, int32_t * n_out) {
+    return api_guard([&] {
+        if (!smpl || !ctx || !idxs || (n_draft > 0 && !draft) || !out || !n_out || n_draft < 0)
+            fail(SPARK_ERR_INVALID_ARGUMENT, "spark_sampler_verify: bad argument");
+        Context &     c       = *ctx->impl;
+        const int32_t n_vocab = int32_t(c.model().hparams.n_vocab);
+        const bool    greedy  = is_pure_greedy(smpl);
+        // Check everything first: a failed call changes nothing (sampler state included).
+        for (int32_t i = 0; i <= n_draft; ++i)
+            if ((greedy ? c.argmax_ith(idxs[i]) : (c.logits_ith(idxs[i]) ? 0 : -1)) < 0)
+                fail(SPARK_ERR_INVALID_ARGUMENT, "spark_sampler_verify: row %d of the last decode has no logits", idxs[i]);
+        for (int32_t i = 0; i < n_draft; ++i)
+            if (draft[i] < 0 || draft[i] >= n_vocab) fail(SPARK_ERR_INVALID_TOKEN, "spark_sampler_verify: draft %d is token %d, outside [0, %d)", i, draft[i], n_vocab);
+        *n_out = verify_drafts(
+            smpl, n_draft, draft, draft_probs, n_vocab, [&](int32_t i) { return c.logits_ith(idxs[i]); },
+            [&](int32_t i) { return c.argmax_ith(idxs[i]); }, [](int32_t) { return false; }, out);
     });
 }
 

@@ -92,6 +92,9 @@ public:
         return param_from(name, v, shape, counter);
     }
 
+    // Every tensor of the shape exists (an MTP head when the preset has num_nextn_predict_layers).
+    bool has(const std::string &) const override { return true; }
+
 private:
     QWeight make(const std::string & name, WeightFormat f, int64_t n, int64_t k, uint64_t * counter) {
         RandomWeightSpec s;

@@ -28,6 +28,8 @@ public:
     virtual QWeight dense(const std::string & name, int64_t n, int64_t k, uint64_t * bytes_counter = nullptr) = 0;
     // A float32 parameter; `hf_shape` is the checkpoint's shape (uploaded in ggml order).
     virtual Param   param(const std::string & name, std::initializer_list<int64_t> hf_shape, uint64_t * bytes_counter = nullptr) = 0;
+    // Whether the checkpoint has a tensor (optional parts: a Qwen3-Next MTP head).
+    virtual bool    has(const std::string & name) const = 0;
 
     // Reports loading progress in [0, 1]; throws SPARK_ERR_ABORTED when the callback says stop.
     void    progress(float fraction);
@@ -51,6 +53,7 @@ public:
     QWeight linear(const std::string & module, int64_t n, int64_t k, uint64_t * counter) override;
     QWeight dense(const std::string & name, int64_t n, int64_t k, uint64_t * counter) override;
     Param   param(const std::string & name, std::initializer_list<int64_t> hf_shape, uint64_t * counter) override;
+    bool    has(const std::string & name) const override { return resolver_.has(name) || resolver_.has_module(name); }
 
 private:
     WeightResolver & resolver_;

@@ -15,57 +15,141 @@ void load_experts(Model & m, ModelLoader & ml, const std::string & mlp, LayerWei
 
 namespace {
 
+// One decoder layer's weights ("model.layers.N" or the MTP head's "mtp.layers.0").
+void load_layer(Model & m, ModelLoader & ml, const std::string & p, LayerWeights & L, LayerKind kind, bool moe) {
+    const HParams & hp = m.hparams;
+    const int64_t   E  = hp.n_embd, hd = hp.head_dim;
+    const int64_t   nk = hp.ssm_n_k_heads, nv = hp.ssm_n_v_heads, dk = hp.ssm_k_dim, dv = hp.ssm_v_dim;
+    const int64_t   key_dim = nk * dk, value_dim = nv * dv, conv_dim = 2 * key_dim + value_dim;
+    uint64_t *      a = &m.info.weight_bytes_attention;
+    L.attn_norm = ml.param(p + ".input_layernorm.weight", {E}, a);
+    if (kind == LayerKind::Attention) {
+        L.wq     = ml.linear(p + ".self_attn.q_proj", 2 * hp.n_head * hd, E, a);  // [q | gate] per head
+        L.wk     = ml.linear(p + ".self_attn.k_proj", hp.n_head_kv * hd, E, a);
+        L.wv     = ml.linear(p + ".self_attn.v_proj", hp.n_head_kv * hd, E, a);
+        L.wo     = ml.linear(p + ".self_attn.o_proj", E, hp.n_head * hd, a);
+        L.q_norm = ml.param(p + ".self_attn.q_norm.weight", {hd}, a);
+        L.k_norm = ml.param(p + ".self_attn.k_norm.weight", {hd}, a);
+    } else {
+        const std::string la = p + ".linear_attn";
+        L.in_proj_qkvz = ml.linear(la + ".in_proj_qkvz", 2 * key_dim + 2 * value_dim, E, a);
+        L.in_proj_ba   = ml.linear(la + ".in_proj_ba", 2 * nv, E, a);
+        L.out_proj     = ml.linear(la + ".out_proj", E, value_dim, a);
+        L.ssm_conv     = ml.param(la + ".conv1d.weight", {conv_dim, 1, hp.ssm_conv_kernel}, a);
+        L.ssm_A_log    = ml.param(la + ".A_log", {nv}, a);
+        L.ssm_dt_bias  = ml.param(la + ".dt_bias", {nv}, a);
+        L.ssm_norm     = ml.param(la + ".norm.weight", {dv}, a);
+    }
+    uint64_t * f = &m.info.weight_bytes_ffn;
+    L.ffn_norm   = ml.param(p + ".post_attention_layernorm.weight", {E}, f);
+    if (moe) {
+        load_experts(m, ml, p + ".mlp", L);
+        if (hp.n_ff_shexp > 0) {
+            L.shexp_gate   = ml.linear(p + ".mlp.shared_expert.gate_proj", hp.n_ff_shexp, E, f);
+            L.shexp_up     = ml.linear(p + ".mlp.shared_expert.up_proj", hp.n_ff_shexp, E, f);
+            L.shexp_down   = ml.linear(p + ".mlp.shared_expert.down_proj", E, hp.n_ff_shexp, f);
+            L.shexp_router = ml.linear(p + ".mlp.shared_expert_gate", 1, E, f);
+        }
+    } else {
+        if (hp.n_ff == 0) fail(SPARK_ERR_INVALID_FORMAT, "config.json: %s has a dense MLP but intermediate_size is missing", p.c_str());
+        L.ffn_gate = ml.linear(p + ".mlp.gate_proj", hp.n_ff, E, f);
+        L.ffn_up   = ml.linear(p + ".mlp.up_proj", hp.n_ff, E, f);
+        L.ffn_down = ml.linear(p + ".mlp.down_proj", E, hp.n_ff, f);
+    }
+}
+
+// MoE + sigmoid-gated shared expert (or a dense MLP in mlp_only layers).
+Tensor * build_ffn_block(GraphContext & gc, Tensor * h, const LayerWeights & L, int il) {
+    Graph & g = gc.graph;
+    if (!gc.model.hparams.is_moe_layer(il)) return build_ffn(gc, h, L.ffn_gate, L.ffn_up, L.ffn_down, il);
+    Tensor * out = build_moe(gc, h, L, il);
+    if (L.shexp_gate.n) {
+        Tensor * shared = build_ffn(gc, h, L.shexp_gate, L.shexp_up, L.shexp_down, il);
+        out = g.add(out, g.mul_sigmoid(shared, g.matmul(h, L.shexp_router)));
+    }
+    return g.named(out, "ffn_out", il);
+}
+
+// The multi-token-prediction head (vLLM's Qwen3NextMTP): for the token at position t + 1 and the
+// target's final normed hidden state at t, h = fc([norm_e(embed(token)) | norm_h(hidden)]), one
+// full-attention MoE decoder layer (its own KV cache) and mtp.norm give the hidden state whose
+// logits (the target's lm_head) predict the token at t + 2. Chained drafts feed that normed hidden
+// state back (k > 1 applies the one layer repeatedly, as vLLM does). All norms are zero-centred.
+class Qwen3NextMtp final : public Architecture {
+public:
+    void load(Model &, ModelLoader &) override { fail(SPARK_ERR_INTERNAL, "the MTP head is loaded with its target"); }
+
+    Tensor * build(GraphContext & gc) const override {
+        const Model &       m  = gc.model;
+        const HParams &     hp = m.hparams;
+        const HeadWeights & hw = *m.head;
+        Graph &             g  = gc.graph;
+        Tensor * e = g.rms_norm(g.get_rows(m.tok_embd, gc.tokens), param(gc, hw.norm_embd, "mtp_norm_embd"), hp.rms_eps, true);
+        Tensor * h = g.rms_norm(gc.hidden_in, param(gc, hw.norm_hidden, "mtp_norm_hidden"), hp.rms_eps, true);
+        Tensor * x = g.named(g.matmul(g.concat(e, h), hw.fc), "mtp_fc");
+        const LayerWeights & L = m.layers[0];
+        Tensor * n = build_norm(gc, x, L.attn_norm, hp.rms_eps, true, "attn_norm", 0);
+        x          = g.add(x, build_attention(gc, n, L, 0, true, true));
+        n          = build_norm(gc, x, L.ffn_norm, hp.rms_eps, true, "ffn_norm", 0);
+        x          = g.add(x, build_ffn_block(gc, n, L, 0));
+        // The normed output of every row is the next chained step's hidden input.
+        Tensor * out = gc.captured = build_norm(gc, x, m.output_norm, hp.rms_eps, true, "mtp_norm", -1);
+        if (gc.out_ids->ne[0] != out->ne[1]) out = g.get_rows(out, gc.out_ids);
+        Tensor * logits = g.named(g.matmul(out, m.output), "logits");
+        g.mark_output(logits);
+        return logits;
+    }
+    int64_t hidden_input_width(const Model & m) const override { return m.hparams.n_embd; }
+    int64_t hidden_output_width(const Model & m) const override { return m.hparams.n_embd; }
+};
+
+// Loads the MTP head of a Qwen3-Next checkpoint (mtp.*) as a model of one attention layer that
+// shares the target's backend, embedding and lm_head.
+void load_mtp_head(Model & m, ModelLoader & ml) {
+    const HParams & hp   = m.hparams;
+    auto            head = std::make_unique<Model>();
+    head->hparams               = hp;
+    head->hparams.n_layer       = 1;
+    head->hparams.layer_kinds   = {LayerKind::Attention};
+    head->hparams.n_mtp_layers  = 0;
+    head->hparams.mlp_only_layers.clear();
+    head->hparams.sparse_step   = 1;
+    const bool moe              = ml.has("mtp.layers.0.mlp.gate");
+    if (!moe) head->hparams.n_expert = 0;
+    head->path     = m.path + " (MTP head)";
+    head->arch     = std::make_unique<Qwen3NextMtp>();
+    head->backend  = m.backend;
+    head->device   = m.device;
+    head->tok_embd = m.tok_embd;
+    head->output   = m.output;
+    // Weights are stored with the target (which outlives its head) and count towards its bytes;
+    // the layer has the target's dimensions.
+    const int64_t E = hp.n_embd;
+    auto          hw = std::make_unique<HeadWeights>();
+    hw->fc           = ml.linear("mtp.fc", E, 2 * E, &m.info.weight_bytes_attention);
+    hw->norm_embd    = ml.param("mtp.pre_fc_norm_embedding.weight", {E}, &m.info.weight_bytes_attention);
+    hw->norm_hidden  = ml.param("mtp.pre_fc_norm_hidden.weight", {E}, &m.info.weight_bytes_attention);
+    head->head       = std::move(hw);
+    head->layers.resize(1);
+    load_layer(m, ml, "mtp.layers.0", head->layers[0], LayerKind::Attention, moe);
+    head->output_norm = ml.param("mtp.norm.weight", {E}, &m.info.weight_bytes_output);
+    m.mtp             = std::move(head);
+}
+
 class Qwen3Next final : public Architecture {
 public:
     void load(Model & m, ModelLoader & ml) override {
         const HParams & hp = m.hparams;
-        const int64_t   E  = hp.n_embd, hd = hp.head_dim;
-        const int64_t   nk = hp.ssm_n_k_heads, nv = hp.ssm_n_v_heads, dk = hp.ssm_k_dim, dv = hp.ssm_v_dim;
-        const int64_t   key_dim = nk * dk, value_dim = nv * dv, conv_dim = 2 * key_dim + value_dim;
-        m.tok_embd = ml.dense("model.embed_tokens.weight", hp.n_vocab, E, &m.info.weight_bytes_embedding);
+        m.tok_embd = ml.dense("model.embed_tokens.weight", hp.n_vocab, hp.n_embd, &m.info.weight_bytes_embedding);
         for (int64_t il = 0; il < hp.n_layer; ++il) {
-            const std::string p = "model.layers." + std::to_string(il);
-            LayerWeights &    L = m.layers[size_t(il)];
-            uint64_t *        a = &m.info.weight_bytes_attention;
-            L.attn_norm = ml.param(p + ".input_layernorm.weight", {E}, a);
-            if (hp.layer_kinds[size_t(il)] == LayerKind::Attention) {
-                L.wq     = ml.linear(p + ".self_attn.q_proj", 2 * hp.n_head * hd, E, a);  // [q | gate] per head
-                L.wk     = ml.linear(p + ".self_attn.k_proj", hp.n_head_kv * hd, E, a);
-                L.wv     = ml.linear(p + ".self_attn.v_proj", hp.n_head_kv * hd, E, a);
-                L.wo     = ml.linear(p + ".self_attn.o_proj", E, hp.n_head * hd, a);
-                L.q_norm = ml.param(p + ".self_attn.q_norm.weight", {hd}, a);
-                L.k_norm = ml.param(p + ".self_attn.k_norm.weight", {hd}, a);
-            } else {
-                const std::string la = p + ".linear_attn";
-                L.in_proj_qkvz = ml.linear(la + ".in_proj_qkvz", 2 * key_dim + 2 * value_dim, E, a);
-                L.in_proj_ba   = ml.linear(la + ".in_proj_ba", 2 * nv, E, a);
-                L.out_proj     = ml.linear(la + ".out_proj", E, value_dim, a);
-                L.ssm_conv     = ml.param(la + ".conv1d.weight", {conv_dim, 1, hp.ssm_conv_kernel}, a);
-                L.ssm_A_log    = ml.param(la + ".A_log", {nv}, a);
-                L.ssm_dt_bias  = ml.param(la + ".dt_bias", {nv}, a);
-                L.ssm_norm     = ml.param(la + ".norm.weight", {dv}, a);
-            }
-            uint64_t * f = &m.info.weight_bytes_ffn;
-            L.ffn_norm   = ml.param(p + ".post_attention_layernorm.weight", {E}, f);
-            if (hp.is_moe_layer(il)) {
-                load_experts(m, ml, p + ".mlp", L);
-                if (hp.n_ff_shexp > 0) {
-                    L.shexp_gate   = ml.linear(p + ".mlp.shared_expert.gate_proj", hp.n_ff_shexp, E, f);
-                    L.shexp_up     = ml.linear(p + ".mlp.shared_expert.up_proj", hp.n_ff_shexp, E, f);
-                    L.shexp_down   = ml.linear(p + ".mlp.shared_expert.down_proj", E, hp.n_ff_shexp, f);
-                    L.shexp_router = ml.linear(p + ".mlp.shared_expert_gate", 1, E, f);
-                }
-            } else {
-                if (hp.n_ff == 0) fail(SPARK_ERR_INVALID_FORMAT, "config.json: layer %lld has a dense MLP but intermediate_size is missing", (long long) il);
-                L.ffn_gate = ml.linear(p + ".mlp.gate_proj", hp.n_ff, E, f);
-                L.ffn_up   = ml.linear(p + ".mlp.up_proj", hp.n_ff, E, f);
-                L.ffn_down = ml.linear(p + ".mlp.down_proj", E, hp.n_ff, f);
-            }
+            load_layer(m, ml, "model.layers." + std::to_string(il), m.layers[size_t(il)], hp.layer_kinds[size_t(il)], hp.is_moe_layer(il));
             ml.progress(float(il + 1) / float(hp.n_layer));
         }
-        m.output_norm = ml.param("model.norm.weight", {E}, &m.info.weight_bytes_output);
+        m.output_norm = ml.param("model.norm.weight", {hp.n_embd}, &m.info.weight_bytes_output);
         if (hp.tie_embeddings) m.output = m.tok_embd;
-        else m.output = ml.linear("lm_head", hp.n_vocab, E, &m.info.weight_bytes_output);
+        else m.output = ml.linear("lm_head", hp.n_vocab, hp.n_embd, &m.info.weight_bytes_output);
+        // Checkpoints that keep the MTP head have mtp.* tensors (many quantized ones drop them).
+        if (hp.n_mtp_layers > 0 && ml.has("mtp.fc")) load_mtp_head(m, ml);
     }
 
     Tensor * build(GraphContext & gc) const override {
@@ -87,18 +171,6 @@ public:
     }
 
 private:
-    // MoE + sigmoid-gated shared expert (or a dense MLP in mlp_only layers).
-    static Tensor * build_ffn_block(GraphContext & gc, Tensor * h, const LayerWeights & L, int il) {
-        Graph & g = gc.graph;
-        if (!gc.model.hparams.is_moe_layer(il)) return build_ffn(gc, h, L.ffn_gate, L.ffn_up, L.ffn_down, il);
-        Tensor * out = build_moe(gc, h, L, il);
-        if (L.shexp_gate.n) {
-            Tensor * shared = build_ffn(gc, h, L.shexp_gate, L.shexp_up, L.shexp_down, il);
-            out = g.add(out, g.mul_sigmoid(shared, g.matmul(h, L.shexp_router)));
-        }
-        return g.named(out, "ffn_out", il);
-    }
-
     // Gated DeltaNet layer (formats.md 7.3.2-7.3.3).
     static Tensor * build_gated_delta_net(GraphContext & gc, Tensor * x, const LayerWeights & L, int il) {
         Graph &         g  = gc.graph;

@@ -212,6 +212,17 @@ void op_concat(const Tensor & t, const OpContext & ctx) {
 
 void op_get_rows(const Tensor & t, const OpContext & ctx) {
     const Tensor & ids = *t.src[1];
+    // Rows of an I32 table (an EAGLE3 head's draft-to-target token map) are copied as 4-byte words
+    // by the F32 path: a float load and store move the bits unchanged.
+    const bool words = !t.weight && t.type == DType::I32 && t.src[0] && t.src[0]->type == DType::I32;
+    if (words) {
+        Tensor as_f32 = t;
+        as_f32.type   = DType::F32;
+        Tensor src    = *t.src[0];
+        src.type      = DType::F32;
+        as_f32.src[0] = &src;
+        return op_get_rows(as_f32, ctx);
+    }
     ew::require_f32_rows(t, "GET_ROWS");
     ew::require(ids.type == DType::I32 && ids.nb[0] == sizeof(int32_t), "GET_ROWS", "ids must be contiguous I32");
     ew::require(ids.nrows() == 1 && t.ne[1] == ids.ne[0] && t.nrows() == t.ne[1], "GET_ROWS", "output must be [K, n_ids]");

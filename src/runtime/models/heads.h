@@ -1,0 +1,18 @@
+// Heads of speculative decoding that are loaded beside a target model. (The Qwen3-Next MTP head is
+// part of its checkpoint and is loaded with it: Model::mtp.)
+#pragma once
+
+#include "runtime/models/arch.h"
+
+#include <memory>
+#include <string>
+
+namespace spark {
+
+// An EAGLE3 head (LlamaForCausalLMEagle3 directory) for `target`, sharing its backend and, unless
+// the head has its own, its embedding. Throws SPARK_ERR_INVALID_ARGUMENT when the head does not
+// fit the target (vocabulary, hidden size, aux layers the target does not have), the loading
+// errors of spark_model_load otherwise. The target must outlive the head.
+std::unique_ptr<Model> load_eagle3_head(const std::string & path, const Model & target, const spark_model_params & params);
+
+}  // namespace spark
