@@ -396,11 +396,153 @@ SPARK_API spark_status spark_sampler_sample(spark_sampler * smpl, spark_context 
 /* Samples from a caller-provided logits array of n_vocab floats (not modified) and accepts the token. */
 SPARK_API spark_status spark_sampler_sample_logits(spark_sampler * smpl, const float * logits, int32_t n_vocab, spark_token * out);
 
+/* A copy of a sampler or chain with its state (penalty history, random state). NULL on failure. */
+SPARK_API spark_sampler * spark_sampler_clone(const spark_sampler * smpl);
+
+/* The distribution the chain would draw its next token from, given n_vocab logits: its stages
+ * applied up to the picking stage, as probabilities over the whole vocabulary (0 for removed
+ * tokens); a greedy pick is a point mass. Changes no state. */
+SPARK_API spark_status spark_sampler_probs(spark_sampler * smpl, const float * logits, int32_t n_vocab, float * probs);
+
+/* Verifies drafted tokens as speculative decoding does, for hosts that run their own loop (the
+ * equivalent of llama.cpp's sample-and-accept-n). Rows idxs[0 .. n_draft] of the last decode hold
+ * the target's logits after the last accepted token (idxs[0]) and after each draft (idxs[i + 1]).
+ * For i = 0 .. n_draft-1, with p the chain's distribution at row idxs[i] (as spark_sampler_probs),
+ * draft[i] is accepted with probability min(1, p(d) / q(d)) where q is draft_probs[i] (the drafter's
+ * distribution, n_vocab floats) or, with draft_probs NULL, a point mass at draft[i] (drafts chosen
+ * deterministically: greedy drafters, n-gram lookup); on rejection a token is drawn from the
+ * normalised max(0, p - q) and verification stops; when every draft was accepted one more token
+ * is drawn from row idxs[n_draft] (rejection sampling: the tokens are distributed exactly as
+ * sampling the target alone would give). A pure greedy chain needs no logits on the host: it
+ * accepts exactly the drafts equal to the target's argmax. Every emitted token is accepted into the
+ * chain. Writes the accepted drafts and the final token to out (n_draft + 1 capacity) and their
+ * count to *n_out (1 .. n_draft + 1). SPARK_ERR_INVALID_ARGUMENT for a row without logits,
+ * SPARK_ERR_INVALID_TOKEN for a draft outside the vocabulary; on error nothing changed. */
+SPARK_API spark_status spark_sampler_verify(spark_sampler * smpl, spark_context * ctx, const int32_t * idxs, const spark_token * draft,
+                                            int32_t n_draft, const float * draft_probs, spark_token * out, int32_t * n_out);
+
 /* Records a token (e.g. prompt tokens) in the penalty history without sampling. */
 SPARK_API void spark_sampler_accept(spark_sampler * smpl, spark_token token);
 /* Clears histories and re-seeds random state to its initial seed. */
 SPARK_API void spark_sampler_reset(spark_sampler * smpl);
 SPARK_API void spark_sampler_free(spark_sampler * smpl);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Speculative decoding                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+/* The owned loop. A draft source proposes up to n_draft_max tokens per sequence; the target checks
+ * them all in one decode step; a prefix is accepted and the rest is cut from the memory without
+ * recompute. Greedy output is token for token what greedy decoding without speculation prints;
+ * sampled output has the target's distribution under the same sampler chain (rejection sampling,
+ * spark_sampler_verify). Sources:
+ *   SPARK_SPEC_DRAFT_MODEL  a smaller model with the same vocabulary (path: directory or spark file),
+ *                           run on the target's device
+ *   SPARK_SPEC_EAGLE3       an EAGLE3 head (path: a LlamaForCausalLMEagle3 directory) reading the
+ *                           target's hidden states
+ *   SPARK_SPEC_MTP          the target's own multi-token-prediction head (Qwen3-Next checkpoints
+ *                           that keep their mtp.* tensors)
+ *   SPARK_SPEC_NGRAM        prompt lookup: the continuation of the latest earlier occurrence of the
+ *                           last n tokens (no weights)
+ * Model-based drafts stay on the device: a step synchronises with the host once.
+ *
+ *     spark_spec_params sp = spark_spec_default_params();
+ *     sp.kind = SPARK_SPEC_MTP;
+ *     spark_spec * spec;
+ *     spark_spec_init(ctx, sp, &spec);
+ *     spark_spec_begin(spec, 0, prompt, n_prompt);
+ *     spark_token toks[SPARK_SPEC_MAX_DRAFT + 2]; int32_t n;
+ *     while (... spark_spec_step(spec, 1, &seq, &smpl, toks, SPARK_SPEC_MAX_DRAFT + 2, &n) == SPARK_OK ...) { use toks[0 .. n-1] }
+ *     spark_spec_free(spec);
+ */
+#define SPARK_SPEC_MAX_DRAFT 16
+
+typedef enum spark_spec_kind {
+    SPARK_SPEC_DRAFT_MODEL = 1,
+    SPARK_SPEC_EAGLE3      = 2,
+    SPARK_SPEC_MTP         = 3,
+    SPARK_SPEC_NGRAM       = 4
+} spark_spec_kind;
+
+typedef struct spark_spec_params {
+    spark_spec_kind kind;         /* default SPARK_SPEC_NGRAM */
+    const char *    path;         /* DRAFT_MODEL: the draft model; EAGLE3: the head's directory */
+    int32_t         n_draft_max;  /* tokens drafted per step, 1 .. SPARK_SPEC_MAX_DRAFT; default 3 */
+    int32_t         n_draft_min;  /* fewer drafts than this are not verified (a plain step); default 0 */
+    float           p_min;        /* model drafters stop at a token they give less probability than
+                                     this (costs a host round trip per draft token); 0 = off, default */
+    int32_t         ngram_min;    /* NGRAM: shortest match tried; default 1 */
+    int32_t         ngram_max;    /* NGRAM: longest match tried (first); default 4 */
+} spark_spec_params;
+
+typedef struct spark_spec spark_spec;
+
+typedef struct spark_spec_stats {
+    int64_t n_steps;      /* verify steps (per sequence) */
+    int64_t n_drafted;    /* drafts verified */
+    int64_t n_accepted;   /* drafts accepted */
+    int64_t n_emitted;    /* tokens returned by spark_spec_step (accepted drafts + one per step + first tokens) */
+    int64_t n_prompt;     /* prompt tokens decoded by spark_spec_begin */
+    int64_t drafted_at[SPARK_SPEC_MAX_DRAFT];   /* drafts verified at draft position i */
+    int64_t accepted_at[SPARK_SPEC_MAX_DRAFT];  /* ... and accepted: acceptance at i = accepted_at[i] / drafted_at[i] */
+    double  t_prefill_s;  /* host time in spark_spec_begin */
+    double  t_draft_s;    /* host time drafting (device work may run on into verify) */
+    double  t_verify_s;   /* host time in the target's verify steps, until their results are back */
+    double  t_accept_s;   /* host time deciding and cutting */
+} spark_spec_stats;
+
+SPARK_API spark_spec_params spark_spec_default_params(void);
+
+/* Attaches a speculative loop to `target` (one loop per context; every sequence of the context can
+ * use it). Loads the draft model or head. Raises the context's n_rollback to n_draft_max and makes
+ * its decode steps output the hidden states the source reads (until spark_spec_free).
+ * Returns SPARK_OK, SPARK_ERR_INVALID_ARGUMENT (bad params; n_draft_max + 1 larger than n_ctx or
+ * n_batch; a draft model whose vocabulary or tokenizer differs from the target's; an EAGLE3 head
+ * whose vocabulary, hidden size or aux layers do not fit the target), SPARK_ERR_UNSUPPORTED (MTP on a
+ * model without an MTP head), the errors of spark_model_load for the draft or head,
+ * SPARK_ERR_OUT_OF_MEMORY. On error nothing changed. */
+SPARK_API spark_status spark_spec_init(spark_context * target, spark_spec_params params, spark_spec ** out);
+
+/* Sets sequence `seq` to `prompt` (n_prompt tokens) and decodes what the target does not hold yet:
+ * the longest prefix shared with what the sequence holds is kept (a chat's earlier turns), so a
+ * conversation passes its whole rendering each turn. The next spark_spec_step starts the answer.
+ * Returns SPARK_OK, SPARK_ERR_INVALID_ARGUMENT, SPARK_ERR_INVALID_TOKEN, SPARK_ERR_CONTEXT_FULL
+ * (nothing changed); after SPARK_ERR_DEVICE the sequence is empty. */
+SPARK_API spark_status spark_spec_begin(spark_spec * spec, spark_seq_id seq, const spark_token * prompt, int32_t n_prompt);
+
+/* One speculative step of each listed sequence (all verified in one target step; samplers[i] is
+ * seqs[i]'s sampler chain): writes 1 .. n_draft_max + 2 new tokens of sequence i to
+ * out[i * capacity ...] and their count to n_out[i] (the first step after spark_spec_begin also
+ * returns the first answer token). Tokens after an end-of-generation token are not returned (it is
+ * the last one). Near the end of the context fewer drafts are verified.
+ * Returns SPARK_OK, SPARK_ERR_INVALID_ARGUMENT (a sequence listed twice, not begun, or changed
+ * behind the loop's back), SPARK_ERR_BUFFER_TOO_SMALL (capacity < n_draft_max + 2),
+ * SPARK_ERR_CONTEXT_FULL (no room for one more token); on these nothing changed. */
+SPARK_API spark_status spark_spec_step(spark_spec * spec, int32_t n_seqs, const spark_seq_id * seqs, spark_sampler ** samplers,
+                                       spark_token * out, int32_t capacity, int32_t * n_out);
+
+SPARK_API spark_status spark_spec_get_stats(const spark_spec * spec, spark_spec_stats * out);
+SPARK_API void         spark_spec_reset_stats(spark_spec * spec);
+/* Frees the loop (and its draft model or head). The target context stays usable. NULL allowed. */
+SPARK_API void         spark_spec_free(spark_spec * spec);
+
+/* Pieces for hosts that run their own loop: hidden states and on-device greedy tokens of a decode,
+ * spark_sampler_verify, spark_sampler_probs / clone, spark_memory_seq_can_rm. */
+
+/* From now on every decode of ctx also outputs, for each row with logits, the hidden states of the
+ * listed layers concatenated in that order: id i >= 0 is the output of layer i,
+ * SPARK_HIDDEN_FINAL_NORM the final normed hidden state (what lm_head reads, an MTP head's input).
+ * n_layers = 0 turns it off. SPARK_ERR_INVALID_ARGUMENT for a layer the model does not have. */
+#define SPARK_HIDDEN_FINAL_NORM (-1)
+SPARK_API spark_status spark_set_hidden_outputs(spark_context * ctx, const int32_t * layers, int32_t n_layers);
+/* Floats per row of spark_get_hidden_ith (0 when off). */
+SPARK_API int32_t      spark_n_hidden(const spark_context * ctx);
+/* The hidden states of batch row i of the last decode (as spark_get_logits_ith); NULL when off or
+ * when row i has no logits. Valid until the next decode. */
+SPARK_API const float * spark_get_hidden_ith(spark_context * ctx, int32_t i);
+/* The greedy token (argmax of the logits, computed on the device: no logits are copied) of batch
+ * row i of the last decode; -1 when row i has no logits. */
+SPARK_API spark_token  spark_get_argmax_ith(spark_context * ctx, int32_t i);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Tokenizer                                                                                  */

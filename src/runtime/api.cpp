@@ -160,6 +160,21 @@ SPARK_API const float * spark_get_logits_ith(spark_context * ctx, int32_t i) { r
 
 SPARK_API int32_t spark_n_outputs(const spark_context * ctx) { return ctx ? ctx->impl->n_outputs() : 0; }
 
+SPARK_API spark_status spark_set_hidden_outputs(spark_context * ctx, const int32_t * layers, int32_t n_layers) {
+    return api_guard([&] {
+        require(ctx != nullptr && n_layers >= 0 && (n_layers == 0 || layers != nullptr), "spark_set_hidden_outputs: bad argument");
+        HiddenCapture c;
+        c.layers.assign(layers, layers + n_layers);
+        ctx->impl->set_capture(c);
+    });
+}
+
+SPARK_API int32_t spark_n_hidden(const spark_context * ctx) { return ctx ? int32_t(ctx->impl->hidden_width()) : 0; }
+
+SPARK_API const float * spark_get_hidden_ith(spark_context * ctx, int32_t i) { return ctx ? ctx->impl->hidden_ith(i) : nullptr; }
+
+SPARK_API spark_token spark_get_argmax_ith(spark_context * ctx, int32_t i) { return ctx ? ctx->impl->argmax_ith(i) : -1; }
+
 SPARK_API void spark_memory_clear(spark_context * ctx) {
     if (ctx) ctx->impl->memory().clear();
 }

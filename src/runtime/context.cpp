@@ -325,17 +325,9 @@ void Context::run_step(const Row * rows, int32_t n, const std::vector<DeviceRows
     staging_.insert(staging_.end(), out_rows.begin(), out_rows.end());
     SPARK_ASSERT(int64_t(staging_.size()) == step.inputs->ne[0]);
 
-    if (!arena_ || arena_->size() < step.plan.arena_bytes) {
-        for (auto & s : steps_) s->bound_to = nullptr;
-        last_step_ = nullptr;
-        arena_.reset();
-        arena_ = be.alloc(step.plan.arena_bytes + step.plan.arena_bytes / 8);  // headroom for the next shapes
-    }
-    if (step.bound_to != arena_->data()) {
-        bind_memory(*step.graph, step.plan, arena_->data());
-        step.bound_to = arena_->data();
-    }
     const auto t1 = std::chrono::steady_clock::now();
+    // Inputs first: device-fed rows may come from the previous step's outputs in the arena, which
+    // a growing arena frees.
     be.upload(step.inputs->data, staging_.data(), staging_.size() * 4);
     for (const DeviceRows & d : tokens) {
         SPARK_ASSERT(d.first >= 0 && d.count >= 0 && d.first + d.count <= n);
@@ -350,6 +342,17 @@ void Context::run_step(const Row * rows, int32_t n, const std::vector<DeviceRows
             covered += d.count;
         }
         SPARK_ASSERT(covered == n);
+    }
+    if (!arena_ || arena_->size() < step.plan.arena_bytes) {
+        for (auto & s : steps_) s->bound_to = nullptr;
+        last_step_ = nullptr;
+        be.synchronize();  // copies above may still read the old arena
+        arena_.reset();
+        arena_ = be.alloc(step.plan.arena_bytes + step.plan.arena_bytes / 8);  // headroom for the next shapes
+    }
+    if (step.bound_to != arena_->data()) {
+        bind_memory(*step.graph, step.plan, arena_->data());
+        step.bound_to = arena_->data();
     }
     be.compute(*step.graph);
     rows_computed_ += n;

@@ -331,9 +331,9 @@ Verdict verify_draft(spark_sampler * smpl, const Distribution & p, int32_t draft
 
 int32_t verify_drafts(spark_sampler * smpl, int32_t n_draft, const int32_t * drafts, const float * q, int32_t n_vocab,
                       const std::function<const float *(int32_t)> & row, const std::function<int32_t(int32_t)> & greedy,
-                      const std::function<bool(int32_t)> & stop, int32_t * out) {
+                      const std::function<bool(int32_t)> & stop, int32_t * out, int32_t * n_accepted) {
     const bool pure_greedy = is_pure_greedy(smpl);
-    int32_t    n           = 0;
+    int32_t    n = 0, accepted_drafts = 0;
     for (int32_t i = 0; i <= n_draft; ++i) {
         int32_t token;
         bool    accepted = false;
@@ -349,9 +349,11 @@ int32_t verify_drafts(spark_sampler * smpl, int32_t n_draft, const int32_t * dra
             token                = d.ids.size() == 1 ? d.ids[0] : draw(d, sampler_uniform(smpl));
         }
         out[n++] = token;
+        accepted_drafts += accepted ? 1 : 0;
         spark_sampler_accept(smpl, token);
         if (!accepted || stop(token)) break;
     }
+    if (n_accepted) *n_accepted = accepted_drafts;
     return n;
 }
 

@@ -51,9 +51,10 @@ Verdict verify_draft(spark_sampler * smpl, const Distribution & p, int32_t draft
 // prefix). Stops after the first rejection (its replacement is emitted), after a token for which
 // stop() is true (end of generation), or after the token drawn from row n_draft when every draft
 // was accepted. q: the drafter's distributions [n_draft][n_vocab], or null for deterministic
-// drafts. Writes the emitted tokens to out (n_draft + 1 capacity) and returns their count.
+// drafts. Writes the emitted tokens to out (n_draft + 1 capacity) and returns their count; the
+// number of accepted drafts among them goes to *n_accepted.
 int32_t verify_drafts(spark_sampler * smpl, int32_t n_draft, const int32_t * drafts, const float * q, int32_t n_vocab,
                       const std::function<const float *(int32_t)> & row, const std::function<int32_t(int32_t)> & greedy,
-                      const std::function<bool(int32_t)> & stop, int32_t * out);
+                      const std::function<bool(int32_t)> & stop, int32_t * out, int32_t * n_accepted = nullptr);
 
 }  // namespace spark
