@@ -473,6 +473,13 @@ typedef struct spark_spec_params {
                                      this (costs a host round trip per draft token); 0 = off, default */
     int32_t         ngram_min;    /* NGRAM: shortest match tried; default 1 */
     int32_t         ngram_max;    /* NGRAM: longest match tried (first); default 4 */
+    /* Benchmarks only (spark-bench --spec-sim-accept): when non-NULL, the acceptance rule is
+     * replaced by chance, draft position i (0-based) being accepted with probability sim_accept[i]
+     * overall (as vLLM reports per-position acceptance; non-increasing), and short drafts are padded
+     * to n_draft_max. The work per step is real (drafting, verifying, cutting), the tokens are not
+     * the model's output. n_draft_max entries; NULL (default) for real decoding. */
+    const float *   sim_accept;
+    uint32_t        sim_seed;     /* random seed of sim_accept */
 } spark_spec_params;
 
 typedef struct spark_spec spark_spec;

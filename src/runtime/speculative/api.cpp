@@ -15,6 +15,8 @@ SPARK_API spark_spec_params spark_spec_default_params(void) {
     p.p_min       = 0.0f;
     p.ngram_min   = 1;
     p.ngram_max   = 4;
+    p.sim_accept  = nullptr;
+    p.sim_seed    = 1;
     return p;
 }
 

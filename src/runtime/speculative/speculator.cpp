@@ -26,6 +26,14 @@ Speculator::Speculator(Context & target, const spark_spec_params & p) : target_(
     if (p.n_draft_min < 0 || p.n_draft_min > k)
         fail(SPARK_ERR_INVALID_ARGUMENT, "spark_spec_init: n_draft_min %d is outside [0, n_draft_max = %d]", p.n_draft_min, k);
     if (!(p.p_min >= 0.0f && p.p_min <= 1.0f)) fail(SPARK_ERR_INVALID_ARGUMENT, "spark_spec_init: p_min %g is outside [0, 1]", double(p.p_min));
+    if (p.sim_accept) {
+        sim_accept_.assign(p.sim_accept, p.sim_accept + k);
+        for (int32_t i = 0; i < k; ++i)
+            if (!(sim_accept_[size_t(i)] >= 0.0f && sim_accept_[size_t(i)] <= (i ? sim_accept_[size_t(i - 1)] : 1.0f)))
+                fail(SPARK_ERR_INVALID_ARGUMENT, "spark_spec_init: sim_accept must be probabilities in [0, 1], non-increasing (entry %d is %g)", i,
+                     double(sim_accept_[size_t(i)]));
+        sim_rng_.seed(p.sim_seed);
+    }
     if ((p.kind == SPARK_SPEC_DRAFT_MODEL || p.kind == SPARK_SPEC_EAGLE3) && (!p.path || !*p.path))
         fail(SPARK_ERR_INVALID_ARGUMENT, "spark_spec_init: the %s source needs a path", p.kind == SPARK_SPEC_EAGLE3 ? "EAGLE3" : "draft model");
     const spark_context_params & tp = target.params();
@@ -188,8 +196,17 @@ void Speculator::step(int32_t n_seqs, const int32_t * seq_ids, spark_sampler ** 
     }
     Drafts drafts;
     source_->draft(st_of, draft_seqs, k_of, k_max, params_.p_min, drafts);
-    for (int32_t & n : drafts.n)
+    for (size_t a = 0; a < active.size(); ++a) {
+        int32_t & n = drafts.n[a];
         if (n < params_.n_draft_min) n = 0;
+        // Simulated acceptance verifies full drafts: pad short ones (n-gram) with the last token.
+        if (!sim_accept_.empty() && n < k_of[a]) {
+            if (drafts.device) fail(SPARK_ERR_INTERNAL, "simulated acceptance pads host drafts only");
+            for (int32_t d = n; d < k_of[a]; ++d)
+                drafts.host[a * size_t(drafts.k) + size_t(d)] = d ? drafts.host[a * size_t(drafts.k) + size_t(d - 1)] : st_of[a]->tokens.back();
+            n = k_of[a];
+        }
+    }
     stats_.t_draft_s += seconds_since(t0);
 
     // Verify: one target step over [pending, drafts...] of every active sequence.
@@ -224,11 +241,20 @@ void Speculator::step(int32_t n_seqs, const int32_t * seq_ids, spark_sampler ** 
         const Span &  sp    = spans[a];
         const int32_t n     = drafts.n[a];
         int32_t       e[SPARK_SPEC_MAX_DRAFT + 1];
-        int32_t       n_acc = 0;
-        const int32_t m     = verify_drafts(
-            samplers[order[j]], n, host_drafts.data() + a * size_t(drafts.k), nullptr, n_vocab,
-            [&](int32_t i) { return target_.logits_ith(sp.first + i); }, [&](int32_t i) { return target_.argmax_ith(sp.first + i); },
-            [&](int32_t t) { return is_eog(t); }, e, &n_acc);
+        int32_t       n_acc = 0, m = 0;
+        if (sim_accept_.empty()) {
+            m = verify_drafts(
+                samplers[order[j]], n, host_drafts.data() + a * size_t(drafts.k), nullptr, n_vocab,
+                [&](int32_t i) { return target_.logits_ith(sp.first + i); }, [&](int32_t i) { return target_.argmax_ith(sp.first + i); },
+                [&](int32_t t) { return is_eog(t); }, e, &n_acc);
+        } else {
+            // Benchmarks: accept by chance, then the target's greedy token (no end of generation).
+            const double u = double(sim_rng_() >> 8) / double(1u << 24);
+            while (n_acc < n && u < double(sim_accept_[size_t(n_acc)])) ++n_acc;
+            for (int32_t d = 0; d < n_acc; ++d) e[d] = host_drafts[a * size_t(drafts.k) + size_t(d)];
+            e[n_acc] = target_.argmax_ith(sp.first + n_acc);
+            m        = n_acc + 1;
+        }
         // The pending token and the accepted drafts are now cached; the last emitted token is the
         // new pending one.
         mem.seq_rm(sp.seq, sp.pos0 + m, -1);

@@ -9,6 +9,7 @@
 #include <spark/spark.h>
 
 #include <memory>
+#include <random>
 #include <vector>
 
 namespace spark::spec {
@@ -35,6 +36,8 @@ private:
     std::unique_ptr<DraftSource> source_;
     std::vector<SeqState>        seqs_;
     spark_spec_stats             stats_{};
+    std::vector<float>           sim_accept_;  // benchmarks: acceptance by chance (spark_spec_params.sim_accept)
+    std::mt19937                 sim_rng_;
 };
 
 }  // namespace spark::spec
