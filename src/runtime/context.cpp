@@ -354,6 +354,11 @@ void Context::run_step(const Row * rows, int32_t n, const std::vector<DeviceRows
         bind_memory(*step.graph, step.plan, arena_->data());
         step.bound_to = arena_->data();
     }
+    if (fail_after_ == 0) {
+        fail_after_ = -1;
+        fail(SPARK_ERR_DEVICE, "injected failure (test)");
+    }
+    if (fail_after_ > 0) --fail_after_;
     be.compute(*step.graph);
     rows_computed_ += n;
 

@@ -86,6 +86,9 @@ public:
     // Tokens run through the model so far (every row of every step): tests prove that a rollback
     // recomputes nothing.
     int64_t        rows_computed() const { return rows_computed_; }
+    // Tests: the step after the next n steps fails as a device error would (proves that a failed
+    // decode leaves the memory as it was). -1: off.
+    void           fail_after_steps(int32_t n) { fail_after_ = n; }
 
 private:
     struct Row {
@@ -110,6 +113,7 @@ private:
     std::vector<int32_t>    staging_;                 // packed step inputs
     HiddenCapture           capture_;
     int64_t                 rows_computed_ = 0;
+    int32_t                 fail_after_    = -1;
 
     struct Profile {  // SPARK_PROFILE=1: host time per step, printed when the context is freed
         int64_t steps = 0;

@@ -6,6 +6,8 @@
 // after a snapshot restore (the very same computation is repeated).
 #include "harness.h"
 
+#include "runtime/context.h"
+
 using namespace test;
 
 namespace {
@@ -139,4 +141,118 @@ TEST_CASE("dense: tail removal and re-decoding reproduce the logits (KV-only rol
     std::vector<float> expect(all.begin() + 12 * nv, all.end());
     CHECK(max_abs_diff(tail, expect) <= 1e-5f);
     CHECK(spark_memory_seq_rm(ctx.get(), 0, 3, 5) == SPARK_ERR_UNSUPPORTED);  // a hole in the middle
+}
+
+namespace {
+ContextPtr rollback_context(spark_model * m, int32_t n_rollback, int32_t n_batch = 512) {
+    spark_context_params p = spark_context_default_params();
+    p.n_ctx                = 256;
+    p.n_batch              = n_batch;
+    p.n_threads            = 2;
+    p.n_rollback           = n_rollback;
+    spark_context * c      = nullptr;
+    REQUIRE(spark_context_init(m, p, &c) == SPARK_OK);
+    return ContextPtr(c);
+}
+}  // namespace
+
+TEST_CASE("hybrid with n_rollback: up to n_rollback trailing tokens are removed exactly, without recompute") {
+    Golden        g  = load_golden(model_dir("qwen3_next-bf16"));
+    ModelPtr      m  = load_model(model_dir("qwen3_next-bf16"));
+    const int32_t nv = int32_t(g.n_vocab);
+    ContextPtr    ctx = rollback_context(m.get(), 4);
+    std::vector<float> all, again;
+    // 20 tokens in one step, then 4 one at a time: the states after the last 5 positions are kept.
+    REQUIRE(decode_range(ctx.get(), g.prompt, 0, 20, 0, nv, all) == SPARK_OK);
+    for (size_t t = 20; t < 24; ++t) REQUIRE(decode_range(ctx.get(), g.prompt, t, t + 1, 0, nv, all) == SPARK_OK);
+    CHECK(spark_memory_seq_can_rm(ctx.get(), 0, 20, -1));
+    CHECK(!spark_memory_seq_can_rm(ctx.get(), 0, 19, -1));  // 5 back: beyond n_rollback
+    CHECK(spark_memory_seq_rm(ctx.get(), 0, 19, -1) == SPARK_ERR_UNSUPPORTED);
+    CHECK(std::string(spark_last_error()).find("n_rollback = 4") != std::string::npos);
+    CHECK(spark_memory_seq_length(ctx.get(), 0) == 24);
+    // Cut 3, decode them again: identical logits (the very same arithmetic from the same state).
+    REQUIRE(spark_memory_seq_rm(ctx.get(), 0, 21, -1) == SPARK_OK);
+    REQUIRE(decode_range(ctx.get(), g.prompt, 21, 24, 0, nv, again) == SPARK_OK);
+    std::vector<float> want(all.begin() + 21 * nv, all.end());
+    // The step of 3 rows vs 3 steps of 1: same per-row arithmetic on the CPU backend (1e-5 at most).
+    CHECK(max_abs_diff(again, want) <= 1e-5f);
+    // After a cut, the floor stays: lengths below 20 are still out of reach.
+    CHECK(!spark_memory_seq_can_rm(ctx.get(), 0, 19, -1));
+    CHECK(spark_memory_seq_can_rm(ctx.get(), 0, 0, -1));
+    // One step of 4 (a verify batch): every one of its positions can be returned to exactly.
+    REQUIRE(spark_memory_seq_rm(ctx.get(), 0, 20, -1) == SPARK_OK);
+    std::vector<float> batch4;
+    REQUIRE(decode_range(ctx.get(), g.prompt, 20, 24, 0, nv, batch4) == SPARK_OK);
+    for (int32_t keep = 23; keep >= 20; --keep) {
+        REQUIRE(spark_memory_seq_rm(ctx.get(), 0, keep, -1) == SPARK_OK);
+        std::vector<float> one;
+        REQUIRE(decode_range(ctx.get(), g.prompt, size_t(keep), size_t(keep) + 1, 0, nv, one) == SPARK_OK);
+        std::vector<float> ref(batch4.begin() + (keep - 20) * nv, batch4.begin() + (keep - 19) * nv);
+        CHECK(max_abs_diff(one, ref) <= 1e-5f);
+        REQUIRE(spark_memory_seq_rm(ctx.get(), 0, keep, -1) == SPARK_OK);
+    }
+}
+
+TEST_CASE("a snapshot becomes invalid when its sequence is truncated below it, cleared, overwritten or restored past") {
+    Golden        g  = load_golden(model_dir("qwen3_next-bf16"));
+    ModelPtr      m  = load_model(model_dir("qwen3_next-bf16"));
+    const int32_t nv = int32_t(g.n_vocab);
+    spark_context_params p = spark_context_default_params();
+    p.n_ctx = 256, p.n_seq_max = 2, p.n_snapshots = 4, p.n_threads = 2;
+    spark_context * raw = nullptr;
+    REQUIRE(spark_context_init(m.get(), p, &raw) == SPARK_OK);
+    ContextPtr         ctx(raw);
+    std::vector<float> scratch;
+    auto               snap_at = [&](size_t len) {
+        REQUIRE(spark_memory_seq_rm(ctx.get(), 0, 0, -1) == SPARK_OK);
+        REQUIRE(decode_range(ctx.get(), g.prompt, 0, len, 0, nv, scratch) == SPARK_OK);
+        int32_t s = -1;
+        REQUIRE(spark_memory_seq_snapshot(ctx.get(), 0, &s) == SPARK_OK);
+        REQUIRE(decode_range(ctx.get(), g.prompt, len, len + 4, 0, nv, scratch) == SPARK_OK);
+        return s;
+    };
+    // Truncated below it (to 0: recurrent models cut fully), then grown past it again.
+    int32_t s = snap_at(10);
+    REQUIRE(spark_memory_seq_rm(ctx.get(), 0, 0, -1) == SPARK_OK);
+    REQUIRE(decode_range(ctx.get(), g.prompt, 0, 16, 0, nv, scratch) == SPARK_OK);
+    CHECK(spark_memory_seq_restore(ctx.get(), 0, s) == SPARK_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(spark_last_error()).find("truncated below it") != std::string::npos);
+    spark_memory_snapshot_free(ctx.get(), s);
+    // Cleared.
+    s = snap_at(10);
+    spark_memory_clear(ctx.get());
+    REQUIRE(decode_range(ctx.get(), g.prompt, 0, 16, 0, nv, scratch) == SPARK_OK);
+    CHECK(spark_memory_seq_restore(ctx.get(), 0, s) == SPARK_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(spark_last_error()).find("cleared") != std::string::npos);
+    spark_memory_snapshot_free(ctx.get(), s);
+    // Overwritten by a copy.
+    s = snap_at(10);
+    REQUIRE(decode_range(ctx.get(), g.prompt, 0, 20, 1, nv, scratch) == SPARK_OK);
+    REQUIRE(spark_memory_seq_cp(ctx.get(), 1, 0) == SPARK_OK);
+    CHECK(spark_memory_seq_restore(ctx.get(), 0, s) == SPARK_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(spark_last_error()).find("overwritten by a copy") != std::string::npos);
+    spark_memory_snapshot_free(ctx.get(), s);
+    // A later snapshot is invalid after restoring an earlier one; the earlier stays valid.
+    int32_t early = snap_at(8), late = -1;
+    REQUIRE(spark_memory_seq_snapshot(ctx.get(), 0, &late) == SPARK_OK);
+    REQUIRE(spark_memory_seq_restore(ctx.get(), 0, early) == SPARK_OK);
+    CHECK(spark_memory_seq_restore(ctx.get(), 0, late) == SPARK_ERR_INVALID_ARGUMENT);
+    CHECK(spark_memory_seq_restore(ctx.get(), 0, early) == SPARK_OK);
+}
+
+TEST_CASE("a decode that fails part-way leaves the memory as it was (recurrent state included)") {
+    Golden        g  = load_golden(model_dir("qwen3_next-bf16"));
+    ModelPtr      m  = load_model(model_dir("qwen3_next-bf16"));
+    const int32_t nv = int32_t(g.n_vocab);
+    ContextPtr    ctx = rollback_context(m.get(), 0, 4);  // n_batch 4: a 12-token batch is three steps
+    std::vector<float> ref, got, scratch;
+    REQUIRE(decode_range(ctx.get(), g.prompt, 0, 8, 0, nv, scratch) == SPARK_OK);
+    ctx->impl->fail_after_steps(2);  // the third step fails, after two overwrote the state
+    CHECK(decode_range(ctx.get(), g.prompt, 8, 20, 0, nv, scratch) == SPARK_ERR_DEVICE);
+    CHECK(spark_memory_seq_length(ctx.get(), 0) == 8);
+    REQUIRE(decode_range(ctx.get(), g.prompt, 8, 20, 0, nv, got) == SPARK_OK);
+    ContextPtr fresh = rollback_context(m.get(), 0, 4);
+    REQUIRE(decode_range(fresh.get(), g.prompt, 0, 8, 0, nv, scratch) == SPARK_OK);
+    REQUIRE(decode_range(fresh.get(), g.prompt, 8, 20, 0, nv, ref) == SPARK_OK);
+    CHECK(max_abs_diff(got, ref) == 0.0f);
 }

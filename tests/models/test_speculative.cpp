@@ -161,3 +161,131 @@ TEST_CASE("demo models: speculative greedy output is the plain greedy output") {
     SUBCASE("next + mtp") { check_demo("spark-demo-coder-next", SPARK_SPEC_MTP, "", 0.6); }
     SUBCASE("next + ngram") { check_demo("spark-demo-coder-next", SPARK_SPEC_NGRAM, "", 0.0); }
 }
+
+TEST_CASE("several sequences speculate in one step, each as if alone") {
+    ModelPtr                          m = load_model(model_dir("qwen3_next-bf16"));
+    Golden                            g = load_golden(model_dir("qwen3_next-bf16"));
+    std::vector<std::vector<int32_t>> prompts = {g.prompt, std::vector<int32_t>(g.prompt.begin() + 5, g.prompt.end()),
+                                                 std::vector<int32_t>(g.prompt.rbegin(), g.prompt.rend())};
+    std::vector<std::vector<int32_t>> want;
+    for (const auto & p : prompts) want.push_back(plain_greedy(m.get(), p, kGenerate));
+    for (spark_spec_kind kind : {SPARK_SPEC_NGRAM, SPARK_SPEC_DRAFT_MODEL}) {
+        ContextPtr   ctx = new_context(m.get(), 512, 3);
+        spark_spec * raw = nullptr;
+        REQUIRE(spark_spec_init(ctx.get(), spec_params(kind, 3, model_dir("qwen3_next-int4-autoround")), &raw) == SPARK_OK);
+        SpecPtr spec(raw);
+        for (int32_t s = 0; s < 3; ++s) REQUIRE(spark_spec_begin(spec.get(), s, prompts[size_t(s)].data(), int32_t(prompts[size_t(s)].size())) == SPARK_OK);
+        std::vector<std::vector<int32_t>> got(3);
+        spark_sampler *                   greedy[3] = {spark_sampler_init_greedy(), spark_sampler_init_greedy(), spark_sampler_init_greedy()};
+        while (got[0].size() < size_t(kGenerate) || got[1].size() < size_t(kGenerate) || got[2].size() < size_t(kGenerate)) {
+            const spark_seq_id seqs[3] = {2, 0, 1};  // any order
+            spark_sampler *    smpl[3] = {greedy[2], greedy[0], greedy[1]};
+            constexpr int32_t  cap     = SPARK_SPEC_MAX_DRAFT + 2;
+            spark_token        out[3 * cap];
+            int32_t            n[3];
+            INFO(spark_last_error());
+            REQUIRE(spark_spec_step(spec.get(), 3, seqs, smpl, out, cap, n) == SPARK_OK);
+            for (int i = 0; i < 3; ++i) got[size_t(seqs[i])].insert(got[size_t(seqs[i])].end(), out + i * cap, out + i * cap + n[i]);
+        }
+        for (int s = 0; s < 3; ++s) {
+            got[size_t(s)].resize(size_t(kGenerate));
+            CHECK(got[size_t(s)] == want[size_t(s)]);
+        }
+        for (spark_sampler * s : greedy) spark_sampler_free(s);
+    }
+}
+
+TEST_CASE("a conversation keeps its earlier turns: begin decodes only what the sequence does not hold") {
+    for (const char * name : {"qwen3_moe-bf16", "qwen3_next-bf16"}) {
+        SUBCASE(name) {
+            ModelPtr   m   = load_model(model_dir(name));
+            Golden     g   = load_golden(model_dir(name));
+            ContextPtr ctx = new_context(m.get(), 256);
+            spark_spec * raw = nullptr;
+            REQUIRE(spark_spec_init(ctx.get(), spec_params(SPARK_SPEC_DRAFT_MODEL, 3, model_dir("qwen3-bf16")), &raw) == SPARK_OK);
+            SpecPtr         spec(raw);
+            spark_sampler * greedy = spark_sampler_init_greedy();
+            // Turn 1: the prompt and 12 answer tokens.
+            std::vector<int32_t> conv = g.prompt;
+            REQUIRE(spark_spec_begin(spec.get(), 0, conv.data(), int32_t(conv.size())) == SPARK_OK);
+            std::vector<int32_t> answer;
+            while (answer.size() < 12) {
+                spark_token out[SPARK_SPEC_MAX_DRAFT + 2];
+                int32_t     n = 0;
+                spark_seq_id seq = 0;
+                REQUIRE(spark_spec_step(spec.get(), 1, &seq, &greedy, out, SPARK_SPEC_MAX_DRAFT + 2, &n) == SPARK_OK);
+                answer.insert(answer.end(), out, out + n);
+            }
+            // Turn 2: the whole conversation (the answer + a new user message) again; only the part
+            // the cache lacks is decoded: the answer's last token (emitted, not yet decoded) and the
+            // new message.
+            conv.insert(conv.end(), answer.begin(), answer.end());
+            for (int32_t t : {7, 8, 9, 10, 11}) conv.push_back(t);
+            spark_spec_stats before{}, after{};
+            spark_spec_get_stats(spec.get(), &before);
+            REQUIRE(spark_spec_begin(spec.get(), 0, conv.data(), int32_t(conv.size())) == SPARK_OK);
+            spark_spec_get_stats(spec.get(), &after);
+            CHECK(after.n_prompt - before.n_prompt == 6);
+            // What follows is what a fresh context would print for the whole conversation.
+            std::vector<int32_t> next;
+            while (next.size() < 16) {
+                spark_token out[SPARK_SPEC_MAX_DRAFT + 2];
+                int32_t     n = 0;
+                spark_seq_id seq = 0;
+                REQUIRE(spark_spec_step(spec.get(), 1, &seq, &greedy, out, SPARK_SPEC_MAX_DRAFT + 2, &n) == SPARK_OK);
+                next.insert(next.end(), out, out + n);
+            }
+            next.resize(16);
+            CHECK(next == plain_greedy(m.get(), conv, 16));
+            spark_sampler_free(greedy);
+        }
+    }
+}
+
+TEST_CASE("speculative decoding: bad input is a clear error and changes nothing") {
+    ModelPtr   m   = load_model(model_dir("qwen3_next-bf16"));
+    ContextPtr ctx = new_context(m.get(), 256);
+    auto       expect = [&](spark_spec_params p, spark_status want, const char * words) {
+        spark_spec * s  = nullptr;
+        spark_status st = spark_spec_init(ctx.get(), p, &s);
+        INFO(spark_last_error());
+        CHECK(st == want);
+        CHECK(s == nullptr);
+        CHECK(std::string(spark_last_error()).find(words) != std::string::npos);
+        spark_memory_info info{};
+        spark_memory_get_info(ctx.get(), &info);
+        CHECK(spark_n_hidden(ctx.get()) == 0);  // the target was not changed
+    };
+    // A draft with another vocabulary (the demo draft: 8192 tokens vs 512).
+    expect(spec_params(SPARK_SPEC_DRAFT_MODEL, 3, demo("spark-demo-coder-draft")), SPARK_ERR_INVALID_ARGUMENT, "vocabulary of 8192 tokens");
+    // An EAGLE3 head whose aux layers the target lacks (the fixture head reads layer 4 of 8; this target has 2).
+    expect(spec_params(SPARK_SPEC_EAGLE3, 3, model_dir("qwen3-eagle3-draft")), SPARK_ERR_INVALID_ARGUMENT, "reads the output of layer 3");
+    // MTP on a model without an MTP head.
+    expect(spec_params(SPARK_SPEC_MTP, 3), SPARK_ERR_UNSUPPORTED, "has no MTP head");
+    // k larger than the context allows, or than the limit.
+    ContextPtr small = new_context(m.get(), 4);
+    spark_spec * s   = nullptr;
+    CHECK(spark_spec_init(small.get(), spec_params(SPARK_SPEC_NGRAM, 4), &s) == SPARK_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(spark_last_error()).find("context holds 4") != std::string::npos);
+    expect(spec_params(SPARK_SPEC_NGRAM, SPARK_SPEC_MAX_DRAFT + 1), SPARK_ERR_INVALID_ARGUMENT, "n_draft_max");
+    expect(spec_params(SPARK_SPEC_DRAFT_MODEL, 3), SPARK_ERR_INVALID_ARGUMENT, "needs a path");
+    expect(spec_params(SPARK_SPEC_DRAFT_MODEL, 3, "/nonexistent/draft"), SPARK_ERR_IO, "/nonexistent/draft");
+
+    // Steps: a sequence that was not begun, a bad token, a too small buffer.
+    REQUIRE(spark_spec_init(ctx.get(), spec_params(SPARK_SPEC_NGRAM, 3), &s) == SPARK_OK);
+    SpecPtr         spec(s);
+    spark_sampler * greedy = spark_sampler_init_greedy();
+    spark_token     out[SPARK_SPEC_MAX_DRAFT + 2];
+    int32_t         n   = 0;
+    spark_seq_id    seq = 0;
+    CHECK(spark_spec_step(spec.get(), 1, &seq, &greedy, out, SPARK_SPEC_MAX_DRAFT + 2, &n) == SPARK_ERR_INVALID_ARGUMENT);
+    const int32_t bad[] = {1, 2, 600};
+    CHECK(spark_spec_begin(spec.get(), 0, bad, 3) == SPARK_ERR_INVALID_TOKEN);
+    CHECK(spark_memory_seq_length(ctx.get(), 0) == 0);
+    const int32_t good[] = {1, 2, 3};
+    REQUIRE(spark_spec_begin(spec.get(), 0, good, 3) == SPARK_OK);
+    CHECK(spark_spec_step(spec.get(), 1, &seq, &greedy, out, 4, &n) == SPARK_ERR_BUFFER_TOO_SMALL);
+    CHECK(spark_memory_seq_length(ctx.get(), 0) == 3);
+    CHECK(spark_spec_step(spec.get(), 1, &seq, &greedy, out, SPARK_SPEC_MAX_DRAFT + 2, &n) == SPARK_OK);
+    spark_sampler_free(greedy);
+}
