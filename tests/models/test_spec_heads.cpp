@@ -14,6 +14,9 @@
 #include "runtime/context.h"
 #include "runtime/model.h"
 #include "runtime/models/heads.h"
+#include "converter.h"
+
+#include <cstdio>
 
 using namespace test;
 
@@ -115,4 +118,50 @@ TEST_CASE("EAGLE3 head: first pass and chain match transformers") {
 TEST_CASE("A Qwen3-Next checkpoint without MTP tensors loads without a head") {
     auto target = spark::load_model(model_dir("qwen3_next-bf16"), model_params());
     CHECK(target->mtp == nullptr);
+}
+
+TEST_CASE("spark-convert keeps the MTP head: the spark file reproduces the MTP goldens, and a quantized file speculates") {
+    const std::string dir = model_dir("qwen3_next-mtp-bf16");
+    const std::string out = std::string(SPARK_BINARY_DIR) + "/test_mtp_head.spark";
+    spark::convert::Options o;
+    o.input     = dir;
+    o.output    = out;
+    o.overwrite = true;
+    spark::convert::convert(o);
+    auto target = spark::load_model(out, model_params());
+    REQUIRE(target->mtp != nullptr);
+    check_head(*target, *target->mtp, {{spark::HiddenCapture::kFinalNorm}}, load_head_golden(dir, "mtp_first_pass_logits", "mtp_chain"));
+
+    // Quantized to INT4 (the head's projections too): the head loads in that format and
+    // speculative greedy decoding prints what plain greedy decoding of the same file prints.
+    o.quantize = spark::convert::Quantize::INT4;
+    spark::convert::convert(o);
+    ModelPtr m = test::load_model(out);
+    REQUIRE(m->impl->mtp != nullptr);
+    CHECK(m->impl->mtp->layers[0].wq.format == spark::WeightFormat::INT4);
+    const auto prompt = load_head_golden(dir, "mtp_first_pass_logits", "mtp_chain").prompt;
+    ContextPtr plain = new_context(m.get(), 128);
+    std::vector<float> scratch;
+    REQUIRE(decode_range(plain.get(), prompt, 0, prompt.size(), 0, 0, scratch) == SPARK_OK);
+    const auto want = greedy_continue(plain.get(), int32_t(prompt.size()), 24);
+    ContextPtr        ctx = new_context(m.get(), 128);
+    spark_spec_params sp  = spark_spec_default_params();
+    sp.kind               = SPARK_SPEC_MTP;
+    spark_spec * spec     = nullptr;
+    REQUIRE(spark_spec_init(ctx.get(), sp, &spec) == SPARK_OK);
+    REQUIRE(spark_spec_begin(spec, 0, prompt.data(), int32_t(prompt.size())) == SPARK_OK);
+    spark_sampler *      greedy = spark_sampler_init_greedy();
+    std::vector<int32_t> got;
+    while (got.size() < want.size()) {
+        spark_token  t[SPARK_SPEC_MAX_DRAFT + 2];
+        int32_t      n   = 0;
+        spark_seq_id seq = 0;
+        REQUIRE(spark_spec_step(spec, 1, &seq, &greedy, t, SPARK_SPEC_MAX_DRAFT + 2, &n) == SPARK_OK);
+        got.insert(got.end(), t, t + n);
+    }
+    got.resize(want.size());
+    CHECK(got == want);
+    spark_sampler_free(greedy);
+    spark_spec_free(spec);
+    std::remove(out.c_str());
 }
