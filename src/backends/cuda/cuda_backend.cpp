@@ -274,13 +274,14 @@ public:
 
     void compute(Graph & graph) override {
         activate();
-        // A graph computed again unchanged (the context reuses decode-step graphs) keeps its fingerprint.
-        if (graph.uid() != last_uid_ || graph.generation() != last_generation_) {
-            last_fp_         = fingerprint(graph);
-            last_uid_        = graph.uid();
-            last_generation_ = graph.generation();
+        // A graph computed again unchanged (the context reuses decode-step graphs) keeps its
+        // fingerprint; several graphs alternate (a target's verify step and its draft's steps).
+        auto known = fingerprints_.find(graph.uid());
+        if (known == fingerprints_.end() || known->second.first != graph.generation()) {
+            if (fingerprints_.size() >= 64) fingerprints_.clear();
+            known = fingerprints_.insert_or_assign(graph.uid(), std::make_pair(graph.generation(), fingerprint(graph))).first;
         }
-        const uint64_t fp   = last_fp_;
+        const uint64_t fp   = known->second.second;
         CapturedStep & step = lookup(fp);
         if (step.exec && !workspace_.grew) {
             SPARK_CUDA_CHECK(cudaGraphLaunch(step.exec, stream_));
@@ -575,7 +576,7 @@ private:
         return p;
     }
 
-    static constexpr size_t kMaxSteps = 16;
+    static constexpr size_t kMaxSteps = 32;  // decode, verify steps of every draft length, draft steps
 
     int                     device_;
     std::string             name_;
@@ -593,7 +594,7 @@ private:
     void *                  staging_      = nullptr;
     size_t                  staging_used_ = 0;
     std::unique_ptr<OpProfiler> profiler_;
-    uint64_t                last_uid_ = 0, last_generation_ = 0, last_fp_ = 0;
+    std::unordered_map<uint64_t, std::pair<uint64_t, uint64_t>> fingerprints_;  // graph uid -> (generation, fingerprint)
 };
 
 void * GrowingWorkspace::get(size_t bytes) {
