@@ -38,7 +38,7 @@ json preset(const std::string & shape) {
                 {"partial_rotary_factor", 0.25}, {"full_attention_interval", 4}, {"linear_conv_kernel_dim", 4},
                 {"linear_key_head_dim", 128}, {"linear_value_head_dim", 128}, {"linear_num_key_heads", 16}, {"linear_num_value_heads", 32},
                 {"num_experts", 512}, {"num_experts_per_tok", 10}, {"moe_intermediate_size", 512}, {"shared_expert_intermediate_size", 512},
-                {"norm_topk_prob", true}, {"decoder_sparse_step", 1}, {"mlp_only_layers", json::array()}};
+                {"norm_topk_prob", true}, {"decoder_sparse_step", 1}, {"mlp_only_layers", json::array()}, {"num_nextn_predict_layers", 1}};
     // Tiny variants of the same families, for tests.
     if (shape == "tiny-qwen3")
         return {{"model_type", "qwen3"}, {"vocab_size", 512}, {"hidden_size", 128}, {"intermediate_size", 256}, {"num_hidden_layers", 2},
@@ -52,7 +52,7 @@ json preset(const std::string & shape) {
                 {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 64}, {"rope_theta", 1000000.0},
                 {"full_attention_interval", 2}, {"linear_key_head_dim", 64}, {"linear_value_head_dim", 64}, {"linear_num_key_heads", 1},
                 {"linear_num_value_heads", 2}, {"num_experts", 8}, {"num_experts_per_tok", 2}, {"moe_intermediate_size", 128},
-                {"shared_expert_intermediate_size", 128}};
+                {"shared_expert_intermediate_size", 128}, {"num_nextn_predict_layers", 1}};
     fail(SPARK_ERR_INVALID_ARGUMENT, "unknown synthetic shape '%s' (qwen3-8b, qwen3-30b-a3b, qwen3-next-80b-a3b, tiny-qwen3, tiny-qwen3-moe, tiny-qwen3-next)",
          shape.c_str());
 }

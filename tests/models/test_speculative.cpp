@@ -289,3 +289,15 @@ TEST_CASE("speculative decoding: bad input is a clear error and changes nothing"
     CHECK(spark_spec_step(spec.get(), 1, &seq, &greedy, out, SPARK_SPEC_MAX_DRAFT + 2, &n) == SPARK_OK);
     spark_sampler_free(greedy);
 }
+
+TEST_CASE("synthetic Qwen3-Next shapes carry an MTP head (spark-bench measures its draft cost)") {
+    for (const char * fmt : {"bf16", "int4"}) {
+        SUBCASE(fmt) {
+            ModelPtr             m = load_model(std::string("synthetic:tiny-qwen3-next:") + fmt);
+            std::vector<int32_t> prompt;
+            for (int i = 0; i < 20; ++i) prompt.push_back((i * 91 + 3) % 512);
+            const auto want = plain_greedy(m.get(), prompt, 24);
+            check_identity(m.get(), prompt, want, spec_params(SPARK_SPEC_MTP, 3));
+        }
+    }
+}
