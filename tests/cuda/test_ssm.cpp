@@ -5,6 +5,11 @@
 //   GATED_DELTA: the gated delta rule, dk = dv = 64 and 128, key heads 1..16, value heads 2..32
 //               (Qwen3-Next: 16 / 32 at 128), T = 1, 7, 64, several sequences; v is a strided view
 //               as in the model (a slice of the conv output).
+// States are rings of R states per slot (graph.h: "Recurrent state with rollback"): R = 1 (no
+// rollback), 3 and 5, with sequences of fewer tokens than R, exactly R and more, continuing at
+// position 100 (from ring entry 99 mod R) or starting at position 0 (from zeros: the ring's random
+// initial values must be ignored). The whole ring is compared, so entries a step must not write
+// have to keep their initial values.
 // Outputs and the updated states (harness states) are compared; the CUDA side is also captured
 // into a CUDA graph and replayed (bit-identical results required).
 //
@@ -39,6 +44,7 @@ constexpr double kDeltaTol = 1e-9;
 
 struct Range {
     int slot, n;
+    int pos0 = 100;  // position of the first token (0: a new sequence)
 };
 
 // Step metadata for sequences `rs` (tokens grouped by sequence, as the runtime orders them).
@@ -48,7 +54,7 @@ spark::StepInputs step_inputs(OpBuilder & b, const std::vector<Range> & rs, int 
     for (const Range & r : rs) {
         ranges.insert(ranges.end(), {r.slot, n_tok, r.n});
         for (int i = 0; i < r.n; ++i) {
-            pos.push_back(100 + i);
+            pos.push_back(r.pos0 + i);
             seq.push_back(r.slot);
         }
         n_tok += r.n;
@@ -62,26 +68,31 @@ spark::StepInputs step_inputs(OpBuilder & b, const std::vector<Range> & rs, int 
 
 std::string ranges_name(const std::vector<Range> & rs) {
     std::string s;
-    for (const Range & r : rs) s += " [slot " + std::to_string(r.slot) + " x" + std::to_string(r.n) + "]";
+    for (const Range & r : rs)
+        s += " [slot " + std::to_string(r.slot) + " x" + std::to_string(r.n) + " @" + std::to_string(r.pos0) + "]";
     return s;
 }
 
-void conv_case(OpHarness & h, int C, int K, const std::vector<Range> & rs, int n_slots) {
+// R: states per slot (ring).
+void conv_case(OpHarness & h, int C, int K, int R, const std::vector<Range> & rs, int n_slots) {
     h.set_replay_check(true);
-    h.check("conv1d_ssm C" + std::to_string(C) + " K" + std::to_string(K) + ranges_name(rs), kConvTol, [&](OpBuilder & b) {
+    const std::string name =
+        "conv1d_ssm C" + std::to_string(C) + " K" + std::to_string(K) + " R" + std::to_string(R) + ranges_name(rs);
+    h.check(name, kConvTol, [&](OpBuilder & b) {
         int               T    = 0;
         spark::StepInputs step = step_inputs(b, rs, T);
         Tensor *          x    = b.input({C, T});
         Tensor *          w    = b.param({K, C}, 0.5f);
-        Tensor *          st   = b.state({int64_t(K - 1) * C, n_slots}, 1.0f);
+        Tensor *          st   = b.state({int64_t(K - 1) * C, R, n_slots}, 1.0f);
         return b.graph().conv1d_ssm(x, w, st, step);
     });
 }
 
-void delta_case(OpHarness & h, int dk, int dv, int n_kh, int n_vh, const std::vector<Range> & rs, int n_slots) {
+void delta_case(OpHarness & h, int dk, int dv, int n_kh, int n_vh, int R, const std::vector<Range> & rs, int n_slots) {
     h.set_replay_check(true);
     const std::string name = "gated_delta dk" + std::to_string(dk) + " dv" + std::to_string(dv) + " heads " +
-                             std::to_string(n_kh) + "/" + std::to_string(n_vh) + ranges_name(rs);
+                             std::to_string(n_kh) + "/" + std::to_string(n_vh) + " R" + std::to_string(R) +
+                             ranges_name(rs);
     h.check(name, kDeltaTol, [&](OpBuilder & b) {
         int               T    = 0;
         spark::StepInputs step = step_inputs(b, rs, T);
@@ -96,7 +107,7 @@ void delta_case(OpHarness & h, int dk, int dv, int n_kh, int n_vh, const std::ve
         Tensor * bb    = b.input({n_vh, T});
         Tensor * A_log = b.param({n_vh}, 0.5f, -1.0f);  // decay exp(g) ~ 0.5 .. 0.95
         Tensor * dt    = b.param({n_vh}, 0.5f);
-        Tensor * st    = b.state({int64_t(dk) * dv * n_vh, n_slots}, 0.1f);
+        Tensor * st    = b.state({int64_t(dk) * dv * n_vh, R, n_slots}, 0.1f);
         return g.gated_delta(q, k, v, a, bb, A_log, dt, st, step);
     });
 }
@@ -105,30 +116,48 @@ void delta_case(OpHarness & h, int dk, int dv, int n_kh, int n_vh, const std::ve
 
 TEST_CASE("conv1d_ssm") {
     OpHarness h(201);
-    // Decode: one token per sequence.
-    conv_case(h, 8192, 4, {{0, 1}}, 1);
-    conv_case(h, 256, 4, {{2, 1}, {0, 1}, {1, 1}}, 3);
-    conv_case(h, 1000, 4, {{1, 1}, {0, 1}}, 2);  // channels not a multiple of the block
+    // One state per slot (R = 1). Decode: one token per sequence.
+    conv_case(h, 8192, 4, 1, {{0, 1}}, 1);
+    conv_case(h, 256, 4, 1, {{2, 1}, {0, 1}, {1, 1}}, 3);
+    conv_case(h, 1000, 4, 1, {{1, 1}, {0, 1}}, 2);  // channels not a multiple of the block
     // Several tokens.
-    conv_case(h, 8192, 4, {{0, 7}}, 1);
-    conv_case(h, 2048, 4, {{0, 64}}, 2);
-    conv_case(h, 256, 4, {{1, 2}, {0, 1}, {2, 64}}, 3);  // fewer tokens than the window, then more
-    conv_case(h, 512, 3, {{0, 9}}, 1);
-    conv_case(h, 300, 2, {{0, 5}, {1, 1}}, 2);
+    conv_case(h, 8192, 4, 1, {{0, 7}}, 1);
+    conv_case(h, 2048, 4, 1, {{0, 64}}, 2);
+    conv_case(h, 256, 4, 1, {{1, 2}, {0, 1}, {2, 64}}, 3);  // fewer tokens than the window, then more
+    conv_case(h, 512, 3, 1, {{0, 9}}, 1);
+    conv_case(h, 300, 2, 1, {{0, 5}, {1, 1}}, 2);
+    // New sequences (position 0): zeros, not the ring's contents.
+    conv_case(h, 1000, 4, 1, {{1, 1, 0}, {0, 7, 0}}, 2);
+    // Rings: decode, then fewer tokens than R, exactly R and more, at positions 0 and 100.
+    conv_case(h, 8192, 4, 3, {{0, 1}}, 1);
+    conv_case(h, 256, 4, 3, {{2, 1}, {0, 1, 0}, {1, 1, 101}}, 3);
+    conv_case(h, 256, 4, 3, {{1, 2, 0}, {0, 3}, {2, 64}}, 3);
+    conv_case(h, 2048, 4, 5, {{0, 4}, {1, 5, 0}, {2, 7, 101}, {3, 1, 0}}, 4);
+    conv_case(h, 512, 3, 5, {{0, 9, 0}}, 1);
+    conv_case(h, 300, 2, 3, {{0, 5}, {1, 1, 0}}, 2);
 }
 
 TEST_CASE("gated_delta") {
     OpHarness h(202);
-    // Qwen3-Next shape: 16 key heads, 32 value heads, 128 x 128.
-    delta_case(h, 128, 128, 16, 32, {{0, 1}}, 1);
-    delta_case(h, 128, 128, 16, 32, {{1, 1}, {0, 1}}, 2);
-    delta_case(h, 128, 128, 16, 32, {{0, 64}}, 1);
-    delta_case(h, 128, 128, 1, 2, {{0, 7}}, 1);
-    delta_case(h, 128, 128, 4, 16, {{2, 7}, {0, 1}, {1, 64}}, 3);
-    delta_case(h, 64, 64, 1, 2, {{0, 1}}, 1);
-    delta_case(h, 64, 64, 2, 8, {{0, 7}}, 1);
-    delta_case(h, 64, 64, 8, 8, {{1, 64}, {0, 3}}, 2);
-    delta_case(h, 64, 128, 2, 4, {{0, 17}}, 1);
+    // One state per slot (R = 1). Qwen3-Next shape: 16 key heads, 32 value heads, 128 x 128.
+    delta_case(h, 128, 128, 16, 32, 1, {{0, 1}}, 1);
+    delta_case(h, 128, 128, 16, 32, 1, {{1, 1}, {0, 1}}, 2);
+    delta_case(h, 128, 128, 16, 32, 1, {{0, 64}}, 1);
+    delta_case(h, 128, 128, 1, 2, 1, {{0, 7}}, 1);
+    delta_case(h, 128, 128, 4, 16, 1, {{2, 7}, {0, 1}, {1, 64}}, 3);
+    delta_case(h, 64, 64, 1, 2, 1, {{0, 1}}, 1);
+    delta_case(h, 64, 64, 2, 8, 1, {{0, 7}}, 1);
+    delta_case(h, 64, 64, 8, 8, 1, {{1, 64}, {0, 3}}, 2);
+    delta_case(h, 64, 128, 2, 4, 1, {{0, 17}}, 1);
+    // New sequences (position 0): zeros, not the ring's contents.
+    delta_case(h, 128, 128, 16, 32, 1, {{0, 7, 0}, {1, 1, 0}}, 2);
+    // Rings: decode, then fewer tokens than R, exactly R and more (across the 16-token staging),
+    // at positions 0 and 100.
+    delta_case(h, 128, 128, 16, 32, 3, {{1, 1}, {0, 1, 0}}, 2);
+    delta_case(h, 128, 128, 4, 16, 3, {{2, 2, 0}, {0, 3}, {1, 64, 101}}, 3);
+    delta_case(h, 64, 64, 8, 8, 5, {{1, 17}, {0, 5, 0}, {2, 4}}, 3);
+    delta_case(h, 64, 128, 2, 4, 5, {{0, 64, 0}}, 1);
+    delta_case(h, 64, 64, 2, 8, 3, {{0, 3, 101}, {1, 2}}, 2);
 }
 
 TEST_CASE("linear attention: unsupported shapes are clear errors") {
@@ -144,18 +173,18 @@ TEST_CASE("linear attention: unsupported shapes are clear errors") {
     expect_unsupported("conv kernel 9", [](OpBuilder & b) {
         int               T    = 0;
         spark::StepInputs step = step_inputs(b, {{0, 1}}, T);
-        return b.graph().conv1d_ssm(b.input({64, T}), b.param({9, 64}), b.state({8 * 64, 1}), step);
+        return b.graph().conv1d_ssm(b.input({64, T}), b.param({9, 64}), b.state({8 * 64, 1, 1}), step);
     });
     expect_unsupported("delta rule dk 96", [](OpBuilder & b) {
         int               T    = 0;
         spark::StepInputs step = step_inputs(b, {{0, 1}}, T);
         return b.graph().gated_delta(b.input({96, 1, T}), b.input({96, 1, T}), b.input({64, 2, T}), b.input({2, T}),
-                                     b.input({2, T}), b.param({2}), b.param({2}), b.state({96 * 64 * 2, 1}), step);
+                                     b.input({2, T}), b.param({2}), b.param({2}), b.state({96 * 64 * 2, 1, 1}), step);
     });
     expect_unsupported("delta rule dv 40", [](OpBuilder & b) {
         int               T    = 0;
         spark::StepInputs step = step_inputs(b, {{0, 1}}, T);
         return b.graph().gated_delta(b.input({64, 1, T}), b.input({64, 1, T}), b.input({40, 2, T}), b.input({2, T}),
-                                     b.input({2, T}), b.param({2}), b.param({2}), b.state({64 * 40 * 2, 1}), step);
+                                     b.input({2, T}), b.param({2}), b.param({2}), b.state({64 * 40 * 2, 1, 1}), step);
     });
 }

@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -340,52 +341,123 @@ void run_attention(const AttnCase & tc) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// conv1d_ssm
+// Linear attention: per sequence slot a ring of R states (graph.h: "Recurrent state with rollback")
 // ------------------------------------------------------------------------------------------------
 struct RangeSpec {
-    int slot, n;
+    int slot, pos0, n;  // n tokens of slot `slot` at positions pos0 .. pos0 + n - 1
 };
 
-void run_conv(const std::string & name, int C, int K, const std::vector<RangeSpec> & rs, int n_slots) {
-    const auto t0 = std::chrono::steady_clock::now();
-    int        T  = 0;
-    std::vector<int32_t> ranges;
+// The step's metadata as the runtime lays it out: ranges [S][3] (slot, first token, count) and the
+// position of every token.
+struct StepMeta {
+    std::vector<int32_t> ranges, pos;
+    int                  T = 0;
+};
+
+StepMeta step_meta(const std::vector<RangeSpec> & rs) {
+    StepMeta m;
     for (const RangeSpec & r : rs) {
-        ranges.insert(ranges.end(), {r.slot, T, r.n});
-        T += r.n;
+        m.ranges.insert(m.ranges.end(), {r.slot, m.T, r.n});
+        for (int i = 0; i < r.n; ++i) m.pos.push_back(r.pos0 + i);
+        m.T += r.n;
     }
-    std::vector<float> x(size_t(T) * C), w(size_t(C) * K), st(size_t(n_slots) * (K - 1) * C);
+    return m;
+}
+
+// " s<slot>@<pos0>x<n>" per range.
+std::string ranges_name(const std::vector<RangeSpec> & rs) {
+    std::string s;
+    for (const RangeSpec & r : rs)
+        s += " s" + std::to_string(r.slot) + "@" + std::to_string(r.pos0) + "x" + std::to_string(r.n);
+    return s;
+}
+
+// One slot's ring in the double reference, as the CPU op's StateRing (ops_ssm.cpp): the step starts
+// from the state after position pos0 - 1 (zeros at position 0, whatever the ring holds) and keeps
+// the states after its last min(n, R) positions.
+struct RefRing {
+    double *  base;  // [R][size]
+    int64_t   size;
+    int       R;
+    RangeSpec r;
+    double * at(int p) const { return base + int64_t(p % R) * size; }
+    bool     keeps(int i) const { return i >= r.n - R; }
+    // Copied before the step writes anything: with n >= R the entry read is overwritten.
+    std::vector<double> initial() const {
+        if (r.pos0 == 0) return std::vector<double>(size_t(size), 0.0);
+        const double * e = at(r.pos0 - 1);
+        return std::vector<double>(e, e + size);
+    }
+};
+
+// Floats of the ring entries that the step must not write and that differ (bitwise) from before.
+size_t unwritten_changes(const std::vector<float> & st, const std::vector<float> & st0, int64_t size, int R, int n_slots,
+                         const std::vector<RangeSpec> & rs) {
+    std::vector<bool> written(size_t(n_slots) * R, false);
+    for (const RangeSpec & r : rs)
+        for (int i = std::max(r.n - R, 0); i < r.n; ++i) written[size_t(r.slot) * R + size_t((r.pos0 + i) % R)] = true;
+    size_t changed = 0;
+    for (size_t e = 0; e < written.size(); ++e) {
+        if (written[e]) continue;
+        const float * now = &st[e * size_t(size)], * before = &st0[e * size_t(size)];
+        for (int64_t i = 0; i < size; ++i) changed += std::memcmp(now + i, before + i, 4) != 0;
+    }
+    return changed;
+}
+
+// ------------------------------------------------------------------------------------------------
+// conv1d_ssm
+// ------------------------------------------------------------------------------------------------
+void run_conv(const std::string & label, int C, int K, int R, const std::vector<RangeSpec> & rs, int n_slots) {
+    const auto     t0   = std::chrono::steady_clock::now();
+    const std::string name = label + ranges_name(rs);
+    StepMeta       m    = step_meta(rs);
+    const int      T    = m.T;
+    const int64_t  size = int64_t(K - 1) * C;  // one state: the previous K-1 inputs [K-1][C]
+    // The whole ring holds random values, also where a sequence starts at position 0 (ignored there).
+    std::vector<float> x(size_t(T) * C), w(size_t(C) * K), st(size_t(n_slots) * R * size_t(size));
     for (auto & e : x) e = randn();
     for (auto & e : w) e = randn() * 0.5f;
     for (auto & e : st) e = randn();
-    std::vector<double> ref(size_t(T) * C), ref_st(st.begin(), st.end());
+    const std::vector<float> st0 = st;
+    std::vector<double>      ref(size_t(T) * C), ref_st(st.begin(), st.end());
 #ifdef EMU_CPU_ORACLE
     std::vector<float> cpu_st(st), cpu_out(size_t(T) * C);
     {
         using spark::DType;
         spark::Tensor tx = make_tensor(DType::F32, {C, T}, x.data());
         spark::Tensor tw = make_tensor(DType::F32, {K, C}, w.data());
-        spark::Tensor ts = make_tensor(DType::F32, {int64_t(K - 1) * C, n_slots}, cpu_st.data());
-        spark::Tensor tr = make_tensor(DType::I32, {3, int64_t(rs.size())}, ranges.data());
+        spark::Tensor ts = make_tensor(DType::F32, {size, R, n_slots}, cpu_st.data());
+        spark::Tensor tp = make_tensor(DType::I32, {T}, m.pos.data());
+        spark::Tensor tr = make_tensor(DType::I32, {3, int64_t(rs.size())}, m.ranges.data());
         spark::Tensor to = make_tensor(DType::F32, {C, T}, cpu_out.data());
         to.src[0] = &tx;
         to.src[1] = &tw;
         to.src[2] = &ts;
+        to.src[5] = &tp;
         to.src[7] = &tr;
         spark::cpu::op_conv1d_ssm(to, pool());
     }
 #endif
-    for (const RangeSpec & r : rs) {
-        const int first = ranges[size_t(&r - rs.data()) * 3 + 1];
+    for (size_t ri = 0; ri < rs.size(); ++ri) {
+        const RangeSpec &         r     = rs[ri];
+        const int                 first = m.ranges[ri * 3 + 1];
+        const RefRing             ring{ref_st.data() + size_t(r.slot) * R * size_t(size), size, R, r};
+        const std::vector<double> init = ring.initial();
+        std::vector<double>       hist(size_t(K - 1));
         for (int c = 0; c < C; ++c) {
-            double * s = ref_st.data() + size_t(r.slot) * (K - 1) * C;
+            for (int j = 0; j < K - 1; ++j) hist[size_t(j)] = init[size_t(j) * C + c];
             for (int i = 0; i < r.n; ++i) {
                 const double xin = x[size_t(first + i) * C + c];
                 double       acc = w[size_t(c) * K + K - 1] * xin;
-                for (int j = 0; j < K - 1; ++j) acc += w[size_t(c) * K + j] * s[size_t(j) * C + c];
+                for (int j = 0; j < K - 1; ++j) acc += w[size_t(c) * K + j] * hist[size_t(j)];
                 ref[size_t(first + i) * C + c] = acc / (1.0 + std::exp(-acc));
-                for (int j = 0; j + 1 < K - 1; ++j) s[size_t(j) * C + c] = s[size_t(j + 1) * C + c];
-                s[size_t(K - 2) * C + c] = xin;
+                for (int j = 0; j + 1 < K - 1; ++j) hist[size_t(j)] = hist[size_t(j + 1)];
+                hist[size_t(K - 2)] = xin;
+                if (ring.keeps(i)) {
+                    double * e = ring.at(r.pos0 + i);
+                    for (int j = 0; j < K - 1; ++j) e[size_t(j) * C + c] = hist[size_t(j)];
+                }
             }
         }
     }
@@ -395,11 +467,13 @@ void run_conv(const std::string & name, int C, int K, const std::vector<RangeSpe
     p.x_nb1 = int64_t(C) * 4;
     p.w = w.data();
     p.state = st.data();
-    p.ranges = ranges.data();
+    p.ranges = m.ranges.data();
+    p.pos = m.pos.data();
     p.out = out.data();
     p.out_nb1 = int64_t(C) * 4;
     p.C = C;
     p.K = K;
+    p.R = R;
     p.n_slots = n_slots;
     p.n_seqs = int(rs.size());
     const bool one = T == int(rs.size());
@@ -407,7 +481,8 @@ void run_conv(const std::string & name, int C, int K, const std::vector<RangeSpe
     emu::launch(dim3((C + block.x - 1) / block.x, p.n_seqs), block, 0, [&] { ssm::conv1d_ssm_kernel(p); }, rng());
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     report(name, nmse(out, ref), 1e-10, "out", secs);
-    report(name, nmse(st, ref_st), 1e-12, "state", 0);
+    report(name, nmse(st, ref_st), 0.0, "state", 0);  // the whole ring; a state is copied inputs: exact
+    report(name, double(unwritten_changes(st, st0, size, R, n_slots, rs)), 0.0, "keep", 0);
 #ifdef EMU_CPU_ORACLE
     report(name, nmse(out, to_double(cpu_out)), 1e-10, "vs CPU", 0);
     report(name, nmse(st, to_double(cpu_st)), 1e-10, "vsCPUs", 0);
@@ -417,18 +492,18 @@ void run_conv(const std::string & name, int C, int K, const std::vector<RangeSpe
 // ------------------------------------------------------------------------------------------------
 // gated delta rule
 // ------------------------------------------------------------------------------------------------
-void run_gdn(const std::string & name, int dk, int dv, int n_kh, int n_vh, const std::vector<RangeSpec> & rs, int n_slots) {
-    const auto t0 = std::chrono::steady_clock::now();
-    int        T  = 0;
-    std::vector<int32_t> ranges;
-    for (const RangeSpec & r : rs) {
-        ranges.insert(ranges.end(), {r.slot, T, r.n});
-        T += r.n;
-    }
+void run_gdn(const std::string & label, int dk, int dv, int n_kh, int n_vh, int R, const std::vector<RangeSpec> & rs,
+             int n_slots) {
+    const auto        t0   = std::chrono::steady_clock::now();
+    const std::string name = label + ranges_name(rs);
+    StepMeta          m    = step_meta(rs);
+    const int         T    = m.T;
+    const int64_t     size = int64_t(n_vh) * dk * dv;  // one state: [n_vh][dk][dv]
     // k, q ~ unit-norm-ish (as after l2_norm), v ~ N(0, 1); strided v (a view of a wider buffer).
     const int          v_row = n_vh * dv + 24;
     std::vector<float> q(size_t(T) * n_kh * dk), k(q.size()), v(size_t(T) * v_row), a(size_t(T) * n_vh), b(a.size());
-    std::vector<float> A_log(static_cast<size_t>(n_vh)), dt(static_cast<size_t>(n_vh)), st(size_t(n_slots) * n_vh * dk * dv);
+    std::vector<float> A_log(static_cast<size_t>(n_vh)), dt(static_cast<size_t>(n_vh));
+    std::vector<float> st(size_t(n_slots) * R * size_t(size));
     const float        ks = 1.0f / std::sqrt(float(dk));
     for (auto & e : q) e = randn() * ks;
     for (auto & e : k) e = randn() * ks;
@@ -437,8 +512,9 @@ void run_gdn(const std::string & name, int dk, int dv, int n_kh, int n_vh, const
     for (auto & e : b) e = randn();
     for (auto & e : A_log) e = randn() * 0.5f - 1.0f;
     for (auto & e : dt) e = randn() * 0.5f;
-    for (auto & e : st) e = randn() * 0.1f;
-    std::vector<double> ref(size_t(T) * n_vh * dv), ref_st(st.begin(), st.end());
+    for (auto & e : st) e = randn() * 0.1f;  // the whole ring, also where a sequence starts at position 0
+    const std::vector<float> st0 = st;
+    std::vector<double>      ref(size_t(T) * n_vh * dv), ref_st(st.begin(), st.end());
 #ifdef EMU_CPU_ORACLE
     std::vector<float> cpu_st(st), cpu_out(size_t(T) * n_vh * dv);
     {
@@ -450,19 +526,24 @@ void run_gdn(const std::string & name, int dk, int dv, int n_kh, int n_vh, const
         spark::Tensor tb  = make_tensor(DType::F32, {n_vh, T}, b.data());
         spark::Tensor tA  = make_tensor(DType::F32, {n_vh}, A_log.data());
         spark::Tensor tdt = make_tensor(DType::F32, {n_vh}, dt.data());
-        spark::Tensor ts  = make_tensor(DType::F32, {int64_t(dk) * dv * n_vh, n_slots}, cpu_st.data());
-        spark::Tensor tr  = make_tensor(DType::I32, {3, int64_t(rs.size())}, ranges.data());
+        spark::Tensor ts  = make_tensor(DType::F32, {size, R, n_slots}, cpu_st.data());
+        spark::Tensor tr  = make_tensor(DType::I32, {3, int64_t(rs.size())}, m.ranges.data());
+        spark::Tensor tp  = make_tensor(DType::I32, {T}, m.pos.data());
         spark::Tensor to  = make_tensor(DType::F32, {dv, n_vh, T}, cpu_out.data());
-        spark::Tensor * srcs[9] = {&tq, &tk, &tv, &ta, &tb, &tA, &tdt, &ts, &tr};
-        for (int i = 0; i < 9; ++i) to.src[i] = srcs[i];
+        spark::Tensor * srcs[10] = {&tq, &tk, &tv, &ta, &tb, &tA, &tdt, &ts, &tr, &tp};
+        for (int i = 0; i < 10; ++i) to.src[i] = srcs[i];
         spark::cpu::op_gated_delta(to, pool());
     }
 #endif
-    for (const RangeSpec & r : rs) {
-        const int first = ranges[size_t(&r - rs.data()) * 3 + 1];
+    for (size_t ri = 0; ri < rs.size(); ++ri) {
+        const RangeSpec &         r     = rs[ri];
+        const int                 first = m.ranges[ri * 3 + 1];
+        const RefRing             ring{ref_st.data() + size_t(r.slot) * R * size_t(size), size, R, r};
+        const std::vector<double> init = ring.initial();
         for (int h = 0; h < n_vh; ++h) {
-            double *  S  = ref_st.data() + (size_t(r.slot) * n_vh + h) * dk * dv;
-            const int kh = h / (n_vh / n_kh);
+            const size_t        head = size_t(h) * dk * dv;
+            std::vector<double> S(init.begin() + int64_t(head), init.begin() + int64_t(head) + int64_t(dk) * dv);
+            const int           kh = h / (n_vh / n_kh);
             for (int i = 0; i < r.n; ++i) {
                 const int    tok = first + i;
                 const float * qt = &q[(size_t(tok) * n_kh + kh) * dk];
@@ -472,18 +553,19 @@ void run_gdn(const std::string & name, int dk, int dv, int n_kh, int n_vh, const
                 const double sp  = x > 20 ? x : std::log1p(std::exp(x));
                 const double g = -std::exp(double(A_log[size_t(h)])) * sp, beta = 1 / (1 + std::exp(-double(b[size_t(tok) * n_vh + h])));
                 const double decay = std::exp(g);
-                for (int e = 0; e < dk * dv; ++e) S[e] *= decay;
+                for (double & e : S) e *= decay;
                 for (int j = 0; j < dv; ++j) {
                     double kv = 0;
-                    for (int ii = 0; ii < dk; ++ii) kv += S[ii * dv + j] * kt[ii];
+                    for (int ii = 0; ii < dk; ++ii) kv += S[size_t(ii) * dv + j] * kt[ii];
                     const double delta = (vt[j] - kv) * beta;
                     double       o     = 0;
                     for (int ii = 0; ii < dk; ++ii) {
-                        S[ii * dv + j] += kt[ii] * delta;
-                        o += S[ii * dv + j] * qt[ii];
+                        S[size_t(ii) * dv + j] += kt[ii] * delta;
+                        o += S[size_t(ii) * dv + j] * qt[ii];
                     }
                     ref[(size_t(tok) * n_vh + h) * dv + j] = o;
                 }
+                if (ring.keeps(i)) std::copy(S.begin(), S.end(), ring.at(r.pos0 + i) + head);
             }
         }
     }
@@ -505,7 +587,8 @@ void run_gdn(const std::string & name, int dk, int dv, int n_kh, int n_vh, const
     p.A_log = A_log.data();
     p.dt_bias = dt.data();
     p.state = st.data();
-    p.ranges = ranges.data();
+    p.ranges = m.ranges.data();
+    p.pos = m.pos.data();
     p.out = out.data();
     p.out_nb1 = int64_t(dv) * 4;
     p.out_nb2 = int64_t(n_vh) * dv * 4;
@@ -513,6 +596,7 @@ void run_gdn(const std::string & name, int dk, int dv, int n_kh, int n_vh, const
     p.dv = dv;
     p.n_kh = n_kh;
     p.n_vh = n_vh;
+    p.R = R;
     p.n_slots = n_slots;
     p.n_seqs = int(rs.size());
     const dim3 grid(n_vh * (dv / ssm::kGdnCols), p.n_seqs);
@@ -520,7 +604,8 @@ void run_gdn(const std::string & name, int dk, int dv, int n_kh, int n_vh, const
     if (dk == 128) emu::launch(grid, dim3(ssm::kGdnThreads), 0, [&] { ssm::gated_delta_kernel<128>(p); }, rng());
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     report(name, nmse(out, ref), 1e-9, "out", secs);
-    report(name, nmse(st, ref_st), 1e-9, "state", 0);
+    report(name, nmse(st, ref_st), 1e-9, "state", 0);  // the whole ring
+    report(name, double(unwritten_changes(st, st0, size, R, n_slots, rs)), 0.0, "keep", 0);
 #ifdef EMU_CPU_ORACLE
     report(name, nmse(out, to_double(cpu_out)), 1e-9, "vs CPU", 0);
     report(name, nmse(st, to_double(cpu_st)), 1e-9, "vsCPUs", 0);
@@ -599,17 +684,28 @@ int main(int argc, char ** argv) {
     for (const AttnCase & c : cases)
         if (want(c.name)) run_attention(c);
 
+    // Linear attention: ring sizes R = 1 (no rollback), 3 and 5; sequences of fewer tokens than R,
+    // exactly R and more (the entry read at the start is overwritten), starting at position 0 (the
+    // ring's random contents must be ignored) or continuing at position 100 or 101.
     if (want("conv")) {
-        run_conv("conv K4 C256 decode 2 seqs", 256, 4, {{1, 1}, {0, 1}}, 3);
-        run_conv("conv K4 C1000 T=7", 1000, 4, {{0, 7}}, 1);
-        run_conv("conv K4 C512 T=2,1,40", 512, 4, {{2, 2}, {0, 1}, {1, 40}}, 3);
-        run_conv("conv K3 C96 T=5", 96, 3, {{0, 5}}, 1);
+        run_conv("conv K4 C256 R1 decode", 256, 4, 1, {{1, 100, 1}, {0, 0, 1}}, 3);
+        run_conv("conv K4 C256 R3 decode", 256, 4, 3, {{2, 100, 1}, {0, 0, 1}, {1, 101, 1}}, 3);
+        run_conv("conv K4 C1000 R1", 1000, 4, 1, {{0, 100, 7}}, 1);
+        run_conv("conv K4 C1000 R3", 1000, 4, 3, {{0, 0, 7}}, 1);
+        run_conv("conv K4 C512 R1", 512, 4, 1, {{2, 0, 2}, {0, 100, 1}, {1, 100, 40}}, 3);
+        run_conv("conv K4 C512 R3", 512, 4, 3, {{2, 100, 2}, {0, 0, 3}, {1, 100, 40}}, 3);
+        run_conv("conv K4 C512 R5", 512, 4, 5, {{0, 101, 5}, {1, 0, 1}, {2, 100, 9}, {3, 0, 4}}, 4);
+        run_conv("conv K3 C96 R5", 96, 3, 5, {{0, 0, 3}, {1, 100, 6}}, 2);
+        run_conv("conv K2 C64 R3", 64, 2, 3, {{0, 100, 3}, {1, 0, 5}}, 2);
     }
     if (want("gdn")) {
-        run_gdn("gdn dk128 dv128 nk2 nv4 T=1", 128, 128, 2, 4, {{0, 1}}, 1);
-        run_gdn("gdn dk64 dv64 nk1 nv2 T=7", 64, 64, 1, 2, {{0, 7}}, 1);
-        run_gdn("gdn dk128 dv128 nk1 nv2 T=40,1,3", 128, 128, 1, 2, {{2, 40}, {0, 1}, {1, 3}}, 3);
-        run_gdn("gdn dk64 dv128 nk2 nv2 T=17", 64, 128, 2, 2, {{0, 17}}, 1);
+        run_gdn("gdn dk128 dv128 nk2 nv4 R1", 128, 128, 2, 4, 1, {{0, 100, 1}}, 1);
+        run_gdn("gdn dk128 dv128 nk2 nv4 R3 decode", 128, 128, 2, 4, 3, {{1, 100, 1}, {0, 0, 1}}, 2);
+        run_gdn("gdn dk64 dv64 nk1 nv2 R1", 64, 64, 1, 2, 1, {{0, 0, 7}}, 1);
+        run_gdn("gdn dk64 dv64 nk1 nv2 R5", 64, 64, 1, 2, 5, {{0, 100, 7}, {1, 0, 5}}, 2);
+        run_gdn("gdn dk128 dv128 nk1 nv2 R3", 128, 128, 1, 2, 3, {{2, 100, 40}, {0, 0, 1}, {1, 101, 3}}, 3);
+        run_gdn("gdn dk64 dv128 nk2 nv2 R5", 64, 128, 2, 2, 5, {{0, 0, 17}, {1, 100, 5}, {2, 101, 2}}, 3);
+        run_gdn("gdn dk64 dv64 nk2 nv2 R1", 64, 64, 2, 2, 1, {{1, 100, 17}, {0, 0, 1}}, 2);
     }
     std::printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
     return failures ? 1 : 0;

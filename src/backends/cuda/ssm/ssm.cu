@@ -10,6 +10,7 @@ namespace ssm {
 void launch_conv1d(const ConvParams & p, bool one_token_per_seq, cudaStream_t stream) {
     if (p.n_seqs <= 0 || p.C <= 0) return;
     if (p.K < 2 || p.K > kConvMaxK) fail(SPARK_ERR_UNSUPPORTED, "conv1d_ssm (CUDA): kernel size %d is not supported (2..%d)", p.K, kConvMaxK);
+    SPARK_ASSERT(p.R >= 1 && p.pos);
     if (p.n_seqs > 65535) fail(SPARK_ERR_UNSUPPORTED, "conv1d_ssm (CUDA): %d sequences in one step", p.n_seqs);
     const dim3 block = one_token_per_seq ? dim3(256, 1) : dim3(32, 8);
     const dim3 grid(unsigned((p.C + block.x - 1) / block.x), unsigned(p.n_seqs));
@@ -19,6 +20,7 @@ void launch_conv1d(const ConvParams & p, bool one_token_per_seq, cudaStream_t st
 
 void launch_gated_delta(const GdnParams & p, cudaStream_t stream) {
     if (p.n_seqs <= 0) return;
+    SPARK_ASSERT(p.R >= 1 && p.pos);
     if (p.dv % kGdnCols != 0)
         fail(SPARK_ERR_UNSUPPORTED, "gated_delta (CUDA): value head dim %d is not a multiple of %d", p.dv, kGdnCols);
     if (p.n_seqs > 65535) fail(SPARK_ERR_UNSUPPORTED, "gated_delta (CUDA): %d sequences in one step", p.n_seqs);
@@ -35,19 +37,29 @@ void launch_gated_delta(const GdnParams & p, cudaStream_t stream) {
 
 namespace {
 bool f32_rows(const Tensor & x) { return x.type == DType::F32 && x.nb[0] == 4; }
+
+// A ring state [state_size, R, n_slots] (graph.h: "Recurrent state with rollback") and the step's
+// positions, which the kernels index by token.
+void check_state_and_pos(const Tensor & st, int64_t state_size, const Tensor & pos, int64_t n_tok) {
+    SPARK_ASSERT(st.ne[0] == state_size && st.ne[3] == 1);
+    SPARK_ASSERT(st.ne[1] >= 1 && st.ne[1] <= INT32_MAX && st.ne[2] <= INT32_MAX);
+    SPARK_ASSERT(pos.type == DType::I32 && pos.is_contiguous() && pos.ne[0] >= n_tok);
+}
 }  // namespace
 
 void op_conv1d_ssm(const Tensor & t, const OpContext & ctx) {
-    const Tensor & x  = *t.src[0];
-    const Tensor & w  = *t.src[1];
-    const Tensor & st = *t.src[2];
-    const Tensor & rg = *t.src[7];
+    const Tensor & x   = *t.src[0];
+    const Tensor & w   = *t.src[1];
+    const Tensor & st  = *t.src[2];
+    const Tensor & pos = *t.src[5];
+    const Tensor & rg  = *t.src[7];
     if (!f32_rows(x) || w.type != DType::F32 || !w.is_contiguous() || st.type != DType::F32 || !st.is_contiguous())
         fail(SPARK_ERR_UNSUPPORTED, "conv1d_ssm (CUDA): x, w and the state must be F32 (w and state contiguous)");
     SPARK_ASSERT(rg.type == DType::I32 && rg.ne[0] == 3 && rg.is_contiguous());
     SPARK_ASSERT(t.type == DType::F32 && t.nb[0] == 4 && x.ne[2] == 1 && x.ne[3] == 1);
     const int64_t C = x.ne[0], K = w.ne[0], T = x.ne[1];
-    SPARK_ASSERT(w.ne[1] == C && st.ne[0] == (K - 1) * C);
+    SPARK_ASSERT(w.ne[1] == C);
+    check_state_and_pos(st, (K - 1) * C, pos, T);
     if (C > INT32_MAX / 2) fail(SPARK_ERR_UNSUPPORTED, "conv1d_ssm (CUDA): %lld channels", (long long)C);
     ssm::ConvParams p;
     p.x       = static_cast<const char *>(x.data);
@@ -55,33 +67,37 @@ void op_conv1d_ssm(const Tensor & t, const OpContext & ctx) {
     p.w       = static_cast<const float *>(w.data);
     p.state   = static_cast<float *>(st.data);
     p.ranges  = static_cast<const int32_t *>(rg.data);
+    p.pos     = static_cast<const int32_t *>(pos.data);
     p.out     = static_cast<float *>(t.data);
     p.out_nb1 = int64_t(t.nb[1]);
     p.C       = int(C);
     p.K       = int(K);
-    p.n_slots = int(st.ne[1]);
+    p.R       = int(st.ne[1]);
+    p.n_slots = int(st.ne[2]);
     p.n_seqs  = int(rg.ne[1]);
     // Every sequence of a step has at least one token, so T == S means one token each (decode).
     ssm::launch_conv1d(p, T == rg.ne[1], ctx.stream);
 }
 
 void op_gated_delta(const Tensor & t, const OpContext & ctx) {
-    const Tensor & q  = *t.src[0];
-    const Tensor & k  = *t.src[1];
-    const Tensor & v  = *t.src[2];
-    const Tensor & a  = *t.src[3];
-    const Tensor & b  = *t.src[4];
-    const Tensor & Al = *t.src[5];
-    const Tensor & dt = *t.src[6];
-    const Tensor & st = *t.src[7];
-    const Tensor & rg = *t.src[8];
+    const Tensor & q   = *t.src[0];
+    const Tensor & k   = *t.src[1];
+    const Tensor & v   = *t.src[2];
+    const Tensor & a   = *t.src[3];
+    const Tensor & b   = *t.src[4];
+    const Tensor & Al  = *t.src[5];
+    const Tensor & dt  = *t.src[6];
+    const Tensor & st  = *t.src[7];
+    const Tensor & rg  = *t.src[8];
+    const Tensor & pos = *t.src[9];
     if (!f32_rows(q) || !f32_rows(k) || !f32_rows(v) || !f32_rows(a) || !f32_rows(b) || Al.type != DType::F32 ||
         dt.type != DType::F32 || !Al.is_contiguous() || !dt.is_contiguous() || st.type != DType::F32 || !st.is_contiguous())
         fail(SPARK_ERR_UNSUPPORTED, "gated_delta (CUDA): inputs and state must be F32 with contiguous rows");
     SPARK_ASSERT(rg.type == DType::I32 && rg.ne[0] == 3 && rg.is_contiguous());
     SPARK_ASSERT(t.type == DType::F32 && t.nb[0] == 4);
     const int64_t dk = q.ne[0], n_kh = q.ne[1], dv = v.ne[0], n_vh = v.ne[1];
-    SPARK_ASSERT(n_kh > 0 && n_vh % n_kh == 0 && st.ne[0] == dk * dv * n_vh);
+    SPARK_ASSERT(n_kh > 0 && n_vh % n_kh == 0);
+    check_state_and_pos(st, dk * dv * n_vh, pos, q.ne[2]);
     ssm::GdnParams p;
     p.q       = static_cast<const char *>(q.data);
     p.q_nb1   = int64_t(q.nb[1]);
@@ -100,6 +116,7 @@ void op_gated_delta(const Tensor & t, const OpContext & ctx) {
     p.dt_bias = static_cast<const float *>(dt.data);
     p.state   = static_cast<float *>(st.data);
     p.ranges  = static_cast<const int32_t *>(rg.data);
+    p.pos     = static_cast<const int32_t *>(pos.data);
     p.out     = static_cast<float *>(t.data);
     p.out_nb1 = int64_t(t.nb[1]);
     p.out_nb2 = int64_t(t.nb[2]);
@@ -107,7 +124,8 @@ void op_gated_delta(const Tensor & t, const OpContext & ctx) {
     p.dv      = int(dv);
     p.n_kh    = int(n_kh);
     p.n_vh    = int(n_vh);
-    p.n_slots = int(st.ne[1]);
+    p.R       = int(st.ne[1]);
+    p.n_slots = int(st.ne[2]);
     p.n_seqs  = int(rg.ne[1]);
     ssm::launch_gated_delta(p, ctx.stream);
 }

@@ -1,21 +1,32 @@
 // Linear-attention ops of Qwen3-Next on CUDA (graph.h: Graph::conv1d_ssm, Graph::gated_delta):
 // parameters and launchers (ssm.cu); kernels in ssm_kernels.cuh.
 //
+// Recurrent state (graph.h: "Recurrent state with rollback"): per sequence slot a ring of R states,
+// entry p mod R holding the state after position p. A block reads pos0 (the sequence's first
+// position in the step) from device memory at run time, since steps are captured into CUDA graphs
+// and replayed with new positions. It starts from ring entry (pos0 - 1) mod R, or from zeros at
+// pos0 == 0 (the ring's memory is not cleared), and writes the state after each of the last
+// min(count, R) tokens to entry (pos0 + i) mod R. That write may overwrite the entry read at the
+// start, so every read of the old state comes first. A decode step (count 1) reads one state and
+// writes one, as with a single state per slot.
+//
 // conv1d_ssm: grid (channel blocks, sequences). Thread (c, y) computes the outputs of channel c for
 // the sequence's tokens y, y + blockDim.y, ...; every output reads its K inputs directly (from x, or
 // from the previous state for the first K-1 tokens), so the tokens are independent. After a block
-// barrier the y = 0 threads write the new state (the last K-1 inputs). A (slot, channel) belongs to
-// one block, so the in-place update needs no other synchronisation. Decode steps (one token per
-// sequence) use 256 channels x 1 token per block, others 32 channels x 8 tokens.
+// barrier (every thread has read the old state of its channel) the threads write the kept states
+// (the K-1 inputs up to each kept token), token i by thread y = i mod blockDim.y. A (slot, channel)
+// belongs to one block, so the in-place update needs no other synchronisation. Decode steps (one
+// token per sequence) use 256 channels x 1 token per block, others 32 channels x 8 tokens.
 //
 // gated_delta: grid (n_v_heads * dv / 16, sequences), 128 threads. A block owns 16 columns of one
 // head's state S (dk x dv, f32) in registers: warp w has columns 4w .. 4w+3 of the block, lane l
 // column 4w + l % 4 and rows l / 4 + 8 r (r < dk / 8). The delta rule is independent per column:
 // kv = S^T k and o = S^T q are column sums (reduced over the 8 lanes sharing a column by three
 // shuffles), the update S += k delta^T touches the column only. (Qwen3-Next: 32 heads x 8 = 256
-// blocks per sequence.) Tokens are processed in order inside
-// the kernel with S kept on chip; k, q, v and the gates of 16 tokens at a time are staged in shared
-// memory. S is read once and written once per step.
+// blocks per sequence.) Tokens are processed in order inside the kernel with S kept on chip; k, q,
+// v and the gates of 16 tokens at a time are staged in shared memory. Each thread reads its
+// elements of S once and writes them from registers after every kept token; no other thread touches
+// them, so the ring needs no barrier.
 #pragma once
 
 #include <cstdint>
@@ -30,11 +41,12 @@ struct ConvParams {
     const char *    x = nullptr;  // [C, T] f32, row stride x_nb1 bytes
     int64_t         x_nb1 = 0;
     const float *   w = nullptr;      // [C][K]
-    float *         state = nullptr;  // [n_slots][K-1][C]
+    float *         state = nullptr;   // [n_slots][R][K-1][C]
     const int32_t * ranges = nullptr;  // [S][3]: slot, first token, count
+    const int32_t * pos = nullptr;     // [T] token positions (device memory)
     float *         out = nullptr;     // [C, T]
     int64_t         out_nb1 = 0;
-    int             C = 0, K = 0, n_slots = 0, n_seqs = 0;
+    int             C = 0, K = 0, R = 1, n_slots = 0, n_seqs = 0;  // R: states per slot (ring)
 };
 
 constexpr int kGdnCols    = 16;  // state columns per block
@@ -54,11 +66,12 @@ struct GdnParams {
     int64_t      b_nb1 = 0;
     const float * A_log = nullptr;    // [n_vh]
     const float * dt_bias = nullptr;  // [n_vh]
-    float *       state = nullptr;    // [n_slots][n_vh][dk][dv]
+    float *       state = nullptr;    // [n_slots][R][n_vh][dk][dv]
     const int32_t * ranges = nullptr;  // [S][3]
+    const int32_t * pos = nullptr;     // [T] token positions (device memory)
     float *       out = nullptr;       // [dv, n_vh, T]
     int64_t       out_nb1 = 0, out_nb2 = 0;
-    int           dk = 0, dv = 0, n_kh = 0, n_vh = 0, n_slots = 0, n_seqs = 0;
+    int           dk = 0, dv = 0, n_kh = 0, n_vh = 0, R = 1, n_slots = 0, n_seqs = 0;  // R: states per slot (ring)
 };
 
 // Enqueue the kernels (ssm.cu). Throw spark::Error for unsupported shapes.

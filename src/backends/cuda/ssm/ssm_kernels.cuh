@@ -19,18 +19,25 @@ __global__ void __launch_bounds__(256) conv1d_ssm_kernel(const ConvParams p) {
     const int       c     = blockIdx.x * blockDim.x + threadIdx.x;
     const int32_t * r     = p.ranges + 3 * int64_t(blockIdx.y);
     const int       slot  = r[0], first = r[1], count = r[2];
-    const int       K     = p.K;
-    const bool      ok    = slot >= 0 && slot < p.n_slots && count > 0;  // block-uniform
+    const int       K     = p.K, R = p.R;
+    const int32_t   pos0  = count > 0 ? p.pos[first] : -1;  // on the device: graph replays bring new positions
+    const bool      ok    = slot >= 0 && slot < p.n_slots && count > 0 && pos0 >= 0;  // block-uniform
     const bool      alive = ok && c < p.C;
-    float *         st    = p.state + (ok ? int64_t(slot) : 0) * (K - 1) * p.C + (c < p.C ? c : 0);
 
-    // Taps and the previous K-1 inputs (oldest first), all indices compile-time: registers.
+    // This thread's channel in the ring entry of the state after position `at` (a state: [K-1][C]).
+    const int64_t state_size = int64_t(K - 1) * p.C;
+    float * const ring       = p.state + (ok ? int64_t(slot) : 0) * R * state_size + (c < p.C ? c : 0);
+    auto          entry      = [&](int at) { return ring + int64_t(at % R) * state_size; };
+
+    // Taps and the previous K-1 inputs (oldest first), all indices compile-time: registers. A
+    // sequence starting at position 0 has no previous inputs (zeros, whatever the ring holds).
     float wr[kConvMaxK], hist[kConvMaxK - 1];
     float w_last = 0.0f;
 #pragma unroll
     for (int j = 0; j < kConvMaxK; ++j) wr[j] = (alive && j < K) ? p.w[int64_t(c) * K + j] : 0.0f;
+    const float * prev = alive && pos0 > 0 ? entry(pos0 - 1) : nullptr;
 #pragma unroll
-    for (int j = 0; j < kConvMaxK - 1; ++j) hist[j] = (alive && j < K - 1) ? st[int64_t(j) * p.C] : 0.0f;
+    for (int j = 0; j < kConvMaxK - 1; ++j) hist[j] = (prev && j < K - 1) ? prev[int64_t(j) * p.C] : 0.0f;
     if (alive) w_last = p.w[int64_t(c) * K + K - 1];
 
     // Input m of the sequence (m < 0: from the previous state).
@@ -53,20 +60,24 @@ __global__ void __launch_bounds__(256) conv1d_ssm_kernel(const ConvParams p) {
             reinterpret_cast<float *>(reinterpret_cast<char *>(p.out) + int64_t(first + i) * p.out_nb1)[c] = silu_f(acc);
         }
     }
-    __syncthreads();  // every thread has read the old state of its channel
-    if (alive && threadIdx.y == 0) {
-        float nh[kConvMaxK - 1];
+    __syncthreads();  // every thread has read the old state of its channel: the ring may be overwritten
+    if (alive) {
+        // The state after token i (the K-1 inputs up to it) for the last min(count, R) tokens.
+        for (int i = max(count - R, 0) + int(threadIdx.y); i < count; i += blockDim.y) {
+            float nh[kConvMaxK - 1];
 #pragma unroll
-        for (int j = 0; j < kConvMaxK - 1; ++j) nh[j] = j < K - 1 ? input(count - (K - 1) + j) : 0.0f;
+            for (int j = 0; j < kConvMaxK - 1; ++j) nh[j] = j < K - 1 ? input(i + 1 - (K - 1) + j) : 0.0f;
+            float * dst = entry(pos0 + i);
 #pragma unroll
-        for (int j = 0; j < kConvMaxK - 1; ++j)
-            if (j < K - 1) st[int64_t(j) * p.C] = nh[j];
+            for (int j = 0; j < kConvMaxK - 1; ++j)
+                if (j < K - 1) dst[int64_t(j) * p.C] = nh[j];
+        }
     }
 }
 
 // grid (n_vh * dv / kGdnCols, n_seqs), block kGdnThreads.
 template <int DK> __global__ void __launch_bounds__(kGdnThreads, 4) gated_delta_kernel(const GdnParams p) {
-    constexpr int R = DK / 8;  // state rows per thread
+    constexpr int kRows = DK / 8;  // state rows per thread
     __shared__ float k_s[kGdnTok][DK], q_s[kGdnTok][DK], v_s[kGdnTok][kGdnCols], dec_s[kGdnTok], beta_s[kGdnTok];
 
     const int       ncb  = p.dv / kGdnCols;
@@ -74,6 +85,8 @@ template <int DK> __global__ void __launch_bounds__(kGdnThreads, 4) gated_delta_
     const int32_t * rg   = p.ranges + 3 * int64_t(blockIdx.y);
     const int       slot = rg[0], first = rg[1], count = rg[2];
     if (slot < 0 || slot >= p.n_slots || count <= 0) return;  // block-uniform
+    const int32_t pos0 = p.pos[first];  // on the device: graph replays bring new positions
+    if (pos0 < 0) return;
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int jl = warp * 4 + (lane & 3);  // column within the block
@@ -81,10 +94,21 @@ template <int DK> __global__ void __launch_bounds__(kGdnThreads, 4) gated_delta_
     const int i0 = lane >> 2;              // rows i0 + 8 r
     const int kh = h / (p.n_vh / p.n_kh);
 
-    float * S = p.state + (int64_t(slot) * p.n_vh + h) * DK * p.dv;
-    float   s[R];
+    // This thread's elements (rows i0 + 8 r of column j of head h) in the ring entry of the state
+    // after position `at`. No other thread reads or writes them, so the writes after kept tokens
+    // can follow the read without a barrier.
+    const int64_t state_size = int64_t(p.n_vh) * DK * p.dv;
+    float * const ring       = p.state + int64_t(slot) * p.R * state_size + (int64_t(h) * DK + i0) * p.dv + j;
+    auto          entry      = [&](int at) { return ring + int64_t(at % p.R) * state_size; };
+    float         s[kRows];
+    if (pos0 > 0) {
+        const float * prev = entry(pos0 - 1);
 #pragma unroll
-    for (int r = 0; r < R; ++r) s[r] = S[int64_t(i0 + 8 * r) * p.dv + j];
+        for (int r = 0; r < kRows; ++r) s[r] = prev[int64_t(8 * r) * p.dv];
+    } else {
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) s[r] = 0.0f;  // position 0: no previous state, whatever the ring holds
+    }
     const float neg_A = -expf(p.A_log[h]);
     const float dtb   = p.dt_bias[h];
 
@@ -110,10 +134,10 @@ template <int DK> __global__ void __launch_bounds__(kGdnThreads, 4) gated_delta_
         __syncthreads();
         for (int tt = 0; tt < nc; ++tt) {
             const float decay = dec_s[tt], beta = beta_s[tt];
-            float       kr[R];
+            float       kr[kRows];
             float       kv = 0.0f;
 #pragma unroll
-            for (int r = 0; r < R; ++r) {
+            for (int r = 0; r < kRows; ++r) {
                 kr[r] = k_s[tt][i0 + 8 * r];
                 s[r] *= decay;
                 kv += s[r] * kr[r];
@@ -124,21 +148,25 @@ template <int DK> __global__ void __launch_bounds__(kGdnThreads, 4) gated_delta_
             const float delta = (v_s[tt][jl] - kv) * beta;
             float       o     = 0.0f;
 #pragma unroll
-            for (int r = 0; r < R; ++r) {
+            for (int r = 0; r < kRows; ++r) {
                 s[r] += kr[r] * delta;
                 o += s[r] * q_s[tt][i0 + 8 * r];
             }
             o += __shfl_xor_sync(0xffffffffu, o, 4);
             o += __shfl_xor_sync(0xffffffffu, o, 8);
             o += __shfl_xor_sync(0xffffffffu, o, 16);
+            const int i = c0 + tt;  // token of the sequence
             if (i0 == 0) {
-                const int tok = first + c0 + tt;
+                const int tok = first + i;
                 reinterpret_cast<float *>(reinterpret_cast<char *>(p.out) + tok * p.out_nb2 + h * p.out_nb1)[j] = o;
+            }
+            if (i >= count - p.R) {  // one of the last R tokens: keep the state after it
+                float * dst = entry(pos0 + i);
+#pragma unroll
+                for (int r = 0; r < kRows; ++r) dst[int64_t(8 * r) * p.dv] = s[r];
             }
         }
     }
-#pragma unroll
-    for (int r = 0; r < R; ++r) S[int64_t(i0 + 8 * r) * p.dv + j] = s[r];
 }
 
 }  // namespace spark::cuda::ssm
