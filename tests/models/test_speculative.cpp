@@ -51,7 +51,7 @@ struct SpecRun {
 SpecRun spec_greedy(spark_model * m, spark_spec_params sp, const std::vector<int32_t> & prompt, int n, int32_t n_ctx = 256) {
     ContextPtr   ctx = new_context(m, n_ctx);
     spark_spec * raw = nullptr;
-    INFO(spark_last_error());
+    INFO(std::string(spark_last_error()));
     REQUIRE(spark_spec_init(ctx.get(), sp, &raw) == SPARK_OK);
     SpecPtr         spec(raw);
     spark_sampler * greedy = spark_sampler_init_greedy();
@@ -61,7 +61,7 @@ SpecRun spec_greedy(spark_model * m, spark_spec_params sp, const std::vector<int
         spark_token  out[SPARK_SPEC_MAX_DRAFT + 2];
         int32_t      n_out = 0;
         spark_seq_id seq   = 0;
-        INFO(spark_last_error());
+        INFO(std::string(spark_last_error()));
         REQUIRE(spark_spec_step(spec.get(), 1, &seq, &greedy, out, SPARK_SPEC_MAX_DRAFT + 2, &n_out) == SPARK_OK);
         REQUIRE(n_out >= 1);
         run.tokens.insert(run.tokens.end(), out, out + n_out);
@@ -183,7 +183,7 @@ TEST_CASE("several sequences speculate in one step, each as if alone") {
             constexpr int32_t  cap     = SPARK_SPEC_MAX_DRAFT + 2;
             spark_token        out[3 * cap];
             int32_t            n[3];
-            INFO(spark_last_error());
+            INFO(std::string(spark_last_error()));
             REQUIRE(spark_spec_step(spec.get(), 3, seqs, smpl, out, cap, n) == SPARK_OK);
             for (int i = 0; i < 3; ++i) got[size_t(seqs[i])].insert(got[size_t(seqs[i])].end(), out + i * cap, out + i * cap + n[i]);
         }
@@ -248,7 +248,7 @@ TEST_CASE("speculative decoding: bad input is a clear error and changes nothing"
     auto       expect = [&](spark_spec_params p, spark_status want, const char * words) {
         spark_spec * s  = nullptr;
         spark_status st = spark_spec_init(ctx.get(), p, &s);
-        INFO(spark_last_error());
+        INFO(std::string(spark_last_error()));
         CHECK(st == want);
         CHECK(s == nullptr);
         CHECK(std::string(spark_last_error()).find(words) != std::string::npos);
