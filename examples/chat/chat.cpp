@@ -3,6 +3,12 @@
 //
 //   spark-chat [-m MODEL] [-p PROMPT] [--temp T] [--top-k K] [--top-p P] [--min-p P]
 //              [--repeat-penalty R] [--seed S] [-n N] [-c CTX] [--device cpu|cuda] [--system TEXT]
+//              [--spec draft:PATH|eagle3:PATH|mtp|ngram [--draft-max N] [--draft-min N] [--draft-p-min P]]
+//
+// --spec decodes speculatively (spark_spec_*): a draft model, an EAGLE3 head, the model's own MTP
+// head or n-gram lookup proposes up to --draft-max tokens that the model checks in one step. The
+// answer is the same (greedy: token for token; sampling: the same distribution); /stats and the
+// timings line then also show how many drafts were accepted.
 //
 // With -p: one turn, only the answer on stdout (statistics on stderr). Without -p and with a pipe on
 // stdin: every line is one user turn. Otherwise interactive, with line editing and history; a line
@@ -12,10 +18,13 @@
 
 #include <CLI/CLI.hpp>
 
+#include "spec_cli.h"
+
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <iostream>
 #include <string>
 #include <unistd.h>
@@ -45,6 +54,9 @@ struct Options {
     float       temp = 0.7f, top_p = 0.9f, min_p = 0.0f, repeat_penalty = 1.0f;
     int32_t     top_k = 20, n_predict = 512, n_ctx = 0, n_threads = 0;
     uint32_t    seed = 0;
+    std::string spec;  // --spec KIND[:PATH]; empty: plain decoding
+    int32_t     draft_max = 3, draft_min = 0;
+    float       draft_p_min = 0.0f;
 };
 
 struct Message {
@@ -58,7 +70,9 @@ struct TurnStats {
 
 class Chat {
 public:
-    Chat(spark_model * model, spark_context * ctx, const Options & o) : model_(model), ctx_(ctx), opt_(o) {
+    // With `spec` (owned by the caller) every turn decodes speculatively.
+    Chat(spark_model * model, spark_context * ctx, const Options & o, spark_spec * spec = nullptr, const char * spec_name = "")
+        : model_(model), ctx_(ctx), opt_(o), spec_(spec), spec_name_(spec_name) {
         tok_  = spark_model_get_tokenizer(model);
         tmpl_ = spark_tokenizer_chat_template(tok_);
         if (!opt_.system.empty()) system_ = opt_.system;
@@ -95,11 +109,11 @@ public:
         }
         stats_ = TurnStats{};
         stats_.prompt_tokens = int32_t(prompt.size());
-        if (!prefill(prompt)) {
+        if (!(spec_ ? begin_spec(prompt) : prefill(prompt))) {
             history_.pop_back();
             return false;
         }
-        std::string answer = generate(out, n_ctx);
+        std::string answer = generate(out, n_ctx, int32_t(prompt.size()));
         history_.push_back({"assistant", answer});
         total_generated_ += stats_.generated;
         return true;
@@ -110,6 +124,12 @@ public:
                      stats_.prompt_tokens, stats_.prefill_tokens, stats_.prefill_s,
                      stats_.prefill_s > 0 ? stats_.prefill_tokens / stats_.prefill_s : 0.0, stats_.generated, stats_.decode_s,
                      stats_.decode_s > 0 ? stats_.generated / stats_.decode_s : 0.0, spark_memory_seq_length(ctx_, 0), spark_n_ctx(ctx_));
+        if (spec_) {
+            spark_spec_stats s{};
+            spark_spec_get_stats(spec_, &s);  // this turn's: reset when it began
+            std::fprintf(f, "speculative (%s, up to %d drafts): %s\n", spec_name_, opt_.draft_max,
+                         spark_cli::describe_spec_stats(s, opt_.draft_max).c_str());
+        }
     }
 
 private:
@@ -163,6 +183,22 @@ private:
         return true;
     }
 
+    // Speculative turns: the loop keeps the longest prefix its sequence shares with the prompt (the
+    // earlier turns) and decodes the rest; cached_ stays empty, the loop does the bookkeeping.
+    bool begin_spec(const std::vector<spark_token> & prompt) {
+        spark_spec_reset_stats(spec_);  // /stats and the timings line show this turn's acceptance
+        const auto t0 = std::chrono::steady_clock::now();
+        if (spark_spec_begin(spec_, 0, prompt.data(), int32_t(prompt.size())) != SPARK_OK) {
+            std::fprintf(stderr, "spark-chat: decoding the prompt failed: %s\n", spark_last_error());
+            return false;
+        }
+        stats_.prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        spark_spec_stats s{};
+        spark_spec_get_stats(spec_, &s);
+        stats_.prefill_tokens = int32_t(s.n_prompt);
+        return true;
+    }
+
     // Decodes what the KV cache does not hold yet (the cache keeps the longest common prefix).
     bool prefill(const std::vector<spark_token> & prompt) {
         size_t keep = 0;
@@ -205,21 +241,17 @@ private:
         return ok;
     }
 
-    std::string generate(FILE * out, int32_t n_ctx) {
+    std::string generate(FILE * out, int32_t n_ctx, int32_t n_prompt) {
         std::string          answer;
         spark_detok_stream * stream = spark_detok_stream_init(tok_, true);
-        spark_batch          batch  = spark_batch_init(1, 1);
         char                 buf[1024];
         const auto           t0 = std::chrono::steady_clock::now();
         g_interrupted = 0;
         g_generating  = 1;
-        for (int32_t i = 0; i < opt_.n_predict; ++i) {
-            spark_token t;
-            if (spark_sampler_sample(smpl_, ctx_, -1, &t) != SPARK_OK) {
-                std::fprintf(stderr, "\nspark-chat: sampling failed: %s\n", spark_last_error());
-                break;
-            }
-            if (spark_tokenizer_is_eog(tok_, t)) break;
+        // Streams one answer token; false when the answer ends there: at an end-of-generation token
+        // (not printed), Ctrl-C, -n tokens or a full context (one position is kept free).
+        const std::function<bool(spark_token)> emit = [&](spark_token t) {
+            if (spark_tokenizer_is_eog(tok_, t)) return false;
             size_t len = 0;
             if (spark_detok_stream_push(stream, t, buf, sizeof buf, &len) == SPARK_OK && len) {
                 std::fwrite(buf, 1, len, out);
@@ -227,11 +259,39 @@ private:
                 answer.append(buf, len);
             }
             ++stats_.generated;
-            if (g_interrupted) break;
-            if (int32_t(cached_.size()) + 1 >= n_ctx) {
+            if (g_interrupted) return false;
+            if (n_prompt + stats_.generated >= n_ctx) {
                 std::fprintf(stderr, "\nspark-chat: context full (%d tokens); use /reset or a larger -c\n", n_ctx);
+                return false;
+            }
+            return stats_.generated < opt_.n_predict;
+        };
+        if (spec_) generate_spec(emit);
+        else generate_plain(emit);
+        g_generating = 0;
+        size_t len   = 0;
+        if (spark_detok_stream_flush(stream, buf, sizeof buf, &len) == SPARK_OK && len) {
+            std::fwrite(buf, 1, len, out);
+            answer.append(buf, len);
+        }
+        if (g_interrupted) std::fprintf(stderr, "\n[interrupted]");
+        std::fputc('\n', out);
+        std::fflush(out);
+        stats_.decode_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        spark_detok_stream_free(stream);
+        return answer;
+    }
+
+    // One token per step: sample from the last logits, decode it.
+    void generate_plain(const std::function<bool(spark_token)> & emit) {
+        spark_batch batch = spark_batch_init(1, 1);
+        for (;;) {
+            spark_token t;
+            if (spark_sampler_sample(smpl_, ctx_, -1, &t) != SPARK_OK) {
+                std::fprintf(stderr, "\nspark-chat: sampling failed: %s\n", spark_last_error());
                 break;
             }
+            if (!emit(t)) break;
             batch.n_tokens     = 1;
             batch.token[0]     = t;
             batch.pos[0]       = int32_t(cached_.size());
@@ -244,30 +304,37 @@ private:
             }
             cached_.push_back(t);
         }
-        g_generating = 0;
-        size_t len   = 0;
-        if (spark_detok_stream_flush(stream, buf, sizeof buf, &len) == SPARK_OK && len) {
-            std::fwrite(buf, 1, len, out);
-            answer.append(buf, len);
-        }
-        if (g_interrupted) std::fprintf(stderr, "\n[interrupted]");
-        std::fputc('\n', out);
-        std::fflush(out);
-        stats_.decode_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        spark_detok_stream_free(stream);
         spark_batch_free(batch);
-        return answer;
+    }
+
+    // 1 .. draft_max + 2 tokens per step. Tokens of the last step after the answer ends are not
+    // printed (nor kept in the history); they stay in the loop's cache until the next turn's
+    // spark_spec_begin cuts them. (A repetition penalty has seen them: the loop's sampler did.)
+    void generate_spec(const std::function<bool(spark_token)> & emit) {
+        spark_token  toks[SPARK_SPEC_MAX_DRAFT + 2];
+        spark_seq_id seq = 0;
+        for (;;) {
+            int32_t n = 0;
+            if (spark_spec_step(spec_, 1, &seq, &smpl_, toks, SPARK_SPEC_MAX_DRAFT + 2, &n) != SPARK_OK) {
+                std::fprintf(stderr, "\nspark-chat: decoding failed: %s\n", spark_last_error());
+                return;
+            }
+            for (int32_t i = 0; i < n; ++i)
+                if (!emit(toks[i])) return;
+        }
     }
 
     spark_model *            model_;
     spark_context *          ctx_;
     const Options &          opt_;
+    spark_spec *             spec_      = nullptr;
+    const char *             spec_name_ = "";
     const spark_tokenizer *  tok_  = nullptr;
     const char *             tmpl_ = nullptr;
     spark_sampler *          smpl_ = nullptr;
     std::string              system_;
     std::vector<Message>     history_;
-    std::vector<spark_token> cached_;  // tokens held by the KV cache (sequence 0)
+    std::vector<spark_token> cached_;  // tokens held by the KV cache (sequence 0); empty with --spec
     TurnStats                stats_;
     int64_t                  total_generated_ = 0;
 };
@@ -320,7 +387,7 @@ const char * kHelp =
     "commands:\n"
     "  /reset          forget the conversation\n"
     "  /system TEXT    set the system prompt (and reset)\n"
-    "  /stats          timings of the last answer\n"
+    "  /stats          timings of the last answer (and draft acceptance with --spec)\n"
     "  /help           this text\n"
     "  /quit           leave (or Ctrl-D)\n"
     "a line ending in '\\' continues on the next line; a line of \"\"\" starts/ends a multi-line block;\n"
@@ -344,7 +411,20 @@ int main(int argc, char ** argv) {
     app.add_option("-c,--ctx-size", o.n_ctx, "context size in tokens (0: the model's, at most 32768)");
     app.add_option("-t,--threads", o.n_threads, "CPU threads (0: all)");
     app.add_option("--device", o.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+    app.add_option("--spec", o.spec, "speculative decoding: draft:PATH (a draft model), eagle3:PATH (an EAGLE3 head), mtp (the model's MTP head) or ngram");
+    app.add_option("--draft-max", o.draft_max, "--spec: tokens drafted per step (1 .. 16)");
+    app.add_option("--draft-min", o.draft_min, "--spec: drafts shorter than this are not verified (0: all are)");
+    app.add_option("--draft-p-min", o.draft_p_min, "--spec: model drafters stop at a token they give less probability (0: off)");
     CLI11_PARSE(app, argc, argv);
+
+    spark_cli::SpecOption spec_opt;
+    if (!o.spec.empty()) {
+        std::string err;
+        if (!spark_cli::parse_spec(o.spec, spec_opt, err)) {
+            std::fprintf(stderr, "spark-chat: %s\n", err.c_str());
+            return 1;
+        }
+    }
 
     spark_model_params mp = spark_model_default_params();
     mp.device             = o.device == "cuda" ? SPARK_DEVICE_CUDA : o.device == "auto" ? SPARK_DEVICE_AUTO : SPARK_DEVICE_CPU;
@@ -377,6 +457,22 @@ int main(int argc, char ** argv) {
         return 1;
     }
 
+    spark_spec * spec = nullptr;
+    if (!o.spec.empty()) {
+        spark_spec_params sp = spark_spec_default_params();
+        sp.kind              = spec_opt.kind;
+        sp.path              = spec_opt.path.empty() ? nullptr : spec_opt.path.c_str();
+        sp.n_draft_max       = o.draft_max;
+        sp.n_draft_min       = o.draft_min;
+        sp.p_min             = o.draft_p_min;
+        if (spark_spec_init(ctx, sp, &spec) != SPARK_OK) {
+            std::fprintf(stderr, "spark-chat: cannot start speculative decoding (--spec %s): %s\n", o.spec.c_str(), spark_last_error());
+            spark_context_free(ctx);
+            spark_model_free(model);
+            return 1;
+        }
+    }
+
     struct sigaction sa {};
     sa.sa_handler = on_sigint;
     sigemptyset(&sa.sa_mask);
@@ -387,15 +483,16 @@ int main(int argc, char ** argv) {
 
     int rc = 0;
     {
-        Chat chat(model, ctx, o);
+        Chat chat(model, ctx, o, spec, spec_opt.name.c_str());
         if (!o.prompt.empty()) {
             rc = chat.turn(o.prompt, stdout) ? 0 : 1;
             if (rc == 0) chat.print_stats(stderr);
         } else {
             const bool interactive = isatty(STDIN_FILENO) && isatty(STDOUT_FILENO);
             if (interactive)
-                std::fprintf(stderr, "spark-chat: %s (%s, %s, %.1fM parameters) on %s. /help for commands.\n", o.model.c_str(),
-                             info.architecture, info.weight_format, double(info.n_params) / 1e6, o.device.c_str());
+                std::fprintf(stderr, "spark-chat: %s (%s, %s, %.1fM parameters) on %s%s. /help for commands.\n", o.model.c_str(),
+                             info.architecture, info.weight_format, double(info.n_params) / 1e6, o.device.c_str(),
+                             spec ? (", speculative: " + o.spec + ", up to " + std::to_string(o.draft_max) + " drafts").c_str() : "");
             std::string msg;
             while (read_message(msg, interactive)) {
                 g_interrupted = 0;
@@ -419,6 +516,7 @@ int main(int argc, char ** argv) {
             }
         }
     }
+    spark_spec_free(spec);
     spark_context_free(ctx);
     spark_model_free(model);
     return rc;

@@ -5,20 +5,34 @@
 //   spark-bench --synthetic qwen3-30b-a3b --format int4,nvfp4 -d 0,2048 [-p 512] [-n 128] [-r 5] [--json]
 //   spark-bench -m /path/to/model --device cuda
 //   spark-bench --synthetic qwen3-8b --format int4 --context-matrix
+//   spark-bench -m /path/to/model --spec draft:/path/to/draft [--draft-max 3]
+//   spark-bench --synthetic qwen3-8b --spec ngram --spec-sim-accept 0.84,0.53
 //
 // pp<P>: tokens/s of one P-token prefill on top of a context of depth d. tg<N>: tokens/s of N
 // single-token decode steps with greedy sampling (on the device) starting at depth d. Each figure is
 // the median of r runs. For decode it also prints the bytes one step must read (weights actually
 // touched, incl. the routed experts, + the KV cache at the mean depth + the recurrent state read and
 // written) and the fraction of the device's measured copy bandwidth this speed implies.
+//
+// --spec KIND[:PATH] (draft:PATH, eagle3:PATH, mtp, ngram) adds, after each tg<N>, a row for
+// speculative decoding (spark_spec_*, greedy, in a context of its own): tokens/s of N tokens (the
+// spark_spec_step calls only: the prompt is decoded untimed), the speed-up over that tg<N>, the
+// tokens one verify step yields and the acceptance at each draft position; and the verify cost: the
+// time of one target step of k + 1 rows over one of 1 row at the same depth (what a draft must beat).
+// --spec-sim-accept p1,p2,... replaces the acceptance by chance at those per-position rates (as
+// vLLM reports them), so a speed-up can be measured for a drafter that is not at hand: the work per
+// step is real, the tokens are not the model's (rows marked "simulated").
 #include <spark/spark.h>
 
 #include <CLI/CLI.hpp>
+
+#include "spec_cli.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -58,7 +72,16 @@ struct Result {
     int         depth = 0;
     Stat        tps;
     double      step_bytes = 0, bw_fraction = 0;
+    // Speculative rows only:
+    bool                spec = false, simulated = false;
+    std::string         spec_kind;
+    int32_t             n_draft_max = 0;
+    double              speedup = 0, tokens_per_step = 0, verify_ratio = 0;
+    std::vector<double> acceptance;  // per draft position; < 0 where nothing was drafted
 };
+
+// The pseudo-random prompt token at position p (the same for plain and speculative runs).
+int32_t prompt_token(int p, int32_t n_vocab) { return int32_t((uint64_t(p) * 2654435761u + 12345u) % uint64_t(n_vocab)); }
 
 class Bench {
 public:
@@ -99,6 +122,30 @@ public:
         return n / std::chrono::duration<double>(Clock::now() - t0).count();
     }
 
+    // Seconds of one target step of `rows` tokens at the prepared depth with logits for every row and
+    // their greedy tokens (what a greedy verify step reads), the median of `iters` (state restored
+    // between them).
+    double step_seconds(int rows, int iters) {
+        std::vector<double> t;
+        for (int it = 0; it <= iters; ++it) {  // the first one warms up
+            restore();
+            for (int i = 0; i < rows; ++i) {
+                batch_.token[i]     = prompt_token(depth_ + i, info_.n_vocab);
+                batch_.pos[i]       = depth_ + i;
+                batch_.n_seq_id[i]  = 1;
+                batch_.seq_id[i][0] = 0;
+                batch_.logits[i]    = 1;
+            }
+            batch_.n_tokens = rows;
+            const auto t0   = Clock::now();
+            check(spark_decode(ctx_, &batch_), "decode");
+            for (int i = 0; i < rows; ++i)
+                if (spark_get_argmax_ith(ctx_, i) < 0) throw std::runtime_error("no greedy token for a verify row");
+            if (it > 0) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+        }
+        return stat_of(t).median;
+    }
+
     double decode_tps(int n) {
         restore();
         decode_span(depth_, 1, true);  // the first token's logits (not timed: part of prefill)
@@ -134,7 +181,7 @@ private:
             const int m = std::min(n - done, batch_capacity());
             for (int i = 0; i < m; ++i) {
                 const int p          = pos + done + i;
-                batch_.token[i]      = int32_t((uint64_t(p) * 2654435761u + 12345u) % uint64_t(info_.n_vocab));
+                batch_.token[i]      = prompt_token(p, info_.n_vocab);
                 batch_.pos[i]        = p;
                 batch_.n_seq_id[i]   = 1;
                 batch_.seq_id[i][0]  = 0;
@@ -155,6 +202,70 @@ private:
     int              depth_    = 0;
 };
 
+// Speculative decoding in a context of its own (the loop makes its context's steps output hidden
+// states and keep recurrent states for rollback: the plain figures stay those of plain decoding).
+class SpecBench {
+public:
+    SpecBench(spark_model * m, int32_t n_ctx, const spark_spec_params & sp) {
+        spark_model_get_info(m, &info_);
+        spark_context_params cp = spark_context_default_params();
+        cp.n_ctx                = n_ctx;
+        cp.n_snapshots          = 0;
+        if (spark_context_init(m, cp, &ctx_) != SPARK_OK) throw std::runtime_error(std::string("context: ") + spark_last_error());
+        if (spark_spec_init(ctx_, sp, &spec_) != SPARK_OK) {
+            const std::string e = spark_last_error();
+            spark_context_free(ctx_);
+            throw std::runtime_error(e);
+        }
+        greedy_ = spark_sampler_init_greedy();
+    }
+    ~SpecBench() {
+        spark_sampler_free(greedy_);
+        spark_spec_free(spec_);
+        spark_context_free(ctx_);
+    }
+
+    // Tokens/s of n tokens after a prompt of depth + 1 tokens (as tg: the context holds `depth`
+    // tokens, the first answer token comes from the prompt's logits and is not counted). The
+    // prompt (spark_spec_begin: only what changed since the last run, or all of it for recurrent
+    // models) is not timed. Adds this run's acceptance counts to `acc`.
+    double tps(int depth, int n, spark_spec_stats & acc) {
+        std::vector<spark_token> prompt(size_t(depth) + 1);
+        for (int p = 0; p <= depth; ++p) prompt[size_t(p)] = prompt_token(p, info_.n_vocab);
+        check(spark_spec_begin(spec_, 0, prompt.data(), int32_t(prompt.size())), "spark_spec_begin");
+        spark_spec_reset_stats(spec_);
+        spark_token  out[SPARK_SPEC_MAX_DRAFT + 2];
+        spark_seq_id seq  = 0;
+        int          made = -1;  // the first token is the prompt's
+        const auto   t0   = Clock::now();
+        while (made < n) {
+            int32_t n_out = 0;
+            check(spark_spec_step(spec_, 1, &seq, &greedy_, out, SPARK_SPEC_MAX_DRAFT + 2, &n_out), "spark_spec_step");
+            made += n_out;  // an end-of-generation token ends nothing here: the next step goes on
+        }
+        const double     t = std::chrono::duration<double>(Clock::now() - t0).count();
+        spark_spec_stats s{};
+        check(spark_spec_get_stats(spec_, &s), "spark_spec_get_stats");
+        acc.n_steps += s.n_steps;
+        acc.n_drafted += s.n_drafted;
+        acc.n_accepted += s.n_accepted;
+        for (int i = 0; i < SPARK_SPEC_MAX_DRAFT; ++i) {
+            acc.drafted_at[i] += s.drafted_at[i];
+            acc.accepted_at[i] += s.accepted_at[i];
+        }
+        return made / t;  // the last step's tokens beyond n are real tokens too
+    }
+
+private:
+    static void check(spark_status st, const char * what) {
+        if (st != SPARK_OK) throw std::runtime_error(std::string(what) + ": " + spark_last_error());
+    }
+    spark_model_info info_{};
+    spark_context *  ctx_    = nullptr;
+    spark_spec *     spec_   = nullptr;
+    spark_sampler *  greedy_ = nullptr;
+};
+
 double step_bytes(const spark_model_info & i, double mean_depth) {
     return double(i.decode_weight_bytes) + double(i.kv_bytes_per_token) * mean_depth + 2.0 * double(i.recurrent_bytes);
 }
@@ -165,7 +276,8 @@ int main(int argc, char ** argv) {
     CLI::App    app{"spark-bench: prefill (pp) and decode (tg) tokens/s, with the roofline fraction"};
     std::vector<std::string> models;
     std::string synthetic, formats = "int4", depths_arg = "0", device = "cuda";
-    int         n_prompt = 512, n_gen = 128, reps = 3;
+    std::string spec_arg, sim_arg;
+    int         n_prompt = 512, n_gen = 128, reps = 3, draft_max = 3;
     bool        json = false, matrix = false;
     app.add_option("-m,--model", models, "model directory or spark file (repeatable)");
     app.add_option("--synthetic", synthetic, "synthetic shapes: qwen3-8b,qwen3-30b-a3b,qwen3-next-80b-a3b");
@@ -177,7 +289,54 @@ int main(int argc, char ** argv) {
     app.add_option("--device", device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
     app.add_flag("--json", json, "print JSON instead of a table");
     app.add_flag("--context-matrix", matrix, "decode speed for generations of 20/150/400 tokens at depths 0/512/2K/8K/16K");
+    app.add_option("--spec", spec_arg, "also speculative decoding: draft:PATH, eagle3:PATH, mtp or ngram");
+    CLI::Option * draft_max_opt = app.add_option("--draft-max", draft_max, "--spec: tokens drafted per step (default 3, or the number of --spec-sim-accept values)");
+    app.add_option("--spec-sim-accept", sim_arg, "--spec: simulated acceptance at draft positions 1, 2, ... (e.g. 0.84,0.53; benchmark only)");
     CLI11_PARSE(app, argc, argv);
+
+    // --spec, --draft-max, --spec-sim-accept.
+    spark_cli::SpecOption spec;
+    std::vector<float>    sim_accept;
+    if (!spec_arg.empty()) {
+        std::string err;
+        if (!spark_cli::parse_spec(spec_arg, spec, err)) {
+            std::fprintf(stderr, "spark-bench: %s\n", err.c_str());
+            return 2;
+        }
+    }
+    if (!sim_arg.empty()) {
+        if (spec_arg.empty()) {
+            std::fprintf(stderr, "spark-bench: --spec-sim-accept needs --spec (the source whose work is measured)\n");
+            return 2;
+        }
+        for (const std::string & v : split(sim_arg)) {
+            size_t pos = 0;
+            float  p   = -1;
+            try {
+                p = std::stof(v, &pos);
+            } catch (const std::exception &) {
+                pos = 0;
+            }
+            if (pos != v.size()) {
+                std::fprintf(stderr, "spark-bench: --spec-sim-accept: '%s' is not a number\n", v.c_str());
+                return 2;
+            }
+            sim_accept.push_back(p);
+        }
+        if (draft_max_opt->count() == 0) draft_max = int(sim_accept.size());
+        if (int(sim_accept.size()) < draft_max) {
+            std::fprintf(stderr, "spark-bench: --spec-sim-accept has %zu rates, --draft-max %d needs one per draft position\n", sim_accept.size(), draft_max);
+            return 2;
+        }
+        sim_accept.resize(size_t(draft_max));
+    }
+    spark_spec_params spec_params = spark_spec_default_params();
+    spec_params.kind              = spec.kind;
+    spec_params.path              = spec.path.empty() ? nullptr : spec.path.c_str();
+    spec_params.n_draft_max       = draft_max;
+    spec_params.sim_accept        = sim_accept.empty() ? nullptr : sim_accept.data();
+    const bool        simulated   = !sim_accept.empty();
+    const std::string spec_label  = spec.name + ", k=" + std::to_string(draft_max) + (simulated ? ", simulated acceptance" : "");
 
     for (const std::string & s : split(synthetic))
         for (const std::string & f : split(formats)) models.push_back("synthetic:" + s + ":" + f);
@@ -196,8 +355,12 @@ int main(int argc, char ** argv) {
         spark_device_info di{};
         if (spark_cuda_device_info(0, &di) == SPARK_OK) device_name = di.name;
     }
+    // With --spec the table has four more columns (empty in the pp/tg rows).
+    const std::string no_spec_cells = spec_arg.empty() ? "" : " | | | |";
     if (!json) {
-        std::printf("| model | format | test | depth | t/s | step MB | %% of copy BW |\n|---|---|---|---:|---:|---:|---:|\n");
+        std::printf("| model | format | test | depth | t/s | step MB | %% of copy BW |%s\n|---|---|---|---:|---:|---:|---:|%s\n",
+                    spec_arg.empty() ? "" : " speedup | tok/step | verify k+1 / 1 row | acceptance by draft position |",
+                    spec_arg.empty() ? "" : "---:|---:|---:|---|");
         std::fflush(stdout);
     }
     for (const std::string & path : models) {
@@ -208,7 +371,7 @@ int main(int argc, char ** argv) {
         const auto    t0      = Clock::now();
         if (spark_model_load(path.c_str(), mp, &model) != SPARK_OK) {
             std::fprintf(stderr, "spark-bench: %s: %s (%s)\n", path.c_str(), spark_last_error(), "skipped");
-            if (!json) std::printf("| %s | - | - | - | %s | | |\n", path.c_str(), "not run (see stderr)");
+            if (!json) std::printf("| %s | - | - | - | %s | | |%s\n", path.c_str(), "not run (see stderr)", no_spec_cells.c_str());
             continue;
         }
         const double load_s = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -222,17 +385,58 @@ int main(int argc, char ** argv) {
         try {
             const int max_depth = *std::max_element(depths.begin(), depths.end());
             const int max_gen   = *std::max_element(gens.begin(), gens.end());
-            Bench     b(model, max_depth + std::max(n_prompt, max_gen + 1) + 8, 512);
+            const int verify_rows = spec_arg.empty() ? 0 : draft_max + 1;  // the verify-cost step
+            Bench     b(model, max_depth + std::max({n_prompt, max_gen + 1, verify_rows}) + 8, 512);
+            // The speculative loop: a prompt of depth + 1 tokens, max_gen tokens and the last step's
+            // surplus (up to draft_max + 1).
+            std::unique_ptr<SpecBench> sb;
+            if (!spec_arg.empty() && max_gen > 0) {
+                try {
+                    sb = std::make_unique<SpecBench>(model, max_depth + 1 + max_gen + draft_max + 8, spec_params);
+                } catch (const std::exception & e) {
+                    std::fprintf(stderr, "spark-bench: %s: no speculative decoding (--spec %s): %s\n", path.c_str(), spec_arg.c_str(), e.what());
+                    if (!json) std::printf("| %s | %s | spec (%s) | - | not run (see stderr) | | | | | | |\n", name.c_str(), format.c_str(), spec_label.c_str());
+                }
+            }
             for (int depth : depths) {
                 b.prepare(depth);
                 auto emit = [&](const std::string & test, const std::vector<double> & v, double bytes) {
-                    Result r{name, format, test, depth, stat_of(v), bytes, 0.0};
+                    Result r;
+                    r.model = name, r.format = format, r.test = test, r.depth = depth, r.tps = stat_of(v), r.step_bytes = bytes;
                     if (bytes > 0 && bandwidth > 0) r.bw_fraction = bytes * r.tps.median / bandwidth;
                     results.push_back(r);
                     if (!json) {
-                        std::printf("| %s | %s | %s | %d | %.1f ± %.1f | %s | %s |\n", r.model.c_str(), r.format.c_str(), r.test.c_str(), r.depth,
+                        std::printf("| %s | %s | %s | %d | %.1f ± %.1f | %s | %s |%s\n", r.model.c_str(), r.format.c_str(), r.test.c_str(), r.depth,
                                     r.tps.median, r.tps.stdev, bytes > 0 ? std::to_string(bytes / 1e6).substr(0, std::to_string(bytes / 1e6).find(".") + 2).c_str() : "",
-                                    bytes > 0 ? (std::to_string(int(100 * r.bw_fraction + 0.5)) + "%").c_str() : "");
+                                    bytes > 0 ? (std::to_string(int(100 * r.bw_fraction + 0.5)) + "%").c_str() : "", no_spec_cells.c_str());
+                        std::fflush(stdout);
+                    }
+                };
+                // The verify cost at this depth: one step of k + 1 rows over one of 1 row.
+                double verify_ratio = 0;
+                if (sb) {
+                    const int    iters = std::max(5, 3 * reps);
+                    const double one   = b.step_seconds(1, iters);
+                    verify_ratio       = one > 0 ? b.step_seconds(draft_max + 1, iters) / one : 0;
+                }
+                auto emit_spec = [&](int g, const std::vector<double> & v, double tg_tps, const spark_spec_stats & s) {
+                    Result r;
+                    r.model = name, r.format = format, r.test = "spec tg" + std::to_string(g) + " (" + spec_label + ")", r.depth = depth, r.tps = stat_of(v);
+                    r.spec            = true;
+                    r.simulated       = simulated;
+                    r.spec_kind       = spec.name;
+                    r.n_draft_max     = draft_max;
+                    r.speedup         = tg_tps > 0 ? r.tps.median / tg_tps : 0;
+                    r.tokens_per_step = spark_cli::tokens_per_step(s);
+                    r.verify_ratio    = verify_ratio;
+                    for (int i = 0; i < draft_max; ++i) r.acceptance.push_back(s.drafted_at[i] ? double(s.accepted_at[i]) / double(s.drafted_at[i]) : -1.0);
+                    results.push_back(r);
+                    std::fprintf(stderr, "spark-bench: %s depth %d, speculative (%s): %s\n", name.c_str(), depth, spec_label.c_str(),
+                                 spark_cli::describe_spec_stats(s, draft_max).c_str());
+                    if (!json) {
+                        std::printf("| %s | %s | %s | %d | %.1f ± %.1f | | | %.2fx | %.2f | %.2f | %s |\n", r.model.c_str(), r.format.c_str(), r.test.c_str(),
+                                    r.depth, r.tps.median, r.tps.stdev, r.speedup, r.tokens_per_step, r.verify_ratio,
+                                    spark_cli::acceptance_by_position(s, draft_max).c_str());
                         std::fflush(stdout);
                     }
                 };
@@ -248,6 +452,13 @@ int main(int argc, char ** argv) {
                     b.decode_tps(std::min(g, 8));  // warm-up: the single-token step is captured
                     for (int r = 0; r < reps; ++r) v.push_back(b.decode_tps(g));
                     emit("tg" + std::to_string(g), v, step_bytes(b.info(), depth + g / 2.0));
+                    if (!sb) continue;
+                    const double     tg_tps = results.back().tps.median;
+                    spark_spec_stats acc{}, warm{};
+                    std::vector<double> vs;
+                    sb->tps(depth, std::min(g, 8), warm);  // warm-up
+                    for (int r = 0; r < reps; ++r) vs.push_back(sb->tps(depth, g, acc));
+                    emit_spec(g, vs, tg_tps, acc);
                 }
             }
         } catch (const std::exception & e) {
@@ -259,6 +470,7 @@ int main(int argc, char ** argv) {
         // Depth x generation length, decode tokens/s (end-to-end style tables users publish).
         std::string last;
         for (const Result & r : results) {
+            if (r.spec) continue;  // the speculative rows are in the table above
             const std::string id = r.model + " " + r.format;
             if (id != last) {
                 std::printf("\n%s: decode tokens/s by context depth (rows) and generation length (columns)\n| depth |", id.c_str());
@@ -277,15 +489,45 @@ int main(int argc, char ** argv) {
         std::printf("{\"device\": \"%s\", \"copy_bandwidth_gbs\": %.1f, \"results\": [\n", device_name.c_str(), bandwidth / 1e9);
         for (size_t i = 0; i < results.size(); ++i) {
             const Result & r = results[i];
+            std::string extra;  // speculative rows
+            if (r.spec) {
+                char buf[256];
+                std::snprintf(buf, sizeof buf, ", \"spec\": \"%s\", \"n_draft_max\": %d, \"simulated\": %s, \"speedup\": %.4f, \"tokens_per_step\": %.4f, "
+                              "\"verify_cost_ratio\": %.4f, \"acceptance\": [",
+                              r.spec_kind.c_str(), r.n_draft_max, r.simulated ? "true" : "false", r.speedup, r.tokens_per_step, r.verify_ratio);
+                extra = buf;
+                for (size_t j = 0; j < r.acceptance.size(); ++j) {
+                    std::snprintf(buf, sizeof buf, "%s%.4f", j ? ", " : "", r.acceptance[j]);
+                    extra += r.acceptance[j] < 0 ? std::string(j ? ", " : "") + "null" : std::string(buf);
+                }
+                extra += "]";
+                if (r.simulated) {
+                    extra += ", \"sim_accept\": [";
+                    for (size_t j = 0; j < sim_accept.size(); ++j) {
+                        std::snprintf(buf, sizeof buf, "%s%.4f", j ? ", " : "", double(sim_accept[j]));
+                        extra += buf;
+                    }
+                    extra += "]";
+                }
+            }
             std::printf("  {\"model\": \"%s\", \"format\": \"%s\", \"test\": \"%s\", \"depth\": %d, \"tps\": %.2f, \"tps_stdev\": %.2f, "
-                        "\"step_bytes\": %.0f, \"bw_fraction\": %.4f}%s\n",
+                        "\"step_bytes\": %.0f, \"bw_fraction\": %.4f%s}%s\n",
                         r.model.c_str(), r.format.c_str(), r.test.c_str(), r.depth, r.tps.median, r.tps.stdev, r.step_bytes, r.bw_fraction,
-                        i + 1 < results.size() ? "," : "");
+                        extra.c_str(), i + 1 < results.size() ? "," : "");
         }
         std::printf("]}\n");
     } else {
         std::printf("\ndevice: %s, measured copy bandwidth %.0f GB/s (bytes read + written), build %s\n", device_name.c_str(), bandwidth / 1e9,
                     spark_build_info());
+        if (!spec_arg.empty()) {
+            std::printf("spec: greedy speculative decoding with --spec %s, up to %d drafts per step; speedup over tg of the same depth; tok/step: "
+                        "tokens per verify step; verify k+1 / 1 row: time of a target step of %d rows over one of 1 row\n",
+                        spec_arg.c_str(), draft_max, draft_max + 1);
+            if (simulated)
+                std::printf("SIMULATED acceptance (--spec-sim-accept %s): drafts accepted by chance at these per-position rates; the work per "
+                            "step is real, the tokens are not the model's output\n",
+                            sim_arg.c_str());
+        }
     }
     return 0;
 }

@@ -2,13 +2,20 @@
 // against a reference (like llama.cpp's eval tools). Stable interface:
 //
 //   spark-eval --model PATH --tokens 1,2,3 --logits-out OUT.safetensors --greedy N [--device cpu|cuda]
+//              [--spec draft:PATH|eagle3:PATH|mtp|ngram [--draft-max K]]
 //
 // OUT.safetensors holds `logits` (F32 [n_tokens, n_vocab], every prompt position) and `greedy`
 // (I32 [N], the greedy continuation after the prompt). Exit code 0 on success; errors go to stderr.
+// With --spec the greedy continuation comes from the speculative loop (spark_spec_*, in a context of
+// its own; the logits are still the plain prompt decode's), so comparing it with a run without
+// --spec checks that speculation changes no token; the acceptance figures go to stderr.
 #include <spark/spark.h>
 
 #include <CLI/CLI.hpp>
 
+#include "spec_cli.h"
+
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -65,19 +72,74 @@ int fail(const char * what, spark_status st) {
     return 1;
 }
 
+// The first n greedy tokens after `prompt` through the speculative loop, in a fresh context (the
+// last step's surplus dropped). Prints the acceptance figures. 0 on success, else 1 (reported).
+int spec_greedy(spark_model * model, const std::vector<int32_t> & prompt, int n, int32_t n_threads, const spark_cli::SpecOption & so,
+                int32_t draft_max, std::string & greedy) {
+    spark_context_params cp = spark_context_default_params();
+    cp.n_ctx                = int32_t(prompt.size()) + n + draft_max + 1;  // room for a last step's drafts
+    cp.n_batch              = std::max(int32_t(prompt.size()), draft_max + 1);  // a verify step is draft_max + 1 rows
+    cp.n_threads            = n_threads;
+    spark_context * ctx     = nullptr;
+    if (spark_status st = spark_context_init(model, cp, &ctx); st != SPARK_OK) return fail("creating the speculative context", st);
+    spark_spec_params sp = spark_spec_default_params();
+    sp.kind              = so.kind;
+    sp.path              = so.path.empty() ? nullptr : so.path.c_str();
+    sp.n_draft_max       = draft_max;
+    spark_spec *    spec = nullptr;
+    spark_sampler * smpl = spark_sampler_init_greedy();
+    int             rc   = 0;
+    spark_status    st   = spark_spec_init(ctx, sp, &spec);
+    if (st != SPARK_OK) rc = fail("speculative decoding", st);
+    else if ((st = spark_spec_begin(spec, 0, prompt.data(), int32_t(prompt.size()))) != SPARK_OK) rc = fail("decoding the prompt (speculative)", st);
+    // End-of-generation tokens do not stop it: like the plain loop, it continues to n tokens.
+    for (int have = 0; rc == 0 && have < n;) {
+        spark_token  out[SPARK_SPEC_MAX_DRAFT + 2];
+        int32_t      n_out = 0;
+        spark_seq_id seq   = 0;
+        if ((st = spark_spec_step(spec, 1, &seq, &smpl, out, SPARK_SPEC_MAX_DRAFT + 2, &n_out)) != SPARK_OK) {
+            rc = fail("speculative step", st);
+            break;
+        }
+        for (int32_t i = 0; i < n_out && have < n; ++i, ++have) greedy.append(reinterpret_cast<const char *>(&out[i]), sizeof out[i]);
+    }
+    if (rc == 0) {
+        spark_spec_stats s{};
+        spark_spec_get_stats(spec, &s);
+        std::fprintf(stderr, "spark-eval: speculative (%s, up to %d drafts): %s\n", so.name.c_str(), draft_max,
+                     spark_cli::describe_spec_stats(s, draft_max).c_str());
+    }
+    spark_sampler_free(smpl);
+    spark_spec_free(spec);
+    spark_context_free(ctx);
+    return rc;
+}
+
 }  // namespace
 
 int main(int argc, char ** argv) {
     CLI::App    app{"spark-eval: logits and greedy continuation of a prompt, for checks against a reference"};
     std::string model_path, tokens_arg, out_path, device = "cpu";
-    int         n_greedy = 0, n_threads = 0;
+    std::string spec_arg;
+    int         n_greedy = 0, n_threads = 0, draft_max = 3;
     app.add_option("-m,--model", model_path, "Hugging Face directory or spark file")->required();
     app.add_option("--tokens", tokens_arg, "prompt token ids, comma separated")->required();
     app.add_option("--logits-out", out_path, "output .safetensors (logits, greedy)")->required();
     app.add_option("--greedy", n_greedy, "tokens of greedy continuation")->check(CLI::Range(0, 1 << 20));
     app.add_option("--device", device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
     app.add_option("-t,--threads", n_threads, "CPU threads (0: all)");
+    app.add_option("--spec", spec_arg, "greedy continuation by speculative decoding: draft:PATH, eagle3:PATH, mtp or ngram");
+    app.add_option("--draft-max", draft_max, "--spec: tokens drafted per step (1 .. 16)");
     CLI11_PARSE(app, argc, argv);
+
+    spark_cli::SpecOption spec;
+    if (!spec_arg.empty()) {
+        std::string err;
+        if (!spark_cli::parse_spec(spec_arg, spec, err)) {
+            std::fprintf(stderr, "spark-eval: %s\n", err.c_str());
+            return 1;
+        }
+    }
 
     std::vector<int32_t> prompt;
     try {
@@ -128,9 +190,10 @@ int main(int argc, char ** argv) {
     } else {
         const float * all = spark_get_logits(ctx);
         logits.bytes.assign(reinterpret_cast<const char *>(all), prompt.size() * size_t(info.n_vocab) * sizeof(float));
+        if (!spec_arg.empty()) rc = spec_greedy(model, prompt, n_greedy, n_threads, spec, draft_max, greedy.bytes);
         spark_sampler * smpl = spark_sampler_init_greedy();
         spark_pos       pos  = int32_t(prompt.size());
-        for (int i = 0; i < n_greedy && rc == 0; ++i) {
+        for (int i = 0; i < n_greedy && rc == 0 && spec_arg.empty(); ++i) {
             spark_token t;
             st = spark_sampler_sample(smpl, ctx, -1, &t);
             if (st != SPARK_OK) {
