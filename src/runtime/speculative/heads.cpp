@@ -184,8 +184,8 @@ std::unique_ptr<DraftSource> make_head_source(Context & target, const SourceOpti
     if (o.kind == SPARK_SPEC_MTP) {
         if (!tm.mtp) {
             if (tm.hparams.arch != "qwen3_next")
-                fail(SPARK_ERR_UNSUPPORTED, "--spec mtp: %s is a %s model; MTP heads exist for qwen3_next models", tm.path.c_str(), tm.hparams.arch.c_str());
-            fail(SPARK_ERR_UNSUPPORTED, "--spec mtp: %s has no MTP head (num_nextn_predict_layers = %lld, no mtp.* tensors in the checkpoint)",
+                fail(SPARK_ERR_UNSUPPORTED, "%s is a %s model: it has no MTP head (MTP heads exist for qwen3_next models)", tm.path.c_str(), tm.hparams.arch.c_str());
+            fail(SPARK_ERR_UNSUPPORTED, "%s has no MTP head (num_nextn_predict_layers = %lld, no mtp.* tensors in the checkpoint)",
                  tm.path.c_str(), (long long) tm.hparams.n_mtp_layers);
         }
         return std::make_unique<HeadSource>(target, nullptr, *tm.mtp, HiddenCapture{{HiddenCapture::kFinalNorm}}, "mtp", o.k_max);

@@ -199,11 +199,13 @@ void Speculator::step(int32_t n_seqs, const int32_t * seq_ids, spark_sampler ** 
     for (size_t a = 0; a < active.size(); ++a) {
         int32_t & n = drafts.n[a];
         if (n < params_.n_draft_min) n = 0;
-        // Simulated acceptance verifies full drafts: pad short ones (n-gram) with the last token.
+        // Simulated acceptance verifies full drafts: short ones (n-gram, p_min) are padded, on the
+        // host with the last token, on the device with whatever the draft buffer holds (valid ids:
+        // the tokens are not the point of a simulation).
         if (!sim_accept_.empty() && n < k_of[a]) {
-            if (drafts.device) fail(SPARK_ERR_INTERNAL, "simulated acceptance pads host drafts only");
-            for (int32_t d = n; d < k_of[a]; ++d)
-                drafts.host[a * size_t(drafts.k) + size_t(d)] = d ? drafts.host[a * size_t(drafts.k) + size_t(d - 1)] : st_of[a]->tokens.back();
+            if (!drafts.device)
+                for (int32_t d = n; d < k_of[a]; ++d)
+                    drafts.host[a * size_t(drafts.k) + size_t(d)] = d ? drafts.host[a * size_t(drafts.k) + size_t(d - 1)] : st_of[a]->tokens.back();
             n = k_of[a];
         }
     }
