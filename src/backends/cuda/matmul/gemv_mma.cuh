@@ -18,17 +18,20 @@
 //             sum at the end (the reference rounds f32(e4m3) * global once per block: the two differ
 //             by a relative 2^-24 per weight, a reassociation).
 //   x         every 128-K block of every activation row r gets a power of two s (max |x| s in
-//             [2^14, 2^15) over the block) and x s is split exactly into three f16: hi = f16(x s),
-//             mid = f16(x s - hi), lo = f16(x s - hi - mid) (both subtractions are exact in f32).
-//             hi + mid + lo == x s exactly when |x s| >= 2^-1 (x s has 24 significant bits; the last
-//             one is then >= 2^-24, the f16 quantum): every element within a factor 2^15 of its
-//             block's maximum is exact. A smaller element loses only its bits below 2^-24:
-//             |error| <= 2^-25 / s <= 2^-39 max_block |x|, so a block's dot product is off by at most
-//             2^-39 max_block|x| sum_block|w| - an outlier 1e4 times the typical activation still
-//             leaves every element's error below 2^-25 of the typical size, far below the f32
-//             summation error (nmse contribution < 1e-18). Non-finite x: hi = x, mid = lo = 0 (inf
-//             and NaN propagate as in f32).
-//   MMA       B has one column per (activation row r, part): 3r, 3r + 1, 3r + 2. f16 x f16 products
+//             [2^14, 2^15) over the block) and x s is split into two f16: hi = f16(x s) and
+//             lo = f16(x s - hi) (the subtraction is exact in f32). hi + lo holds the 22 leading
+//             significant bits of x s: |hi + lo - x s| <= 2^-23 |x s| (lo is rounded to nearest at
+//             11 bits of a remainder below 2^-11 |x s|), i.e. the activations enter at 22 bits
+//             instead of f32's 24, an error of the order of one f32 rounding of the element and
+//             far below the f32 rounding of the K-long sums (a third part would give the last two
+//             bits exactly but cost a third more B columns: 3 rows would take 2 MMAs per fragment
+//             instead of 1, and a verify step of 3-4 rows is where speculative decoding needs this
+//             kernel to cost no more than one row). Elements more than 2^15 below their block's
+//             maximum also lose their bits below 2^-24 / s (the f16 quantum): |error| <= 2^-25 / s
+//             <= 2^-39 max_block |x|, harmless. Non-finite x: hi = x, lo = 0 (inf and NaN propagate
+//             as in f32). Each activation row's columns are its own: a row's result does not depend
+//             on the other rows of the step.
+//   MMA       B has one column per (activation row r, part): 2r, 2r + 1. f16 x f16 products
 //             (11 x 11 significant bits) are exact in the tensor core; it adds the 16 products and
 //             the accumulator with at least f32 precision (Hopper: aligned to the largest term and
 //             truncated, >= 24 fraction bits: <= 2^-23 of the largest term per MMA, biased towards
@@ -39,7 +42,7 @@
 //             FMA kernel's groups do. Measured on the emulator with a pessimistic truncation model
 //             (dev/kernels/matmul/emu_gemv.cpp): nmse <= 1e-13 against a double reference, as the
 //             FMA kernel's (tests allow 1e-10).
-//   result    y = sum hi + (sum mid + sum lo) (NVFP4: times global * 2^7).
+//   result    y = sum hi + sum lo (NVFP4: times global * 2^7).
 //
 // Work mapping. A warp owns T = 2 tiles of 16 weight rows (two row tiles of one weight, the gate and
 // up tiles of the same rows, or - kp, one weight - one row tile at two consecutive 128-K blocks: half
@@ -62,7 +65,7 @@
 //
 // Reduction, all in fixed orders (deterministic): each warp writes its accumulators (per row and
 // column) to shared memory; one thread per (row, activation row) sums the K-warps in order and the
-// parts as hi + (mid + lo); K split across blocks: partials and the last block's reduction
+// parts as hi + lo; K split across blocks: partials and the last block's reduction
 // (gemv_splitk_finish), as the FMA kernel.
 #pragma once
 
@@ -250,7 +253,8 @@ __device__ __forceinline__ void gemv_mma_split(const float * const (&xr)[R], uin
             const int   pw = gemv_mma_scale_exp(min(m, 0x7F7FFFFFu));
             const float sc = __int_as_float((127 + pw) << 23);
             if (!active) continue;
-            uint32_t hi[4], mid[4], lo[4];
+            static_assert(kGemvMmaSplit == 2, "the split below makes hi and lo");
+            uint32_t hi[4], lo[4];
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 const float  a0 = e[j] * sc, a1 = e[j + 4] * sc;
@@ -259,18 +263,15 @@ __device__ __forceinline__ void gemv_mma_split(const float * const (&xr)[R], uin
                 // Non-finite: everything in hi (x - hi would be NaN for an infinity).
                 const float r0 = (__float_as_uint(a0) & 0x7FFFFFFFu) < 0x7F800000u ? a0 - h.x : 0.0f;
                 const float r1 = (__float_as_uint(a1) & 0x7FFFFFFFu) < 0x7F800000u ? a1 - h.y : 0.0f;
-                mid[j]          = pack_f16x2(r0, r1);
-                const float2 md = unpack_f16x2(mid[j]);
-                lo[j]           = pack_f16x2(r0 - md.x, r1 - md.y);
+                lo[j]           = pack_f16x2(r0, r1);
             }
-            uint4 * dst = smem + ((size_t(b) * 4 + i) * P + 3 * r) * 4 + q;
+            uint4 * dst = smem + ((size_t(b) * 4 + i) * P + 2 * r) * 4 + q;
             dst[0]      = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-            dst[4]      = make_uint4(mid[0], mid[1], mid[2], mid[3]);
-            dst[8]      = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+            dst[4]      = make_uint4(lo[0], lo[1], lo[2], lo[3]);
             if ((wi & 15) == 0) {
                 const float inv = __int_as_float((127 - pw) << 23);
-                float *     d   = inv_s + size_t(b) * gemv_mma_col_stride(R) + 3 * r;
-                d[0] = d[1] = d[2] = inv;
+                float *     d   = inv_s + size_t(b) * gemv_mma_col_stride(R) + 2 * r;
+                d[0] = d[1] = inv;
             }
         }
     }
@@ -476,7 +477,7 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R)) gemv_mma
     }
     __syncthreads();
 
-    // One thread per (output row of the block, activation row): K-warps in order, hi + (mid + lo).
+    // One thread per (output row of the block, activation row): K-warps in order, hi + lo.
     const int   rows    = a.table[0] != nullptr ? 1 : a.rows;
     const float ffac[2] = {F::final_factor(w[0]), F::final_factor(w[NW - 1])};
     for (int idx = int(threadIdx.x); idx < rows_per_block * rows; idx += kGemvThreads) {
@@ -487,14 +488,13 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R)) gemv_mma
         float     v[NW];
 #pragma unroll
         for (int i = 0; i < NW; ++i) {
-            float hi = 0.0f, mid = 0.0f, lo = 0.0f;
+            float hi = 0.0f, lo = 0.0f;
             for (int k = 0; k < wk; ++k) {
-                const float * p = red + ((((wrr << wk_shift) + k) * T + i * U + u) * 16 + rw) * P + 3 * r;
+                const float * p = red + ((((wrr << wk_shift) + k) * T + i * U + u) * 16 + rw) * P + 2 * r;
                 hi += p[0];
-                mid += p[1];
-                lo += p[2];
+                lo += p[1];
             }
-            v[i] = (hi + (mid + lo)) * ffac[i];
+            v[i] = (hi + lo) * ffac[i];
         }
         const int64_t row = out_row0 + r;
         if (a.partial == nullptr) {

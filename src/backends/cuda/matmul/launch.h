@@ -93,7 +93,8 @@ constexpr int gemv_min_blocks(int r, WeightFormat f) {
 // one weight, or gate and up), a step is one 128-K block of them (8 mma.sync m16n8k16 per tile).
 constexpr int kMmaK = 128;                                                     // K per step
 constexpr int gemv_mma_tiles(int nw) { return nw == 2 ? 1 : 2; }               // row tiles per warp (per weight)
-constexpr int gemv_mma_parts(int r) { return 3 * r; }                          // B columns: hi, mid, lo per row
+constexpr int kGemvMmaSplit = 2;                                                // f16 parts per activation: hi, lo
+constexpr int gemv_mma_parts(int r) { return kGemvMmaSplit * r; }               // B columns
 constexpr int gemv_mma_depth(int r) { return r <= 4 ? 2 : 1; }                 // steps in flight per lane
 constexpr int gemv_mma_min_blocks(int r) { return r <= 4 ? 2 : 1; }            // __launch_bounds__ blocks per SM
 constexpr int gemv_mma_col_stride(int r) { return (gemv_mma_parts(r) + 7) / 8 * 8; }  // 1 / s per block and column
