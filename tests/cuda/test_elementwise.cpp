@@ -474,17 +474,20 @@ TEST_CASE("cuda elementwise: fused ADD + RMS_NORM (op_add_rms_norm)") {
     std::normal_distribution<float> nd(0.0f, 1.0f);
     for (int64_t rows : kRows)
         for (int64_t n : {int64_t(128), int64_t(2048), int64_t(4096)})
-            for (int variant = 0; variant < 4; ++variant) {
+            for (int variant = 0; variant < 5; ++variant) {
                 // 0: plain weight; 1: zero-centred, b broadcast; 2: no weight; 3: the norm output
-                // placed over `a` (what the planner may do: a is dead after the ADD).
+                // placed over `a` (what the planner may do: a is dead after the ADD), the fused
+                // kernel in place; 4: the output over `a` shifted by one row (the two ops in turn).
                 const bool b_bcast = variant == 1;
                 const bool has_w   = variant != 2;
                 const bool zc      = variant == 1;
-                const bool alias   = variant == 3;
+                const bool alias   = variant >= 3;
+                const bool shift   = variant == 4;
+                if (shift && rows < 2) continue;
                 const std::string name = shape_name("fused add+rms_norm", n, rows) + " variant " + std::to_string(variant);
                 CAPTURE(name);
                 const int64_t brows = b_bcast ? 1 : rows;
-                HostDev a{size_t(n * rows)}, b{size_t(n * brows)}, w{size_t(n)}, sum{size_t(n * rows)}, out{size_t(n * rows)};
+                HostDev a{size_t(n * (rows + 1))}, b{size_t(n * brows)}, w{size_t(n)}, sum{size_t(n * rows)}, out{size_t(n * rows)};
                 for (auto & x : a.host) x = nd(rng) * 2.0f;
                 for (auto & x : b.host) x = nd(rng);
                 for (auto & x : w.host) x = 1.0f + 0.1f * nd(rng);
@@ -502,7 +505,8 @@ TEST_CASE("cuda elementwise: fused ADD + RMS_NORM (op_add_rms_norm)") {
                 spark::cpu::op_rms_norm(ho, pool);
 
                 Tensor da = matrix(n, rows, a.dev), db = matrix(n, brows, b.dev), dw = matrix(n, 1, w.dev);
-                Tensor ds = matrix(n, rows, sum.dev), dout = matrix(n, rows, alias ? a.dev : out.dev);
+                float * const alias_at = a.dev + (shift ? n : 0);
+                Tensor ds = matrix(n, rows, sum.dev), dout = matrix(n, rows, alias ? alias_at : out.dev);
                 ds.op = Op::ADD, ds.src[0] = &da, ds.src[1] = &db;
                 dout.op = Op::RMS_NORM, dout.src[0] = &ds, dout.src[1] = has_w ? &dw : nullptr, dout.fp[0] = 1e-6f,
                 dout.ip[0] = zc ? 1 : 0;
@@ -510,7 +514,7 @@ TEST_CASE("cuda elementwise: fused ADD + RMS_NORM (op_add_rms_norm)") {
                 spark::cuda::op_add_rms_norm(ds, dout, ctx);
                 REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
                 const auto got_sum = sum.down(sum.dev, sum_ref.size());
-                const auto got_out = out.down(alias ? a.dev : out.dev, out_ref.size());
+                const auto got_out = out.down(alias ? alias_at : out.dev, out_ref.size());
                 CHECK(got_sum == sum_ref);                 // float add: bit-identical
                 CHECK(nmse(got_out, out_ref) <= kF32);      // sum of squares order / double on the CPU
             }

@@ -106,11 +106,16 @@ void op_add_rms_norm(const Tensor & add, const Tensor & norm, const OpContext & 
     ew::require_f32_rows(norm, "ADD+RMS_NORM");
     ew::require(ew::same_shape(a, add) && ew::same_shape(add, norm), "ADD+RMS_NORM", "shapes differ");
     ew::require(b.ne[0] == a.ne[0] && (b.nrows() == 1 || b.nrows() == a.nrows()), "ADD+RMS_NORM", "src1 shape");
-    // The planner may place the norm's output over a or b (both are dead after the ADD node). One
-    // row per block is still safe (a row is fully read before any of it is written, across a
-    // barrier), but with several rows in flight a block could overwrite a row another block has
-    // yet to read: then run the two ops one after the other (the sum never aliases a, b or out).
-    if (a.nrows() > 1 && (ew::overlaps(norm, a) || ew::overlaps(norm, b))) {
+    // The planner may place the norm's output over a or b (both are dead after the ADD node). A
+    // row is fully read before any of it is written (across a barrier), so exactly in place (each
+    // output row over the same input row: what the planner does when it reuses a's or b's buffer)
+    // is safe with any number of rows; a shifted overlap is not with several rows in flight (a
+    // block could overwrite a row another block has yet to read): then the two ops run one after
+    // the other (the sum never aliases a, b or out). Verify steps of speculative decoding (3-5
+    // rows) take the fused kernel.
+    auto in_place = [&](const Tensor & x) { return x.data == norm.data && x.nb[1] == norm.nb[1] && x.nrows() == norm.nrows(); };
+    const bool shifted = (ew::overlaps(norm, a) && !in_place(a)) || (ew::overlaps(norm, b) && !in_place(b));
+    if (a.nrows() > 1 && shifted) {
         op_binary(add, ctx);
         op_rms_norm(norm, ctx);
         return;
