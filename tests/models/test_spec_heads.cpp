@@ -7,8 +7,10 @@
 //     token with its hidden state at T - 1, then each draft with the head's own hidden output at
 //     the next position) reproduces the golden ids.
 // The heads run through Context::step with their inputs taken from backend memory, exactly as the
-// speculative loop runs them. Tolerance 1e-3 (max abs logit difference), the target goldens' (CPU
-// float32 vs transformers float32: only summation order differs; the head adds one layer).
+// speculative loop runs them. Tolerances, those of the target goldens: on the CPU 1e-3 max abs logit
+// difference (float32 vs transformers' float32: only summation order differs; the head adds one
+// layer); on the GPU (SPARK_TEST_DEVICE=cuda) 1e-2 relative error per row, ||got - golden|| /
+// ||golden|| (tests/cuda/test_models_cuda.cpp: fp16 KV cache, fp16 GEMM operands at prefill).
 #include "harness.h"
 
 #include "runtime/context.h"
@@ -81,9 +83,24 @@ void check_head(spark::Model & target, spark::Model & head, const spark::HiddenC
     const int64_t nv  = head.hparams.n_vocab;
     REQUIRE(int64_t(g.first_pass.size()) == int64_t(T - 1) * nv);
     std::vector<float> got(hctx.logits(), hctx.logits() + size_t(T - 1) * size_t(nv));
-    const float        err = max_abs_diff(got, g.first_pass);
-    MESSAGE("first pass: max |logit - golden| = " << err);
-    CHECK(err <= 1e-3f);
+    if (test_device() == SPARK_DEVICE_CPU) {
+        const float err = max_abs_diff(got, g.first_pass);
+        MESSAGE("first pass: max |logit - golden| = " << err);
+        CHECK(err <= 1e-3f);
+    } else {
+        double worst = 0;
+        for (int32_t t = 0; t + 1 < T; ++t) {
+            double num = 0, den = 0;
+            for (int64_t v = 0; v < nv; ++v) {
+                const double d = double(got[size_t(t * nv + v)]) - g.first_pass[size_t(t * nv + v)];
+                num += d * d;
+                den += double(g.first_pass[size_t(t * nv + v)]) * g.first_pass[size_t(t * nv + v)];
+            }
+            worst = std::max(worst, std::sqrt(num / den));
+        }
+        MESSAGE("first pass: worst relative logit error per row " << worst);
+        CHECK(worst <= 1e-2);
+    }
 
     // Chain: the target's next token with its last hidden state, then the head's own outputs.
     std::vector<int32_t> chain;
