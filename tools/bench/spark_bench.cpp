@@ -232,6 +232,7 @@ public:
     double tps(int depth, int n, spark_spec_stats & acc) {
         std::vector<spark_token> prompt(size_t(depth) + 1);
         for (int p = 0; p <= depth; ++p) prompt[size_t(p)] = prompt_token(p, info_.n_vocab);
+        if (!chat_prompt_.empty()) prompt = chat_prompt_;  // --prompt: acceptance on a real answer
         check(spark_spec_begin(spec_, 0, prompt.data(), int32_t(prompt.size())), "spark_spec_begin");
         spark_spec_reset_stats(spec_);
         spark_token  out[SPARK_SPEC_MAX_DRAFT + 2];
@@ -256,14 +257,32 @@ public:
         return made / t;  // the last step's tokens beyond n are real tokens too
     }
 
+    // --prompt: the user message rendered with the model's chat template, as spark-chat sends it.
+    void set_chat_prompt(spark_model * m, const std::string & text) {
+        const spark_tokenizer * tok  = spark_model_get_tokenizer(m);
+        const char *            tmpl = tok ? spark_tokenizer_chat_template(tok) : nullptr;
+        if (!tmpl) throw std::runtime_error("--prompt needs a model with a tokenizer and a chat template");
+        const spark_chat_message msg{"user", text.c_str(), nullptr, nullptr, nullptr};
+        std::string              rendered(text.size() + 4096, '\0');
+        size_t                   len = 0;
+        check(spark_chat_apply_template(tmpl, &msg, 1, true, nullptr, nullptr, nullptr, nullptr, rendered.data(), rendered.size(), &len),
+              "chat template");
+        rendered.resize(len);
+        chat_prompt_.resize(rendered.size() + 16);
+        int32_t n = 0;
+        check(spark_tokenize(tok, rendered.data(), rendered.size(), true, chat_prompt_.data(), int32_t(chat_prompt_.size()), &n), "tokenize");
+        chat_prompt_.resize(size_t(n));
+    }
+
 private:
     static void check(spark_status st, const char * what) {
         if (st != SPARK_OK) throw std::runtime_error(std::string(what) + ": " + spark_last_error());
     }
-    spark_model_info info_{};
-    spark_context *  ctx_    = nullptr;
-    spark_spec *     spec_   = nullptr;
-    spark_sampler *  greedy_ = nullptr;
+    spark_model_info         info_{};
+    spark_context *          ctx_    = nullptr;
+    spark_spec *             spec_   = nullptr;
+    spark_sampler *          greedy_ = nullptr;
+    std::vector<spark_token> chat_prompt_;
 };
 
 double step_bytes(const spark_model_info & i, double mean_depth) {
@@ -276,7 +295,7 @@ int main(int argc, char ** argv) {
     CLI::App    app{"spark-bench: prefill (pp) and decode (tg) tokens/s, with the roofline fraction"};
     std::vector<std::string> models;
     std::string synthetic, formats = "int4", depths_arg = "0", device = "cuda";
-    std::string spec_arg, sim_arg;
+    std::string spec_arg, sim_arg, prompt_text;
     int         n_prompt = 512, n_gen = 128, reps = 3, draft_max = 3;
     bool        json = false, matrix = false;
     app.add_option("-m,--model", models, "model directory or spark file (repeatable)");
@@ -291,6 +310,7 @@ int main(int argc, char ** argv) {
     app.add_flag("--context-matrix", matrix, "decode speed for generations of 20/150/400 tokens at depths 0/512/2K/8K/16K");
     app.add_option("--spec", spec_arg, "also speculative decoding: draft:PATH, eagle3:PATH, mtp or ngram");
     CLI::Option * draft_max_opt = app.add_option("--draft-max", draft_max, "--spec: tokens drafted per step (default 3, or the number of --spec-sim-accept values)");
+    app.add_option("--prompt", prompt_text, "--spec: measure on this user message (rendered with the chat template) instead of pseudo-random tokens");
     app.add_option("--spec-sim-accept", sim_arg, "--spec: simulated acceptance at draft positions 1, 2, ... (e.g. 0.84,0.53; benchmark only)");
     CLI11_PARSE(app, argc, argv);
 
@@ -366,7 +386,7 @@ int main(int argc, char ** argv) {
     for (const std::string & path : models) {
         spark_model_params mp = spark_model_default_params();
         mp.device             = device == "cuda" ? SPARK_DEVICE_CUDA : SPARK_DEVICE_CPU;
-        mp.load_tokenizer     = false;
+        mp.load_tokenizer     = !prompt_text.empty();  // --prompt renders a chat prompt
         spark_model * model   = nullptr;
         const auto    t0      = Clock::now();
         if (spark_model_load(path.c_str(), mp, &model) != SPARK_OK) {
@@ -392,7 +412,8 @@ int main(int argc, char ** argv) {
             std::unique_ptr<SpecBench> sb;
             if (!spec_arg.empty() && max_gen > 0) {
                 try {
-                    sb = std::make_unique<SpecBench>(model, max_depth + 1 + max_gen + draft_max + 8, spec_params);
+                    sb = std::make_unique<SpecBench>(model, max_depth + 1 + max_gen + draft_max + 8 + 4096 * !prompt_text.empty(), spec_params);
+                    if (!prompt_text.empty()) sb->set_chat_prompt(model, prompt_text);
                 } catch (const std::exception & e) {
                     std::fprintf(stderr, "spark-bench: %s: no speculative decoding (--spec %s): %s\n", path.c_str(), spec_arg.c_str(), e.what());
                     if (!json) std::printf("| %s | %s | spec (%s) | - | not run (see stderr) | | | | | | |\n", name.c_str(), format.c_str(), spec_label.c_str());
