@@ -17,7 +17,8 @@
 //
 // Build and run from the repository root (one line; -arch as the GPU: sm_90a H100, sm_120a RTX 50xx):
 //   nvcc -O3 -std=c++20 --expt-relaxed-constexpr -arch=sm_90a -Isrc -Iinclude dev/kernels/matmul/bench_matmul.cu src/backends/cuda/matmul/gemv_*.cu src/backends/cuda/matmul/gemm_*.cu src/backends/cuda/matmul/aux.cu src/backends/cuda/matmul/plan.cpp -o /tmp/bench_matmul && /tmp/bench_matmul
-// Options: --sweep (every plan of the large 8B INT4 shapes, timed), --gemm-sweep (the prefill GEMM's K splits), --quick (INT4 only, no GEMM), --no-gemm, --rows (also 2, 4, 8 activation rows), --no-pdl
+// Options: --sweep (every plan of the large 8B INT4 shapes, timed), --sweep-rows R (the same at R
+// activation rows), --gemm-sweep (the prefill GEMM's K splits), --quick (INT4 only, no GEMM), --no-gemm, --rows (also 2, 4, 8 activation rows), --no-pdl
 // (GEMV launches without programmatic dependent launch; the dispatch's default is with, on sm_90+),
 // --mma-only / --fma-only (INT4 and NVFP4 through one decode kernel only; default: both, the plan
 // column says which: "mma[kp] wk/ks grid" for the tensor-core decode of gemv_mma.cuh). After the
@@ -767,8 +768,9 @@ void gemm_sweep() {
 
 // --sweep: every decode-GEMV plan the planner can make (kernel x K-pair or lanes per row x K-warps x
 // K splits, restricted through the tuning overrides) for the large INT4 shapes of Qwen3-8B, to check
-// the cost model's choice against the clock.
-void sweep() {
+// the cost model's choice against the clock. --sweep-rows R: the same with R activation rows (a
+// verify step of speculative decoding: R = k + 1).
+void sweep(int rows) {
     struct S {
         const char * name;
         int64_t      n, k;
@@ -789,20 +791,21 @@ void sweep() {
                         ov.gemv_ksplit = ks;
                         if (mma) ov.gemv_kpair = variant;
                         else ov.gemv_lpr = variant;
-                        const GemvPlan p = plan_gemv(WeightFormat::INT4, s.n, s.k, 1, 1, s.nw, g_sms, lab_opts(WeightFormat::INT4, mma));
+                        const GemvPlan p = plan_gemv(WeightFormat::INT4, s.n, s.k, 1, rows, s.nw, g_sms, lab_opts(WeightFormat::INT4, mma));
                         if (p.grid.x == 0 || p.mma != mma || p.wk != wk) continue;
-                        bench_gemv(s.name, WeightFormat::INT4, s.n, s.k, 1, s.nw, 0.0, mma);
+                        bench_gemv(s.name, WeightFormat::INT4, s.n, s.k, rows, s.nw, 0.0, mma);
                     }
                 }
             }
         }
         ov = Overrides{};
-        bench_gemv(std::string(s.name) + " (planner)", WeightFormat::INT4, s.n, s.k, 1, s.nw, 0.0, true);
+        bench_gemv(std::string(s.name) + " (planner)", WeightFormat::INT4, s.n, s.k, rows, s.nw, 0.0, true);
     }
 }
 
 int main(int argc, char ** argv) {
     bool quick = false, gemm = true, more_rows = false, no_pdl = false, fma = true, mma = true, do_sweep = false, gemm_only = false;
+    int  sweep_rows = 1;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--quick") quick = true, gemm = false;
@@ -812,6 +815,7 @@ int main(int argc, char ** argv) {
         if (a == "--mma-only") fma = false;
         if (a == "--fma-only") mma = false;
         if (a == "--sweep") do_sweep = true;
+        if (a == "--sweep-rows" && i + 1 < argc) do_sweep = true, sweep_rows = std::atoi(argv[++i]);
         if (a == "--gemm-sweep") gemm_only = true;
     }
     cudaDeviceProp prop{};
@@ -825,7 +829,7 @@ int main(int argc, char ** argv) {
                 "GEMV launches %s programmatic dependent launch\n",
                 prop.name, g_sms, g_copy_bw / 1e9, g_pdl ? "with" : "without");
     if (do_sweep) {
-        sweep();
+        sweep(std::max(1, sweep_rows));
         return 0;
     }
     if (gemm_only) {
