@@ -20,3 +20,4 @@ void check_demo(const char * name) {
 
 TEST_CASE("demo model spark-demo-coder-moe matches its golden") { check_demo("spark-demo-coder-moe"); }
 TEST_CASE("demo draft model spark-demo-coder-draft matches its golden") { check_demo("spark-demo-coder-draft"); }
+TEST_CASE("demo model spark-demo-coder-next (Qwen3-Next + MTP head) matches its golden") { check_demo("spark-demo-coder-next"); }
