@@ -500,8 +500,8 @@ typedef struct spark_spec_stats {
 
 SPARK_API spark_spec_params spark_spec_default_params(void);
 
-/* Attaches a speculative loop to `target` (one loop per context; every sequence of the context can
- * use it). Loads the draft model or head. Raises the context's n_rollback to n_draft_max and makes
+/* Attaches a speculative loop to `target` (one loop per context: a second is refused; every
+ * sequence of the context can use it). Loads the draft model or head. Raises the context's n_rollback to n_draft_max and makes
  * its decode steps output the hidden states the source reads (until spark_spec_free).
  * Returns SPARK_OK, SPARK_ERR_INVALID_ARGUMENT (bad params; n_draft_max + 1 larger than n_ctx or
  * n_batch; a draft model whose vocabulary or tokenizer differs from the target's; an EAGLE3 head
@@ -539,7 +539,8 @@ SPARK_API void         spark_spec_free(spark_spec * spec);
 /* From now on every decode of ctx also outputs, for each row with logits, the hidden states of the
  * listed layers concatenated in that order: id i >= 0 is the output of layer i,
  * SPARK_HIDDEN_FINAL_NORM the final normed hidden state (what lm_head reads, an MTP head's input).
- * n_layers = 0 turns it off. SPARK_ERR_INVALID_ARGUMENT for a layer the model does not have. */
+ * n_layers = 0 turns it off. SPARK_ERR_INVALID_ARGUMENT for a layer the model does not have, or
+ * while a speculative loop is attached to ctx (it sets them itself). */
 #define SPARK_HIDDEN_FINAL_NORM (-1)
 SPARK_API spark_status spark_set_hidden_outputs(spark_context * ctx, const int32_t * layers, int32_t n_layers);
 /* Floats per row of spark_get_hidden_ith (0 when off). */

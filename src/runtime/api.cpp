@@ -163,6 +163,7 @@ SPARK_API int32_t spark_n_outputs(const spark_context * ctx) { return ctx ? ctx-
 SPARK_API spark_status spark_set_hidden_outputs(spark_context * ctx, const int32_t * layers, int32_t n_layers) {
     return api_guard([&] {
         require(ctx != nullptr && n_layers >= 0 && (n_layers == 0 || layers != nullptr), "spark_set_hidden_outputs: bad argument");
+        require(!ctx->impl->speculating, "spark_set_hidden_outputs: the context's speculative loop uses its hidden outputs (free it first)");
         HiddenCapture c;
         c.layers.assign(layers, layers + n_layers);
         ctx->impl->set_capture(c);

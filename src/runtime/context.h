@@ -73,6 +73,8 @@ public:
 
     // Hidden states the steps output from now on (step graphs are rebuilt).
     void                  set_capture(const HiddenCapture & c);
+    // A speculative loop is attached (it owns the capture; one loop per context).
+    bool                  speculating = false;
     const HiddenCapture & capture() const { return capture_; }
     // Keeps the recurrent states after the last n positions (spark_context_params.n_rollback).
     void set_rollback(int32_t n);

@@ -47,6 +47,20 @@ struct SpecRun {
     int64_t              target_rows = 0;
 };
 
+// Tokens of sequence 0 from speculative steps until at least n (all of the last step's).
+std::vector<int32_t> steps_until(spark_spec * spec, spark_sampler * smpl, size_t n) {
+    std::vector<int32_t> got;
+    while (got.size() < n) {
+        spark_token  out[SPARK_SPEC_MAX_DRAFT + 2];
+        int32_t      n_out = 0;
+        spark_seq_id seq   = 0;
+        INFO(std::string(spark_last_error()));
+        REQUIRE(spark_spec_step(spec, 1, &seq, &smpl, out, SPARK_SPEC_MAX_DRAFT + 2, &n_out) == SPARK_OK);
+        got.insert(got.end(), out, out + n_out);
+    }
+    return got;
+}
+
 // Greedy decoding through the speculative loop, n tokens (the last step's surplus dropped).
 SpecRun spec_greedy(spark_model * m, spark_spec_params sp, const std::vector<int32_t> & prompt, int n, int32_t n_ctx = 256) {
     ContextPtr   ctx = new_context(m, n_ctx);
@@ -57,15 +71,7 @@ SpecRun spec_greedy(spark_model * m, spark_spec_params sp, const std::vector<int
     spark_sampler * greedy = spark_sampler_init_greedy();
     REQUIRE(spark_spec_begin(spec.get(), 0, prompt.data(), int32_t(prompt.size())) == SPARK_OK);
     SpecRun run;
-    while (int(run.tokens.size()) < n) {
-        spark_token  out[SPARK_SPEC_MAX_DRAFT + 2];
-        int32_t      n_out = 0;
-        spark_seq_id seq   = 0;
-        INFO(std::string(spark_last_error()));
-        REQUIRE(spark_spec_step(spec.get(), 1, &seq, &greedy, out, SPARK_SPEC_MAX_DRAFT + 2, &n_out) == SPARK_OK);
-        REQUIRE(n_out >= 1);
-        run.tokens.insert(run.tokens.end(), out, out + n_out);
-    }
+    run.tokens = steps_until(spec.get(), greedy, size_t(n));
     run.tokens.resize(size_t(n));
     REQUIRE(spark_spec_get_stats(spec.get(), &run.stats) == SPARK_OK);
     run.target_rows = ctx->impl->rows_computed();
@@ -208,14 +214,7 @@ TEST_CASE("a conversation keeps its earlier turns: begin decodes only what the s
             // Turn 1: the prompt and 12 answer tokens.
             std::vector<int32_t> conv = g.prompt;
             REQUIRE(spark_spec_begin(spec.get(), 0, conv.data(), int32_t(conv.size())) == SPARK_OK);
-            std::vector<int32_t> answer;
-            while (answer.size() < 12) {
-                spark_token out[SPARK_SPEC_MAX_DRAFT + 2];
-                int32_t     n = 0;
-                spark_seq_id seq = 0;
-                REQUIRE(spark_spec_step(spec.get(), 1, &seq, &greedy, out, SPARK_SPEC_MAX_DRAFT + 2, &n) == SPARK_OK);
-                answer.insert(answer.end(), out, out + n);
-            }
+            const std::vector<int32_t> answer = steps_until(spec.get(), greedy, 12);
             // Turn 2: the whole conversation (the answer + a new user message) again; only the part
             // the cache lacks is decoded: the answer's last token (emitted, not yet decoded) and the
             // new message.
@@ -227,14 +226,7 @@ TEST_CASE("a conversation keeps its earlier turns: begin decodes only what the s
             spark_spec_get_stats(spec.get(), &after);
             CHECK(after.n_prompt - before.n_prompt == 6);
             // What follows is what a fresh context would print for the whole conversation.
-            std::vector<int32_t> next;
-            while (next.size() < 16) {
-                spark_token out[SPARK_SPEC_MAX_DRAFT + 2];
-                int32_t     n = 0;
-                spark_seq_id seq = 0;
-                REQUIRE(spark_spec_step(spec.get(), 1, &seq, &greedy, out, SPARK_SPEC_MAX_DRAFT + 2, &n) == SPARK_OK);
-                next.insert(next.end(), out, out + n);
-            }
+            std::vector<int32_t> next = steps_until(spec.get(), greedy, 16);
             next.resize(16);
             CHECK(next == plain_greedy(m.get(), conv, 16));
             spark_sampler_free(greedy);
@@ -287,6 +279,13 @@ TEST_CASE("speculative decoding: bad input is a clear error and changes nothing"
     CHECK(spark_spec_step(spec.get(), 1, &seq, &greedy, out, 4, &n) == SPARK_ERR_BUFFER_TOO_SMALL);
     CHECK(spark_memory_seq_length(ctx.get(), 0) == 3);
     CHECK(spark_spec_step(spec.get(), 1, &seq, &greedy, out, SPARK_SPEC_MAX_DRAFT + 2, &n) == SPARK_OK);
+    // One loop per context; while attached it owns the context's hidden outputs.
+    spark_spec * second = nullptr;
+    CHECK(spark_spec_init(ctx.get(), spec_params(SPARK_SPEC_NGRAM, 2), &second) == SPARK_ERR_INVALID_ARGUMENT);
+    const int32_t final_norm = SPARK_HIDDEN_FINAL_NORM;
+    CHECK(spark_set_hidden_outputs(ctx.get(), &final_norm, 1) == SPARK_ERR_INVALID_ARGUMENT);
+    spec.reset();
+    CHECK(spark_set_hidden_outputs(ctx.get(), &final_norm, 1) == SPARK_OK);
     spark_sampler_free(greedy);
 }
 
@@ -300,4 +299,86 @@ TEST_CASE("synthetic Qwen3-Next shapes carry an MTP head (spark-bench measures i
             check_identity(m.get(), prompt, want, spec_params(SPARK_SPEC_MTP, 3));
         }
     }
+}
+
+TEST_CASE("the pieces for a host's own loop: hidden outputs, argmax, spark_sampler_verify, can_rm, probs, clone") {
+    ModelPtr             m = load_model(model_dir("qwen3_next-bf16"));
+    Golden               g = load_golden(model_dir("qwen3_next-bf16"));
+    const auto           want = plain_greedy(m.get(), g.prompt, 30);
+    spark_context_params p    = spark_context_default_params();
+    p.n_ctx = 256, p.n_threads = 2, p.n_rollback = 2;
+    spark_context * raw = nullptr;
+    REQUIRE(spark_context_init(m.get(), p, &raw) == SPARK_OK);
+    ContextPtr ctx(raw);
+
+    // Hidden states: the final normed state, or layers side by side.
+    const int32_t final_norm = SPARK_HIDDEN_FINAL_NORM, two[] = {0, 1}, bad = 7;
+    CHECK(spark_set_hidden_outputs(ctx.get(), &bad, 1) == SPARK_ERR_INVALID_ARGUMENT);
+    REQUIRE(spark_set_hidden_outputs(ctx.get(), two, 2) == SPARK_OK);
+    CHECK(spark_n_hidden(ctx.get()) == 2 * 128);
+    REQUIRE(spark_set_hidden_outputs(ctx.get(), &final_norm, 1) == SPARK_OK);
+    CHECK(spark_n_hidden(ctx.get()) == 128);
+
+    // A host-run loop: verify two drafts per step (taken from the reference with every third one
+    // wrong), cut the rejected rows, and print what plain greedy decoding prints.
+    std::vector<float> scratch;
+    REQUIRE(decode_range(ctx.get(), g.prompt, 0, g.prompt.size(), 0, int32_t(g.n_vocab), scratch) == SPARK_OK);
+    REQUIRE(spark_get_hidden_ith(ctx.get(), -1) != nullptr);
+    spark_sampler *      greedy = spark_sampler_init_greedy();
+    std::vector<int32_t> got    = {spark_get_argmax_ith(ctx.get(), -1)};
+    int32_t              pos    = int32_t(g.prompt.size());
+    spark_batch          b      = spark_batch_init(3, 1);
+    int                  step   = 0;
+    while (got.size() < want.size()) {
+        const size_t  i     = got.size();
+        const int32_t d[2]  = {i < want.size() ? want[i] : 0, i + 1 < want.size() ? want[i + 1] : 0};
+        int32_t       draft[2] = {d[0], (step++ % 3 == 2) ? (d[1] + 1) % 512 : d[1]};
+        const int32_t rows[3]  = {got.back(), draft[0], draft[1]};
+        for (int r = 0; r < 3; ++r) {
+            b.token[r] = rows[r], b.pos[r] = pos + r, b.n_seq_id[r] = 1, b.seq_id[r][0] = 0, b.logits[r] = 1;
+        }
+        b.n_tokens = 3;
+        REQUIRE(spark_decode(ctx.get(), &b) == SPARK_OK);
+        const int32_t idxs[3] = {0, 1, 2};
+        spark_token   out[3];
+        int32_t       n = 0;
+        REQUIRE(spark_sampler_verify(greedy, ctx.get(), idxs, draft, 2, nullptr, out, &n) == SPARK_OK);
+        REQUIRE(spark_memory_seq_can_rm(ctx.get(), 0, pos + n, -1));
+        REQUIRE(spark_memory_seq_rm(ctx.get(), 0, pos + n, -1) == SPARK_OK);
+        pos += n;
+        got.insert(got.end(), out, out + n);
+    }
+    spark_batch_free(b);
+    got.resize(want.size());
+    CHECK(got == want);
+    const int32_t no_logits[1] = {5};
+    spark_token   out[1];
+    int32_t       n = 0;
+    CHECK(spark_sampler_verify(greedy, ctx.get(), no_logits, nullptr, 0, nullptr, out, &n) == SPARK_ERR_INVALID_ARGUMENT);
+    spark_sampler_free(greedy);
+
+    // Probabilities and clones of a sampling chain.
+    spark_sampler * chain = spark_sampler_chain_init(spark_sampler_chain_default_params());
+    spark_sampler_chain_add(chain, spark_sampler_init_top_k(5));
+    spark_sampler_chain_add(chain, spark_sampler_init_temp(0.8f));
+    spark_sampler_chain_add(chain, spark_sampler_init_dist(3));
+    std::vector<float> logits(512), probs(512);
+    for (int i = 0; i < 512; ++i) logits[size_t(i)] = float((i * 37) % 101) / 10.0f;
+    REQUIRE(spark_sampler_probs(chain, logits.data(), 512, probs.data()) == SPARK_OK);
+    double sum = 0;
+    int    nonzero = 0;
+    for (float x : probs) sum += x, nonzero += x > 0;
+    CHECK(std::fabs(sum - 1.0) < 1e-5);
+    CHECK(nonzero == 5);
+    spark_token a = -1, c = -2;
+    spark_sampler_sample_logits(chain, logits.data(), 512, &a);  // advance the state, then clone
+    spark_sampler * copy = spark_sampler_clone(chain);
+    REQUIRE(copy != nullptr);
+    for (int t = 0; t < 20; ++t) {
+        spark_sampler_sample_logits(chain, logits.data(), 512, &a);
+        spark_sampler_sample_logits(copy, logits.data(), 512, &c);
+        CHECK(a == c);
+    }
+    spark_sampler_free(copy);
+    spark_sampler_free(chain);
 }

@@ -19,6 +19,7 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 
 Speculator::Speculator(Context & target, const spark_spec_params & p) : target_(target), params_(p) {
     const int32_t k = p.n_draft_max;
+    if (target.speculating) fail(SPARK_ERR_INVALID_ARGUMENT, "spark_spec_init: the context already has a speculative loop (one per context)");
     if (p.kind != SPARK_SPEC_DRAFT_MODEL && p.kind != SPARK_SPEC_EAGLE3 && p.kind != SPARK_SPEC_MTP && p.kind != SPARK_SPEC_NGRAM)
         fail(SPARK_ERR_INVALID_ARGUMENT, "spark_spec_init: unknown draft source kind %d", int(p.kind));
     if (k < 1 || k > SPARK_SPEC_MAX_DRAFT)
@@ -54,11 +55,13 @@ Speculator::Speculator(Context & target, const spark_spec_params & p) : target_(
     // source reads.
     if (target.memory().n_rollback() < k) target.set_rollback(k);
     target.set_capture(source_->capture());
+    target.speculating = true;
     seqs_.resize(size_t(tp.n_seq_max));
     params_.path = nullptr;  // the caller's string is only valid during the call
 }
 
 Speculator::~Speculator() {
+    target_.speculating = false;
     try {
         target_.set_capture({});
     } catch (...) {
