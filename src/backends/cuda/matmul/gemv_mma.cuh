@@ -541,6 +541,7 @@ void gemv_mma_launch(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, int sm
     switch (r_tmpl) {
         SPARK_GEMV_MMA_CASE(1)
         SPARK_GEMV_MMA_CASE(2)
+        SPARK_GEMV_MMA_CASE(3)
         SPARK_GEMV_MMA_CASE(4)
         SPARK_GEMV_MMA_CASE(8)
         default: break;

@@ -101,7 +101,9 @@ GemvPlan plan_gemv_mma(WeightFormat f, const int64_t * mat_n, int n_mats, int64_
     GemvPlan p;
     p.mma             = true;
     p.lpr             = 0;
-    p.r_tmpl          = rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : 8;
+    // 3 rows (a verify step of 2 drafts) have a kernel of their own: the 4-row one would convert a
+    // fourth, unused activation row in every block.
+    p.r_tmpl          = rows <= 1 ? 1 : rows <= 2 ? 2 : rows == 3 ? 3 : rows <= 4 ? 4 : 8;
     const int     R   = p.r_tmpl;
     const int     U   = gemv_mma_tiles(nw);
     const int     T   = U * nw;
