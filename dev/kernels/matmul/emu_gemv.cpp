@@ -181,6 +181,8 @@ void run_kernel(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid) {
         case 3: go(gemv_kernel<F, 1, true>); break;
         case 4: go(gemv_kernel<F, 2, false>); break;
         case 5: go(gemv_kernel<F, 2, true>); break;
+        case 6: go(gemv_kernel<F, 3, false>); break;
+        case 7: go(gemv_kernel<F, 3, true>); break;
         case 8: go(gemv_kernel<F, 4, false>); break;
         case 9: go(gemv_kernel<F, 4, true>); break;
         case 16: go(gemv_kernel<F, 8, false>); break;

@@ -604,6 +604,7 @@ void gemv_launch(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, cudaStream
     switch (r_tmpl) {
         SPARK_GEMV_CASE(1)
         SPARK_GEMV_CASE(2)
+        SPARK_GEMV_CASE(3)
         SPARK_GEMV_CASE(4)
         SPARK_GEMV_CASE(8)
         default: break;

@@ -158,7 +158,7 @@ struct GemvArgs {
 // sm_90+, unless SPARK_GEMV_PDL=0.
 bool gemv_pdl_enabled(int cc);
 
-// r_tmpl in {1, 2, 4, 8} (the MMA kernels also 3); grid = plan_gemv(...).grid: (ceil(n / rows_per_block), ksplit, jobs).
+// r_tmpl in {1, 2, 3, 4, 8}; grid = plan_gemv(...).grid: (ceil(n / rows_per_block), ksplit, jobs).
 void gemv_launch_f32(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, cudaStream_t s);
 void gemv_launch_f16(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, cudaStream_t s);
 void gemv_launch_bf16(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, cudaStream_t s);

@@ -190,7 +190,7 @@ GemvPlan plan_gemv(WeightFormat f, int64_t N, int64_t K, int64_t jobs, int rows,
         if (m.grid.x > 0) return m;  // else: no split fits the shared memory; the FMA kernel
     }
     GemvPlan p;
-    p.r_tmpl          = rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : 8;
+    p.r_tmpl          = rows <= 1 ? 1 : rows <= 2 ? 2 : rows == 3 ? 3 : rows <= 4 ? 4 : 8;  // 3: verify steps of 2 drafts
     const int     e   = elems_per_chunk(f);
     const int     U   = gemv_rows_per_warp(p.r_tmpl, nw, e);
     const int     D   = gemv_depth(p.r_tmpl, nw, e);
