@@ -5,7 +5,7 @@
 # examples/models/spark-demo-coder-next"), then track it again ("scripts/device/slim.sh off").
 # The paths go to .git/info/exclude meanwhile. Never commit while slimmed.
 set -e
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 state=.git/spark-slimmed
 case "$1" in
 on)
