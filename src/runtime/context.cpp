@@ -19,7 +19,8 @@ Context::Context(Model & model, const spark_context_params & params) : model_(mo
         params_.n_rollback < 0 || params_.n_rollback > 64)
         fail(SPARK_ERR_INVALID_ARGUMENT, "invalid context parameters (n_ctx %d, n_batch %d, n_seq_max %d, n_snapshots %d, n_rollback %d of at most 64)",
              params_.n_ctx, params_.n_batch, params_.n_seq_max, params_.n_snapshots, params_.n_rollback);
-    memory_ = std::make_unique<Memory>(model_, params_.n_ctx, params_.n_seq_max, params_.n_snapshots, params_.n_rollback);
+    executor_ = model_.backend->make_executor(params_.n_threads);
+    memory_   = std::make_unique<Memory>(model_, params_.n_ctx, params_.n_seq_max, params_.n_snapshots, params_.n_rollback);
 }
 
 int32_t Context::output_index(int32_t i) const {
@@ -242,7 +243,6 @@ void Context::decode(const spark_batch & batch) {
     for (int32_t s = 0; s < params_.n_seq_max; ++s) start_len[size_t(s)] = memory_->seq_length(s);
     const bool several_steps = rows.size() > size_t(params_.n_batch);
     try {
-        model_.backend->set_n_threads(params_.n_threads);
         // A later step can fail after an earlier one overwrote recurrent states the undo needs.
         if (several_steps) {
             std::vector<int32_t> seqs;
@@ -289,7 +289,6 @@ void Context::step(const std::vector<StepRow> & in, const std::vector<DeviceRows
     std::vector<int32_t> start_len(static_cast<size_t>(params_.n_seq_max));
     for (int32_t s = 0; s < params_.n_seq_max; ++s) start_len[size_t(s)] = memory_->seq_length(s);
     try {
-        model_.backend->set_n_threads(params_.n_threads);
         run_step(rows.data(), n, tokens, hidden);
     } catch (...) {
         memory_->undo(start_len);
@@ -359,7 +358,7 @@ void Context::run_step(const Row * rows, int32_t n, const std::vector<DeviceRows
         fail(SPARK_ERR_DEVICE, "injected failure (test)");
     }
     if (fail_after_ > 0) --fail_after_;
-    be.compute(*step.graph);
+    be.compute(*step.graph, executor_.get());
     rows_computed_ += n;
 
     // The outputs stay on the backend until asked for.

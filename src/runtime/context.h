@@ -12,6 +12,7 @@
 #include <spark/spark.h>
 
 #include <memory>
+#include <mutex>
 #include <vector>
 
 namespace spark {
@@ -33,6 +34,18 @@ struct HiddenCapture {
 struct DeviceRows {
     int32_t      first = 0, count = 0;
     const void * src   = nullptr;
+};
+
+// Holds the backend's exclusive lock for the scope, when the backend shares its resources between
+// contexts (Backend::exclusive): the API glue takes it around every call that uses a context.
+class BackendLock {
+public:
+    explicit BackendLock(Backend & be) {
+        if (std::mutex * m = be.exclusive()) lock_ = std::unique_lock<std::mutex>(*m);
+    }
+
+private:
+    std::unique_lock<std::mutex> lock_;
 };
 
 struct StepRow {
@@ -109,6 +122,7 @@ private:
 
     Model &                 model_;
     spark_context_params    params_;
+    std::unique_ptr<Executor> executor_;  // this context's CPU threads (the model's weights are shared)
     std::unique_ptr<Memory> memory_;
     std::unique_ptr<Buffer> arena_;
     std::vector<std::unique_ptr<StepGraph>> steps_;  // recent step shapes (graph + plan)

@@ -272,7 +272,9 @@ public:
         return copy_bandwidth_;
     }
 
-    void compute(Graph & graph) override {
+    std::mutex * exclusive() override { return &exclusive_; }
+
+    void compute(Graph & graph, Executor *) override {
         activate();
         // A graph computed again unchanged (the context reuses decode-step graphs) keeps its
         // fingerprint; several graphs alternate (a target's verify step and its draft's steps).
@@ -594,6 +596,7 @@ private:
     void *                  staging_      = nullptr;
     size_t                  staging_used_ = 0;
     std::unique_ptr<OpProfiler> profiler_;
+    std::mutex                  exclusive_;  // contexts of the model take it around their steps (exclusive())
     std::unordered_map<uint64_t, std::pair<uint64_t, uint64_t>> fingerprints_;  // graph uid -> (generation, fingerprint)
 };
 
