@@ -7,6 +7,7 @@
 #include "quant/qweight.h"
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -48,6 +49,9 @@ struct BackendCaps {
 class Executor {
 public:
     virtual ~Executor() = default;
+    // Asked between the ops of a step by backends that can stop there (the CPU): true stops the
+    // step with SPARK_ERR_ABORTED.
+    std::function<bool()> should_abort;
 };
 
 class Backend {

@@ -160,6 +160,10 @@ SPARK_API spark_status spark_decode(spark_context * ctx, const spark_batch * bat
     });
 }
 
+SPARK_API void spark_context_set_abort_callback(spark_context * ctx, spark_abort_callback callback, void * user_data) {
+    if (ctx) ctx->impl->set_abort(callback, user_data);
+}
+
 SPARK_API const float * spark_get_logits(spark_context * ctx) {
     if (!ctx) return nullptr;
     BackendLock lock(*ctx->impl->model().backend);

@@ -239,33 +239,45 @@ void Context::decode(const spark_batch & batch) {
         if (batch.logits ? batch.logits[i] != 0 : i == batch.n_tokens - 1) output_of_row_[size_t(i)] = n_out++;
     begin_outputs(n_out);
 
-    std::vector<int32_t> start_len(static_cast<size_t>(params_.n_seq_max));
-    for (int32_t s = 0; s < params_.n_seq_max; ++s) start_len[size_t(s)] = memory_->seq_length(s);
+    // Steps of at most n_batch tokens. A step that fails or is aborted leaves no trace; the steps
+    // completed before it are kept (each sequence's length tells how far the decode got).
     const bool several_steps = rows.size() > size_t(params_.n_batch);
-    try {
-        // A later step can fail after an earlier one overwrote recurrent states the undo needs.
-        if (several_steps) {
-            std::vector<int32_t> seqs;
-            for (int32_t s = 0; s < params_.n_seq_max; ++s)
-                if (n_new[size_t(s)]) seqs.push_back(s);
-            memory_->backup(seqs);
-        }
-        for (size_t first = 0; first < rows.size(); first += size_t(params_.n_batch)) {
-            const int32_t n = int32_t(std::min(rows.size() - first, size_t(params_.n_batch)));
+    std::vector<int32_t> step_start(static_cast<size_t>(params_.n_seq_max));
+    for (size_t first = 0; first < rows.size(); first += size_t(params_.n_batch)) {
+        const int32_t n = int32_t(std::min(rows.size() - first, size_t(params_.n_batch)));
+        for (int32_t s = 0; s < params_.n_seq_max; ++s) step_start[size_t(s)] = memory_->seq_length(s);
+        try {
+            if (abort_cb_ && abort_cb_(abort_data_)) fail(SPARK_ERR_ABORTED, "decode aborted by the abort callback");
+            // A step that can stop half-way (a later step of the call may fail; the CPU checks the
+            // abort callback between ops) and writes the ring entry its sequence started from must
+            // be able to put that state back.
+            if (memory_->has_recurrent() && (several_steps || abort_cb_)) {
+                std::vector<int32_t> count(size_t(params_.n_seq_max), 0), seqs;
+                for (int32_t i = 0; i < n; ++i) ++count[size_t(rows[first + size_t(i)].seq)];
+                for (int32_t s = 0; s < params_.n_seq_max; ++s)
+                    if (count[size_t(s)] >= memory_->ring_size()) seqs.push_back(s);
+                if (!seqs.empty()) memory_->backup(seqs);
+            }
             run_step(rows.data() + first, n, {}, {});
             const bool last = first + size_t(n) == rows.size();
             // The arena is reused by the next step: only the last step's outputs may stay there.
             if (!last) fetch_outputs();
+            // spark_decode returns when the step is done (a device error surfaces here, not later).
+            else if (pending_argmax_) download_pending();
+            else model_.backend->synchronize();
+        } catch (...) {
+            memory_->undo(step_start);
+            n_outputs_ = 0;
+            last_step_ = nullptr;
+            throw;
         }
-        // spark_decode returns when the step is done (a device error surfaces here, not later).
-        if (pending_argmax_) download_pending();
-        else model_.backend->synchronize();
-    } catch (...) {
-        memory_->undo(start_len);
-        n_outputs_ = 0;
-        last_step_ = nullptr;
-        throw;
     }
+}
+
+void Context::set_abort(spark_abort_callback cb, void * data) {
+    abort_cb_   = cb;
+    abort_data_ = data;
+    if (executor_) executor_->should_abort = cb ? std::function<bool()>([cb, data] { return cb(data); }) : std::function<bool()>();
 }
 
 void Context::step(const std::vector<StepRow> & in, const std::vector<DeviceRows> & tokens, const std::vector<DeviceRows> & hidden) {

@@ -101,6 +101,9 @@ public:
     // Tokens run through the model so far (every row of every step): tests prove that a rollback
     // recomputes nothing.
     int64_t        rows_computed() const { return rows_computed_; }
+    // spark_context_set_abort_callback: checked before every step and, on the CPU, between ops.
+    void set_abort(spark_abort_callback cb, void * data);
+
     // Tests: the step after the next n steps fails as a device error would (proves that a failed
     // decode leaves the memory as it was). -1: off.
     void           fail_after_steps(int32_t n) { fail_after_ = n; }
@@ -130,6 +133,8 @@ private:
     HiddenCapture           capture_;
     int64_t                 rows_computed_ = 0;
     int32_t                 fail_after_    = -1;
+    spark_abort_callback    abort_cb_      = nullptr;
+    void *                  abort_data_    = nullptr;
 
     struct Profile {  // SPARK_PROFILE=1: host time per step, printed when the context is freed
         int64_t steps = 0;

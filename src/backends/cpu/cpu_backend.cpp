@@ -144,7 +144,10 @@ public:
 
     void compute(Graph & graph, Executor * ex) override {
         cpu::ThreadPool & pool = ex ? static_cast<CpuExecutor *>(ex)->pool : *pool_;
-        for (Tensor * node : graph.nodes()) run(*node, pool);
+        for (Tensor * node : graph.nodes()) {
+            if (ex && ex->should_abort && ex->should_abort()) fail(SPARK_ERR_ABORTED, "decode aborted by the abort callback");
+            run(*node, pool);
+        }
     }
 
 private:
