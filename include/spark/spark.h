@@ -97,6 +97,18 @@ SPARK_API const char * spark_version(void);
  * more than once. Always SPARK_OK today; kept for forward compatibility. */
 SPARK_API spark_status spark_init(void);
 
+/* Where the library's messages go: nothing is printed unless a callback is set. Messages come from
+ * any thread; the callback is called under a lock (one message at a time). The profiling knobs
+ * (docs/ENVIRONMENT.md) report through it at SPARK_LOG_INFO. NULL removes the callback. */
+typedef enum spark_log_level {
+    SPARK_LOG_ERROR = 0,
+    SPARK_LOG_WARN  = 1,
+    SPARK_LOG_INFO  = 2,
+    SPARK_LOG_DEBUG = 3
+} spark_log_level;
+typedef void (*spark_log_callback)(spark_log_level level, const char * text, void * user_data);
+SPARK_API void spark_log_set(spark_log_callback callback, void * user_data);
+
 /* A human-readable description of the build: version, compiled backends, CUDA archs. */
 SPARK_API const char * spark_build_info(void);
 

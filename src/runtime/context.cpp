@@ -1,6 +1,7 @@
 #include "runtime/context.h"
 
 #include "graph/error.h"
+#include "graph/log.h"
 #include "graph/planner.h"
 #include "runtime/models/arch.h"
 
@@ -394,7 +395,7 @@ void Context::run_step(const Row * rows, int32_t n, const std::vector<DeviceRows
 
 Context::~Context() {
     if (profile_ && profile_->steps)
-        std::fprintf(stderr, "spark: %lld steps, per step: prepare %.1f us, upload + launch %.1f us\n", (long long) profile_->steps,
+        log(SPARK_LOG_INFO, "spark: %lld steps, per step: prepare %.1f us, upload + launch %.1f us\n", (long long) profile_->steps,
                      profile_->prepare_us / double(profile_->steps), profile_->launch_us / double(profile_->steps));
 }
 
