@@ -73,7 +73,7 @@ class Chat {
 public:
     // With `spec` (owned by the caller) every turn decodes speculatively.
     Chat(spark_model * model, spark_context * ctx, const Options & o, spark_spec * spec = nullptr, const char * spec_name = "")
-        : model_(model), ctx_(ctx), opt_(o), spec_(spec), spec_name_(spec_name) {
+        : ctx_(ctx), opt_(o), spec_(spec), spec_name_(spec_name) {
         tok_  = spark_model_get_tokenizer(model);
         tmpl_ = spark_tokenizer_chat_template(tok_);
         if (!opt_.system.empty()) system_ = opt_.system;
@@ -325,7 +325,6 @@ private:
         }
     }
 
-    spark_model *            model_;
     spark_context *          ctx_;
     const Options &          opt_;
     spark_spec *             spec_      = nullptr;

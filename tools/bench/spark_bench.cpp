@@ -86,7 +86,7 @@ int32_t prompt_token(int p, int32_t n_vocab) { return int32_t((uint64_t(p) * 265
 
 class Bench {
 public:
-    Bench(spark_model * m, int32_t n_ctx, int32_t n_batch) : model_(m) {
+    Bench(spark_model * m, int32_t n_ctx, int32_t n_batch) {
         spark_model_get_info(m, &info_);
         spark_context_params cp = spark_context_default_params();
         cp.n_ctx                = n_ctx;
@@ -194,7 +194,6 @@ private:
         }
     }
 
-    spark_model *    model_;
     spark_model_info info_{};
     spark_context *  ctx_ = nullptr;
     spark_batch      batch_{};
