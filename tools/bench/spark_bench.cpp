@@ -96,6 +96,7 @@ public:
         batch_ = spark_batch_init(n_batch, 1);
     }
     ~Bench() {
+        spark_sampler_free(greedy_);
         spark_batch_free(batch_);
         spark_context_free(ctx_);
     }
