@@ -18,6 +18,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "log_stderr.h"
 #include "spec_cli.h"
 
 #include <chrono>
@@ -416,6 +417,7 @@ int main(int argc, char ** argv) {
     app.add_option("--draft-min", o.draft_min, "--spec: drafts shorter than this are not verified (0: all are)");
     app.add_option("--draft-p-min", o.draft_p_min, "--spec: model drafters stop at a token they give less probability (0: off)");
     CLI11_PARSE(app, argc, argv);
+    spark_cli::install_stderr_log();
 
     spark_cli::SpecOption spec_opt;
     if (!o.spec.empty()) {

@@ -97,6 +97,18 @@ SPARK_API const char * spark_version(void);
  * more than once. Always SPARK_OK today; kept for forward compatibility. */
 SPARK_API spark_status spark_init(void);
 
+/* Where the library's messages go: nothing is printed unless a callback is set. Messages come from
+ * any thread; the callback is called under a lock (one message at a time). The profiling knobs
+ * (docs/ENVIRONMENT.md) report through it at SPARK_LOG_INFO. NULL removes the callback. */
+typedef enum spark_log_level {
+    SPARK_LOG_ERROR = 0,
+    SPARK_LOG_WARN  = 1,
+    SPARK_LOG_INFO  = 2,
+    SPARK_LOG_DEBUG = 3
+} spark_log_level;
+typedef void (*spark_log_callback)(spark_log_level level, const char * text, void * user_data);
+SPARK_API void spark_log_set(spark_log_callback callback, void * user_data);
+
 /* A human-readable description of the build: version, compiled backends, CUDA archs. */
 SPARK_API const char * spark_build_info(void);
 
@@ -284,9 +296,19 @@ SPARK_API void        spark_batch_free(spark_batch batch);
  *                             a token in several sequences of a recurrent model
  *   SPARK_ERR_CONTEXT_FULL    the KV cache cannot hold the batch
  *   SPARK_ERR_OUT_OF_MEMORY / SPARK_ERR_DEVICE
+ *   SPARK_ERR_ABORTED         the abort callback stopped it
  * On a validation error (SPARK_ERR_INVALID_*, SPARK_ERR_CONTEXT_FULL) the memory is left exactly as
- * before the call; after SPARK_ERR_DEVICE the context should be freed. */
+ * before the call. A decode that fails or is aborted after some of its internal steps (n_batch
+ * tokens each) completed keeps those steps and leaves no trace of the failing one (KV cache and
+ * recurrent state as before it); after SPARK_ERR_DEVICE the context should be freed. */
 SPARK_API spark_status spark_decode(spark_context * ctx, const spark_batch * batch);
+
+/* Called before every internal step of a decode (every n_batch tokens) and, on the CPU, between the
+ * operations of a step; returning true stops the decode with SPARK_ERR_ABORTED. The steps completed
+ * before are kept (spark_memory_seq_length tells how far each sequence got); the interrupted step
+ * leaves the memory exactly as before it. Called on the decoding thread. NULL removes it. */
+typedef bool (*spark_abort_callback)(void * user_data);
+SPARK_API void spark_context_set_abort_callback(spark_context * ctx, spark_abort_callback callback, void * user_data);
 
 /* Logits of the rows requested in the last spark_decode, in batch order: [n_outputs][n_vocab].
  * NULL if the last decode failed or requested none. Valid until the next decode. */

@@ -26,6 +26,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "log_stderr.h"
 #include "spec_cli.h"
 
 #include <algorithm>
@@ -313,6 +314,7 @@ int main(int argc, char ** argv) {
     app.add_option("--prompt", prompt_text, "--spec: measure on this user message (rendered with the chat template) instead of pseudo-random tokens");
     app.add_option("--spec-sim-accept", sim_arg, "--spec: simulated acceptance at draft positions 1, 2, ... (e.g. 0.84,0.53; benchmark only)");
     CLI11_PARSE(app, argc, argv);
+    spark_cli::install_stderr_log();
 
     // --spec, --draft-max, --spec-sim-accept.
     spark_cli::SpecOption spec;

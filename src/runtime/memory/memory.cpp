@@ -123,17 +123,21 @@ void Memory::advance(int32_t seq, int32_t n) {
 }
 
 void Memory::backup(const std::vector<int32_t> & seqs) {
-    if (recurrent_)
-        for (int32_t s : seqs) recurrent_->backup(s, seq_len_[size_t(s)]);
+    backed_up_.assign(size_t(n_seq_), false);
+    if (!recurrent_) return;
+    for (int32_t s : seqs) {
+        recurrent_->backup(s, seq_len_[size_t(s)]);
+        backed_up_[size_t(s)] = true;
+    }
 }
 
 void Memory::undo(const std::vector<int32_t> & len) {
     for (int32_t s = 0; s < n_seq_; ++s) {
-        const bool changed = seq_len_[size_t(s)] != len[size_t(s)];
         seq_len_[size_t(s)] = len[size_t(s)];
         if (kv_) kv_->truncate(s, len[size_t(s)]);  // pages reserved beyond the length return to the free list
-        if (recurrent_ && changed) recurrent_->restore_backup(s, len[size_t(s)]);
+        if (recurrent_ && size_t(s) < backed_up_.size() && backed_up_[size_t(s)]) recurrent_->restore_backup(s, len[size_t(s)]);
     }
+    backed_up_.clear();
 }
 
 void Memory::invalidate_snapshots(int32_t seq, int32_t below, const char * why) {

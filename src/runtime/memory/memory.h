@@ -89,13 +89,16 @@ public:
     int32_t total_tokens() const;
 
     // Decode steps. reserve() makes room for n_new[s] more tokens in each sequence s (throws
-    // SPARK_ERR_CONTEXT_FULL, nothing changed); advance() records a step's tokens after it ran;
-    // undo() puts the lengths back to `len` after a failed call (pages beyond return to the free
-    // list; recurrent states are put back from the backup taken by backup(), if any).
-    void reserve(const std::vector<int32_t> & n_new);
-    void advance(int32_t seq, int32_t n);
-    void backup(const std::vector<int32_t> & seqs);
-    void undo(const std::vector<int32_t> & len);
+    // SPARK_ERR_CONTEXT_FULL, nothing changed); advance() records a step's tokens after it ran.
+    // A step that appends at least ring_size() tokens to a recurrent sequence overwrites the ring
+    // entry it started from: backup() copies the current states first, and undo() after a failed
+    // or aborted step puts the lengths back to `len` (pages beyond return to the free list) and the
+    // backed-up states back in place.
+    void    reserve(const std::vector<int32_t> & n_new);
+    void    advance(int32_t seq, int32_t n);
+    int32_t ring_size() const { return n_rollback_ + 1; }
+    void    backup(const std::vector<int32_t> & seqs);
+    void    undo(const std::vector<int32_t> & len);
 
     // The sequence interface (spark.h).
     void    clear();
@@ -140,6 +143,7 @@ private:
     std::unique_ptr<KvCache>        kv_;
     std::unique_ptr<RecurrentState> recurrent_;
     std::vector<int32_t>            seq_len_;
+    std::vector<bool>               backed_up_;  // per sequence: backup() holds its state
     std::vector<int32_t>            no_pages_;  // the block table of a model without attention layers
     std::vector<Snapshot>           snapshots_;
 };
