@@ -205,7 +205,7 @@ public:
     explicit SmallBackend(uint64_t capacity) : cpu_(spark::make_cpu_backend(2)), capacity_(capacity) {}
     std::string                    name() const override { return "small-cpu"; }
     spark::BackendCaps             caps() const override { return cpu_->caps(); }
-    uint64_t                       memory_capacity() const { return capacity_; }
+    uint64_t                       memory_capacity() const override { return capacity_; }
     std::unique_ptr<spark::Buffer> alloc(size_t bytes) override { return cpu_->alloc(bytes); }
     void upload(void * d, const void * s, size_t n) override { cpu_->upload(d, s, n); }
     void download(void * d, const void * s, size_t n) override { cpu_->download(d, s, n); }
@@ -217,7 +217,8 @@ public:
     spark::QWeight random_weight(const spark::RandomWeightSpec & s, std::vector<std::unique_ptr<spark::Buffer>> & st) override {
         return cpu_->random_weight(s, st);
     }
-    void compute(spark::Graph & g) override { cpu_->compute(g); }
+    std::unique_ptr<spark::Executor> make_executor(int n_threads) override { return cpu_->make_executor(n_threads); }
+    void compute(spark::Graph & g, spark::Executor * ex) override { cpu_->compute(g, ex); }
 
 private:
     std::unique_ptr<spark::Backend> cpu_;
