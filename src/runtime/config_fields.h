@@ -1,6 +1,7 @@
-// Typed, bounded reads of config.json fields (a model's, an EAGLE3 head's): every value a file
-// gives is checked against a plausible range before it sizes anything, and every error names the
-// file and the field.
+// Typed, bounded reads of the fields of JSON configuration files (config.json of a model or an
+// EAGLE3 head, the small sections of tokenizer.json, tokenizer_config.json): every value a file
+// gives is checked for its type and against a plausible range before it sizes anything, and every
+// error names the file and the field.
 #pragma once
 
 #include "graph/error.h"
@@ -46,9 +47,9 @@ public:
             if (required) bad(key, "is missing");
             return fallback;
         }
-        if (!v->is_number_integer()) bad(key, "must be an integer, not %s", v->dump().c_str());
+        if (!v->is_number_integer()) bad(key, "must be an integer, not %s", shown(*v).c_str());
         // An unsigned value above INT64_MAX would wrap when read as int64.
-        if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(hi)) bad(key, "= %s exceeds the limit of %lld", v->dump().c_str(), (long long) hi);
+        if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(hi)) bad(key, "= %s exceeds the limit of %lld", shown(*v).c_str(), (long long) hi);
         const int64_t x = v->get<int64_t>();
         if (x < lo && lo == 0) bad(key, "must not be negative (got %lld)", (long long) x);
         if (x < lo || x > hi) bad(key, "= %lld is outside [%lld, %lld]", (long long) x, (long long) lo, (long long) hi);
@@ -59,10 +60,10 @@ public:
     double number(const char * key, double fallback, double lo, double hi, bool lo_open) const {
         const nlohmann::json * v = find(key);
         if (!v) return fallback;
-        if (!v->is_number()) bad(key, "must be a number, not %s", v->dump().c_str());
+        if (!v->is_number()) bad(key, "must be a number, not %s", shown(*v).c_str());
         const double x = v->get<double>();
         if (!std::isfinite(x) || (lo_open ? !(x > lo) : !(x >= lo)) || !(x <= hi))
-            bad(key, "= %s is outside %c%g, %g]", v->dump().c_str(), lo_open ? '(' : '[', lo, hi);
+            bad(key, "= %s is outside %c%g, %g]", shown(*v).c_str(), lo_open ? '(' : '[', lo, hi);
         return x;
     }
 
@@ -73,10 +74,21 @@ public:
         return float(x);
     }
 
+    // A string; `fallback` when absent (or an error when required).
+    std::string string(const char * key, const std::string & fallback, bool required = false) const {
+        const nlohmann::json * v = find(key);
+        if (!v) {
+            if (required) bad(key, "is missing");
+            return fallback;
+        }
+        if (!v->is_string()) bad(key, "must be a string, not %s", shown(*v).c_str());
+        return v->get<std::string>();
+    }
+
     bool boolean(const char * key, bool fallback) const {
         const nlohmann::json * v = find(key);
         if (!v) return fallback;
-        if (!v->is_boolean()) bad(key, "must be a boolean, not %s", v->dump().c_str());
+        if (!v->is_boolean()) bad(key, "must be a boolean, not %s", shown(*v).c_str());
         return v->get<bool>();
     }
 
@@ -86,8 +98,8 @@ public:
         const nlohmann::json * v = find(key);
         if (!v) return out;
         auto one = [&](const nlohmann::json & x) {
-            if (!x.is_number_integer()) bad(key, "must hold token ids, not %s", x.dump().c_str());
-            if (x.is_number_unsigned() && x.get<uint64_t>() > uint64_t(INT32_MAX)) bad(key, "= %s is not a token id (above 2^31 - 1)", x.dump().c_str());
+            if (!x.is_number_integer()) bad(key, "must hold token ids, not %s", shown(x).c_str());
+            if (x.is_number_unsigned() && x.get<uint64_t>() > uint64_t(INT32_MAX)) bad(key, "= %s is not a token id (above 2^31 - 1)", shown(x).c_str());
             const int64_t id = x.get<int64_t>();
             if (id > INT32_MAX) bad(key, "= %lld is not a token id (above 2^31 - 1)", (long long) id);
             if (id >= 0) out.push_back(int32_t(id));
@@ -98,12 +110,21 @@ public:
         return out;
     }
 
+    // A value as a message shows it: its JSON text, cut short (a hostile value may be megabytes).
+    static std::string shown(const nlohmann::json & v) {
+        std::string s = v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+        constexpr size_t kMaxShown = 80;
+        if (s.size() > kMaxShown) s = s.substr(0, kMaxShown) + "...";
+        return s;
+    }
+
     // The value of `key`; nullptr when it is absent or null.
     const nlohmann::json * find(const char * key) const {
         auto it = j_.find(key);
         return it == j_.end() || it->is_null() ? nullptr : &*it;
     }
     const std::string & origin() const { return origin_; }
+    const std::string & prefix() const { return prefix_; }
 
 private:
     const nlohmann::json & j_;

@@ -32,8 +32,8 @@ void parse_rope(const Fields & f, HParams & hp) {
         if (!scaling->is_object()) f.bad(scaling_name, "must be an object or null");
         const Fields s(*scaling, f.origin(), std::string(scaling_name) + ".");
         std::string  type = "default";
-        if (const json * t = s.find("rope_type")) type = t->is_string() ? t->get<std::string>() : t->dump();
-        else if (const json * t2 = s.find("type")) type = t2->is_string() ? t2->get<std::string>() : t2->dump();
+        if (const json * t = s.find("rope_type")) type = t->is_string() ? t->get<std::string>() : Fields::shown(*t);
+        else if (const json * t2 = s.find("type")) type = t2->is_string() ? t2->get<std::string>() : Fields::shown(*t2);
         if (type != "default")
             fail(SPARK_ERR_UNSUPPORTED, "%s: rope scaling type '%s' is not supported (only default RoPE)", f.origin().c_str(), type.c_str());
     }
@@ -108,7 +108,7 @@ HParams parse_hparams(const json & j, const std::string & origin) {
                 const bool in_range = x.is_number_integer() && (x.is_number_unsigned() ? x.get<uint64_t>() < uint64_t(hp.n_layer)
                                                                                        : x.get<int64_t>() >= 0 && x.get<int64_t>() < hp.n_layer);
                 if (!in_range)
-                    f.bad("mlp_only_layers", "entries must be layer indices in [0, %lld), not %s", (long long) hp.n_layer, x.dump().c_str());
+                    f.bad("mlp_only_layers", "entries must be layer indices in [0, %lld), not %s", (long long) hp.n_layer, Fields::shown(x).c_str());
                 hp.mlp_only_layers.push_back(int(x.get<int64_t>()));
             }
         }
@@ -129,7 +129,7 @@ HParams parse_hparams(const json & j, const std::string & origin) {
             if (!lt->is_array() || int64_t(lt->size()) != hp.n_layer) f.bad("layer_types", "must list one type per layer (%lld)", (long long) hp.n_layer);
             for (size_t i = 0; i < lt->size(); ++i) {
                 const json & v = (*lt)[i];
-                std::string  s = v.is_string() ? v.get<std::string>() : v.dump();
+                std::string  s = v.is_string() ? v.get<std::string>() : Fields::shown(v);
                 if (s == "linear_attention") hp.layer_kinds[i] = LayerKind::LinearAttention;
                 else if (s == "full_attention") hp.layer_kinds[i] = LayerKind::Attention;
                 else fail(SPARK_ERR_UNSUPPORTED, "%s: layer type '%s' is not supported", origin.c_str(), s.c_str());
@@ -147,17 +147,17 @@ HParams parse_hparams(const json & j, const std::string & origin) {
         if (lt->is_array())
             for (const json & v : *lt)
                 if (!v.is_string() || v.get<std::string>() != "full_attention")
-                    fail(SPARK_ERR_UNSUPPORTED, "%s: layer type '%s' is not supported", origin.c_str(), v.dump().c_str());
+                    fail(SPARK_ERR_UNSUPPORTED, "%s: layer type '%s' is not supported", origin.c_str(), Fields::shown(v).c_str());
     }
     if (f.boolean("use_sliding_window", false)) fail(SPARK_ERR_UNSUPPORTED, "%s: sliding-window attention is not supported", origin.c_str());
     if (f.boolean("attention_bias", false)) fail(SPARK_ERR_UNSUPPORTED, "%s: attention_bias is not supported", origin.c_str());
     if (const json * act = f.find("hidden_act"))
         if (!act->is_string() || act->get<std::string>() != "silu")
-            fail(SPARK_ERR_UNSUPPORTED, "%s: hidden_act %s is not supported (only silu)", origin.c_str(), act->dump().c_str());
+            fail(SPARK_ERR_UNSUPPORTED, "%s: hidden_act %s is not supported (only silu)", origin.c_str(), Fields::shown(*act).c_str());
 
     hp.eos_token_ids = f.token_ids("eos_token_id");
     if (const json * b = f.find("bos_token_id")) {
-        if (b->is_array()) f.bad("bos_token_id", "must be one token id, not %s", b->dump().c_str());
+        if (b->is_array()) f.bad("bos_token_id", "must be one token id, not %s", Fields::shown(*b).c_str());
         const std::vector<int32_t> bos = f.token_ids("bos_token_id");
         hp.bos_token_id                = bos.empty() ? -1 : bos[0];
     }

@@ -96,7 +96,7 @@ HParams parse_eagle3_config(const json & j, const HParams & t, std::vector<int32
         f.bad("num_attention_heads", "(%lld) is not a multiple of num_key_value_heads (%lld)", (long long) hp.n_head, (long long) hp.n_head_kv);
     if (hp.head_dim == 0 || hp.head_dim % 2) f.bad("head_dim", "must be even and positive (got %lld)", (long long) hp.head_dim);
     if (const json * rs = f.find("rope_scaling"))
-        fail(SPARK_ERR_UNSUPPORTED, "%s: rope_scaling %s is not supported", origin.c_str(), rs->dump().c_str());
+        fail(SPARK_ERR_UNSUPPORTED, "%s: rope_scaling %s is not supported", origin.c_str(), ConfigFields::shown(*rs).c_str());
     if (vocab != t.n_vocab)
         fail(SPARK_ERR_INVALID_ARGUMENT, "the EAGLE3 head is for a vocabulary of %lld tokens, the target has %lld", (long long) vocab, (long long) t.n_vocab);
     if (hp.n_vocab > vocab) f.bad("draft_vocab_size", "= %lld exceeds vocab_size %lld", (long long) hp.n_vocab, (long long) vocab);
@@ -115,7 +115,7 @@ HParams parse_eagle3_config(const json & j, const HParams & t, std::vector<int32
         if (!ids->is_array() || ids->empty() || ids->size() > size_t(kMaxLayers)) e.bad("eagle_aux_hidden_state_layer_ids", "must be a non-empty list of layers");
         for (const json & x : *ids) {
             if (!x.is_number_integer() || (x.is_number_unsigned() && x.get<uint64_t>() > uint64_t(INT64_MAX)))
-                e.bad("eagle_aux_hidden_state_layer_ids", "must hold layer indices, not %s", x.dump().c_str());
+                e.bad("eagle_aux_hidden_state_layer_ids", "must hold layer indices, not %s", ConfigFields::shown(x).c_str());
             const int64_t il = x.get<int64_t>();
             if (il < 0 || il >= t.n_layer)
                 fail(SPARK_ERR_INVALID_ARGUMENT, "the EAGLE3 head reads the output of layer %lld, but the target has layers 0 .. %lld", (long long) il,
