@@ -92,17 +92,17 @@ public:
         return v->get<bool>();
     }
 
-    // A token id, or a list of them (eos_token_id). Negative ids mean "none" and are dropped.
-    std::vector<int32_t> token_ids(const char * key) const {
-        std::vector<int32_t> out;
+    // A token id, or a list of them (eos_token_id), each in [0, n_vocab). Negative ids mean "none"
+    // and are dropped.
+    std::vector<int32_t> token_ids(const char * key, int64_t n_vocab) const {
+        std::vector<int32_t>   out;
         const nlohmann::json * v = find(key);
         if (!v) return out;
         auto one = [&](const nlohmann::json & x) {
             if (!x.is_number_integer()) bad(key, "must hold token ids, not %s", shown(x).c_str());
-            if (x.is_number_unsigned() && x.get<uint64_t>() > uint64_t(INT32_MAX)) bad(key, "= %s is not a token id (above 2^31 - 1)", shown(x).c_str());
-            const int64_t id = x.get<int64_t>();
-            if (id > INT32_MAX) bad(key, "= %lld is not a token id (above 2^31 - 1)", (long long) id);
-            if (id >= 0) out.push_back(int32_t(id));
+            if (x.is_number_unsigned() ? x.get<uint64_t>() >= uint64_t(n_vocab) : x.get<int64_t>() >= n_vocab)
+                bad(key, "holds %s, outside the vocabulary [0, %lld)", shown(x).c_str(), (long long) n_vocab);
+            if (x.get<int64_t>() >= 0) out.push_back(int32_t(x.get<int64_t>()));
         };
         if (v->is_array())
             for (const nlohmann::json & x : *v) one(x);

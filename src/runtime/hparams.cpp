@@ -155,10 +155,10 @@ HParams parse_hparams(const json & j, const std::string & origin) {
         if (!act->is_string() || act->get<std::string>() != "silu")
             fail(SPARK_ERR_UNSUPPORTED, "%s: hidden_act %s is not supported (only silu)", origin.c_str(), Fields::shown(*act).c_str());
 
-    hp.eos_token_ids = f.token_ids("eos_token_id");
+    hp.eos_token_ids = f.token_ids("eos_token_id", hp.n_vocab);
     if (const json * b = f.find("bos_token_id")) {
         if (b->is_array()) f.bad("bos_token_id", "must be one token id, not %s", Fields::shown(*b).c_str());
-        const std::vector<int32_t> bos = f.token_ids("bos_token_id");
+        const std::vector<int32_t> bos = f.token_ids("bos_token_id", hp.n_vocab);
         hp.bos_token_id                = bos.empty() ? -1 : bos[0];
     }
     return hp;

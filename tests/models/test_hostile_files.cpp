@@ -117,6 +117,7 @@ TEST_CASE("hostile config.json: each implausible or overflowing value is refused
         {"qwen3-bf16", "eos_token_id", [](json & c) { c["eos_token_id"] = (int64_t(1) << 32) + 5; }},
         {"qwen3-bf16", "eos_token_id", [](json & c) { c["eos_token_id"] = json::array({1, "two"}); }},
         {"qwen3-bf16", "bos_token_id", [](json & c) { c["bos_token_id"] = kBig; }},
+        {"qwen3-bf16", "eos_token_id", [](json & c) { c["eos_token_id"] = c["vocab_size"]; }},  // one past the vocabulary
         {"qwen3_moe-bf16", "num_experts", [](json & c) { c.erase("num_local_experts"); c["num_experts"] = kBig; }},
         {"qwen3_moe-bf16", "num_local_experts", [](json & c) { c["num_local_experts"] = kBig; c["num_experts_per_tok"] = kBig; }},
         {"qwen3_moe-bf16", "moe_intermediate_size", [](json & c) { c["moe_intermediate_size"] = int64_t(1) << 50; }},

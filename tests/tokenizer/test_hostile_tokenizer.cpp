@@ -91,6 +91,9 @@ TEST_CASE("token ids that do not fit 32 bits are refused, never truncated") {
                    "eos_token_id");
     check_rejected(load_strings(tiny_tokenizer().dump(), R"({"added_tokens_decoder": {"4294967300": {"content": "x"}}})"),
                    "tokenizer_config.json", "added_tokens_decoder");
+    // Ids that fit but are not in the vocabulary (5 ids: 4 entries and <s>).
+    check_rejected(load_strings(tiny_tokenizer().dump(), "", R"({"eos_token_id": [4, 5]})"), "generation_config.json", "eos_token_id");
+    CHECK(spark::Tokenizer::from_json_strings(tiny_tokenizer().dump(), "", R"({"eos_token_id": [4, -1]})").is_eog(4));
     json a = tiny_tokenizer();
     a["added_tokens"][0]["id"] = uint64_t(18446744073709551615ull);
     check_rejected(load_strings(a.dump()), "tokenizer.json", "id");

@@ -185,10 +185,10 @@ std::unique_ptr<Model> load_eagle3_head(const std::string & path, const Model & 
         for (int64_t i = 0; i < hp.n_vocab; ++i) {
             int64_t off;
             std::memcpy(&off, d2t->data + i * 8, 8);
-            const int64_t id = i + off;
-            if (id < 0 || id >= hp.n_vocab_in)
-                fail(SPARK_ERR_INVALID_FORMAT, "%s: d2t maps draft token %lld to %lld, outside the target vocabulary of %lld", path.c_str(), (long long) i,
-                     (long long) id, (long long) hp.n_vocab_in);
+            int64_t id = -1;
+            if (__builtin_add_overflow(i, off, &id) || id < 0 || id >= hp.n_vocab_in)
+                fail(SPARK_ERR_INVALID_FORMAT, "%s: d2t maps draft token %lld to %lld + %lld, outside the target vocabulary of %lld", path.c_str(),
+                     (long long) i, (long long) i, (long long) off, (long long) hp.n_vocab_in);
             map[size_t(i)] = int32_t(id);
         }
         auto buf = head->backend->alloc(map.size() * 4);

@@ -25,7 +25,7 @@ std::unique_ptr<Regex> make_regex(const std::string & pattern, bool literal, con
     try {
         return std::make_unique<Regex>(pattern, literal);
     } catch (const Error & e) {
-        throw Error(e.status(), "tokenizer.json: '" + path + "': " + e.what());
+        throw Error(e.status(), strfmt("tokenizer.json: '%s': %s", path.c_str(), e.what()));
     }
 }
 
@@ -44,7 +44,7 @@ std::unique_ptr<Normalizer> Normalizer::from_json(const nlohmann::json & j) {
             const ConfigFields f(e, kOrigin, path + ".");
             const nlohmann::json * subs = f.find("normalizers");
             if (!subs || !subs->is_array()) f.bad("normalizers", "must be a list (a Sequence normalizer)");
-            for (size_t i = 0; i < subs->size(); ++i) add((*subs)[i], path + ".normalizers[" + std::to_string(i) + "]");
+            for (size_t i = 0; i < subs->size(); ++i) add((*subs)[i], strfmt("%s.normalizers[%zu]", path.c_str(), i));
         } else if (type == "NFC") {
             n->steps_.push_back({Step::Form, unicode::NormalForm::NFC});
         } else if (type == "NFD") {
@@ -94,9 +94,9 @@ void PreTokenizer::add_steps(const nlohmann::json & j, const std::string & path)
     if (type == "Sequence") {
         const nlohmann::json * subs = f.find("pretokenizers");
         if (!subs || !subs->is_array()) f.bad("pretokenizers", "must be a list (a Sequence pre_tokenizer)");
-        for (size_t i = 0; i < subs->size(); ++i) add_steps((*subs)[i], path + ".pretokenizers[" + std::to_string(i) + "]");
+        for (size_t i = 0; i < subs->size(); ++i) add_steps((*subs)[i], strfmt("%s.pretokenizers[%zu]", path.c_str(), i));
     } else if (type == "Split") {
-        Step step{Step::Split};
+        Step step{Step::Split, nullptr};
         const nlohmann::json * pat = f.find("pattern");
         if (!pat || !pat->is_object()) f.bad("pattern", "must be {\"Regex\": ...} or {\"String\": ...}");
         const ConfigFields p(*pat, kOrigin, path + ".pattern.");
@@ -114,12 +114,12 @@ void PreTokenizer::add_steps(const nlohmann::json & j, const std::string & path)
         steps_.push_back(std::move(step));
     } else if (type == "Digits") {
         // HF splits on char::is_numeric: each digit alone, or runs of digits.
-        Step step{Step::Split};
+        Step step{Step::Split, nullptr};
         step.regex    = make_regex("\\p{N}", false, path);
         step.behavior = f.boolean("individual_digits", false) ? SplitBehavior::Isolated : SplitBehavior::Contiguous;
         steps_.push_back(std::move(step));
     } else if (type == "ByteLevel") {
-        Step step{Step::ByteLevel};
+        Step step{Step::ByteLevel, nullptr};
         step.add_prefix_space = f.boolean("add_prefix_space", true);
         if (f.boolean("use_regex", true)) step.regex = make_regex(kGpt2Pattern, false, path);
         steps_.push_back(std::move(step));

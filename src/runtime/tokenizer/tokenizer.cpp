@@ -366,10 +366,7 @@ void Tokenizer::Impl::parse_generation_config() {
     const json        g    = parse_small_json(generation_config_json, what.c_str());
     if (!g.is_object()) fail(SPARK_ERR_INVALID_FORMAT, "generation_config.json: not a JSON object");
     const ConfigFields f(g, what);
-    for (const int32_t id : f.token_ids("eos_token_id")) {
-        if (id >= n_vocab) f.bad("eos_token_id", "holds %d, outside the vocabulary [0, %d)", id, n_vocab);
-        eog.insert(id);
-    }
+    for (const int32_t id : f.token_ids("eos_token_id", n_vocab)) eog.insert(id);
 }
 
 void Tokenizer::Impl::build_pieces() {
