@@ -254,6 +254,17 @@ SPARK_API void spark_memory_snapshot_free(spark_context * ctx, int32_t snapshot)
     if (ctx) ctx->impl->memory().snapshot_free(snapshot);
 }
 
+SPARK_API spark_status spark_perf_context(const spark_context * ctx, spark_perf_context_data * out) {
+    return api_guard([&] {
+        require(ctx != nullptr && out != nullptr, "spark_perf_context: NULL argument");
+        *out = ctx->impl->perf();
+    });
+}
+
+SPARK_API void spark_perf_context_reset(spark_context * ctx) {
+    if (ctx) ctx->impl->reset_perf();
+}
+
 SPARK_API spark_status spark_memory_get_info(const spark_context * ctx, spark_memory_info * out) {
     return api_guard([&] {
         require(ctx != nullptr && out != nullptr, "spark_memory_get_info: NULL argument");

@@ -251,6 +251,7 @@ void Context::decode(const spark_batch & batch) {
     for (size_t first = 0; first < rows.size(); first += size_t(params_.n_batch)) {
         const int32_t n = int32_t(std::min(rows.size() - first, size_t(params_.n_batch)));
         for (int32_t s = 0; s < params_.n_seq_max; ++s) step_start[size_t(s)] = memory_->seq_length(s);
+        const auto t_start = std::chrono::steady_clock::now();
         try {
             if (abort_cb_ && abort_cb_(abort_data_)) fail(SPARK_ERR_ABORTED, "decode aborted by the abort callback");
             // A step that can stop half-way (a later step of the call may fail; the CPU checks the
@@ -271,12 +272,20 @@ void Context::decode(const spark_batch & batch) {
             else if (pending_argmax_) download_pending();
             else model_.backend->synchronize();
         } catch (...) {
+            ++perf_.n_failed;
             memory_->undo(step_start);
             n_outputs_ = 0;
             last_step_ = nullptr;
             throw;
         }
+        // Prompt-like steps carry several tokens of one sequence (rows are grouped by sequence).
+        bool several_of_one = false;
+        for (int32_t i = 1; i < n; ++i) several_of_one |= rows[first + size_t(i)].seq == rows[first + size_t(i) - 1].seq;
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_start).count();
+        (several_of_one ? perf_.n_prompt_tokens : perf_.n_gen_tokens) += n;
+        (several_of_one ? perf_.t_prompt_ms : perf_.t_gen_ms) += ms;
     }
+    ++perf_.n_decode;
 }
 
 void Context::set_abort(spark_abort_callback cb, void * data) {
@@ -308,6 +317,7 @@ void Context::step(const std::vector<StepRow> & in, const std::vector<DeviceRows
     try {
         run_step(rows.data(), n, tokens, hidden);
     } catch (...) {
+        ++perf_.n_failed;
         memory_->undo(start_len);
         n_outputs_ = 0;
         last_step_ = nullptr;
@@ -377,6 +387,8 @@ void Context::run_step(const Row * rows, int32_t n, const std::vector<DeviceRows
     if (fail_after_ > 0) --fail_after_;
     be.compute(*step.graph, executor_.get());
     rows_computed_ += n;
+    ++perf_.n_steps;
+    perf_.n_tokens += n;
 
     // The outputs stay on the backend until asked for.
     last_step_ = &step;

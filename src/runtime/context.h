@@ -101,6 +101,9 @@ public:
     // Tokens run through the model so far (every row of every step): tests prove that a rollback
     // recomputes nothing.
     int64_t        rows_computed() const { return rows_computed_; }
+    // spark_perf_context.
+    const spark_perf_context_data & perf() const { return perf_; }
+    void                            reset_perf() { perf_ = spark_perf_context_data{}; }
     // spark_context_set_abort_callback: checked before every step and, on the CPU, between ops.
     void set_abort(spark_abort_callback cb, void * data);
 
@@ -132,6 +135,7 @@ private:
     std::vector<int32_t>    staging_;                 // packed step inputs
     HiddenCapture           capture_;
     int64_t                 rows_computed_ = 0;
+    spark_perf_context_data perf_{};
     int32_t                 fail_after_    = -1;
     spark_abort_callback    abort_cb_      = nullptr;
     void *                  abort_data_    = nullptr;

@@ -71,7 +71,22 @@ public:
     virtual void save(int32_t seq, int32_t len, std::vector<std::unique_ptr<Buffer>> & to) = 0;
     virtual void load(int32_t seq, int32_t len, const std::vector<std::unique_ptr<Buffer>> & from) = 0;
 
+    // Serialised contents (spark_state_seq_*): the bytes of `seq` holding `len` tokens, written to
+    // and read from host memory. read_state finds `seq` empty with room reserved for `len`.
+    virtual size_t state_bytes(int32_t len) const = 0;
+    virtual void   write_state(int32_t seq, int32_t len, uint8_t * out) const = 0;
+    virtual void   read_state(int32_t seq, int32_t len, const uint8_t * in) = 0;
+
     virtual void add_info(spark_memory_info & info) const = 0;
+};
+
+// What a serialised sequence state is made of in a context: a state loads only where these agree.
+struct StateShape {
+    int32_t  kv_layers = 0, recurrent_layers = 0;
+    uint32_t kv_type   = 0;  // DType of the KV cache
+    int64_t  kv_row    = 0;  // values per token per layer, for K and for V
+    uint64_t conv_bytes = 0, ssm_bytes = 0;
+    bool     operator==(const StateShape &) const = default;
 };
 
 class KvCache;
@@ -112,6 +127,15 @@ public:
     // Keeps the recurrent states after the last n positions of every sequence (reallocates the
     // rings; the current states are kept). The context rebuilds its step graphs afterwards.
     void set_rollback(int32_t n);
+
+    // spark_state_seq_*: a sequence's contents as bytes (the KV rows of every attention layer, then
+    // the current state of every linear-attention layer) and back. read_state replaces `seq` by
+    // `len` tokens from `in` (state_bytes(len) bytes); SPARK_ERR_CONTEXT_FULL, with nothing
+    // changed, when they do not fit.
+    StateShape state_shape() const;
+    size_t     state_bytes(int32_t len) const;
+    void       write_state(int32_t seq, uint8_t * out) const;
+    void       read_state(int32_t seq, int32_t len, const uint8_t * in);
 
     spark_memory_info info() const;
     bool              has_recurrent() const { return recurrent_ != nullptr; }
