@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the seed corpora of the fuzzers (tests/fuzz/corpus/<fuzzer>/) from the test data.
+"""Writes the seed corpora of the fuzzers (tests/fuzz/corpus/<name>/ for fuzz_<name>) from the test data.
 
     python3 tests/fuzz/make_corpus.py BUILD_DIR     (BUILD_DIR holds tools/convert/spark-convert)
 
@@ -107,7 +107,7 @@ def tiny_checkpoint(fixture, out_dir, rng):
 
 def model_file_corpus(convert, tokenizer_dir):
     rng = random.Random(1)
-    out = os.path.join(OUT, "fuzz_model_file")
+    out = os.path.join(OUT, "model_file")
     formats = {"bf16": [], "nvfp4": ["--quantize", "nvfp4"], "int4-g32": ["--quantize", "int4", "--group-size", "32"],
                "int4-asym": ["--quantize", "int4", "--group-size", "32", "--asym"], "fp8-block": ["--quantize", "fp8"],
                "fp8-channel": ["--quantize", "fp8", "--fp8-per-channel"]}
@@ -130,7 +130,7 @@ def model_file_corpus(convert, tokenizer_dir):
 
 def safetensors_corpus():
     rng = random.Random(2)
-    out = os.path.join(OUT, "fuzz_safetensors")
+    out = os.path.join(OUT, "safetensors")
     # One tensor of every dtype the reader knows, with metadata.
     tensors = []
     for dtype, size in DTYPE_SIZE.items():
@@ -170,7 +170,7 @@ def safetensors_corpus():
 
 
 def config_corpus():
-    out = os.path.join(OUT, "fuzz_config")
+    out = os.path.join(OUT, "config")
     for fixture in sorted(os.listdir(os.path.join(DATA, "models"))):
         path = os.path.join(DATA, "models", fixture, "config.json")
         if os.path.exists(path):
@@ -234,7 +234,7 @@ def json_patch(doc, patch):
 
 
 def tokenizer_corpus():
-    out = os.path.join(OUT, "fuzz_tokenizer")
+    out = os.path.join(OUT, "tokenizer")
     t, config, generation = tiny_tokenizer()
     texts = ["Hello world, it's 2024!\n\tdef f(x): return x**2  # ok", "<|im_start|>user\nhi<|im_end|>", "caf\u00e9 \u4e2d\u6587 \U0001F642  "]
 
@@ -274,7 +274,7 @@ def main():
     convert = os.path.join(sys.argv[1], "tools", "convert", "spark-convert")
     if os.path.isdir(OUT):
         shutil.rmtree(OUT)
-    for name in ["fuzz_config", "fuzz_safetensors", "fuzz_tokenizer", "fuzz_model_file"]:
+    for name in ["config", "safetensors", "tokenizer", "model_file"]:
         os.makedirs(os.path.join(OUT, name))
     config_corpus()
     safetensors_corpus()
