@@ -17,8 +17,10 @@ namespace spark {
 
 namespace config_limits {
 // Plausible upper bounds of every dimension. The largest published models are far below them
-// (hidden 16k, 128 heads of 256, 512 experts, 256k vocabulary, contexts of 10M tokens); with them
-// every size spark derives from the hyper-parameters fits an int64 with room to spare.
+// (hidden 16k, 128 heads of 256, 512 experts, 256k vocabulary, contexts of 10M tokens). Under them
+// the shape of any one tensor (at most three dimensions: experts x rows x columns, 2^58 elements)
+// fits an int64 in bytes; sizes that multiply more (caches, recurrent states over sequences and
+// layers) go through the checked arithmetic of graph/checked.h.
 constexpr int64_t kMaxVocab      = int64_t(1) << 24;
 constexpr int64_t kMaxEmbd       = int64_t(1) << 20;
 constexpr int64_t kMaxLayers     = 4096;
