@@ -39,7 +39,9 @@ public:
         : j_(j), origin_(origin), prefix_(std::move(prefix)) {}
 
     template <typename... Args> [[noreturn]] void bad(const char * key, const char * fmt, Args... args) const {
-        fail(SPARK_ERR_INVALID_FORMAT, "%s: '%s%s' %s", origin_.c_str(), prefix_.c_str(), key, strfmt(fmt, args...).c_str());
+        std::string what = fmt;  // a message without arguments is not a format (it may hold '%')
+        if constexpr (sizeof...(Args) > 0) what = strfmt(fmt, args...);
+        fail(SPARK_ERR_INVALID_FORMAT, "%s: '%s%s' %s", origin_.c_str(), prefix_.c_str(), key, what.c_str());
     }
 
     // An integer in [lo, hi]; `fallback` when absent (or an error when required).
