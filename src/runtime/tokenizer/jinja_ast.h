@@ -43,7 +43,15 @@ struct Expr {
     std::vector<std::pair<std::string, ExprPtr>> kwargs;
     std::vector<std::string>                     ops;
     bool                                         negated = false;
+
+    Expr() = default;
+    Expr(const Expr &)             = delete;
+    Expr & operator=(const Expr &) = delete;
+    ~Expr();  // iterative: expression trees can be as deep as a template is long
 };
+
+// The parser's nesting limit (statements, brackets, arguments, else branches).
+constexpr int kMaxParseDepth = 256;
 
 struct Node;
 using NodePtr = std::unique_ptr<Node>;
@@ -86,8 +94,9 @@ struct Template {
 // Throws spark::Error(SPARK_ERR_TEMPLATE) with the line for syntax errors and unknown constructs.
 std::shared_ptr<const Template> parse_template(const std::string & source);
 
-// Renders with the given top-level variables. Throws SPARK_ERR_TEMPLATE on evaluation errors.
-std::string render(const Template & tmpl, const Dict & variables);
+// Renders with the given top-level variables. Throws SPARK_ERR_TEMPLATE on evaluation errors and
+// when the template exceeds one of the limits.
+std::string render(const Template & tmpl, const Dict & variables, const RenderLimits & limits = {});
 
 // Names known to the evaluator (the parser rejects others).
 bool is_known_filter(const std::string & name);

@@ -4,6 +4,7 @@
 #include "runtime/tokenizer/jinja_lexer.h"
 
 #include <set>
+#include <string>
 
 namespace spark::jinja {
 
@@ -313,15 +314,19 @@ private:
         return with_condexpr ? parse_condexpr() : parse_or();
     }
 
-    // Hostile templates must not exhaust the stack of this recursive-descent parser.
+    // Hostile templates must not exhaust the stack of this recursive-descent parser: one level per
+    // nested statement, bracketed or argument expression, or else branch. Operator chains
+    // (a + b + ..., not not ..., - - x) are parsed in loops and cost no level.
     struct DepthGuard {
         Parser & p;
         explicit DepthGuard(Parser & parser) : p(parser) {
-            if (++p.depth_ > kMaxDepth) p.error("expressions or blocks are nested too deeply");
+            if (p.depth_ >= kMaxParseDepth)
+                p.error("the template nests deeper than " + std::to_string(kMaxParseDepth) +
+                        " levels (blocks, brackets, arguments or else branches)");
+            ++p.depth_;
         }
         ~DepthGuard() { --p.depth_; }
     };
-    static constexpr int kMaxDepth = 200;
 
     ExprPtr parse_condexpr() {
         ExprPtr e = parse_or();
@@ -331,6 +336,7 @@ private:
             ExprPtr other;
             if (is_name("else")) {
                 next();
+                DepthGuard guard(*this);
                 other = parse_condexpr();
             }
             auto c = make(Expr::Cond, line);
@@ -369,13 +375,16 @@ private:
     }
 
     ExprPtr parse_not() {
-        if (is_name("not")) {
-            const int line = next().line;
-            auto e = make(Expr::Not, line);
-            e->args.push_back(parse_not());
-            return e;
+        std::vector<int> nots;  // lines of the leading "not"s, applied innermost last
+        while (is_name("not")) nots.push_back(next().line);
+        ExprPtr e = parse_compare();
+        while (!nots.empty()) {
+            auto n = make(Expr::Not, nots.back());
+            nots.pop_back();
+            n->args.push_back(std::move(e));
+            e = std::move(n);
         }
-        return parse_compare();
+        return e;
     }
 
     ExprPtr parse_compare() {
@@ -446,17 +455,17 @@ private:
         return e;
     }
 
+    // jinja2: unary := ('-' | '+') unary | primary postfix; then filters and tests.
     ExprPtr parse_unary(bool with_filter) {
-        DepthGuard guard(*this);
-        ExprPtr e;
-        if (is_op("-") || is_op("+")) {
-            const Token op = next();
-            e = make(op.text == "-" ? Expr::Neg : Expr::Pos, op.line);
-            e->args.push_back(parse_unary(false));
-        } else {
-            e = parse_primary();
+        std::vector<Token> signs;  // applied innermost last
+        while (is_op("-") || is_op("+")) signs.push_back(next());
+        ExprPtr e = parse_postfix(parse_primary());
+        while (!signs.empty()) {
+            auto u = make(signs.back().text == "-" ? Expr::Neg : Expr::Pos, signs.back().line);
+            signs.pop_back();
+            u->args.push_back(std::move(e));
+            e = std::move(u);
         }
-        e = parse_postfix(std::move(e));
         if (with_filter) e = parse_filter_expr(std::move(e));
         return e;
     }
@@ -680,6 +689,25 @@ private:
 };
 
 }  // namespace
+
+Expr::~Expr() {
+    // Chains such as 1 + 1 + ... + 1 make trees as deep as they are long: free them with a worklist
+    // rather than by recursion.
+    if (args.empty() && kwargs.empty()) return;
+    std::vector<ExprPtr> pending;
+    auto take = [&](Expr & e) {
+        for (auto & a : e.args)
+            if (a) pending.push_back(std::move(a));
+        for (auto & kw : e.kwargs)
+            if (kw.second) pending.push_back(std::move(kw.second));
+    };
+    take(*this);
+    while (!pending.empty()) {
+        ExprPtr e = std::move(pending.back());
+        pending.pop_back();
+        take(*e);
+    }
+}
 
 std::shared_ptr<const Template> parse_template(const std::string & source) {
     auto t  = std::make_shared<Template>();

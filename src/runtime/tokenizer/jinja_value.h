@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -19,6 +20,94 @@ struct CallArgs;
 class Context;
 
 using List = std::vector<Value>;
+
+// ------------------------------------------------------------------------------------------------
+// Limits of one render. Chat templates come with downloaded models and run inside host processes:
+// whatever a template does, a render must end quickly with SPARK_ERR_TEMPLATE rather than hang,
+// exhaust memory or overflow the stack.
+struct RenderLimits {
+    // Units of work: an expression or statement evaluated, a loop iteration, 16 bytes or 16 items
+    // scanned by a builtin. Real chat templates use ~200 steps per message.
+    uint64_t max_steps = 20'000'000;
+    // Bytes of strings and of list/dict slots alive at once, copies included (the output is capped
+    // at this size too).
+    uint64_t max_bytes = uint64_t(256) << 20;
+    // Nesting of statements, expressions and macro calls while rendering.
+    int max_depth = 256;
+};
+
+// The budget of the render running on this thread (none outside renders: nothing is counted then).
+// Values charge it where they copy strings or allocate slots, builtins where they scan data, so
+// that every operation's cost is counted in proportion to the data it touches.
+class Budget {
+public:
+    explicit Budget(const RenderLimits & limits);  // becomes the thread's budget until destroyed
+    ~Budget();
+    Budget(const Budget &)             = delete;
+    Budget & operator=(const Budget &) = delete;
+
+    static Budget * current() { return current_; }
+
+    // Counts `n` units of work.
+    static void steps(uint64_t n) {
+        if (current_ && (current_->steps_ += n) > current_->limits_.max_steps) current_->out_of_steps();
+    }
+    // Counts the scan of `n` bytes or items (one step per 16).
+    static void scan(uint64_t n) { steps(n >> 4); }
+    // Counts `n` bytes that stay allocated until refund(); returns what was counted (0 outside a render).
+    static uint64_t charge(uint64_t n) {
+        if (!current_ || n == 0) return 0;
+        current_->ensure(n);
+        current_->bytes_ += n;
+        return n;
+    }
+    static void refund(uint64_t n) {
+        if (current_) current_->bytes_ -= std::min(n, current_->bytes_);
+    }
+    // Throws unless `n` more bytes fit (checked before building a large string or list).
+    static void ensure_room(uint64_t n) {
+        if (current_) current_->ensure(n);
+    }
+    // ensure_room for `count` items of `size` bytes, without overflowing.
+    static void ensure_room(uint64_t count, uint64_t size);
+
+    uint64_t steps_used() const { return steps_; }
+    uint64_t bytes_used() const { return bytes_; }
+    const RenderLimits & limits() const { return limits_; }
+
+private:
+    void ensure(uint64_t n) {
+        if (n > limits_.max_bytes || bytes_ > limits_.max_bytes - n) out_of_memory();
+    }
+    [[noreturn]] void out_of_steps() const;
+    [[noreturn]] void out_of_memory() const;
+
+    RenderLimits    limits_;
+    uint64_t        steps_ = 0, bytes_ = 0;
+    Budget *        previous_;
+    static inline thread_local Budget * current_ = nullptr;
+};
+
+// Lists, dicts, namespaces, closures and scopes are shared and can form long chains (a namespace
+// holding a namespace holding ...). Their deleter queues the deletions it triggers instead of
+// recursing, so freeing a chain of any length takes constant stack. Live ones are counted (tests
+// check that renders free everything). `charged` bytes are refunded to the budget on deletion.
+namespace detail {
+void count_live(int64_t delta);
+void deferred_delete(void * object, void (*destroy)(void *)) noexcept;
+}  // namespace detail
+
+template <typename T, typename... Args> std::shared_ptr<T> make_shared_value(uint64_t charged, Args &&... args) {
+    T * raw = new T(std::forward<Args>(args)...);
+    detail::count_live(1);
+    return std::shared_ptr<T>(raw, [charged](T * p) {
+        Budget::refund(charged);
+        detail::deferred_delete(p, [](void * q) { delete static_cast<T *>(q); });
+    });
+}
+
+// Objects made by make_shared_value and not yet freed (all threads).
+int64_t live_shared_values();
 
 // Dicts keep insertion order (Python 3.7+), which tojson must reproduce.
 struct Dict {
@@ -48,6 +137,15 @@ struct Value {
     std::shared_ptr<Dict>     dict;  // Dict and Namespace (a namespace is mutable and shared)
     std::shared_ptr<Callable> callable;
 
+    // Strings are copied with their Value: a copy made during a render counts against its memory
+    // budget until the Value is destroyed.
+    Value() = default;
+    Value(const Value & other);
+    Value(Value && other) noexcept;
+    Value & operator=(const Value & other);
+    Value & operator=(Value && other) noexcept;
+    ~Value() { Budget::refund(charged_); }
+
     static Value undefined(std::string hint = {});
     static Value none();
     static Value boolean(bool v);
@@ -68,6 +166,9 @@ struct Value {
     bool is_integer() const { return type == Type::Int || type == Type::Bool; }
     int64_t as_int() const { return type == Type::Bool ? int64_t(b) : i; }
     double  as_double() const { return type == Type::Float ? f : double(as_int()); }
+
+private:
+    uint64_t charged_ = 0;  // bytes of `s` counted by the render budget
 };
 
 struct CallArgs {
@@ -90,7 +191,7 @@ int compare(const Value & a, const Value & b, int line);
 Value from_json(const nlohmann::ordered_json & j);
 
 struct JsonOptions {
-    int         indent = -1;  // -1: None
+    int64_t     indent = -1;  // -1: None
     std::string indent_str;   // used when indent was given as a string
     bool        use_indent_str = false;
     bool        ensure_ascii   = false;
