@@ -84,6 +84,8 @@ struct Node {
     std::vector<ExprPtr>     defaults;  // Macro/CallBlock parameter defaults (null: none); With values
     std::vector<ExprPtr>     filters;   // SetBlock/FilterBlock
     Body                     body, else_body;
+    // For: the body mentions the name `loop` (most loops do not: they skip building it).
+    bool uses_loop = false;
 };
 
 // A parsed template. Parsing checks filter and test names (as jinja2 does at compile time).

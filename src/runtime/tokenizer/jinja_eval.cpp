@@ -23,17 +23,20 @@ struct Scope {
     std::shared_ptr<Scope>                     parent;
     std::vector<std::pair<std::string, Value>> vars;
 
-    // Scopes hold a few variables; the scans are counted so that thousands of them cost steps.
+    // Scopes hold a few variables; the scans are counted (a step per kNamesPerStep names compared)
+    // so that a template defining thousands of them runs out of steps rather than into quadratic time.
+    static constexpr size_t kNamesPerStep = 4;
+
     const Value * find(const std::string & name) const {
         for (const Scope * s = this; s; s = s->parent.get()) {
-            Budget::scan(s->vars.size());
+            Budget::steps(s->vars.size() / kNamesPerStep);
             for (const auto & [k, v] : s->vars)
                 if (k == name) return &v;
         }
         return nullptr;
     }
     void set(const std::string & name, Value v) {
-        Budget::scan(vars.size());
+        Budget::steps(vars.size() / kNamesPerStep);
         for (auto & [k, old] : vars) {
             if (k == name) {
                 old = std::move(v);
@@ -59,10 +62,8 @@ struct RenderState {
     int                                depth = 0;
     std::vector<std::weak_ptr<Scope>>  closure_scopes;
     std::vector<std::weak_ptr<Dict>>   namespaces;
-    const char *                       stack_base;
 
-    explicit RenderState(const RenderLimits & l)
-        : limits(l), stack_base(static_cast<const char *>(__builtin_frame_address(0))) {}
+    explicit RenderState(const RenderLimits & l) : limits(l) {}
     RenderState(const RenderState &)             = delete;
     RenderState & operator=(const RenderState &) = delete;
 
@@ -105,22 +106,17 @@ namespace {
 
 constexpr int     kMaxMacroDepth = 64;
 constexpr int64_t kMaxRange      = 100000;  // jinja2's sandbox limit
-// Whatever the build (-O0 and sanitizers make frames several times larger), a render stops before
-// it has used this much stack: hosts often render on threads with small stacks (512 KiB).
-constexpr size_t kMaxStackBytes = size_t(384) << 10;
 
 // One level of nesting (a statement body, an expression operand, a macro call) while rendering.
 class DepthGuard {
 public:
     DepthGuard(RenderState & state, int line) : state_(state) {
-        const char * here = static_cast<const char *>(__builtin_frame_address(0));
-        const size_t stack_used = size_t(here < state.stack_base ? state.stack_base - here : here - state.stack_base);
-            if (state.depth >= state.limits.max_depth)
+        if (state.depth >= state.limits.max_depth)
             template_error(line, "the template nests deeper than " + std::to_string(state.limits.max_depth) +
-                                     " levels (blocks, expressions and macro calls)");
-        if (stack_used > kMaxStackBytes)
+                                     " levels while rendering (blocks, expressions and macro calls)");
+        if (Budget::current()->stack().exhausted())
             template_error(line, "the template nests too deeply: rendering it would use more than " +
-                                     std::to_string(kMaxStackBytes >> 10) + " KiB of stack");
+                                     std::to_string(StackMeter::kMaxStackBytes >> 10) + " KiB of stack");
         ++state.depth;
     }
     ~DepthGuard() { --state_.depth; }
@@ -192,20 +188,22 @@ List iterate(const Value & v, int line) {
     switch (v.type) {
         case Value::Type::Undefined: return {};
         case Value::Type::List:
-            Budget::scan(v.list->size());
+            Budget::steps(v.list->size());
             Budget::ensure_room(v.list->size(), sizeof(Value));
             return *v.list;
         case Value::Type::Dict: {
-            Budget::scan(v.dict->items.size());
+            Budget::steps(v.dict->items.size());
             Budget::ensure_room(v.dict->items.size(), sizeof(Value));
             List keys;
             for (const auto & kv : v.dict->items) keys.push_back(kv.first);
             return keys;
         }
         case Value::Type::String: {
-            Budget::scan(v.s.size());
-            Budget::ensure_room(unicode::count_codepoints(v.s), sizeof(Value));
+            const size_t count = unicode::count_codepoints(v.s);
+            Budget::steps(count);  // a value per character
+            Budget::ensure_room(count, sizeof(Value));
             List chars;
+            chars.reserve(count);
             for (size_t i = 0; i < v.s.size();) {
                 const size_t start = i;
                 unicode::next_codepoint(v.s, i);
@@ -220,7 +218,7 @@ List iterate(const Value & v, int line) {
 int64_t length_of(const Value & v, int line) {
     switch (v.type) {
         case Value::Type::Undefined: return 0;
-        case Value::Type::String: Budget::scan(v.s.size()); return int64_t(unicode::count_codepoints(v.s));
+        case Value::Type::String: Budget::bulk(v.s.size()); return int64_t(unicode::count_codepoints(v.s));
         case Value::Type::List: return int64_t(v.list->size());
         case Value::Type::Dict: return int64_t(v.dict->items.size());
         default: template_error(line, "object of type '" + std::string(type_name(v)) + "' has no len()");
@@ -262,11 +260,20 @@ SliceRange slice_range(int64_t n, const Value & start_v, const Value & stop_v, c
 
 // Substring search in linear time: memmem is the two-way algorithm (glibc, musl, BSDs), where
 // std::string::find takes |text| * |needle| steps on hostile inputs ("aaa...a" for "aa...ab").
+// It searches windows of the text (overlapping by |needle| - 1) rather than the whole rest of it:
+// finding each of many matches then costs the distance to it, not the length of what follows,
+// also where memmem checks its whole range first (sanitizer builds).
 size_t find_text(std::string_view text, std::string_view needle, size_t from = 0) {
     if (from > text.size()) return std::string::npos;
     if (needle.empty()) return from;
-    const void * hit = memmem(text.data() + from, text.size() - from, needle.data(), needle.size());
-    return hit ? size_t(static_cast<const char *>(hit) - text.data()) : std::string::npos;
+    const size_t window = std::max<size_t>(needle.size() * 4, 4096);
+    for (size_t start = from; start + needle.size() <= text.size(); start += window - needle.size() + 1) {
+        const size_t length = std::min(window, text.size() - start);
+        if (const void * hit = memmem(text.data() + start, length, needle.data(), needle.size()))
+            return size_t(static_cast<const char *>(hit) - text.data());
+        if (start + length == text.size()) break;
+    }
+    return std::string::npos;
 }
 
 // The last occurrence starting at or before `from`, in linear time too: Knuth-Morris-Pratt on the
@@ -306,6 +313,7 @@ void push_checked(List & list, Value v) {
 
 // The same for strings built piece by piece (join, replace, format, ...).
 void append_checked(std::string & out, std::string_view piece) {
+    Budget::bulk(piece.size());
     Budget::ensure_room(out.size() + piece.size());
     out.append(piece);
 }
@@ -326,24 +334,30 @@ std::string strip_chars(const std::string & s, const Value * chars, bool left, b
     auto strip_it = [&](uint32_t cp) {
         return whitespace ? is_space_cp(cp) : std::binary_search(set.begin(), set.end(), cp);
     };
-    const auto off = char_offsets(s);
-    size_t b = 0, e = off.size() - 1;
-    auto cp_at = [&](size_t k) {
-        size_t i = off[k];
-        return unicode::next_codepoint(s, i);
-    };
-    if (left)
-        while (b < e && strip_it(cp_at(b))) ++b;
-    if (right)
-        while (e > b && strip_it(cp_at(e - 1))) --e;
-    return s.substr(off[b], off[e] - off[b]);
+    // Only the stripped characters are decoded: b and e move inwards over whole code points.
+    size_t b = 0, e = s.size();
+    if (left) {
+        for (size_t next = b; b < e; b = next)
+            if (!strip_it(unicode::next_codepoint(s, next))) break;
+    }
+    if (right) {
+        while (e > b) {
+            size_t start = e - 1;
+            while (start > b && (uint8_t(s[start]) & 0xC0) == 0x80) --start;
+            size_t next = start;
+            if (!strip_it(unicode::next_codepoint(s, next))) break;
+            e = start;
+        }
+    }
+    Budget::scan(b + (s.size() - e));
+    return s.substr(b, e - b);
 }
 
 List split_string(const std::string & s, const Value * sep_v, const Value * maxsplit_v, int line) {
     int64_t maxsplit = maxsplit_v && !maxsplit_v->is_none() ? require_int(*maxsplit_v, "maxsplit", line) : -1;
-    Budget::scan(s.size());
     List parts;
     if (!sep_v || sep_v->is_none()) {
+        Budget::scan(s.size());
         // Runs of whitespace separate; leading/trailing whitespace yields nothing.
         size_t i = 0;
         while (true) {
@@ -372,6 +386,7 @@ List split_string(const std::string & s, const Value * sep_v, const Value * maxs
     }
     const std::string & sep = require_string(*sep_v, "separator", line);
     if (sep.empty()) template_error(line, "empty separator");
+    Budget::bulk(s.size());
     size_t pos = 0, hit;
     while ((maxsplit < 0 || int64_t(parts.size()) < maxsplit) && (hit = find_text(s, sep, pos)) != std::string::npos) {
         push_checked(parts, Value::string(s.substr(pos, hit - pos)));
@@ -382,10 +397,10 @@ List split_string(const std::string & s, const Value * sep_v, const Value * maxs
 }
 
 std::string replace_all(const std::string & s, const std::string & from, const std::string & to, int64_t count) {
-    Budget::scan(s.size());
     const std::string_view text(s);
     std::string out;
     if (from.empty()) {
+        Budget::scan(s.size());
         // Python inserts `to` between characters (and at both ends).
         int64_t n = 0;
         for (size_t i = 0; i < s.size();) {
@@ -400,6 +415,7 @@ std::string replace_all(const std::string & s, const std::string & from, const s
         if (count < 0 || n < count) append_checked(out, to);
         return out;
     }
+    Budget::bulk(s.size());
     size_t pos = 0, hit;
     int64_t n = 0;
     while ((count < 0 || n < count) && (hit = find_text(s, from, pos)) != std::string::npos) {
@@ -663,8 +679,9 @@ Value arithmetic(const std::string & op, const Value & a, const Value & b, int l
         if (ints) return Value::integer(checked(kAdd, a.as_int(), b.as_int(), line));
         if (nums) return Value::number(a.as_double() + b.as_double());
         if (a.is_string() && b.is_string()) {
-            Budget::ensure_room(a.s.size() + b.s.size());
-            return Value::string(a.s + b.s);
+            Value r = a;
+            r.append(b.s);
+            return r;
         }
         if (a.is_list() && b.is_list() && a.is_tuple == b.is_tuple) {
             Budget::ensure_room(a.list->size() + b.list->size(), sizeof(Value));
@@ -690,7 +707,7 @@ Value arithmetic(const std::string & op, const Value & a, const Value & b, int l
                 if (seq->s.empty() || n == 0) return Value::string("");
                 const uint64_t size = repeated_size(n, seq->s.size(), line);
                 Budget::ensure_room(size);
-                Budget::scan(size);
+                Budget::bulk(size);
                 std::string r = seq->s;
                 r.reserve(size);
                 while (r.size() < size) r.append(r, 0, std::min(r.size(), size - r.size()));
@@ -754,7 +771,7 @@ bool contains(const Value & container, const Value & item, int line) {
         case Value::Type::String:
             if (!item.is_string())
                 template_error(line, std::string("'in <string>' requires string as left operand, not ") + type_name(item));
-            Budget::scan(container.s.size());
+            Budget::bulk(container.s.size());
             return find_text(container.s, item.s) != std::string::npos;
         case Value::Type::List:
             for (const Value & v : *container.list)
@@ -770,10 +787,39 @@ bool contains(const Value & container, const Value & item, int line) {
 // ------------------------------------------------------------------------------------------------
 // Evaluator
 
+// Text that a body renders into: the output, a macro's result, a {% set %} or {% filter %} block.
+// What it holds counts against the memory budget, and appending counts as work.
+class Output {
+public:
+    Output() = default;
+    Output(const Output &)             = delete;
+    Output & operator=(const Output &) = delete;
+    ~Output() { Budget::refund(charged_); }
+
+    void append(std::string_view piece) {
+        charged_ += Budget::copy(piece.size());
+        text_.append(piece);
+    }
+    void append(const Value & v) {
+        if (v.is_string()) append(std::string_view(v.s));  // no copy of the string
+        else append(std::string_view(to_str(v)));
+    }
+    // The text, no longer counted here (a Value made of it counts it again).
+    std::string release() {
+        Budget::refund(charged_);
+        charged_ = 0;
+        return std::move(text_);
+    }
+
+private:
+    std::string text_;
+    uint64_t    charged_ = 0;
+};
+
 class Evaluator {
 public:
     Value eval(const Expr & e, Context & ctx);
-    Flow  render(const Body & body, Context & ctx, std::string & out);
+    Flow  render(const Body & body, Context & ctx, Output & out);
 
     Value call(const Value & callee, CallArgs & args, Context & ctx, int line) {
         if (callee.type == Value::Type::Callable) {
@@ -802,7 +848,8 @@ private:
     }
     void  assign(Context & ctx, const std::vector<std::string> & targets, const Value & v, int line);
     Value make_macro(const Node & n, Context & ctx, const Body * body, const std::string & name);
-    Flow  render_for(const Node & n, Context & ctx, std::string & out);
+    Flow  render_for(const Node & n, Context & ctx, Output & out);
+    Value render_filtered(const Node & n, Context & ctx);
 };
 
 Value Evaluator::method(const Value & obj, const std::string & name, int line) {
@@ -839,8 +886,7 @@ Value Evaluator::method(const Value & obj, const std::string & name, int line) {
                 }
                 const std::string & sep = require_string(*p[0], "separator", line);
                 if (sep.empty()) template_error(line, "empty separator");
-                Budget::scan(str.size());
-                List parts;  // from the right, reversed at the end
+                List parts;  // from the right, reversed at the end (rfind_text counts its work)
                 size_t end = str.size();
                 while (int64_t(parts.size()) < maxsplit) {
                     const size_t hit = end >= sep.size() ? rfind_text(str, sep, end - sep.size()) : std::string::npos;
@@ -871,7 +917,7 @@ Value Evaluator::method(const Value & obj, const std::string & name, int line) {
             if (m == "find" || m == "rfind" || m == "index") {
                 auto p = bind(a, {"sub"}, m, line);
                 const std::string & sub = require_string(require(p[0], "sub", m, line), "sub", line);
-                Budget::scan(str.size());
+                Budget::bulk(str.size());
                 const size_t hit = m == "rfind" ? rfind_text(str, sub) : find_text(str, sub);
                 if (hit == std::string::npos && m == "index") template_error(line, "substring not found");
                 return Value::integer(hit == std::string::npos ? -1 : int64_t(unicode::count_codepoints(str.substr(0, hit))));
@@ -879,7 +925,7 @@ Value Evaluator::method(const Value & obj, const std::string & name, int line) {
             if (m == "count") {
                 auto p = bind(a, {"sub"}, m, line);
                 const std::string & sub = require_string(require(p[0], "sub", m, line), "sub", line);
-                Budget::scan(str.size());
+                Budget::bulk(str.size());
                 if (sub.empty()) return Value::integer(int64_t(unicode::count_codepoints(str)) + 1);
                 int64_t n = 0;
                 for (size_t pos = find_text(str, sub); pos != std::string::npos; pos = find_text(str, sub, pos + sub.size())) ++n;
@@ -906,7 +952,7 @@ Value Evaluator::method(const Value & obj, const std::string & name, int line) {
                 return Value::string(ends ? str.substr(0, str.size() - x.size()) : str);
             }
             if (m == "splitlines") {
-                Budget::scan(str.size());
+                Budget::bulk(str.size());
                 List lines;
                 size_t pos = 0;
                 while (pos < str.size()) {
@@ -1168,14 +1214,15 @@ Value Evaluator::apply_link(const Expr & e, Value operand, Context & ctx) {
             return Value::integer(-v.as_int());
         }
         case Expr::Binary: {
-            const Value & a = operand;
-            const Value   b = eval(*e.args[1], ctx);
-            if (e.name == "~") {
-                std::string left = to_str(a), right = to_str(b);
-                Budget::ensure_room(left.size() + right.size());
-                return Value::string(left + right);
-            }
-            return arithmetic(e.name, a, b, e.line);
+            const Value b = eval(*e.args[1], ctx);
+            // The left operand is a temporary: appending to it in place makes chains such as
+            // a ~ b ~ c ... (and a + b + c ... on strings) cost the length of their result.
+            const bool concat = e.name == "~" || (e.name == "+" && operand.is_string() && b.is_string());
+            if (!concat) return arithmetic(e.name, operand, b, e.line);
+            Value r = operand.is_string() ? std::move(operand) : Value::string(to_str(operand));
+            if (b.is_string()) r.append(b.s);
+            else r.append(to_str(b));
+            return r;
         }
         case Expr::And: return truthy(operand) ? eval(*e.args[1], ctx) : std::move(operand);
         case Expr::Or: return truthy(operand) ? std::move(operand) : eval(*e.args[1], ctx);
@@ -1212,7 +1259,8 @@ Value Evaluator::make_macro(const Node & n, Context & ctx, const Body * body, co
     RenderState::remember(ctx.state->closure_scopes, defining);
     const Node * node = &n;
     return Value::function(name, [this, node, body, defining, name](CallArgs & a, Context & c) -> Value {
-        if (c.macro_depth >= kMaxMacroDepth) template_error(a.line, "macro recursion is too deep");
+        if (c.macro_depth >= kMaxMacroDepth)
+            template_error(a.line, "macro calls nest deeper than " + std::to_string(kMaxMacroDepth) + " levels (runaway recursion)");
         DepthGuard depth(*c.state, a.line);
         auto scope = new_scope(defining);
         if (a.positional.size() > node->targets.size())
@@ -1241,13 +1289,37 @@ Value Evaluator::make_macro(const Node & n, Context & ctx, const Body * body, co
             scope->set(node->targets[k], node->defaults[k] ? eval(*node->defaults[k], inner)
                                                            : Value::undefined("parameter '" + node->targets[k] + "' was not provided"));
         }
-        std::string out;
+        Output out;
         render(*body, inner, out);
-        return Value::string(std::move(out));
+        return Value::string(out.release());
     });
 }
 
-Flow Evaluator::render_for(const Node & n, Context & ctx, std::string & out) {
+// jinja2's loop variable for iteration k over `items`.
+Value loop_object(const List & items, int64_t k) {
+    const int64_t length = int64_t(items.size());
+    Dict loop;  // distinct keys: appended without Dict::set's lookups
+    loop.items.reserve(12);
+    auto add = [&](const char * key, Value v) { loop.items.emplace_back(Value::string(key), std::move(v)); };
+    add("index", Value::integer(k + 1));
+    add("index0", Value::integer(k));
+    add("revindex", Value::integer(length - k));
+    add("revindex0", Value::integer(length - k - 1));
+    add("first", Value::boolean(k == 0));
+    add("last", Value::boolean(k == length - 1));
+    add("length", Value::integer(length));
+    add("depth", Value::integer(1));
+    add("depth0", Value::integer(0));
+    if (k > 0) add("previtem", items[size_t(k - 1)]);
+    if (k + 1 < length) add("nextitem", items[size_t(k + 1)]);
+    add("cycle", Value::function("cycle", [k](CallArgs & a, Context &) -> Value {
+            if (a.positional.empty()) template_error(a.line, "no items for cycling given");
+            return a.positional[size_t(k) % a.positional.size()];
+        }));
+    return Value::dict_of(std::move(loop));
+}
+
+Flow Evaluator::render_for(const Node & n, Context & ctx, Output & out) {
     const Value iterable = eval(*n.expr, ctx);
     List items           = iterate(iterable, n.line);
     if (n.cond) {
@@ -1268,24 +1340,7 @@ Flow Evaluator::render_for(const Node & n, Context & ctx, std::string & out) {
         Context inner = ctx;
         inner.scope   = new_scope(ctx.scope);
         assign(inner, n.targets, items[size_t(k)], n.line);
-        Dict loop;  // distinct keys: appended without Dict::set's lookups
-        auto add = [&](const char * key, Value v) { loop.items.emplace_back(Value::string(key), std::move(v)); };
-        add("index", Value::integer(k + 1));
-        add("index0", Value::integer(k));
-        add("revindex", Value::integer(length - k));
-        add("revindex0", Value::integer(length - k - 1));
-        add("first", Value::boolean(k == 0));
-        add("last", Value::boolean(k == length - 1));
-        add("length", Value::integer(length));
-        add("depth", Value::integer(1));
-        add("depth0", Value::integer(0));
-        if (k > 0) add("previtem", items[size_t(k - 1)]);
-        if (k + 1 < length) add("nextitem", items[size_t(k + 1)]);
-        add("cycle", Value::function("cycle", [k](CallArgs & a, Context &) -> Value {
-                if (a.positional.empty()) template_error(a.line, "no items for cycling given");
-                return a.positional[size_t(k) % a.positional.size()];
-            }));
-        inner.scope->set("loop", Value::dict_of(std::move(loop)));
+        if (n.uses_loop) inner.scope->set("loop", loop_object(items, k));
         const Flow f = render(n.body, inner, out);
         if (f == Flow::Break) break;
     }
@@ -1293,14 +1348,26 @@ Flow Evaluator::render_for(const Node & n, Context & ctx, std::string & out) {
     return Flow::Normal;
 }
 
-Flow Evaluator::render(const Body & body, Context & ctx, std::string & out) {
+// The body of a {% set %} or {% filter %} block, rendered, then passed through the block's filters.
+Value Evaluator::render_filtered(const Node & n, Context & ctx) {
+    Output text;
+    render(n.body, ctx, text);
+    Value v = Value::string(text.release());
+    for (const ExprPtr & f : n.filters) {
+        CallArgs args = eval_args(*f, 1, ctx);
+        v = apply_filter(f->name, v, args, ctx, f->line);
+    }
+    return v;
+}
+
+Flow Evaluator::render(const Body & body, Context & ctx, Output & out) {
     DepthGuard depth(*ctx.state, body.empty() ? 0 : body.front()->line);
     for (const NodePtr & np : body) {
         const Node & n = *np;
         Budget::steps(1);
         switch (n.kind) {
-            case Node::Text: out += n.text; break;
-            case Node::Output: out += to_str(eval(*n.expr, ctx)); break;
+            case Node::Text: out.append(n.text); break;
+            case Node::Output: out.append(eval(*n.expr, ctx)); break;
             case Node::If: {
                 size_t k = 0;
                 for (; k < n.conds.size(); ++k)
@@ -1327,35 +1394,15 @@ Flow Evaluator::render(const Body & body, Context & ctx, std::string & out) {
                 }
                 break;
             }
-            case Node::SetBlock: {
-                std::string text;
-                render(n.body, ctx, text);
-                Value v = Value::string(std::move(text));
-                for (const ExprPtr & f : n.filters) {
-                    CallArgs args = eval_args(*f, 1, ctx);
-                    v = apply_filter(f->name, v, args, ctx, f->line);
-                }
-                ctx.scope->set(n.targets[0], v);
-                break;
-            }
-            case Node::FilterBlock: {
-                std::string text;
-                render(n.body, ctx, text);
-                Value v = Value::string(std::move(text));
-                for (const ExprPtr & f : n.filters) {
-                    CallArgs args = eval_args(*f, 1, ctx);
-                    v = apply_filter(f->name, v, args, ctx, f->line);
-                }
-                out += to_str(v);
-                break;
-            }
+            case Node::SetBlock: ctx.scope->set(n.targets[0], render_filtered(n, ctx)); break;
+            case Node::FilterBlock: out.append(render_filtered(n, ctx)); break;
             case Node::Macro: ctx.scope->set(n.text, make_macro(n, ctx, &n.body, n.text)); break;
             case Node::CallBlock: {
                 const Expr & call_expr = *n.expr;
                 const Value callee = eval(*call_expr.args[0], ctx);
                 CallArgs args = eval_args(call_expr, 1, ctx);
                 args.keyword.emplace_back("caller", make_macro(n, ctx, &n.body, "caller"));
-                out += to_str(call(callee, args, ctx, n.line));
+                out.append(call(callee, args, ctx, n.line));
                 break;
             }
             case Node::With: {
@@ -1374,9 +1421,6 @@ Flow Evaluator::render(const Body & body, Context & ctx, std::string & out) {
             case Node::Break: return Flow::Break;
             case Node::Continue: return Flow::Continue;
         }
-        if (out.size() > ctx.state->limits.max_bytes)
-            template_error(n.line, "the rendered output exceeds the memory limit of " +
-                                       std::to_string(ctx.state->limits.max_bytes >> 20) + " MiB");
     }
     return Flow::Normal;
 }
@@ -1391,16 +1435,22 @@ double py_round(double x, int64_t digits) {
 }
 
 List sorted(List items, bool reverse, bool case_sensitive, const std::function<Value(const Value &)> & key, int line) {
-    auto prep = [&](const Value & v) {
-        Value k = key(v);
-        if (!case_sensitive && k.is_string()) k.s = map_case(k.s, false);
-        return k;
-    };
-    std::stable_sort(items.begin(), items.end(), [&](const Value & a, const Value & b) {
-        const int c = compare(prep(a), prep(b), line);
+    // Each item's key is computed once, then the keys are sorted with the items' positions.
+    std::vector<std::pair<Value, size_t>> keyed;
+    keyed.reserve(items.size());
+    for (size_t k = 0; k < items.size(); ++k) {
+        Value kv = key(items[k]);
+        if (!case_sensitive && kv.is_string()) kv = Value::string(map_case(kv.s, false));
+        keyed.emplace_back(std::move(kv), k);
+    }
+    std::stable_sort(keyed.begin(), keyed.end(), [&](const auto & a, const auto & b) {
+        const int c = compare(a.first, b.first, line);
         return reverse ? c > 0 : c < 0;
     });
-    return items;
+    List out;
+    out.reserve(items.size());
+    for (auto & [kv, k] : keyed) out.push_back(std::move(items[k]));
+    return out;
 }
 
 }  // namespace
@@ -1917,10 +1967,10 @@ std::string render(const Template & tmpl, const Dict & variables, const RenderLi
     ctx.scope   = new_scope(nullptr);
     for (const auto & [k, v] : variables.items)
         if (k.is_string()) ctx.scope->set(k.s, v);
-    Evaluator   ev;
-    std::string out;
+    Evaluator ev;
+    Output    out;
     ev.render(tmpl.body, ctx, out);
-    return out;
+    return out.release();
 }
 
 }  // namespace spark::jinja

@@ -148,7 +148,11 @@ private:
             if (is_name("recursive")) error("recursive for loops are not supported");
             expect_block_end();
             ++loop_depth_;
-            n->body = parse_body({"endfor", "else"}, end);
+            const bool outer_saw_loop = saw_loop_name_;
+            saw_loop_name_            = false;
+            n->body                   = parse_body({"endfor", "else"}, end);
+            n->uses_loop              = saw_loop_name_;
+            saw_loop_name_            = outer_saw_loop || saw_loop_name_;
             --loop_depth_;
             if (end == "else") {
                 expect_block_end();
@@ -316,13 +320,17 @@ private:
 
     // Hostile templates must not exhaust the stack of this recursive-descent parser: one level per
     // nested statement, bracketed or argument expression, or else branch. Operator chains
-    // (a + b + ..., not not ..., - - x) are parsed in loops and cost no level.
+    // (a + b + ..., not not ..., - - x, a.b.c ..., a | f | g ...) are parsed in loops and cost no
+    // level.
     struct DepthGuard {
         Parser & p;
         explicit DepthGuard(Parser & parser) : p(parser) {
             if (p.depth_ >= kMaxParseDepth)
                 p.error("the template nests deeper than " + std::to_string(kMaxParseDepth) +
                         " levels (blocks, brackets, arguments or else branches)");
+            if (p.stack_.exhausted())
+                p.error("the template nests too deeply: parsing it would use more than " +
+                        std::to_string(StackMeter::kMaxStackBytes >> 10) + " KiB of stack");
             ++p.depth_;
         }
         ~DepthGuard() { --p.depth_; }
@@ -482,6 +490,7 @@ private:
                 else {
                     e->kind = Expr::Name;
                     e->name = tok.text;
+                    saw_loop_name_ = saw_loop_name_ || tok.text == "loop";
                 }
                 return e;
             }
@@ -685,7 +694,9 @@ private:
     std::vector<Token> t_;
     size_t             p_          = 0;
     int                loop_depth_ = 0;
+    bool               saw_loop_name_ = false;  // the name `loop` was read (see Node::uses_loop)
     int                depth_      = 0;
+    StackMeter         stack_;
 };
 
 }  // namespace

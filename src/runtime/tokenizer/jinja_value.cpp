@@ -29,13 +29,15 @@ void Budget::ensure_room(uint64_t count, uint64_t size) {
 }
 
 void Budget::out_of_steps() const {
-    template_error(0, "the template exceeds its work limit of " + std::to_string(limits_.max_steps) +
-                          " steps (nested loops or repeated work on large values)");
+    template_error(0, "the render exceeded its work budget of " + std::to_string(limits_.max_steps) +
+                          " steps (loops, macro calls, or repeated work on large values)");
 }
 
 void Budget::out_of_memory() const {
-    template_error(0, "the template exceeds its memory limit of " + std::to_string(limits_.max_bytes >> 20) +
-                          " MiB (strings, lists and dicts alive at once)");
+    const uint64_t mib = uint64_t(1) << 20, n = limits_.max_bytes;
+    const std::string size = n % mib == 0 ? std::to_string(n / mib) + " MiB" : std::to_string(n) + " bytes";
+    template_error(0, "the render exceeded its memory budget of " + size +
+                          " (strings, lists and dicts alive at once, and the output)");
 }
 
 namespace {
@@ -77,7 +79,7 @@ int64_t live_shared_values() { return g_live_shared_values.load(std::memory_orde
 Value::Value(const Value & o)
     : type(o.type), is_tuple(o.is_tuple), depth(o.depth), b(o.b), i(o.i), f(o.f), list(o.list), dict(o.dict),
       callable(o.callable) {
-    charged_ = Budget::charge(o.s.size());
+    charged_ = Budget::copy(o.s.size());
     s        = o.s;
 }
 
@@ -159,7 +161,7 @@ Value Value::list_of(List items, bool tuple) {
     Value v;
     v.depth = 1;
     for (const Value & item : items) v.depth = nested_depth(item, v.depth);
-    Budget::scan(items.size());
+    Budget::steps(items.size());
     v.type     = Type::List;
     v.is_tuple = tuple;
     v.list     = make_shared_value<List>(Budget::charge(items.size() * sizeof(Value)), std::move(items));
@@ -169,7 +171,7 @@ Value Value::dict_of(Dict d) {
     Value v;
     v.depth = 1;
     for (const auto & kv : d.items) v.depth = nested_depth(kv.second, nested_depth(kv.first, v.depth));
-    Budget::scan(d.items.size());
+    Budget::steps(d.items.size());
     v.type = Type::Dict;
     v.dict = make_shared_value<Dict>(Budget::charge(d.items.size() * 2 * sizeof(Value)), std::move(d));
     return v;
@@ -187,7 +189,10 @@ Value Value::function(std::string name, std::function<Value(CallArgs &, Context 
 }
 
 // Dicts are small in chat templates; lookups scan, and the scan is counted (a template building a
-// huge dict key by key runs out of steps rather than into quadratic time).
+// huge dict key by key runs out of steps rather than into quadratic time): a step per equals() of
+// two values, or per kKeysPerStep string keys compared with a name.
+constexpr size_t kKeysPerStep = 4;
+
 const Value * Dict::find(const Value & key) const {
     for (const auto & [k, v] : items)
         if (equals(k, key)) return &v;
@@ -195,7 +200,7 @@ const Value * Dict::find(const Value & key) const {
 }
 
 const Value * Dict::find(std::string_view key) const {
-    Budget::scan(items.size());
+    Budget::steps(items.size() / kKeysPerStep);
     for (const auto & [k, v] : items)
         if (k.type == Value::Type::String && k.s == key) return &v;
     return nullptr;
@@ -284,14 +289,42 @@ std::string py_float_repr(double v) {
 }
 
 namespace {
+constexpr int kMaxNesting = 256;  // values nested deeper than this are not printed (stack safety)
 
-std::string repr_string(const std::string & s) {
+struct NestingGuard {
+    static thread_local int depth;
+    NestingGuard() {
+        if (depth >= kMaxNesting) template_error(0, "value nested too deeply");
+        if (const Budget * b = Budget::current(); b && b->stack().exhausted())
+            template_error(0, "value nested too deeply: printing it would use more than " +
+                                  std::to_string(StackMeter::kMaxStackBytes >> 10) + " KiB of stack");
+        ++depth;
+    }
+    ~NestingGuard() { --depth; }
+};
+thread_local int NestingGuard::depth = 0;
+
+// Text built piece by piece (repr, tojson). Shared values make it grow faster than the values'
+// memory ([x, x] where x = [y, y] ...): its growth is counted as work and checked against the
+// memory budget as it happens.
+void append_counted(std::string & out, std::string_view piece) {
+    Budget::bulk(piece.size());
+    Budget::ensure_room(out.size() + piece.size());
+    out.append(piece);
+}
+
+// Escaping makes a string up to six times as long: the loops that escape check the output's size
+// every kEscapeCheckBytes.
+constexpr size_t kEscapeCheckBytes = 4096;
+
+void repr_string(std::string & out, const std::string & s) {
     Budget::scan(s.size());
-    Budget::ensure_room(s.size());
+    Budget::ensure_room(out.size() + s.size() + 2);
     const bool has_single = s.find('\'') != std::string::npos, has_double = s.find('"') != std::string::npos;
     const char quote = has_single && !has_double ? '"' : '\'';
-    std::string out(1, quote);
-    for (size_t i = 0; i < s.size();) {
+    out += quote;
+    for (size_t i = 0; i < s.size(); ++i) {
+        if (i % kEscapeCheckBytes == 0) Budget::ensure_room(out.size() + kEscapeCheckBytes * 4);
         const auto c = uint8_t(s[i]);
         if (c == uint8_t(quote) || c == '\\') {
             out += '\\';
@@ -309,64 +342,49 @@ std::string repr_string(const std::string & s) {
         } else {
             out += char(c);
         }
-        ++i;
     }
     out += quote;
-    return out;
+}
+
+void repr_into(std::string & out, const Value & v) {
+    NestingGuard guard;
+    Budget::steps(1);
+    switch (v.type) {
+        case Value::Type::String: repr_string(out, v.s); return;
+        case Value::Type::List:
+            append_counted(out, v.is_tuple ? "(" : "[");
+            for (size_t k = 0; k < v.list->size(); ++k) {
+                if (k) append_counted(out, ", ");
+                repr_into(out, (*v.list)[k]);
+            }
+            if (v.is_tuple && v.list->size() == 1) append_counted(out, ",");
+            append_counted(out, v.is_tuple ? ")" : "]");
+            return;
+        case Value::Type::Dict:
+        case Value::Type::Namespace: {
+            const bool ns = v.type == Value::Type::Namespace;
+            append_counted(out, ns ? "<Namespace {" : "{");
+            bool first = true;
+            for (const auto & [k, val] : v.dict->items) {
+                if (!first) append_counted(out, ", ");
+                first = false;
+                repr_into(out, k);
+                append_counted(out, ": ");
+                repr_into(out, val);
+            }
+            append_counted(out, ns ? "}>" : "}");
+            return;
+        }
+        default: append_counted(out, to_str(v)); return;
+    }
 }
 
 }  // namespace
 
-namespace {
-constexpr int kMaxNesting = 256;  // values nested deeper than this are not printed (stack safety)
-
-struct NestingGuard {
-    static thread_local int depth;
-    NestingGuard() {
-        if (depth >= kMaxNesting) template_error(0, "value nested too deeply");
-        ++depth;
-    }
-    ~NestingGuard() { --depth; }
-};
-thread_local int NestingGuard::depth = 0;
-}  // namespace
-
-// Shared values make repr's output grow faster than the values' memory ([x, x] where x = [y, y]
-// ...): the output is checked against the memory budget as it grows.
 std::string repr(const Value & v) {
-    NestingGuard guard;
-    Budget::steps(1);
-    switch (v.type) {
-        case Value::Type::String: return repr_string(v.s);
-        case Value::Type::List: {
-            std::string out(1, v.is_tuple ? '(' : '[');
-            for (size_t k = 0; k < v.list->size(); ++k) {
-                if (k) out += ", ";
-                out += repr((*v.list)[k]);
-                Budget::ensure_room(out.size());
-            }
-            if (v.is_tuple && v.list->size() == 1) out += ',';
-            out += v.is_tuple ? ')' : ']';
-            return out;
-        }
-        case Value::Type::Dict: {
-            std::string out = "{";
-            bool first = true;
-            for (const auto & [k, val] : v.dict->items) {
-                if (!first) out += ", ";
-                first = false;
-                out += repr(k) + ": " + repr(val);
-                Budget::ensure_room(out.size());
-            }
-            return out + "}";
-        }
-        case Value::Type::Namespace: {
-            Value d = v;
-            d.type  = Value::Type::Dict;
-            return "<Namespace " + repr(d) + ">";
-        }
-        default: return to_str(v);
-    }
+    std::string out;
+    repr_into(out, v);
+    return out;
 }
 
 std::string to_str(const Value & v) {
@@ -394,7 +412,7 @@ bool equals(const Value & a, const Value & b) {
         case T::Undefined:
         case T::None: return true;
         case T::String:
-            Budget::scan(std::min(a.s.size(), b.s.size()));
+            Budget::bulk(std::min(a.s.size(), b.s.size()));
             return a.s == b.s;
         case T::List:
             if (a.is_tuple != b.is_tuple || a.list->size() != b.list->size()) return false;
@@ -426,7 +444,7 @@ int compare(const Value & a, const Value & b, int line) {
         return x < y ? -1 : (x > y ? 1 : 0);
     }
     if (a.type == T::String && b.type == T::String) {
-        Budget::scan(std::min(a.s.size(), b.s.size()));
+        Budget::bulk(std::min(a.s.size(), b.s.size()));
         const int c = a.s.compare(b.s);  // UTF-8 byte order is code point order
         return c < 0 ? -1 : (c > 0 ? 1 : 0);
     }
@@ -479,7 +497,11 @@ void json_string(std::string & out, const std::string & s, bool ensure_ascii) {
     Budget::scan(s.size());
     Budget::ensure_room(out.size() + s.size());
     out += '"';
-    for (size_t i = 0; i < s.size();) {
+    for (size_t i = 0, next_check = 0; i < s.size();) {
+        if (i >= next_check) {
+            Budget::ensure_room(out.size() + kEscapeCheckBytes * 6);
+            next_check = i + kEscapeCheckBytes;
+        }
         const auto c = uint8_t(s[i]);
         switch (c) {
             case '"': out += "\\\""; ++i; continue;
@@ -525,20 +547,17 @@ void json_value(std::string & out, const Value & v, const JsonOptions & o, int l
     // The output is checked against the memory budget as it grows: indents multiply with the depth,
     // and shared values make it grow faster than the values' memory.
     auto newline_indent = [&](int lvl) {
-        const std::string & unit = o.use_indent_str ? o.indent_str : std::string();
-        const uint64_t unit_size = o.use_indent_str ? unit.size() : uint64_t(o.indent);
-        Budget::ensure_room(uint64_t(lvl), unit_size);
+        const uint64_t unit_size = o.use_indent_str ? o.indent_str.size() : uint64_t(o.indent);
+        Budget::ensure_room(uint64_t(lvl), unit_size);  // lvl * unit_size cannot overflow below
+        append_counted(out, "\n");
+        Budget::bulk(uint64_t(lvl) * unit_size);
         Budget::ensure_room(out.size() + uint64_t(lvl) * unit_size);
-        out += '\n';
         if (o.use_indent_str)
-            for (int k = 0; k < lvl; ++k) out += unit;
+            for (int k = 0; k < lvl; ++k) out += o.indent_str;
         else
             out.append(size_t(lvl) * size_t(o.indent), ' ');
     };
-    auto append_sep = [&](const std::string & sep) {
-        Budget::ensure_room(out.size() + sep.size());
-        out += sep;
-    };
+    auto append_sep = [&](const std::string & sep) { append_counted(out, sep); };
     const bool indented = o.use_indent_str || o.indent >= 0;
     switch (v.type) {
         case Value::Type::None: out += "null"; return;

@@ -24,21 +24,47 @@ using List = std::vector<Value>;
 // ------------------------------------------------------------------------------------------------
 // Limits of one render. Chat templates come with downloaded models and run inside host processes:
 // whatever a template does, a render must end quickly with SPARK_ERR_TEMPLATE rather than hang,
-// exhaust memory or overflow the stack.
+// exhaust memory or overflow the stack. docs/RELIABILITY.md ("Chat templates") gives the figures
+// behind the defaults.
 struct RenderLimits {
-    // Units of work: an expression or statement evaluated, a loop iteration, 16 bytes or 16 items
-    // scanned by a builtin. Real chat templates use ~200 steps per message.
+    // Units of work (see Budget). Real templates use a few hundred steps per message (the Qwen3
+    // template: about 150), so this allows conversations of ~100,000 messages, and a runaway render
+    // reaches it in a fraction of a second.
     uint64_t max_steps = 20'000'000;
-    // Bytes of strings and of list/dict slots alive at once, copies included (the output is capped
-    // at this size too).
-    uint64_t max_bytes = uint64_t(256) << 20;
-    // Nesting of statements, expressions and macro calls while rendering.
+    // Bytes of strings and of list/dict slots alive at once, copies included, and of the output.
+    // 16 times the text of a 1M-token conversation (~4 MB), and small enough that filling it takes a
+    // fraction of a second.
+    uint64_t max_bytes = uint64_t(64) << 20;
+    // Nesting of blocks, expressions and macro calls while rendering (the parser allows 256 levels
+    // of nesting in the template text; real templates nest fewer than 20).
     int max_depth = 256;
 };
 
+// Stack used by the parser or the evaluator since construction. Whatever the build (-O0 and
+// sanitizers make frames several times larger), they stop before using kMaxStackBytes: hosts often
+// run them on threads with small stacks (512 KiB on macOS).
+class StackMeter {
+public:
+    static constexpr size_t kMaxStackBytes = size_t(256) << 10;
+
+    StackMeter() : base_(static_cast<const char *>(__builtin_frame_address(0))) {}
+    size_t used() const {
+        const char * here = static_cast<const char *>(__builtin_frame_address(0));
+        return size_t(here < base_ ? base_ - here : here - base_);
+    }
+    bool exhausted() const { return used() > kMaxStackBytes; }
+
+private:
+    const char * base_;
+};
+
 // The budget of the render running on this thread (none outside renders: nothing is counted then).
-// Values charge it where they copy strings or allocate slots, builtins where they scan data, so
-// that every operation's cost is counted in proportion to the data it touches.
+// Every operation counts its work where it happens, in proportion to the data it touches, so that
+// a step costs at most a few tens of nanoseconds whatever the template does: one step per
+// expression or statement evaluated and per value copied, compared or allocated; one per
+// kScanBytesPerStep bytes of text processed character by character, one per kCopyBytesPerStep
+// bytes copied in bulk. Values charge the memory budget where they copy strings or allocate list
+// and dict slots, and refund it when they are destroyed.
 class Budget {
 public:
     explicit Budget(const RenderLimits & limits);  // becomes the thread's budget until destroyed
@@ -46,20 +72,31 @@ public:
     Budget(const Budget &)             = delete;
     Budget & operator=(const Budget &) = delete;
 
+    static constexpr uint64_t kScanBytesPerStep = 8;   // ~1-3 ns per character decoded or escaped
+    static constexpr uint64_t kCopyBytesPerStep = 64;  // memcpy, memmem: 5-20 bytes per ns
+
     static Budget * current() { return current_; }
 
     // Counts `n` units of work.
     static void steps(uint64_t n) {
         if (current_ && (current_->steps_ += n) > current_->limits_.max_steps) current_->out_of_steps();
     }
-    // Counts the scan of `n` bytes or items (one step per 16).
-    static void scan(uint64_t n) { steps(n >> 4); }
+    // Counts work on `n` bytes of text, character by character.
+    static void scan(uint64_t n) { steps(n / kScanBytesPerStep); }
     // Counts `n` bytes that stay allocated until refund(); returns what was counted (0 outside a render).
     static uint64_t charge(uint64_t n) {
         if (!current_ || n == 0) return 0;
         current_->ensure(n);
         current_->bytes_ += n;
         return n;
+    }
+    // Counts `n` bytes of text copied in bulk.
+    static void bulk(uint64_t n) { steps(n / kCopyBytesPerStep); }
+    // Counts `n` bytes of text copied into a new allocation, as work and as memory (see charge).
+    static uint64_t copy(uint64_t n) {
+        if (!current_ || n == 0) return 0;
+        bulk(n);
+        return charge(n);
     }
     static void refund(uint64_t n) {
         if (current_) current_->bytes_ -= std::min(n, current_->bytes_);
@@ -74,6 +111,7 @@ public:
     uint64_t steps_used() const { return steps_; }
     uint64_t bytes_used() const { return bytes_; }
     const RenderLimits & limits() const { return limits_; }
+    const StackMeter &   stack() const { return stack_; }  // from the start of the render
 
 private:
     void ensure(uint64_t n) {
@@ -83,6 +121,7 @@ private:
     [[noreturn]] void out_of_memory() const;
 
     RenderLimits    limits_;
+    StackMeter      stack_;
     uint64_t        steps_ = 0, bytes_ = 0;
     Budget *        previous_;
     static inline thread_local Budget * current_ = nullptr;
@@ -98,6 +137,7 @@ void deferred_delete(void * object, void (*destroy)(void *)) noexcept;
 }  // namespace detail
 
 template <typename T, typename... Args> std::shared_ptr<T> make_shared_value(uint64_t charged, Args &&... args) {
+    Budget::steps(1);
     T * raw = new T(std::forward<Args>(args)...);
     detail::count_live(1);
     return std::shared_ptr<T>(raw, [charged](T * p) {
@@ -137,8 +177,8 @@ struct Value {
     std::shared_ptr<Dict>     dict;  // Dict and Namespace (a namespace is mutable and shared)
     std::shared_ptr<Callable> callable;
 
-    // Strings are copied with their Value: a copy made during a render counts against its memory
-    // budget until the Value is destroyed.
+    // Strings are copied with their Value: a copy made during a render counts as work, and against
+    // its memory budget until the Value is destroyed.
     Value() = default;
     Value(const Value & other);
     Value(Value && other) noexcept;
@@ -156,6 +196,12 @@ struct Value {
     static Value dict_of(Dict d);
     static Value namespace_of(Dict d);
     static Value function(std::string name, std::function<Value(CallArgs &, Context &)> fn);
+
+    // Appends to a string (an operand being built: a ~ b ~ c ... costs the length of the result).
+    void append(std::string_view piece) {
+        charged_ += Budget::copy(piece.size());
+        s.append(piece);
+    }
 
     bool is_undefined() const { return type == Type::Undefined; }
     bool is_none() const { return type == Type::None; }
