@@ -137,26 +137,26 @@ std::string object_name(const Value & v) { return std::string(type_name(v)) + " 
 
 // ---- argument binding (Python call semantics for builtins)
 
-std::vector<const Value *> bind(const CallArgs & a, std::initializer_list<const char *> names, const std::string & fname,
+std::vector<const Value *> bind(const CallArgs & a, std::initializer_list<const char *> names, std::string_view fname,
                                 int line) {
     std::vector<const char *> n(names);
     if (a.positional.size() > n.size())
-        template_error(line, fname + "() takes at most " + std::to_string(n.size()) + " arguments (" +
+        template_error(line, std::string(fname) + "() takes at most " + std::to_string(n.size()) + " arguments (" +
                                  std::to_string(a.positional.size()) + " given)");
     std::vector<const Value *> out(n.size(), nullptr);
     for (size_t k = 0; k < a.positional.size(); ++k) out[k] = &a.positional[k];
     for (const auto & [key, value] : a.keyword) {
         size_t k = 0;
         while (k < n.size() && key != n[k]) ++k;
-        if (k == n.size()) template_error(line, fname + "() got an unexpected keyword argument '" + key + "'");
-        if (out[k]) template_error(line, fname + "() got multiple values for argument '" + key + "'");
+        if (k == n.size()) template_error(line, std::string(fname) + "() got an unexpected keyword argument '" + key + "'");
+        if (out[k]) template_error(line, std::string(fname) + "() got multiple values for argument '" + key + "'");
         out[k] = &value;
     }
     return out;
 }
 
-const Value & require(const Value * v, const char * what, const std::string & fname, int line) {
-    if (!v) template_error(line, fname + "() missing required argument '" + what + "'");
+const Value & require(const Value * v, const char * what, std::string_view fname, int line) {
+    if (!v) template_error(line, std::string(fname) + "() missing required argument '" + what + "'");
     return *v;
 }
 
@@ -215,6 +215,30 @@ List iterate(const Value & v, int line) {
     }
 }
 
+// The items of an iterable for reading them once: a list is read in place (lists are immutable),
+// other iterables are made into one (iterate).
+class Items {
+public:
+    Items(const Value & v, int line) {
+        if (v.is_list()) {
+            list_ = v.list.get();
+        } else {
+            made_ = iterate(v, line);
+            list_ = &made_;
+        }
+    }
+    List::const_iterator begin() const { return list_->begin(); }
+    List::const_iterator end() const { return list_->end(); }
+    size_t               size() const { return list_->size(); }
+    bool                 empty() const { return list_->empty(); }
+    const Value &        operator[](size_t k) const { return (*list_)[k]; }
+    const List &         list() const { return *list_; }
+
+private:
+    List         made_;
+    const List * list_;
+};
+
 int64_t length_of(const Value & v, int line) {
     switch (v.type) {
         case Value::Type::Undefined: return 0;
@@ -260,17 +284,21 @@ SliceRange slice_range(int64_t n, const Value & start_v, const Value & stop_v, c
 
 // Substring search in linear time: memmem is the two-way algorithm (glibc, musl, BSDs), where
 // std::string::find takes |text| * |needle| steps on hostile inputs ("aaa...a" for "aa...ab").
+// Hostile inputs still cost it ~5 ns per byte: the search counts as work on every byte it covers.
 // It searches windows of the text (overlapping by |needle| - 1) rather than the whole rest of it:
 // finding each of many matches then costs the distance to it, not the length of what follows,
 // also where memmem checks its whole range first (sanitizer builds).
 size_t find_text(std::string_view text, std::string_view needle, size_t from = 0) {
     if (from > text.size()) return std::string::npos;
     if (needle.empty()) return from;
+    Budget::steps(1);  // a call costs some tens of ns, however close the match
     const size_t window = std::max<size_t>(needle.size() * 4, 4096);
     for (size_t start = from; start + needle.size() <= text.size(); start += window - needle.size() + 1) {
         const size_t length = std::min(window, text.size() - start);
-        if (const void * hit = memmem(text.data() + start, length, needle.data(), needle.size()))
-            return size_t(static_cast<const char *>(hit) - text.data());
+        const void * hit = memmem(text.data() + start, length, needle.data(), needle.size());
+        const size_t end = hit ? size_t(static_cast<const char *>(hit) - text.data()) + needle.size() : start + length;
+        Budget::scan(end - start);
+        if (hit) return end - needle.size();
         if (start + length == text.size()) break;
     }
     return std::string::npos;
@@ -305,8 +333,9 @@ size_t rfind_text(std::string_view text, std::string_view needle, size_t from = 
 }
 
 // Lists built item by item from a string (split, splitlines) take many times its size: their growth
-// is checked against the memory budget as they grow.
+// is checked against the memory budget as they grow, and each item counts as work.
 void push_checked(List & list, Value v) {
+    Budget::steps(1);
     if ((list.size() & 255) == 255) Budget::ensure_room(list.size() + 1, sizeof(Value));
     list.push_back(std::move(v));
 }
@@ -386,7 +415,6 @@ List split_string(const std::string & s, const Value * sep_v, const Value * maxs
     }
     const std::string & sep = require_string(*sep_v, "separator", line);
     if (sep.empty()) template_error(line, "empty separator");
-    Budget::bulk(s.size());
     size_t pos = 0, hit;
     while ((maxsplit < 0 || int64_t(parts.size()) < maxsplit) && (hit = find_text(s, sep, pos)) != std::string::npos) {
         push_checked(parts, Value::string(s.substr(pos, hit - pos)));
@@ -415,7 +443,6 @@ std::string replace_all(const std::string & s, const std::string & from, const s
         if (count < 0 || n < count) append_checked(out, to);
         return out;
     }
-    Budget::bulk(s.size());
     size_t pos = 0, hit;
     int64_t n = 0;
     while ((count < 0 || n < count) && (hit = find_text(s, from, pos)) != std::string::npos) {
@@ -596,7 +623,10 @@ std::string percent_format(const std::string & fmt, const Value & args, int line
         }
         std::string spec = "%" + flags;
         if (width >= 0) spec += std::to_string(width);
-        if (precision >= 0) spec += "." + std::to_string(precision);
+        if (precision >= 0) {
+            spec += '.';
+            spec += std::to_string(precision);
+        }
         auto printf_value = [&](const std::string & f, auto x) {
             const int n = std::snprintf(nullptr, 0, f.c_str(), x);
             if (n < 0) template_error(line, "bad format");
@@ -665,7 +695,7 @@ uint64_t repeated_size(uint64_t n, uint64_t size, int line) {
     return total;
 }
 
-Value arithmetic(const std::string & op, const Value & a, const Value & b, int line) {
+Value arithmetic(std::string_view op, const Value & a, const Value & b, int line) {
     if (a.is_undefined()) undefined_error(line, a);
     if (b.is_undefined()) undefined_error(line, b);
     const bool nums = a.is_number() && b.is_number();
@@ -673,7 +703,7 @@ Value arithmetic(const std::string & op, const Value & a, const Value & b, int l
     auto unsupported = [&]() -> Value {
         if (op == "+" && a.is_string())
             template_error(line, std::string("can only concatenate str (not \"") + type_name(b) + "\") to str");
-        template_error(line, "unsupported operand type(s) for " + op + ": '" + type_name(a) + "' and '" + type_name(b) + "'");
+        template_error(line, "unsupported operand type(s) for " + std::string(op) + ": '" + type_name(a) + "' and '" + type_name(b) + "'");
     };
     if (op == "+") {
         if (ints) return Value::integer(checked(kAdd, a.as_int(), b.as_int(), line));
@@ -762,7 +792,7 @@ Value arithmetic(const std::string & op, const Value & a, const Value & b, int l
         }
         return Value::number(std::pow(a.as_double(), b.as_double()));
     }
-    template_error(line, "unknown operator " + op);
+    template_error(line, "unknown operator " + std::string(op));
 }
 
 bool contains(const Value & container, const Value & item, int line) {
@@ -771,7 +801,6 @@ bool contains(const Value & container, const Value & item, int line) {
         case Value::Type::String:
             if (!item.is_string())
                 template_error(line, std::string("'in <string>' requires string as left operand, not ") + type_name(item));
-            Budget::bulk(container.s.size());
             return find_text(container.s, item.s) != std::string::npos;
         case Value::Type::List:
             for (const Value & v : *container.list)
@@ -797,7 +826,7 @@ public:
     ~Output() { Budget::refund(charged_); }
 
     void append(std::string_view piece) {
-        charged_ += Budget::copy(piece.size());
+        charged_ += Budget::charge(piece.size());
         text_.append(piece);
     }
     void append(const Value & v) {
@@ -852,174 +881,191 @@ private:
     Value render_filtered(const Node & n, Context & ctx);
 };
 
-Value Evaluator::method(const Value & obj, const std::string & name, int line) {
-    // Bound methods of Python objects that templates call: str, dict, list.
-    Value self = obj;
-    auto bound = [&](auto fn) {
-        return Value::function(name, [self, fn, name](CallArgs & a, Context &) -> Value { return fn(self, a, name); });
+// ---- methods of the Python objects that templates call: str, dict, list
+
+Value str_method(const Value & s, CallArgs & a, std::string_view m) {
+    // string_view comparisons with literals check the length first: no strlen, rarely a memcmp.
+    const int line = a.line;
+    const std::string & str = s.s;
+    if (m == "startswith" || m == "endswith") {
+        auto p = bind(a, {"prefix"}, m, line);
+        return Value::boolean(starts_or_ends(str, require(p[0], "prefix", m, line), m == "endswith", line));
+    }
+    if (m == "split") {
+        auto p = bind(a, {"sep", "maxsplit"}, m, line);
+        return Value::list_of(split_string(str, p[0], p[1], line));
+    }
+    if (m == "rsplit") {
+        auto p = bind(a, {"sep", "maxsplit"}, m, line);
+        const int64_t maxsplit = p[1] && !p[1]->is_none() ? require_int(*p[1], "maxsplit", line) : -1;
+        if (maxsplit < 0 || !p[0] || p[0]->is_none()) {
+            if (maxsplit >= 0) template_error(line, "rsplit with maxsplit and no separator is not supported");
+            return Value::list_of(split_string(str, p[0], nullptr, line));
+        }
+        const std::string & sep = require_string(*p[0], "separator", line);
+        if (sep.empty()) template_error(line, "empty separator");
+        List parts;  // from the right, reversed at the end (rfind_text counts its work)
+        size_t end = str.size();
+        while (int64_t(parts.size()) < maxsplit) {
+            const size_t hit = end >= sep.size() ? rfind_text(str, sep, end - sep.size()) : std::string::npos;
+            if (hit == std::string::npos) break;
+            push_checked(parts, Value::string(str.substr(hit + sep.size(), end - hit - sep.size())));
+            end = hit;
+        }
+        push_checked(parts, Value::string(str.substr(0, end)));
+        std::reverse(parts.begin(), parts.end());
+        return Value::list_of(std::move(parts));
+    }
+    if (m == "strip" || m == "lstrip" || m == "rstrip") {
+        auto p = bind(a, {"chars"}, m, line);
+        return Value::string(strip_chars(str, p[0], m != "rstrip", m != "lstrip", line));
+    }
+    if (m == "replace") {
+        auto p = bind(a, {"old", "new", "count"}, m, line);
+        const int64_t count = p[2] ? require_int(*p[2], "count", line) : -1;
+        return Value::string(replace_all(str, require_string(require(p[0], "old", m, line), "old", line),
+                                         require_string(require(p[1], "new", m, line), "new", line), count));
+    }
+    if (m == "upper" || m == "lower") {
+        bind(a, {}, m, line);
+        return Value::string(map_case(str, m == "upper"));
+    }
+    if (m == "title") return Value::string(py_title(str));
+    if (m == "capitalize") return Value::string(py_capitalize(str));
+    if (m == "find" || m == "rfind" || m == "index") {
+        auto p = bind(a, {"sub"}, m, line);
+        const std::string & sub = require_string(require(p[0], "sub", m, line), "sub", line);
+        const size_t hit = m == "rfind" ? rfind_text(str, sub) : find_text(str, sub);
+        if (hit == std::string::npos && m == "index") template_error(line, "substring not found");
+        if (hit == std::string::npos) return Value::integer(-1);
+        Budget::bulk(hit);
+        return Value::integer(int64_t(unicode::count_codepoints(std::string_view(str).substr(0, hit))));
+    }
+    if (m == "count") {
+        auto p = bind(a, {"sub"}, m, line);
+        const std::string & sub = require_string(require(p[0], "sub", m, line), "sub", line);
+        if (sub.empty()) {
+            Budget::bulk(str.size());
+            return Value::integer(int64_t(unicode::count_codepoints(str)) + 1);
+        }
+        int64_t n = 0;
+        for (size_t pos = find_text(str, sub); pos != std::string::npos; pos = find_text(str, sub, pos + sub.size())) ++n;
+        return Value::integer(n);
+    }
+    if (m == "join") {
+        auto p = bind(a, {"iterable"}, m, line);
+        std::string out;
+        bool first = true;
+        for (const Value & v : Items(require(p[0], "iterable", m, line), line)) {
+            if (!v.is_string()) template_error(line, std::string("sequence item: expected str instance, ") + type_name(v) + " found");
+            if (!first) append_checked(out, str);
+            append_checked(out, v.s);
+            first = false;
+        }
+        return Value::string(std::move(out));
+    }
+    if (m == "format") return Value::string(py_format(str, a, line));
+    if (m == "removeprefix" || m == "removesuffix") {
+        auto p = bind(a, {"affix"}, m, line);
+        const std::string & x = require_string(require(p[0], "affix", m, line), "affix", line);
+        if (m == "removeprefix") return Value::string(str.compare(0, x.size(), x) == 0 ? str.substr(x.size()) : str);
+        const bool ends = x.size() <= str.size() && str.compare(str.size() - x.size(), x.size(), x) == 0;
+        return Value::string(ends ? str.substr(0, str.size() - x.size()) : str);
+    }
+    if (m == "splitlines") {
+        Budget::bulk(str.size());
+        List lines;
+        size_t pos = 0;
+        while (pos < str.size()) {
+            size_t e = str.find_first_of("\r\n", pos);
+            if (e == std::string::npos) {
+                push_checked(lines, Value::string(str.substr(pos)));
+                break;
+            }
+            push_checked(lines, Value::string(str.substr(pos, e - pos)));
+            pos = e + ((str[e] == '\r' && e + 1 < str.size() && str[e + 1] == '\n') ? 2 : 1);
+        }
+        return Value::list_of(std::move(lines));
+    }
+    // Character class predicates.
+    if (str.empty()) return Value::boolean(false);
+    Budget::scan(str.size());
+    bool all = true, any_cased = false;
+    for (size_t i = 0; i < str.size();) {
+        const uint32_t cp = unicode::next_codepoint(str, i);
+        if (m == "isdigit") all = all && unicode::is_digit(cp);
+        else if (m == "isalpha") all = all && unicode::is_alpha(cp);
+        else if (m == "isalnum") all = all && (unicode::is_alpha(cp) || unicode::is_digit(cp));
+        else if (m == "isspace") all = all && unicode::is_python_space(cp);
+        else if (m == "isupper" || m == "islower") {
+            const bool upper = unicode::to_lower(cp) != cp, lower = unicode::to_upper(cp) != cp;
+            any_cased = any_cased || upper || lower;
+            if (m == "isupper" && lower) all = false;
+            if (m == "islower" && upper) all = false;
+        }
+    }
+    if (m == "isupper" || m == "islower") return Value::boolean(all && any_cased);
+    return Value::boolean(all);
+}
+
+Value dict_method(const Value & d, CallArgs & a, std::string_view m) {
+    // string_view comparisons with literals check the length first: no strlen, rarely a memcmp.
+    const int line = a.line;
+    if (m == "get") {
+        auto p = bind(a, {"key", "default"}, m, line);
+        const Value * v = d.dict->find(require(p[0], "key", m, line));
+        return v ? *v : (p[1] ? *p[1] : Value::none());
+    }
+    bind(a, {}, m, line);
+    List out;
+    for (const auto & [k, v] : d.dict->items) {
+        if (m == "items") out.push_back(Value::list_of({k, v}, true));
+        else out.push_back(m == "keys" ? k : v);
+    }
+    return Value::list_of(std::move(out));
+}
+
+Value list_method(const Value & l, CallArgs & a, std::string_view m) {
+    // string_view comparisons with literals check the length first: no strlen, rarely a memcmp.
+    auto p = bind(a, {"value"}, m, a.line);
+    const Value & x = require(p[0], "value", m, a.line);
+    int64_t count = 0;
+    for (size_t k = 0; k < l.list->size(); ++k) {
+        if (!equals((*l.list)[k], x)) continue;
+        if (m == "index") return Value::integer(int64_t(k));
+        ++count;
+    }
+    if (m == "index") template_error(a.line, "value is not in list");
+    return Value::integer(count);
+}
+
+using Method = Value (*)(const Value & self, CallArgs & a, std::string_view name);
+
+// The method `name` of `obj`, or nullptr where it has none.
+Method find_method(const Value & obj, const std::string & name) {
+    static const char * const kStrMethods[] = {
+        "startswith", "endswith", "split",   "rsplit",  "strip",   "lstrip",       "rstrip",       "replace",    "upper",
+        "lower",      "title",    "capitalize", "find", "rfind",   "count",        "join",         "format",     "isdigit",
+        "isalpha",    "isalnum",  "isspace", "isupper", "islower", "removeprefix", "removesuffix", "splitlines", "index"};
+    static const char * const kDictMethods[] = {"items", "keys", "values", "get"};
+    static const char * const kListMethods[] = {"index", "count"};
+    auto listed = [&](const auto & names) {
+        return std::any_of(std::begin(names), std::end(names), [&](const char * n) { return name == n; });
     };
-    if (obj.is_string()) {
-        static const char * kStrMethods[] = {"startswith", "endswith", "split", "rsplit", "strip", "lstrip", "rstrip",
-                                             "replace", "upper", "lower", "title", "capitalize", "find", "rfind",
-                                             "count", "join", "format", "isdigit", "isalpha", "isalnum", "isspace",
-                                             "isupper", "islower", "removeprefix", "removesuffix", "splitlines", "index"};
-        if (std::find_if(std::begin(kStrMethods), std::end(kStrMethods), [&](const char * m) { return name == m; }) ==
-            std::end(kStrMethods))
-            return Value::undefined("'str object' has no attribute '" + name + "'");
-        return bound([](const Value & s, CallArgs & a, const std::string & m) -> Value {
-            const int line = a.line;
-            const std::string & str = s.s;
-            if (m == "startswith" || m == "endswith") {
-                auto p = bind(a, {"prefix"}, m, line);
-                return Value::boolean(starts_or_ends(str, require(p[0], "prefix", m, line), m == "endswith", line));
-            }
-            if (m == "split") {
-                auto p = bind(a, {"sep", "maxsplit"}, m, line);
-                return Value::list_of(split_string(str, p[0], p[1], line));
-            }
-            if (m == "rsplit") {
-                auto p = bind(a, {"sep", "maxsplit"}, m, line);
-                const int64_t maxsplit = p[1] && !p[1]->is_none() ? require_int(*p[1], "maxsplit", line) : -1;
-                if (maxsplit < 0 || !p[0] || p[0]->is_none()) {
-                    if (maxsplit >= 0) template_error(line, "rsplit with maxsplit and no separator is not supported");
-                    return Value::list_of(split_string(str, p[0], nullptr, line));
-                }
-                const std::string & sep = require_string(*p[0], "separator", line);
-                if (sep.empty()) template_error(line, "empty separator");
-                List parts;  // from the right, reversed at the end (rfind_text counts its work)
-                size_t end = str.size();
-                while (int64_t(parts.size()) < maxsplit) {
-                    const size_t hit = end >= sep.size() ? rfind_text(str, sep, end - sep.size()) : std::string::npos;
-                    if (hit == std::string::npos) break;
-                    push_checked(parts, Value::string(str.substr(hit + sep.size(), end - hit - sep.size())));
-                    end = hit;
-                }
-                push_checked(parts, Value::string(str.substr(0, end)));
-                std::reverse(parts.begin(), parts.end());
-                return Value::list_of(std::move(parts));
-            }
-            if (m == "strip" || m == "lstrip" || m == "rstrip") {
-                auto p = bind(a, {"chars"}, m, line);
-                return Value::string(strip_chars(str, p[0], m != "rstrip", m != "lstrip", line));
-            }
-            if (m == "replace") {
-                auto p = bind(a, {"old", "new", "count"}, m, line);
-                const int64_t count = p[2] ? require_int(*p[2], "count", line) : -1;
-                return Value::string(replace_all(str, require_string(require(p[0], "old", m, line), "old", line),
-                                                 require_string(require(p[1], "new", m, line), "new", line), count));
-            }
-            if (m == "upper" || m == "lower") {
-                bind(a, {}, m, line);
-                return Value::string(map_case(str, m == "upper"));
-            }
-            if (m == "title") return Value::string(py_title(str));
-            if (m == "capitalize") return Value::string(py_capitalize(str));
-            if (m == "find" || m == "rfind" || m == "index") {
-                auto p = bind(a, {"sub"}, m, line);
-                const std::string & sub = require_string(require(p[0], "sub", m, line), "sub", line);
-                Budget::bulk(str.size());
-                const size_t hit = m == "rfind" ? rfind_text(str, sub) : find_text(str, sub);
-                if (hit == std::string::npos && m == "index") template_error(line, "substring not found");
-                return Value::integer(hit == std::string::npos ? -1 : int64_t(unicode::count_codepoints(str.substr(0, hit))));
-            }
-            if (m == "count") {
-                auto p = bind(a, {"sub"}, m, line);
-                const std::string & sub = require_string(require(p[0], "sub", m, line), "sub", line);
-                Budget::bulk(str.size());
-                if (sub.empty()) return Value::integer(int64_t(unicode::count_codepoints(str)) + 1);
-                int64_t n = 0;
-                for (size_t pos = find_text(str, sub); pos != std::string::npos; pos = find_text(str, sub, pos + sub.size())) ++n;
-                return Value::integer(n);
-            }
-            if (m == "join") {
-                auto p = bind(a, {"iterable"}, m, line);
-                std::string out;
-                bool first = true;
-                for (const Value & v : iterate(require(p[0], "iterable", m, line), line)) {
-                    if (!v.is_string()) template_error(line, std::string("sequence item: expected str instance, ") + type_name(v) + " found");
-                    if (!first) append_checked(out, str);
-                    append_checked(out, v.s);
-                    first = false;
-                }
-                return Value::string(std::move(out));
-            }
-            if (m == "format") return Value::string(py_format(str, a, line));
-            if (m == "removeprefix" || m == "removesuffix") {
-                auto p = bind(a, {"affix"}, m, line);
-                const std::string & x = require_string(require(p[0], "affix", m, line), "affix", line);
-                if (m == "removeprefix") return Value::string(str.compare(0, x.size(), x) == 0 ? str.substr(x.size()) : str);
-                const bool ends = x.size() <= str.size() && str.compare(str.size() - x.size(), x.size(), x) == 0;
-                return Value::string(ends ? str.substr(0, str.size() - x.size()) : str);
-            }
-            if (m == "splitlines") {
-                Budget::bulk(str.size());
-                List lines;
-                size_t pos = 0;
-                while (pos < str.size()) {
-                    size_t e = str.find_first_of("\r\n", pos);
-                    if (e == std::string::npos) {
-                        push_checked(lines, Value::string(str.substr(pos)));
-                        break;
-                    }
-                    push_checked(lines, Value::string(str.substr(pos, e - pos)));
-                    pos = e + ((str[e] == '\r' && e + 1 < str.size() && str[e + 1] == '\n') ? 2 : 1);
-                }
-                return Value::list_of(std::move(lines));
-            }
-            // Character class predicates.
-            if (str.empty()) return Value::boolean(false);
-            Budget::scan(str.size());
-            bool all = true, any_cased = false;
-            for (size_t i = 0; i < str.size();) {
-                const uint32_t cp = unicode::next_codepoint(str, i);
-                if (m == "isdigit") all = all && unicode::is_digit(cp);
-                else if (m == "isalpha") all = all && unicode::is_alpha(cp);
-                else if (m == "isalnum") all = all && (unicode::is_alpha(cp) || unicode::is_digit(cp));
-                else if (m == "isspace") all = all && unicode::is_python_space(cp);
-                else if (m == "isupper" || m == "islower") {
-                    const bool upper = unicode::to_lower(cp) != cp, lower = unicode::to_upper(cp) != cp;
-                    any_cased = any_cased || upper || lower;
-                    if (m == "isupper" && lower) all = false;
-                    if (m == "islower" && upper) all = false;
-                }
-            }
-            if (m == "isupper" || m == "islower") return Value::boolean(all && any_cased);
-            return Value::boolean(all);
-        });
+    if (obj.is_string()) return listed(kStrMethods) ? str_method : nullptr;
+    if (obj.is_dict()) return listed(kDictMethods) ? dict_method : nullptr;
+    if (obj.is_list()) return listed(kListMethods) ? list_method : nullptr;
+    return nullptr;
+}
+
+// obj.name as a value: a bound method, or undefined.
+Value Evaluator::method(const Value & obj, const std::string & name, int) {
+    if (const Method fn = find_method(obj, name)) {
+        Value self = obj;
+        return Value::function(name, [self, fn, name](CallArgs & a, Context &) -> Value { return fn(self, a, name); });
     }
-    if (obj.is_dict()) {
-        if (name != "items" && name != "keys" && name != "values" && name != "get") return Value::undefined();
-        return bound([this](const Value & d, CallArgs & a, const std::string & m) -> Value {
-            const int line = a.line;
-            if (m == "get") {
-                auto p = bind(a, {"key", "default"}, m, line);
-                const Value * v = d.dict->find(require(p[0], "key", m, line));
-                return v ? *v : (p[1] ? *p[1] : Value::none());
-            }
-            bind(a, {}, m, line);
-            List out;
-            for (const auto & [k, v] : d.dict->items) {
-                if (m == "items") out.push_back(Value::list_of({k, v}, true));
-                else out.push_back(m == "keys" ? k : v);
-            }
-            return Value::list_of(std::move(out));
-        });
-    }
-    if (obj.is_list()) {
-        if (name != "index" && name != "count") return Value::undefined("'" + object_name(obj) + "' has no attribute '" + name + "'");
-        return bound([](const Value & l, CallArgs & a, const std::string & m) -> Value {
-            auto p = bind(a, {"value"}, m, a.line);
-            const Value & x = require(p[0], "value", m, a.line);
-            int64_t count = 0;
-            for (size_t k = 0; k < l.list->size(); ++k) {
-                if (!equals((*l.list)[k], x)) continue;
-                if (m == "index") return Value::integer(int64_t(k));
-                ++count;
-            }
-            if (m == "index") template_error(a.line, "value is not in list");
-            return Value::integer(count);
-        });
-    }
+    if (obj.is_string()) return Value::undefined("'str object' has no attribute '" + name + "'");
+    if (obj.is_dict()) return Value::undefined();
     return Value::undefined("'" + object_name(obj) + "' has no attribute '" + name + "'");
 }
 
@@ -1080,7 +1126,7 @@ void Evaluator::assign(Context & ctx, const std::vector<std::string> & targets, 
         ctx.scope->set(targets[0], v);
         return;
     }
-    const List items = iterate(v, line);
+    const Items items(v, line);
     if (items.size() != targets.size())
         template_error(line, "cannot unpack " + std::to_string(items.size()) + " values into " +
                                  std::to_string(targets.size()) + " names");
@@ -1121,8 +1167,22 @@ Value Evaluator::eval(const Expr & e, Context & ctx) {
         if (n < kInline) inline_links[n] = p;
         else more_links.push_back(p);
     }
+    auto link_at = [&](size_t k) -> const Expr & { return k < kInline ? *inline_links[k] : *more_links[k - kInline]; };
     Value v = eval_operand(*p, ctx);
-    while (n-- > 0) v = apply_link(n < kInline ? *inline_links[n] : *more_links[n - kInline], std::move(v), ctx);
+    while (n-- > 0) {
+        const Expr & link = link_at(n);
+        // obj.name(args) calls the method at once rather than making a bound method first.
+        if (link.kind == Expr::GetAttr && n > 0 && link_at(n - 1).kind == Expr::Call) {
+            if (const Method fn = find_method(v, link.name)) {
+                const Expr & call = link_at(--n);
+                Budget::steps(2);
+                CallArgs args = eval_args(call, 1, ctx);
+                v = fn(v, args, link.name);
+                continue;
+            }
+        }
+        v = apply_link(link, std::move(v), ctx);
+    }
     return v;
 }
 
@@ -1230,7 +1290,7 @@ Value Evaluator::apply_link(const Expr & e, Value operand, Context & ctx) {
             Value left = std::move(operand);
             for (size_t k = 0; k < e.ops.size(); ++k) {
                 Value right = eval(*e.args[k + 1], ctx);
-                const std::string & op = e.ops[k];
+                const std::string_view op = e.ops[k];
                 bool r;
                 if (op == "==") r = equals(left, right);
                 else if (op == "!=") r = !equals(left, right);
@@ -1321,19 +1381,22 @@ Value loop_object(const List & items, int64_t k) {
 
 Flow Evaluator::render_for(const Node & n, Context & ctx, Output & out) {
     const Value iterable = eval(*n.expr, ctx);
-    List items           = iterate(iterable, n.line);
+    // Lists are immutable: a loop over one reads it in place; other iterables become a list.
+    List made;
+    if (!iterable.is_list() || n.cond) made = iterate(iterable, n.line);
     if (n.cond) {
         // The loop filter runs first, so loop.length counts only what passes.
         List kept;
-        for (const Value & item : items) {
+        for (const Value & item : made) {
             Budget::steps(1);
             Context probe = ctx;
             probe.scope   = new_scope(ctx.scope);
             assign(probe, n.targets, item, n.line);
             if (truthy(eval(*n.cond, probe))) kept.push_back(item);
         }
-        items = std::move(kept);
+        made = std::move(kept);
     }
+    const List &  items  = iterable.is_list() && !n.cond ? *iterable.list : made;
     const int64_t length = int64_t(items.size());
     for (int64_t k = 0; k < length; ++k) {
         Budget::steps(1);
@@ -1496,7 +1559,7 @@ Value attribute_path(Evaluator & ev, const Value & v, const std::string & path, 
 }  // namespace
 
 Value Evaluator::apply_filter(const std::string & name, const Value & v, CallArgs & a, Context & ctx, int line) {
-    const std::string & f = name;
+    const std::string_view f = name;  // compared with literals: lengths first
     auto str_of = [&](const Value & x) { return to_str(x); };
     if (f == "default" || f == "d") {
         auto p = bind(a, {"default_value", "boolean"}, f, line);
@@ -1574,16 +1637,17 @@ Value Evaluator::apply_filter(const std::string & name, const Value & v, CallArg
     }
     if (f == "first" || f == "last") {
         if (v.is_undefined()) undefined_error(line, v);
-        const List items = iterate(v, line);
-        if (items.empty()) return Value::undefined("No " + f + " item, sequence was empty.");
-        return f == "first" ? items.front() : items.back();
+        const Items items(v, line);
+        if (items.empty()) return Value::undefined("No " + std::string(f) + " item, sequence was empty.");
+        return items[f == "first" ? 0 : items.size() - 1];
     }
     if (f == "join") {
         auto p = bind(a, {"d", "attribute"}, f, line);
         const std::string sep = p[0] ? str_of(*p[0]) : "";
         std::string out;
         bool first = true;
-        for (const Value & item : iterate(v, line)) {
+        for (const Value & item : Items(v, line)) {
+            Budget::steps(1);
             if (!first) append_checked(out, sep);
             first = false;
             append_checked(out, str_of(p[1] ? attribute_path(*this, item, str_of(*p[1]), line) : item));
@@ -1717,7 +1781,7 @@ Value Evaluator::apply_filter(const std::string & name, const Value & v, CallArg
     }
     if (f == "map") {
         List out;
-        const List items = iterate(v, line);
+        const Items items(v, line);
         const Value * attribute = nullptr;
         const Value * dflt      = nullptr;
         for (const auto & [k, x] : a.keyword) {
@@ -1751,7 +1815,7 @@ Value Evaluator::apply_filter(const std::string & name, const Value & v, CallArg
         size_t k = 0;
         std::string attribute;
         if (by_attr) {
-            if (a.positional.empty()) template_error(line, f + " requires an attribute name");
+            if (a.positional.empty()) template_error(line, std::string(f) + " requires an attribute name");
             attribute = str_of(a.positional[k++]);
         }
         std::string test;
@@ -1760,7 +1824,7 @@ Value Evaluator::apply_filter(const std::string & name, const Value & v, CallArg
         CallArgs rest;
         rest.positional.assign(a.positional.begin() + std::ptrdiff_t(k), a.positional.end());
         List out;
-        for (const Value & item : iterate(v, line)) {
+        for (const Value & item : Items(v, line)) {
             Budget::steps(1);
             const Value subject = by_attr ? attribute_path(*this, item, attribute, line) : item;
             CallArgs copy = rest;
@@ -1789,7 +1853,7 @@ Value Evaluator::apply_filter(const std::string & name, const Value & v, CallArg
         auto p = bind(a, {"case_sensitive", "attribute"}, f, line);
         const bool cs = p[0] && truthy(*p[0]);
         List out, seen;
-        for (const Value & item : iterate(v, line)) {
+        for (const Value & item : Items(v, line)) {
             Value key = p[1] ? attribute_path(*this, item, str_of(*p[1]), line) : item;
             if (!cs && key.is_string()) key.s = map_case(key.s, false);
             if (std::any_of(seen.begin(), seen.end(), [&](const Value & s) { return equals(s, key); })) continue;
@@ -1800,25 +1864,40 @@ Value Evaluator::apply_filter(const std::string & name, const Value & v, CallArg
     }
     if (f == "min" || f == "max") {
         auto p = bind(a, {"case_sensitive", "attribute"}, f, line);
-        const List items = iterate(v, line);
+        const Items items(v, line);
         if (items.empty()) return Value::undefined("No aggregated item, sequence was empty.");
         const std::string attribute = p[1] ? str_of(*p[1]) : "";
-        const List s = sorted(items, false, p[0] && truthy(*p[0]),
-                              [&](const Value & x) { return attribute.empty() ? x : attribute_path(*this, x, attribute, line); }, line);
-        return f == "min" ? s.front() : s.back();
+        const bool case_sensitive = p[0] && truthy(*p[0]);
+        auto key = [&](const Value & x) {
+            Value k = attribute.empty() ? x : attribute_path(*this, x, attribute, line);
+            if (!case_sensitive && k.is_string()) k = Value::string(map_case(k.s, false));
+            return k;
+        };
+        // Python's min() and max(): the first of the smallest or largest items, in one pass.
+        size_t best     = 0;
+        Value  best_key = key(items[0]);
+        for (size_t k = 1; k < items.size(); ++k) {
+            Value candidate = key(items[k]);
+            const int c     = compare(candidate, best_key, line);
+            if (f == "min" ? c < 0 : c > 0) {
+                best     = k;
+                best_key = std::move(candidate);
+            }
+        }
+        return items[best];
     }
     if (f == "sum") {
         auto p = bind(a, {"attribute", "start"}, f, line);
         Value total = p[1] ? *p[1] : Value::integer(0);
-        for (const Value & item : iterate(v, line))
+        for (const Value & item : Items(v, line))
             total = arithmetic("+", total, p[0] ? attribute_path(*this, item, str_of(*p[0]), line) : item, line);
         return total;
     }
-    template_error(line, "unknown filter '" + f + "'");
+    template_error(line, "unknown filter '" + name + "'");
 }
 
 bool Evaluator::apply_test(const std::string & name, const Value & v, CallArgs & a, Context & ctx, int line) {
-    const std::string & t = name;
+    const std::string_view t = name;  // compared with literals: lengths first
     auto arg = [&](const char * what) -> const Value & {
         auto p = bind(a, {what}, t, line);
         return require(p[0], what, t, line);
@@ -1872,7 +1951,7 @@ bool Evaluator::apply_test(const std::string & name, const Value & v, CallArgs &
     if (t == "in") return contains(arg("seq"), v, line);
     if (t == "filter") return v.is_string() && is_known_filter(v.s);
     if (t == "test") return v.is_string() && is_known_test(v.s);
-    template_error(line, "unknown test '" + t + "'");
+    template_error(line, "unknown test '" + name + "'");
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -1927,7 +2006,7 @@ Dict make_globals() {
                   if (p.is_dict()) {
                       for (const auto & [k, v] : p.dict->items) d.set(k, v);
                   } else {
-                      for (const Value & pair : iterate(p, a.line)) {
+                      for (const Value & pair : Items(p, a.line)) {
                           if (!pair.is_list() || pair.list->size() != 2) template_error(a.line, "dict() needs key/value pairs");
                           d.set((*pair.list)[0], (*pair.list)[1]);
                       }

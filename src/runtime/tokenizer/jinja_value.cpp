@@ -35,7 +35,7 @@ void Budget::out_of_steps() const {
 
 void Budget::out_of_memory() const {
     const uint64_t mib = uint64_t(1) << 20, n = limits_.max_bytes;
-    const std::string size = n % mib == 0 ? std::to_string(n / mib) + " MiB" : std::to_string(n) + " bytes";
+    const std::string size = n >= mib ? std::to_string((n + mib / 2) / mib) + " MiB" : std::to_string(n) + " bytes";
     template_error(0, "the render exceeded its memory budget of " + size +
                           " (strings, lists and dicts alive at once, and the output)");
 }
@@ -79,7 +79,7 @@ int64_t live_shared_values() { return g_live_shared_values.load(std::memory_orde
 Value::Value(const Value & o)
     : type(o.type), is_tuple(o.is_tuple), depth(o.depth), b(o.b), i(o.i), f(o.f), list(o.list), dict(o.dict),
       callable(o.callable) {
-    charged_ = Budget::copy(o.s.size());
+    charged_ = Budget::charge(o.s.size());
     s        = o.s;
 }
 

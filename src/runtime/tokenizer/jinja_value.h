@@ -30,7 +30,7 @@ struct RenderLimits {
     // Units of work (see Budget). Real templates use a few hundred steps per message (the Qwen3
     // template: about 150), so this allows conversations of ~100,000 messages, and a runaway render
     // reaches it in a fraction of a second.
-    uint64_t max_steps = 20'000'000;
+    uint64_t max_steps = 10'000'000;
     // Bytes of strings and of list/dict slots alive at once, copies included, and of the output.
     // 16 times the text of a 1M-token conversation (~4 MB), and small enough that filling it takes a
     // fraction of a second.
@@ -72,8 +72,12 @@ public:
     Budget(const Budget &)             = delete;
     Budget & operator=(const Budget &) = delete;
 
-    static constexpr uint64_t kScanBytesPerStep = 8;   // ~1-3 ns per character decoded or escaped
-    static constexpr uint64_t kCopyBytesPerStep = 64;  // memcpy, memmem: 5-20 bytes per ns
+    // A step is meant to cost at most ~30 ns. Character by character work (decoding, escaping,
+    // substring search on hostile text: 1-6 ns per byte) counts a step per kScanBytesPerStep
+    // bytes; memcpy, memcmp and writing fresh memory (page faults included: 2-20 bytes per ns) a
+    // step per kCopyBytesPerStep bytes.
+    static constexpr uint64_t kScanBytesPerStep = 4;
+    static constexpr uint64_t kCopyBytesPerStep = 64;
 
     static Budget * current() { return current_; }
 
@@ -83,20 +87,16 @@ public:
     }
     // Counts work on `n` bytes of text, character by character.
     static void scan(uint64_t n) { steps(n / kScanBytesPerStep); }
-    // Counts `n` bytes that stay allocated until refund(); returns what was counted (0 outside a render).
+    // Counts `n` bytes of text copied or searched in bulk.
+    static void bulk(uint64_t n) { steps(n / kCopyBytesPerStep); }
+    // Counts `n` bytes that stay allocated until refund(), as memory, and as work (they are
+    // written, and fresh memory costs page faults); returns what was counted (0 outside a render).
     static uint64_t charge(uint64_t n) {
         if (!current_ || n == 0) return 0;
         current_->ensure(n);
+        bulk(n);
         current_->bytes_ += n;
         return n;
-    }
-    // Counts `n` bytes of text copied in bulk.
-    static void bulk(uint64_t n) { steps(n / kCopyBytesPerStep); }
-    // Counts `n` bytes of text copied into a new allocation, as work and as memory (see charge).
-    static uint64_t copy(uint64_t n) {
-        if (!current_ || n == 0) return 0;
-        bulk(n);
-        return charge(n);
     }
     static void refund(uint64_t n) {
         if (current_) current_->bytes_ -= std::min(n, current_->bytes_);
@@ -199,7 +199,7 @@ struct Value {
 
     // Appends to a string (an operand being built: a ~ b ~ c ... costs the length of the result).
     void append(std::string_view piece) {
-        charged_ += Budget::copy(piece.size());
+        charged_ += Budget::charge(piece.size());
         s.append(piece);
     }
 
