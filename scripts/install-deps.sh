@@ -12,6 +12,7 @@ packages=(
     libedit-dev            # spark-chat line editing
     tmux                   # the interactive spark-chat test
     python3                # small test scripts
+    clang libclang-rt-14-dev   # sanitizer and libFuzzer builds (scripts/check.sh, scripts/fuzz.sh)
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -18,6 +18,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "log_stderr.h"
 #include "spec_cli.h"
 
 #include <chrono>
@@ -72,7 +73,7 @@ class Chat {
 public:
     // With `spec` (owned by the caller) every turn decodes speculatively.
     Chat(spark_model * model, spark_context * ctx, const Options & o, spark_spec * spec = nullptr, const char * spec_name = "")
-        : model_(model), ctx_(ctx), opt_(o), spec_(spec), spec_name_(spec_name) {
+        : ctx_(ctx), opt_(o), spec_(spec), spec_name_(spec_name) {
         tok_  = spark_model_get_tokenizer(model);
         tmpl_ = spark_tokenizer_chat_template(tok_);
         if (!opt_.system.empty()) system_ = opt_.system;
@@ -324,7 +325,6 @@ private:
         }
     }
 
-    spark_model *            model_;
     spark_context *          ctx_;
     const Options &          opt_;
     spark_spec *             spec_      = nullptr;
@@ -416,6 +416,7 @@ int main(int argc, char ** argv) {
     app.add_option("--draft-min", o.draft_min, "--spec: drafts shorter than this are not verified (0: all are)");
     app.add_option("--draft-p-min", o.draft_p_min, "--spec: model drafters stop at a token they give less probability (0: off)");
     CLI11_PARSE(app, argc, argv);
+    spark_cli::install_stderr_log();
 
     spark_cli::SpecOption spec_opt;
     if (!o.spec.empty()) {

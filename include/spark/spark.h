@@ -11,6 +11,9 @@
  *     (and threads); a spark_context holds per-stream state (KV cache, recurrent state, logits) and
  *     must be used by one thread at a time. Tokenizers are immutable after load and thread-safe.
  *   - Every params struct has a spark_*_default_params() function: copy the defaults, then override.
+ *   - The structs the library fills (spark_*_info, spark_spec_stats, spark_perf_context_data) end in
+ *     reserved space: later versions add fields there without changing the struct's size.
+ *   - The library prints nothing; its messages go to the callback set with spark_log_set.
  *
  * Minimal use (error handling elided):
  *
@@ -97,6 +100,18 @@ SPARK_API const char * spark_version(void);
  * more than once. Always SPARK_OK today; kept for forward compatibility. */
 SPARK_API spark_status spark_init(void);
 
+/* Where the library's messages go: nothing is printed unless a callback is set. Messages come from
+ * any thread; the callback is called under a lock (one message at a time). The profiling knobs
+ * (docs/ENVIRONMENT.md) report through it at SPARK_LOG_INFO. NULL removes the callback. */
+typedef enum spark_log_level {
+    SPARK_LOG_ERROR = 0,
+    SPARK_LOG_WARN  = 1,
+    SPARK_LOG_INFO  = 2,
+    SPARK_LOG_DEBUG = 3
+} spark_log_level;
+typedef void (*spark_log_callback)(spark_log_level level, const char * text, void * user_data);
+SPARK_API void spark_log_set(spark_log_callback callback, void * user_data);
+
 /* A human-readable description of the build: version, compiled backends, CUDA archs. */
 SPARK_API const char * spark_build_info(void);
 
@@ -118,6 +133,7 @@ typedef struct spark_device_info {
     uint64_t free_memory;         /* bytes, at query time */
     char     kernel_paths[512];   /* per weight format, the kernel path this device uses, e.g.
                                      "bf16=w16a16-gemv nvfp4=w4a16-lop3 int4=w4a16-lop3 fp8=w8a16" */
+    uint64_t reserved[8];         /* zero: room for fields of later versions (same struct size) */
 } spark_device_info;
 
 /* Number of usable CUDA devices (0 when spark was built without CUDA or no driver is present). */
@@ -202,6 +218,7 @@ typedef struct spark_model_info {
     uint64_t kv_bytes_per_token;       /* KV-cache bytes per cached token (read once per step) */
     uint64_t recurrent_bytes;          /* linear-attention state of one sequence (read and written
                                           once per step) */
+    uint64_t reserved[8];         /* zero: room for fields of later versions (same struct size) */
 } spark_model_info;
 
 SPARK_API spark_status spark_model_get_info(const spark_model * model, spark_model_info * out);
@@ -284,9 +301,19 @@ SPARK_API void        spark_batch_free(spark_batch batch);
  *                             a token in several sequences of a recurrent model
  *   SPARK_ERR_CONTEXT_FULL    the KV cache cannot hold the batch
  *   SPARK_ERR_OUT_OF_MEMORY / SPARK_ERR_DEVICE
+ *   SPARK_ERR_ABORTED         the abort callback stopped it
  * On a validation error (SPARK_ERR_INVALID_*, SPARK_ERR_CONTEXT_FULL) the memory is left exactly as
- * before the call; after SPARK_ERR_DEVICE the context should be freed. */
+ * before the call. A decode that fails or is aborted after some of its internal steps (n_batch
+ * tokens each) completed keeps those steps and leaves no trace of the failing one (KV cache and
+ * recurrent state as before it); after SPARK_ERR_DEVICE the context should be freed. */
 SPARK_API spark_status spark_decode(spark_context * ctx, const spark_batch * batch);
+
+/* Called before every internal step of a decode (every n_batch tokens) and, on the CPU, between the
+ * operations of a step; returning true stops the decode with SPARK_ERR_ABORTED. The steps completed
+ * before are kept (spark_memory_seq_length tells how far each sequence got); the interrupted step
+ * leaves the memory exactly as before it. Called on the decoding thread. NULL removes it. */
+typedef bool (*spark_abort_callback)(void * user_data);
+SPARK_API void spark_context_set_abort_callback(spark_context * ctx, spark_abort_callback callback, void * user_data);
 
 /* Logits of the rows requested in the last spark_decode, in batch order: [n_outputs][n_vocab].
  * NULL if the last decode failed or requested none. Valid until the next decode. */
@@ -345,9 +372,48 @@ typedef struct spark_memory_info {
     uint64_t compute_bytes;     /* planned intermediate buffers (high-water mark so far) */
     int32_t  kv_cells_total;    /* token capacity */
     int32_t  kv_cells_used;
+    uint64_t reserved[8];         /* zero: room for fields of later versions (same struct size) */
 } spark_memory_info;
 
 SPARK_API spark_status spark_memory_get_info(const spark_context * ctx, spark_memory_info * out);
+
+/* Saved state of one sequence: its KV cache and recurrent state (what a prompt cache or a "resume
+ * conversation" keeps), in a versioned, checksummed format (docs/FORMAT.md, "Sequence state").
+ * A state loads only into a context of the same model (the same weights, checked by a fingerprint)
+ * on a backend with the same KV-cache type, with room for its tokens; anything else is refused with
+ * SPARK_ERR_INVALID_FORMAT and a message saying why, and the sequence is left as it was. Loading
+ * replaces the sequence's contents (snapshots of it become invalid); after it the sequence can be
+ * extended (a model with linear-attention layers cannot cut it back below its loaded length except
+ * to 0). Refused while a speculative loop is attached. The tokens themselves are not part of the
+ * state: the host keeps them. */
+/* Bytes spark_state_seq_save writes for `seq` now (0 for a bad handle or id). */
+SPARK_API size_t spark_state_seq_size(const spark_context * ctx, spark_seq_id seq);
+/* Writes the state of `seq` into buf (SPARK_ERR_INVALID_ARGUMENT when `size` is too small);
+ * *written (optional) receives the bytes used. */
+SPARK_API spark_status spark_state_seq_save(spark_context * ctx, spark_seq_id seq, void * buf, size_t size, size_t * written);
+SPARK_API spark_status spark_state_seq_load(spark_context * ctx, spark_seq_id seq, const void * buf, size_t size);
+/* The same through a file (written to a temporary name and renamed into place). */
+SPARK_API spark_status spark_state_seq_save_file(spark_context * ctx, spark_seq_id seq, const char * path);
+SPARK_API spark_status spark_state_seq_load_file(spark_context * ctx, spark_seq_id seq, const char * path);
+
+/* Counters of a context since its creation or the last reset. A step is one forward pass (a
+ * spark_decode runs ceil(n_tokens / n_batch) of them; the speculative loop runs its own). Times
+ * are wall-clock, each step until its results are ready; the speculative loop's steps are counted
+ * but timed in spark_spec_stats instead. */
+typedef struct spark_perf_context_data {
+    int64_t  n_decode;          /* successful spark_decode calls */
+    int64_t  n_steps;           /* steps run (all callers) */
+    int64_t  n_tokens;          /* tokens those steps processed */
+    int64_t  n_prompt_tokens;   /* spark_decode tokens in steps with several tokens of one sequence */
+    double   t_prompt_ms;       /* ... and the time of those steps */
+    int64_t  n_gen_tokens;      /* spark_decode tokens in steps of one token per sequence */
+    double   t_gen_ms;          /* ... and the time of those steps */
+    int64_t  n_failed;          /* steps that failed or were aborted (they left no trace) */
+    uint64_t reserved[8];       /* zero: room for fields of later versions */
+} spark_perf_context_data;
+
+SPARK_API spark_status spark_perf_context(const spark_context * ctx, spark_perf_context_data * out);
+SPARK_API void         spark_perf_context_reset(spark_context * ctx);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Sampling                                                                                   */
@@ -496,6 +562,7 @@ typedef struct spark_spec_stats {
     double  t_draft_s;    /* host time drafting (device work may run on into verify) */
     double  t_verify_s;   /* host time in the target's verify steps, until their results are back */
     double  t_accept_s;   /* host time deciding and cutting */
+    uint64_t reserved[8];         /* zero: room for fields of later versions (same struct size) */
 } spark_spec_stats;
 
 SPARK_API spark_spec_params spark_spec_default_params(void);

@@ -7,7 +7,9 @@
 #include "quant/qweight.h"
 
 #include <cstddef>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 
 namespace spark {
@@ -42,6 +44,16 @@ struct BackendCaps {
     DType kv_type     = DType::F32;   // element type of the KV cache
 };
 
+// What one context needs to run steps next to the other contexts of the same model: on the CPU its
+// own thread pool (the model's weights are shared and read-only). Made by Backend::make_executor.
+class Executor {
+public:
+    virtual ~Executor() = default;
+    // Asked between the ops of a step by backends that can stop there (the CPU): true stops the
+    // step with SPARK_ERR_ABORTED.
+    std::function<bool()> should_abort;
+};
+
 class Backend {
 public:
     virtual ~Backend() = default;
@@ -73,11 +85,20 @@ public:
     // unchanged — only the contents of inputs and state differ. Re-binding memory bumps the
     // generation; whoever changes a weight or a node of a graph in place must call
     // graph.bump_generation().
-    virtual void compute(Graph & graph) = 0;
+    // `ex` (from make_executor) carries the calling context's execution resources; null: the
+    // backend's own (tests and tools that run a graph directly).
+    virtual void compute(Graph & graph, Executor * ex) = 0;
+    void         compute(Graph & graph) { compute(graph, nullptr); }
     virtual void synchronize() {}
 
-    // Thread count for CPU work (the CPU backend's compute; others may ignore it).
-    virtual void set_n_threads(int n) {}
+    // Execution resources of one context (n_threads: CPU threads, <= 0 all); null when the
+    // backend has none per context.
+    virtual std::unique_ptr<Executor> make_executor(int n_threads) { return nullptr; }
+    // A lock every context of the model takes around its use of the backend when the backend's
+    // resources are shared by all of them (the CUDA backend: one stream, one set of captured graphs,
+    // one workspace and staging ring); null when contexts may run at once (the CPU backend: each
+    // has its own thread pool).
+    virtual std::mutex * exclusive() { return nullptr; }
 };
 
 std::unique_ptr<Backend> make_cpu_backend(int n_threads);

@@ -23,13 +23,18 @@ private:
     std::string  message_;
 };
 
-// printf-style formatting into a std::string.
+// printf-style formatting into a std::string. The format is always a literal at the call sites
+// (fail(status, "...", ...)); a template cannot carry the format attribute that would let the
+// compiler see that, hence the pragma.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wformat-security"
 template <typename... Args> std::string strfmt(const char * fmt, Args... args) {
     int n = std::snprintf(nullptr, 0, fmt, args...);
     std::string s(n > 0 ? size_t(n) : 0, '\0');
     if (n > 0) std::snprintf(s.data(), s.size() + 1, fmt, args...);
     return s;
 }
+#pragma GCC diagnostic pop
 
 template <typename... Args> [[noreturn]] void fail(spark_status status, const char * fmt, Args... args) {
     throw Error(status, strfmt(fmt, args...));

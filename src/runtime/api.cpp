@@ -103,6 +103,7 @@ SPARK_API spark_context_params spark_context_default_params(void) {
 SPARK_API spark_status spark_context_init(spark_model * model, spark_context_params params, spark_context ** out) {
     return api_guard([&] {
         require(model != nullptr && out != nullptr, "spark_context_init: model and out must not be NULL");
+        BackendLock lock(*model->impl->backend);
         auto c  = std::make_unique<spark_context>();
         c->impl  = std::make_unique<Context>(*model->impl, params);
         c->model = model;
@@ -110,7 +111,11 @@ SPARK_API spark_status spark_context_init(spark_model * model, spark_context_par
     });
 }
 
-SPARK_API void spark_context_free(spark_context * ctx) { delete ctx; }
+SPARK_API void spark_context_free(spark_context * ctx) {
+    if (!ctx) return;
+    BackendLock lock(*ctx->impl->model().backend);
+    delete ctx;
+}
 
 SPARK_API int32_t spark_n_ctx(const spark_context * ctx) { return ctx ? ctx->impl->params().n_ctx : 0; }
 
@@ -150,13 +155,26 @@ SPARK_API void spark_batch_free(spark_batch b) {
 SPARK_API spark_status spark_decode(spark_context * ctx, const spark_batch * batch) {
     return api_guard([&] {
         require(ctx != nullptr && batch != nullptr, "spark_decode: ctx and batch must not be NULL");
+        BackendLock lock(*ctx->impl->model().backend);
         ctx->impl->decode(*batch);
     });
 }
 
-SPARK_API const float * spark_get_logits(spark_context * ctx) { return ctx ? ctx->impl->logits() : nullptr; }
+SPARK_API void spark_context_set_abort_callback(spark_context * ctx, spark_abort_callback callback, void * user_data) {
+    if (ctx) ctx->impl->set_abort(callback, user_data);
+}
 
-SPARK_API const float * spark_get_logits_ith(spark_context * ctx, int32_t i) { return ctx ? ctx->impl->logits_ith(i) : nullptr; }
+SPARK_API const float * spark_get_logits(spark_context * ctx) {
+    if (!ctx) return nullptr;
+    BackendLock lock(*ctx->impl->model().backend);
+    return ctx->impl->logits();
+}
+
+SPARK_API const float * spark_get_logits_ith(spark_context * ctx, int32_t i) {
+    if (!ctx) return nullptr;
+    BackendLock lock(*ctx->impl->model().backend);
+    return ctx->impl->logits_ith(i);
+}
 
 SPARK_API int32_t spark_n_outputs(const spark_context * ctx) { return ctx ? ctx->impl->n_outputs() : 0; }
 
@@ -164,6 +182,7 @@ SPARK_API spark_status spark_set_hidden_outputs(spark_context * ctx, const int32
     return api_guard([&] {
         require(ctx != nullptr && n_layers >= 0 && (n_layers == 0 || layers != nullptr), "spark_set_hidden_outputs: bad argument");
         require(!ctx->impl->speculating, "spark_set_hidden_outputs: the context's speculative loop uses its hidden outputs (free it first)");
+        BackendLock lock(*ctx->impl->model().backend);
         HiddenCapture c;
         c.layers.assign(layers, layers + n_layers);
         ctx->impl->set_capture(c);
@@ -172,17 +191,28 @@ SPARK_API spark_status spark_set_hidden_outputs(spark_context * ctx, const int32
 
 SPARK_API int32_t spark_n_hidden(const spark_context * ctx) { return ctx ? int32_t(ctx->impl->hidden_width()) : 0; }
 
-SPARK_API const float * spark_get_hidden_ith(spark_context * ctx, int32_t i) { return ctx ? ctx->impl->hidden_ith(i) : nullptr; }
+SPARK_API const float * spark_get_hidden_ith(spark_context * ctx, int32_t i) {
+    if (!ctx) return nullptr;
+    BackendLock lock(*ctx->impl->model().backend);
+    return ctx->impl->hidden_ith(i);
+}
 
-SPARK_API spark_token spark_get_argmax_ith(spark_context * ctx, int32_t i) { return ctx ? ctx->impl->argmax_ith(i) : -1; }
+SPARK_API spark_token spark_get_argmax_ith(spark_context * ctx, int32_t i) {
+    if (!ctx) return -1;
+    BackendLock lock(*ctx->impl->model().backend);
+    return ctx->impl->argmax_ith(i);
+}
 
 SPARK_API void spark_memory_clear(spark_context * ctx) {
-    if (ctx) ctx->impl->memory().clear();
+    if (!ctx) return;
+    BackendLock lock(*ctx->impl->model().backend);
+    ctx->impl->memory().clear();
 }
 
 SPARK_API spark_status spark_memory_seq_rm(spark_context * ctx, spark_seq_id seq_id, spark_pos p0, spark_pos p1) {
     return api_guard([&] {
         require(ctx != nullptr, "spark_memory_seq_rm: NULL context");
+        BackendLock lock(*ctx->impl->model().backend);
         ctx->impl->memory().seq_rm(seq_id, p0, p1);
     });
 }
@@ -194,6 +224,7 @@ SPARK_API bool spark_memory_seq_can_rm(const spark_context * ctx, spark_seq_id s
 SPARK_API spark_status spark_memory_seq_cp(spark_context * ctx, spark_seq_id src, spark_seq_id dst) {
     return api_guard([&] {
         require(ctx != nullptr, "spark_memory_seq_cp: NULL context");
+        BackendLock lock(*ctx->impl->model().backend);
         ctx->impl->memory().seq_cp(src, dst);
     });
 }
@@ -206,6 +237,7 @@ SPARK_API spark_pos spark_memory_seq_length(const spark_context * ctx, spark_seq
 SPARK_API spark_status spark_memory_seq_snapshot(spark_context * ctx, spark_seq_id seq_id, int32_t * out_snapshot) {
     return api_guard([&] {
         require(ctx != nullptr && out_snapshot != nullptr, "spark_memory_seq_snapshot: NULL argument");
+        BackendLock lock(*ctx->impl->model().backend);
         *out_snapshot = ctx->impl->memory().snapshot(seq_id);
     });
 }
@@ -213,12 +245,24 @@ SPARK_API spark_status spark_memory_seq_snapshot(spark_context * ctx, spark_seq_
 SPARK_API spark_status spark_memory_seq_restore(spark_context * ctx, spark_seq_id seq_id, int32_t snapshot) {
     return api_guard([&] {
         require(ctx != nullptr, "spark_memory_seq_restore: NULL context");
+        BackendLock lock(*ctx->impl->model().backend);
         ctx->impl->memory().restore(seq_id, snapshot);
     });
 }
 
 SPARK_API void spark_memory_snapshot_free(spark_context * ctx, int32_t snapshot) {
     if (ctx) ctx->impl->memory().snapshot_free(snapshot);
+}
+
+SPARK_API spark_status spark_perf_context(const spark_context * ctx, spark_perf_context_data * out) {
+    return api_guard([&] {
+        require(ctx != nullptr && out != nullptr, "spark_perf_context: NULL argument");
+        *out = ctx->impl->perf();
+    });
+}
+
+SPARK_API void spark_perf_context_reset(spark_context * ctx) {
+    if (ctx) ctx->impl->reset_perf();
 }
 
 SPARK_API spark_status spark_memory_get_info(const spark_context * ctx, spark_memory_info * out) {

@@ -1,6 +1,7 @@
 #include "runtime/context.h"
 
 #include "graph/error.h"
+#include "graph/log.h"
 #include "graph/planner.h"
 #include "runtime/models/arch.h"
 
@@ -19,7 +20,8 @@ Context::Context(Model & model, const spark_context_params & params) : model_(mo
         params_.n_rollback < 0 || params_.n_rollback > 64)
         fail(SPARK_ERR_INVALID_ARGUMENT, "invalid context parameters (n_ctx %d, n_batch %d, n_seq_max %d, n_snapshots %d, n_rollback %d of at most 64)",
              params_.n_ctx, params_.n_batch, params_.n_seq_max, params_.n_snapshots, params_.n_rollback);
-    memory_ = std::make_unique<Memory>(model_, params_.n_ctx, params_.n_seq_max, params_.n_snapshots, params_.n_rollback);
+    executor_ = model_.backend->make_executor(params_.n_threads);
+    memory_   = std::make_unique<Memory>(model_, params_.n_ctx, params_.n_seq_max, params_.n_snapshots, params_.n_rollback);
 }
 
 int32_t Context::output_index(int32_t i) const {
@@ -238,34 +240,54 @@ void Context::decode(const spark_batch & batch) {
         if (batch.logits ? batch.logits[i] != 0 : i == batch.n_tokens - 1) output_of_row_[size_t(i)] = n_out++;
     begin_outputs(n_out);
 
-    std::vector<int32_t> start_len(static_cast<size_t>(params_.n_seq_max));
-    for (int32_t s = 0; s < params_.n_seq_max; ++s) start_len[size_t(s)] = memory_->seq_length(s);
+    // Steps of at most n_batch tokens. A step that fails or is aborted leaves no trace; the steps
+    // completed before it are kept (each sequence's length tells how far the decode got).
     const bool several_steps = rows.size() > size_t(params_.n_batch);
-    try {
-        model_.backend->set_n_threads(params_.n_threads);
-        // A later step can fail after an earlier one overwrote recurrent states the undo needs.
-        if (several_steps) {
-            std::vector<int32_t> seqs;
-            for (int32_t s = 0; s < params_.n_seq_max; ++s)
-                if (n_new[size_t(s)]) seqs.push_back(s);
-            memory_->backup(seqs);
-        }
-        for (size_t first = 0; first < rows.size(); first += size_t(params_.n_batch)) {
-            const int32_t n = int32_t(std::min(rows.size() - first, size_t(params_.n_batch)));
+    std::vector<int32_t> step_start(static_cast<size_t>(params_.n_seq_max));
+    for (size_t first = 0; first < rows.size(); first += size_t(params_.n_batch)) {
+        const int32_t n = int32_t(std::min(rows.size() - first, size_t(params_.n_batch)));
+        for (int32_t s = 0; s < params_.n_seq_max; ++s) step_start[size_t(s)] = memory_->seq_length(s);
+        const auto t_start = std::chrono::steady_clock::now();
+        try {
+            if (abort_cb_ && abort_cb_(abort_data_)) fail(SPARK_ERR_ABORTED, "decode aborted by the abort callback");
+            // A step that can stop half-way (a later step of the call may fail; the CPU checks the
+            // abort callback between ops) and writes the ring entry its sequence started from must
+            // be able to put that state back.
+            if (memory_->has_recurrent() && (several_steps || abort_cb_)) {
+                std::vector<int32_t> count(size_t(params_.n_seq_max), 0), seqs;
+                for (int32_t i = 0; i < n; ++i) ++count[size_t(rows[first + size_t(i)].seq)];
+                for (int32_t s = 0; s < params_.n_seq_max; ++s)
+                    if (count[size_t(s)] >= memory_->ring_size()) seqs.push_back(s);
+                if (!seqs.empty()) memory_->backup(seqs);
+            }
             run_step(rows.data() + first, n, {}, {});
             const bool last = first + size_t(n) == rows.size();
             // The arena is reused by the next step: only the last step's outputs may stay there.
             if (!last) fetch_outputs();
+            // spark_decode returns when the step is done (a device error surfaces here, not later).
+            else if (pending_argmax_) download_pending();
+            else model_.backend->synchronize();
+        } catch (...) {
+            ++perf_.n_failed;
+            memory_->undo(step_start);
+            n_outputs_ = 0;
+            last_step_ = nullptr;
+            throw;
         }
-        // spark_decode returns when the step is done (a device error surfaces here, not later).
-        if (pending_argmax_) download_pending();
-        else model_.backend->synchronize();
-    } catch (...) {
-        memory_->undo(start_len);
-        n_outputs_ = 0;
-        last_step_ = nullptr;
-        throw;
+        // Prompt-like steps carry several tokens of one sequence (rows are grouped by sequence).
+        bool several_of_one = false;
+        for (int32_t i = 1; i < n; ++i) several_of_one |= rows[first + size_t(i)].seq == rows[first + size_t(i) - 1].seq;
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_start).count();
+        (several_of_one ? perf_.n_prompt_tokens : perf_.n_gen_tokens) += n;
+        (several_of_one ? perf_.t_prompt_ms : perf_.t_gen_ms) += ms;
     }
+    ++perf_.n_decode;
+}
+
+void Context::set_abort(spark_abort_callback cb, void * data) {
+    abort_cb_   = cb;
+    abort_data_ = data;
+    if (executor_) executor_->should_abort = cb ? std::function<bool()>([cb, data] { return cb(data); }) : std::function<bool()>();
 }
 
 void Context::step(const std::vector<StepRow> & in, const std::vector<DeviceRows> & tokens, const std::vector<DeviceRows> & hidden) {
@@ -289,9 +311,9 @@ void Context::step(const std::vector<StepRow> & in, const std::vector<DeviceRows
     std::vector<int32_t> start_len(static_cast<size_t>(params_.n_seq_max));
     for (int32_t s = 0; s < params_.n_seq_max; ++s) start_len[size_t(s)] = memory_->seq_length(s);
     try {
-        model_.backend->set_n_threads(params_.n_threads);
         run_step(rows.data(), n, tokens, hidden);
     } catch (...) {
+        ++perf_.n_failed;
         memory_->undo(start_len);
         n_outputs_ = 0;
         last_step_ = nullptr;
@@ -359,8 +381,10 @@ void Context::run_step(const Row * rows, int32_t n, const std::vector<DeviceRows
         fail(SPARK_ERR_DEVICE, "injected failure (test)");
     }
     if (fail_after_ > 0) --fail_after_;
-    be.compute(*step.graph);
+    be.compute(*step.graph, executor_.get());
     rows_computed_ += n;
+    ++perf_.n_steps;
+    perf_.n_tokens += n;
 
     // The outputs stay on the backend until asked for.
     last_step_ = &step;
@@ -383,7 +407,7 @@ void Context::run_step(const Row * rows, int32_t n, const std::vector<DeviceRows
 
 Context::~Context() {
     if (profile_ && profile_->steps)
-        std::fprintf(stderr, "spark: %lld steps, per step: prepare %.1f us, upload + launch %.1f us\n", (long long) profile_->steps,
+        log(SPARK_LOG_INFO, "spark: %lld steps, per step: prepare %.1f us, upload + launch %.1f us\n", (long long) profile_->steps,
                      profile_->prepare_us / double(profile_->steps), profile_->launch_us / double(profile_->steps));
 }
 

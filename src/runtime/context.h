@@ -12,6 +12,7 @@
 #include <spark/spark.h>
 
 #include <memory>
+#include <mutex>
 #include <vector>
 
 namespace spark {
@@ -33,6 +34,18 @@ struct HiddenCapture {
 struct DeviceRows {
     int32_t      first = 0, count = 0;
     const void * src   = nullptr;
+};
+
+// Holds the backend's exclusive lock for the scope, when the backend shares its resources between
+// contexts (Backend::exclusive): the API glue takes it around every call that uses a context.
+class BackendLock {
+public:
+    explicit BackendLock(Backend & be) {
+        if (std::mutex * m = be.exclusive()) lock_ = std::unique_lock<std::mutex>(*m);
+    }
+
+private:
+    std::unique_lock<std::mutex> lock_;
 };
 
 struct StepRow {
@@ -88,6 +101,12 @@ public:
     // Tokens run through the model so far (every row of every step): tests prove that a rollback
     // recomputes nothing.
     int64_t        rows_computed() const { return rows_computed_; }
+    // spark_perf_context.
+    const spark_perf_context_data & perf() const { return perf_; }
+    void                            reset_perf() { perf_ = spark_perf_context_data{}; }
+    // spark_context_set_abort_callback: checked before every step and, on the CPU, between ops.
+    void set_abort(spark_abort_callback cb, void * data);
+
     // Tests: the step after the next n steps fails as a device error would (proves that a failed
     // decode leaves the memory as it was). -1: off.
     void           fail_after_steps(int32_t n) { fail_after_ = n; }
@@ -109,13 +128,17 @@ private:
 
     Model &                 model_;
     spark_context_params    params_;
+    std::unique_ptr<Executor> executor_;  // this context's CPU threads (the model's weights are shared)
     std::unique_ptr<Memory> memory_;
     std::unique_ptr<Buffer> arena_;
     std::vector<std::unique_ptr<StepGraph>> steps_;  // recent step shapes (graph + plan)
     std::vector<int32_t>    staging_;                 // packed step inputs
     HiddenCapture           capture_;
     int64_t                 rows_computed_ = 0;
+    spark_perf_context_data perf_{};
     int32_t                 fail_after_    = -1;
+    spark_abort_callback    abort_cb_      = nullptr;
+    void *                  abort_data_    = nullptr;
 
     struct Profile {  // SPARK_PROFILE=1: host time per step, printed when the context is freed
         int64_t steps = 0;

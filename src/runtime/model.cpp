@@ -1,6 +1,7 @@
 #include "runtime/model.h"
 
 #include "graph/error.h"
+#include "graph/hash.h"
 #include "runtime/device.h"
 #include "runtime/io/mapped_file.h"
 #include "runtime/io/safetensors.h"
@@ -17,6 +18,32 @@ using json = nlohmann::json;
 
 Model::Model()  = default;
 Model::~Model() = default;
+
+uint64_t Model::fingerprint() const {
+    std::call_once(fingerprint_once_, [this] {
+        const HParams & h = hparams;
+        Hash64          f;
+        f.text(h.arch);
+        for (int64_t v : {h.n_vocab, h.n_vocab_in, h.n_embd, h.n_layer, h.n_head, h.n_head_kv, h.head_dim, h.n_ff, h.n_rot, h.n_expert,
+                          h.n_expert_used, h.n_ff_expert, h.n_ff_shexp, h.ssm_conv_kernel, h.ssm_n_k_heads, h.ssm_n_v_heads, h.ssm_k_dim,
+                          h.ssm_v_dim})
+            f.value(v);
+        f.value(h.rms_eps).value(h.rope_theta);
+        for (LayerKind k : h.layer_kinds) f.value(k);
+        if (source)
+            for (const io::TensorInfo & t : source->tensors()) {
+                f.text(t.name).value(t.dtype).value(uint64_t(t.nbytes));
+                for (int64_t d : t.shape) f.value(d);
+                // Two fine-tunes of one architecture differ in their values: 64 bytes from the
+                // start, middle and end of each tensor tell them apart at the cost of a few pages.
+                const size_t n = std::min<size_t>(64, t.nbytes);
+                if (t.data && n)
+                    for (size_t at : {size_t(0), (t.nbytes - n) / 2, t.nbytes - n}) f.bytes(t.data + at, n);
+            }
+        fingerprint_ = f.digest();
+    });
+    return fingerprint_;
+}
 
 namespace {
 

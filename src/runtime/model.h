@@ -13,6 +13,7 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -94,6 +95,15 @@ struct Model {
 
     Model();
     ~Model();
+
+    // Identity of the weights (saved sequence states are refused by other models): a hash of the
+    // architecture, the hyper-parameters and every checkpoint tensor's name, type, shape and
+    // sampled bytes. Computed on first use (it touches a few pages of each tensor).
+    uint64_t fingerprint() const;
+
+private:
+    mutable std::once_flag fingerprint_once_;
+    mutable uint64_t       fingerprint_ = 0;
 };
 
 // Loads from a Hugging Face directory or a spark file. Throws spark::Error. A draft model of

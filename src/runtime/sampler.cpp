@@ -391,6 +391,7 @@ SPARK_API spark_sampler * spark_sampler_init_penalties(int32_t last_n, float pen
 SPARK_API spark_status spark_sampler_sample(spark_sampler * smpl, spark_context * ctx, int32_t idx, spark_token * out) {
     return api_guard([&] {
         if (!smpl || !ctx || !out) fail(SPARK_ERR_INVALID_ARGUMENT, "spark_sampler_sample: NULL argument");
+        BackendLock lock(*ctx->impl->model().backend);
         if (is_pure_greedy(smpl)) {
             const int32_t t = ctx->impl->argmax_ith(idx);
             if (t < 0) fail(SPARK_ERR_INVALID_ARGUMENT, "spark_sampler_sample: row %d of the last decode has no logits", idx);
@@ -442,6 +443,7 @@ SPARK_API spark_status spark_sampler_verify(spark_sampler * smpl, spark_context 
     return api_guard([&] {
         if (!smpl || !ctx || !idxs || (n_draft > 0 && !draft) || !out || !n_out || n_draft < 0)
             fail(SPARK_ERR_INVALID_ARGUMENT, "spark_sampler_verify: bad argument");
+        BackendLock lock(*ctx->impl->model().backend);
         Context &     c       = *ctx->impl;
         const int32_t n_vocab = int32_t(c.model().hparams.n_vocab);
         const bool    greedy  = is_pure_greedy(smpl);

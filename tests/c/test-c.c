@@ -4,7 +4,14 @@
 #include <stdio.h>
 #include <string.h>
 
+static void on_log(spark_log_level level, const char * text, void * user_data) {
+    (void) level;
+    (void) text;
+    (void) user_data;
+}
+
 int main(void) {
+    spark_log_set(on_log, NULL);
     spark_model_params mp = spark_model_default_params();
     spark_context_params cp = spark_context_default_params();
     spark_model * model = NULL;

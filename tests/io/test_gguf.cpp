@@ -312,7 +312,9 @@ TEST_CASE("gguf: write then read gives identical metadata, dtypes, shapes, bytes
     size_t user_keys = 0;
     const std::vector<std::string> writer_keys = {"general.alignment", "spark.format_version", "spark.tensor_dtypes", "spark.tensor_shapes"};
     std::vector<std::string> order;
-    for (const auto & [key, value] : f->metadata()) {
+    for (const auto & entry : f->metadata()) {
+        const auto & key = entry.first;  // not structured bindings: the doctest macros are lambdas (clang 14)
+        const auto & value = entry.second;
         if (std::find(writer_keys.begin(), writer_keys.end(), key) != writer_keys.end()) continue;
         const GgufValue * expected = w.find(key);
         REQUIRE_MESSAGE(expected != nullptr, key);

@@ -240,19 +240,65 @@ TEST_CASE("a snapshot becomes invalid when its sequence is truncated below it, c
     CHECK(spark_memory_seq_restore(ctx.get(), 0, early) == SPARK_OK);
 }
 
-TEST_CASE("a decode that fails part-way leaves the memory as it was (recurrent state included)") {
+TEST_CASE("a decode that fails part-way keeps its completed steps and leaves no trace of the failing one") {
     Golden        g  = load_golden(model_dir("qwen3_next-bf16"));
     ModelPtr      m  = load_model(model_dir("qwen3_next-bf16"));
     const int32_t nv = int32_t(g.n_vocab);
     ContextPtr    ctx = rollback_context(m.get(), 0, 4);  // n_batch 4: a 12-token batch is three steps
     std::vector<float> ref, got, scratch;
     REQUIRE(decode_range(ctx.get(), g.prompt, 0, 8, 0, nv, scratch) == SPARK_OK);
-    ctx->impl->fail_after_steps(2);  // the third step fails, after two overwrote the state
+    ctx->impl->fail_after_steps(2);  // the third step fails; the two before it stay
     CHECK(decode_range(ctx.get(), g.prompt, 8, 20, 0, nv, scratch) == SPARK_ERR_DEVICE);
-    CHECK(spark_memory_seq_length(ctx.get(), 0) == 8);
-    REQUIRE(decode_range(ctx.get(), g.prompt, 8, 20, 0, nv, got) == SPARK_OK);
+    REQUIRE(spark_memory_seq_length(ctx.get(), 0) == 16);
+    REQUIRE(decode_range(ctx.get(), g.prompt, 16, 20, 0, nv, got) == SPARK_OK);
     ContextPtr fresh = rollback_context(m.get(), 0, 4);
-    REQUIRE(decode_range(fresh.get(), g.prompt, 0, 8, 0, nv, scratch) == SPARK_OK);
-    REQUIRE(decode_range(fresh.get(), g.prompt, 8, 20, 0, nv, ref) == SPARK_OK);
+    REQUIRE(decode_range(fresh.get(), g.prompt, 0, 16, 0, nv, scratch) == SPARK_OK);
+    REQUIRE(decode_range(fresh.get(), g.prompt, 16, 20, 0, nv, ref) == SPARK_OK);
     CHECK(max_abs_diff(got, ref) == 0.0f);
+}
+
+namespace {
+struct AbortAfter {
+    int calls = 0, trip = 0;
+    static bool check(void * p) {
+        auto * a = static_cast<AbortAfter *>(p);
+        return ++a->calls == a->trip;
+    }
+};
+}  // namespace
+
+TEST_CASE("the abort callback stops a decode between steps and, on the CPU, inside a step; nothing half-done stays") {
+    Golden        g  = load_golden(model_dir("qwen3_next-bf16"));
+    ModelPtr      m  = load_model(model_dir("qwen3_next-bf16"));
+    const int32_t nv = int32_t(g.n_vocab);
+    ContextPtr    fresh = rollback_context(m.get(), 0, 4);
+    std::vector<float> ref, scratch;
+    REQUIRE(decode_range(fresh.get(), g.prompt, 0, 20, 0, nv, ref) == SPARK_OK);
+    // Count the callback's calls in a whole 20-token decode (5 steps of 4), then stop at each one.
+    AbortAfter count;
+    {
+        ContextPtr ctx = rollback_context(m.get(), 0, 4);
+        spark_context_set_abort_callback(ctx.get(), &AbortAfter::check, &count);
+        REQUIRE(decode_range(ctx.get(), g.prompt, 0, 20, 0, nv, scratch) == SPARK_OK);
+    }
+    // Before each step, and on the CPU between the ops of each too.
+    if (test_device() == SPARK_DEVICE_CPU) REQUIRE(count.calls > 5);
+    else REQUIRE(count.calls == 5);
+    for (int trip : {1, 2, count.calls / 3, count.calls / 2, count.calls - 1}) {
+        INFO("abort at call " << trip << " of " << count.calls);
+        ContextPtr ctx = rollback_context(m.get(), 0, 4);
+        AbortAfter a;
+        a.trip = trip;
+        spark_context_set_abort_callback(ctx.get(), &AbortAfter::check, &a);
+        CHECK(decode_range(ctx.get(), g.prompt, 0, 20, 0, nv, scratch) == SPARK_ERR_ABORTED);
+        const int32_t kept = spark_memory_seq_length(ctx.get(), 0);
+        CHECK(kept % 4 == 0);  // whole steps only
+        CHECK(kept < 20);
+        // Go on from there: the logits of the rest are exactly those of an uninterrupted decode.
+        spark_context_set_abort_callback(ctx.get(), nullptr, nullptr);
+        std::vector<float> rest;
+        REQUIRE(decode_range(ctx.get(), g.prompt, size_t(kept), 20, 0, nv, rest) == SPARK_OK);
+        std::vector<float> want(ref.begin() + size_t(kept) * size_t(nv), ref.end());
+        CHECK(max_abs_diff(rest, want) <= 1e-5f);  // same steps after `kept`; 1e-5: the step split differs
+    }
 }

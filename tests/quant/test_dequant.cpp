@@ -322,9 +322,11 @@ TEST_CASE("dequantize_rows dense formats and dense_to_f32") {
         if ((f16[i] & 0x7C00) == 0x7C00) f16[i] &= 0xBFFF;    // no inf/NaN
         if ((bf16[i] & 0x7F80) == 0x7F80) bf16[i] &= 0xBFFF;  // no inf/NaN
     }
-    for (auto [fmt, data] : {std::pair{WeightFormat::F32, (const void *) f32.data()},
-                             std::pair{WeightFormat::F16, (const void *) f16.data()},
-                             std::pair{WeightFormat::BF16, (const void *) bf16.data()}}) {
+    for (auto entry : {std::pair{WeightFormat::F32, (const void *) f32.data()},
+                       std::pair{WeightFormat::F16, (const void *) f16.data()},
+                       std::pair{WeightFormat::BF16, (const void *) bf16.data()}}) {
+        const WeightFormat fmt  = entry.first;  // not a structured binding: CAPTURE is a lambda (clang 14)
+        const void *       data = entry.second;
         CAPTURE(int(fmt));
         QWeight w;
         w.format = fmt;

@@ -56,7 +56,7 @@ TEST_CASE("spark-tokenize encodes and decodes like the goldens") {
         const Run enc = run("--tokenizer " + data_path("qwen3") + " --in " + in + (parse_special ? "" : " --no-special"));
         CAPTURE(text);
         REQUIRE(enc.status == 0);
-        CHECK(nlohmann::json::parse(enc.out) == g["ids"]);
+        CHECK(nlohmann::ordered_json::parse(enc.out) == g["ids"]);
         std::ofstream(ids_file, std::ios::binary) << enc.out;
         const Run dec = run("--tokenizer " + data_path("qwen3/tokenizer.json") + " --in " + ids_file + " --decode");
         REQUIRE(dec.status == 0);

@@ -16,7 +16,7 @@ tmux -L "$sock" new-session -d -s $session -x 200 -y 50 \
 screen() { tmux -L "$sock" capture-pane -p -S -2000 -t $session; }
 wait_for() {  # wait_for PATTERN [COUNT]: until PATTERN occurs COUNT times
     local n=${2:-1}
-    for _ in $(seq 1 150); do
+    for _ in $(seq 1 1500); do  # events, not seconds: 300 s only bounds a hang (CI machines are loaded)
         [ "$(screen | grep -c -- "$1")" -ge "$n" ] && return 0
         sleep 0.2
     done

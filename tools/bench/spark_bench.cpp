@@ -26,6 +26,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "log_stderr.h"
 #include "spec_cli.h"
 
 #include <algorithm>
@@ -85,7 +86,7 @@ int32_t prompt_token(int p, int32_t n_vocab) { return int32_t((uint64_t(p) * 265
 
 class Bench {
 public:
-    Bench(spark_model * m, int32_t n_ctx, int32_t n_batch) : model_(m) {
+    Bench(spark_model * m, int32_t n_ctx, int32_t n_batch) {
         spark_model_get_info(m, &info_);
         spark_context_params cp = spark_context_default_params();
         cp.n_ctx                = n_ctx;
@@ -95,6 +96,7 @@ public:
         batch_ = spark_batch_init(n_batch, 1);
     }
     ~Bench() {
+        spark_sampler_free(greedy_);
         spark_batch_free(batch_);
         spark_context_free(ctx_);
     }
@@ -193,7 +195,6 @@ private:
         }
     }
 
-    spark_model *    model_;
     spark_model_info info_{};
     spark_context *  ctx_ = nullptr;
     spark_batch      batch_{};
@@ -313,6 +314,7 @@ int main(int argc, char ** argv) {
     app.add_option("--prompt", prompt_text, "--spec: measure on this user message (rendered with the chat template) instead of pseudo-random tokens");
     app.add_option("--spec-sim-accept", sim_arg, "--spec: simulated acceptance at draft positions 1, 2, ... (e.g. 0.84,0.53; benchmark only)");
     CLI11_PARSE(app, argc, argv);
+    spark_cli::install_stderr_log();
 
     // --spec, --draft-max, --spec-sim-accept.
     spark_cli::SpecOption spec;

@@ -13,6 +13,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "log_stderr.h"
 #include "spec_cli.h"
 
 #include <algorithm>
@@ -131,6 +132,7 @@ int main(int argc, char ** argv) {
     app.add_option("--spec", spec_arg, "greedy continuation by speculative decoding: draft:PATH, eagle3:PATH, mtp or ngram");
     app.add_option("--draft-max", draft_max, "--spec: tokens drafted per step (1 .. 16)");
     CLI11_PARSE(app, argc, argv);
+    spark_cli::install_stderr_log();
 
     spark_cli::SpecOption spec;
     if (!spec_arg.empty()) {

@@ -27,9 +27,17 @@ public:
     ~HostBuffer() override { std::free(data_); }
 };
 
+int resolve_threads(int n) { return n > 0 ? n : int(std::max(1u, std::thread::hardware_concurrency())); }
+
+class CpuExecutor final : public Executor {
+public:
+    explicit CpuExecutor(int n_threads) : pool(resolve_threads(n_threads)) {}
+    cpu::ThreadPool pool;
+};
+
 class CpuBackend final : public Backend {
 public:
-    explicit CpuBackend(int n_threads) { set_n_threads(n_threads); }
+    explicit CpuBackend(int n_threads) : pool_(std::make_unique<cpu::ThreadPool>(resolve_threads(n_threads))) {}
 
     std::string name() const override { return "cpu"; }
     BackendCaps caps() const override { return {true, DType::F32}; }
@@ -132,18 +140,18 @@ public:
         return 2.0 * double(bytes) * 4 / s;
     }
 
-    void set_n_threads(int n) override {
-        if (n <= 0) n = int(std::max(1u, std::thread::hardware_concurrency()));
-        if (!pool_ || pool_->size() != n) pool_ = std::make_unique<cpu::ThreadPool>(n);
-    }
+    std::unique_ptr<Executor> make_executor(int n_threads) override { return std::make_unique<CpuExecutor>(n_threads); }
 
-    void compute(Graph & graph) override {
-        for (Tensor * node : graph.nodes()) run(*node);
+    void compute(Graph & graph, Executor * ex) override {
+        cpu::ThreadPool & pool = ex ? static_cast<CpuExecutor *>(ex)->pool : *pool_;
+        for (Tensor * node : graph.nodes()) {
+            if (ex && ex->should_abort && ex->should_abort()) fail(SPARK_ERR_ABORTED, "decode aborted by the abort callback");
+            run(*node, pool);
+        }
     }
 
 private:
-    void run(const Tensor & t) {
-        cpu::ThreadPool & p = *pool_;
+    static void run(const Tensor & t, cpu::ThreadPool & p) {
         switch (t.op) {
             case Op::NONE:
             case Op::VIEW: return;
@@ -171,7 +179,7 @@ private:
         fail(SPARK_ERR_INTERNAL, "cpu backend: unknown op %d", int(t.op));
     }
 
-    std::unique_ptr<cpu::ThreadPool> pool_;
+    std::unique_ptr<cpu::ThreadPool> pool_;  // compute() without an executor (tests, tools)
 };
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "backends/cuda/cuda_common.h"
 #include "backends/cuda/matmul/tuning.h"
 #include "backends/cuda/ops.h"
+#include "graph/log.h"
 
 #include <algorithm>
 #include <cstring>
@@ -110,9 +111,9 @@ public:
         std::sort(rows.begin(), rows.end(), [](auto & a, auto & b) { return a.second.first > b.second.first; });
         double total = 0;
         for (auto & r : rows) total += r.second.first;
-        std::fprintf(stderr, "spark op profile (GPU time, us): total %.0f\n", total);
+        log(SPARK_LOG_INFO, "spark op profile (GPU time, us): total %.0f\n", total);
         for (size_t i = 0; i < rows.size() && i < 40; ++i)
-            std::fprintf(stderr, "  %10.0f us %5.1f%% %8lld calls %8.2f us/call  %s\n", rows[i].second.first, 100.0 * rows[i].second.first / total,
+            log(SPARK_LOG_INFO, "  %10.0f us %5.1f%% %8lld calls %8.2f us/call  %s\n", rows[i].second.first, 100.0 * rows[i].second.first / total,
                          (long long) rows[i].second.second, rows[i].second.first / double(rows[i].second.second), rows[i].first.c_str());
     }
 
@@ -272,7 +273,9 @@ public:
         return copy_bandwidth_;
     }
 
-    void compute(Graph & graph) override {
+    std::mutex * exclusive() override { return &exclusive_; }
+
+    void compute(Graph & graph, Executor *) override {
         activate();
         // A graph computed again unchanged (the context reuses decode-step graphs) keeps its
         // fingerprint; several graphs alternate (a target's verify step and its draft's steps).
@@ -594,6 +597,7 @@ private:
     void *                  staging_      = nullptr;
     size_t                  staging_used_ = 0;
     std::unique_ptr<OpProfiler> profiler_;
+    std::mutex                  exclusive_;  // contexts of the model take it around their steps (exclusive())
     std::unordered_map<uint64_t, std::pair<uint64_t, uint64_t>> fingerprints_;  // graph uid -> (generation, fingerprint)
 };
 

@@ -2,6 +2,8 @@
 
 #include "graph/error.h"
 
+#include <algorithm>
+
 namespace spark {
 
 namespace {
@@ -70,6 +72,25 @@ void KvCache::copy(int32_t src, int32_t dst, int32_t len) {
         }
     }
 }
+
+size_t KvCache::state_bytes(int32_t len) const { return k_.size() * 2 * size_t(len) * size_t(kv_row_) * dtype_size(kv_type_); }
+
+template <bool kToHost, typename Bytes> void KvCache::transfer(int32_t seq, int32_t len, Bytes host) const {
+    const size_t row_bytes = size_t(kv_row_) * dtype_size(kv_type_), page_bytes = size_t(page_size_) * row_bytes;
+    for (size_t i = 0; i < k_.size(); ++i)
+        for (const Buffer * b : {k_[i].get(), v_[i].get()})
+            for (int32_t p = 0; p * page_size_ < len; ++p) {
+                const size_t bytes  = size_t(std::min(page_size_, len - p * page_size_)) * row_bytes;
+                char *       cached = static_cast<char *>(b->data()) + size_t(page(seq, p)) * page_bytes;
+                if constexpr (kToHost) backend_.download(host, cached, bytes);
+                else backend_.upload(cached, host, bytes);
+                host += bytes;
+            }
+}
+
+void KvCache::write_state(int32_t seq, int32_t len, uint8_t * out) const { transfer<true>(seq, len, out); }
+
+void KvCache::read_state(int32_t seq, int32_t len, const uint8_t * in) { transfer<false>(seq, len, in); }
 
 void KvCache::add_info(spark_memory_info & info) const {
     for (const auto & b : k_) info.kv_bytes += b->size();

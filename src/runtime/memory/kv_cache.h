@@ -20,7 +20,13 @@ public:
     std::vector<std::unique_ptr<Buffer>> snapshot_buffers() override { return {}; }
     void    save(int32_t, int32_t, std::vector<std::unique_ptr<Buffer>> &) override {}  // tails only shrink: nothing to save
     void    load(int32_t, int32_t, const std::vector<std::unique_ptr<Buffer>> &) override {}
+    size_t  state_bytes(int32_t len) const override;
+    void    write_state(int32_t seq, int32_t len, uint8_t * out) const override;
+    void    read_state(int32_t seq, int32_t len, const uint8_t * in) override;
     void    add_info(spark_memory_info & info) const override;
+    int32_t n_layers() const { return int32_t(k_.size()); }
+    DType   kv_type() const { return kv_type_; }
+    int64_t kv_row() const { return kv_row_; }
 
     int32_t                      max_pages_per_seq() const { return max_pages_per_seq_; }
     const std::vector<int32_t> & block_table() const { return block_table_; }
@@ -29,6 +35,10 @@ public:
 
 private:
     int32_t & page(int32_t seq, int32_t p) { return block_table_[size_t(seq) * size_t(max_pages_per_seq_) + size_t(p)]; }
+    int32_t   page(int32_t seq, int32_t p) const { return block_table_[size_t(seq) * size_t(max_pages_per_seq_) + size_t(p)]; }
+    // Copies the first len rows of seq in every layer between the cache and host memory laid out
+    // as [layer][K rows | V rows].
+    template <bool kToHost, typename Bytes> void transfer(int32_t seq, int32_t len, Bytes host) const;
 
     Backend &                            backend_;
     int32_t                              n_seq_, page_size_, n_pages_, max_pages_per_seq_;

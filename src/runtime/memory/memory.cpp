@@ -69,17 +69,21 @@ void Memory::advance(int32_t seq, int32_t n) {
 }
 
 void Memory::backup(const std::vector<int32_t> & seqs) {
-    if (recurrent_)
-        for (int32_t s : seqs) recurrent_->backup(s, seq_len_[size_t(s)]);
+    backed_up_.assign(size_t(n_seq_), false);
+    if (!recurrent_) return;
+    for (int32_t s : seqs) {
+        recurrent_->backup(s, seq_len_[size_t(s)]);
+        backed_up_[size_t(s)] = true;
+    }
 }
 
 void Memory::undo(const std::vector<int32_t> & len) {
     for (int32_t s = 0; s < n_seq_; ++s) {
-        const bool changed = seq_len_[size_t(s)] != len[size_t(s)];
         seq_len_[size_t(s)] = len[size_t(s)];
         if (kv_) kv_->truncate(s, len[size_t(s)]);  // pages reserved beyond the length return to the free list
-        if (recurrent_ && changed) recurrent_->restore_backup(s, len[size_t(s)]);
+        if (recurrent_ && size_t(s) < backed_up_.size() && backed_up_[size_t(s)]) recurrent_->restore_backup(s, len[size_t(s)]);
     }
+    backed_up_.clear();
 }
 
 void Memory::invalidate_snapshots(int32_t seq, int32_t below, const char * why) {
@@ -203,6 +207,58 @@ void Memory::set_rollback(int32_t n) {
     if (n < 0) fail(SPARK_ERR_INVALID_ARGUMENT, "n_rollback must not be negative (got %d)", n);
     if (recurrent_) recurrent_->set_rollback(n, seq_len_);
     n_rollback_ = n;
+}
+
+StateShape Memory::state_shape() const {
+    StateShape s;
+    if (kv_) {
+        s.kv_layers = kv_->n_layers();
+        s.kv_type   = uint32_t(kv_->kv_type());
+        s.kv_row    = kv_->kv_row();
+    }
+    if (recurrent_) {
+        s.recurrent_layers = recurrent_->n_layers();
+        s.conv_bytes       = recurrent_->layout().conv_bytes;
+        s.ssm_bytes        = recurrent_->layout().ssm_bytes;
+    }
+    return s;
+}
+
+size_t Memory::state_bytes(int32_t len) const {
+    size_t n = 0;
+    for (SequenceState * p : parts()) n += p->state_bytes(len);
+    return n;
+}
+
+void Memory::write_state(int32_t seq, uint8_t * out) const {
+    check_seq(seq);
+    const int32_t len = seq_len_[size_t(seq)];
+    for (SequenceState * p : parts()) {
+        p->write_state(seq, len, out);
+        out += p->state_bytes(len);
+    }
+}
+
+void Memory::read_state(int32_t seq, int32_t len, const uint8_t * in) {
+    check_seq(seq);
+    // As seq_cp: the sequence's current tokens count as freed.
+    int32_t total = len;
+    for (int32_t s = 0; s < n_seq_; ++s)
+        if (s != seq) total += seq_len_[size_t(s)];
+    if (len < 0 || total > n_ctx_)
+        fail(SPARK_ERR_CONTEXT_FULL, "context full: the state holds %d tokens and the context has room for %d in sequence %d (n_ctx %d)", len,
+             n_ctx_ - (total - len), seq, n_ctx_);
+    seq_len_[size_t(seq)] = 0;
+    for (SequenceState * p : parts()) p->truncate(seq, 0);
+    invalidate_snapshots(seq, 0, "a saved state was loaded into its sequence");
+    std::vector<int32_t> need(size_t(n_seq_), 0);
+    need[size_t(seq)] = len;
+    for (SequenceState * p : parts()) {
+        p->reserve(seq_len_, need);
+        p->read_state(seq, len, in);
+        in += p->state_bytes(len);
+    }
+    seq_len_[size_t(seq)] = len;
 }
 
 spark_memory_info Memory::info() const {

@@ -60,7 +60,22 @@ public:
     virtual void save(int32_t seq, int32_t len, std::vector<std::unique_ptr<Buffer>> & to) = 0;
     virtual void load(int32_t seq, int32_t len, const std::vector<std::unique_ptr<Buffer>> & from) = 0;
 
+    // Serialised contents (spark_state_seq_*): the bytes of `seq` holding `len` tokens, written to
+    // and read from host memory. read_state finds `seq` empty with room reserved for `len`.
+    virtual size_t state_bytes(int32_t len) const = 0;
+    virtual void   write_state(int32_t seq, int32_t len, uint8_t * out) const = 0;
+    virtual void   read_state(int32_t seq, int32_t len, const uint8_t * in) = 0;
+
     virtual void add_info(spark_memory_info & info) const = 0;
+};
+
+// What a serialised sequence state is made of in a context: a state loads only where these agree.
+struct StateShape {
+    int32_t  kv_layers = 0, recurrent_layers = 0;
+    uint32_t kv_type   = 0;  // DType of the KV cache
+    int64_t  kv_row    = 0;  // values per token per layer, for K and for V
+    uint64_t conv_bytes = 0, ssm_bytes = 0;
+    bool     operator==(const StateShape &) const = default;
 };
 
 class KvCache;
@@ -78,13 +93,16 @@ public:
     int32_t total_tokens() const;
 
     // Decode steps. reserve() makes room for n_new[s] more tokens in each sequence s (throws
-    // SPARK_ERR_CONTEXT_FULL, nothing changed); advance() records a step's tokens after it ran;
-    // undo() puts the lengths back to `len` after a failed call (pages beyond return to the free
-    // list; recurrent states are put back from the backup taken by backup(), if any).
-    void reserve(const std::vector<int32_t> & n_new);
-    void advance(int32_t seq, int32_t n);
-    void backup(const std::vector<int32_t> & seqs);
-    void undo(const std::vector<int32_t> & len);
+    // SPARK_ERR_CONTEXT_FULL, nothing changed); advance() records a step's tokens after it ran.
+    // A step that appends at least ring_size() tokens to a recurrent sequence overwrites the ring
+    // entry it started from: backup() copies the current states first, and undo() after a failed
+    // or aborted step puts the lengths back to `len` (pages beyond return to the free list) and the
+    // backed-up states back in place.
+    void    reserve(const std::vector<int32_t> & n_new);
+    void    advance(int32_t seq, int32_t n);
+    int32_t ring_size() const { return n_rollback_ + 1; }
+    void    backup(const std::vector<int32_t> & seqs);
+    void    undo(const std::vector<int32_t> & len);
 
     // The sequence interface (spark.h).
     void    clear();
@@ -98,6 +116,15 @@ public:
     // Keeps the recurrent states after the last n positions of every sequence (reallocates the
     // rings; the current states are kept). The context rebuilds its step graphs afterwards.
     void set_rollback(int32_t n);
+
+    // spark_state_seq_*: a sequence's contents as bytes (the KV rows of every attention layer, then
+    // the current state of every linear-attention layer) and back. read_state replaces `seq` by
+    // `len` tokens from `in` (state_bytes(len) bytes); SPARK_ERR_CONTEXT_FULL, with nothing
+    // changed, when they do not fit.
+    StateShape state_shape() const;
+    size_t     state_bytes(int32_t len) const;
+    void       write_state(int32_t seq, uint8_t * out) const;
+    void       read_state(int32_t seq, int32_t len, const uint8_t * in);
 
     spark_memory_info info() const;
     bool              has_recurrent() const { return recurrent_ != nullptr; }
@@ -126,6 +153,7 @@ private:
     std::unique_ptr<KvCache>        kv_;
     std::unique_ptr<RecurrentState> recurrent_;
     std::vector<int32_t>            seq_len_;
+    std::vector<bool>               backed_up_;  // per sequence: backup() holds its state
     std::vector<int32_t>            no_pages_;  // the block table of a model without attention layers
     std::vector<Snapshot>           snapshots_;
 };

@@ -121,6 +121,30 @@ void RecurrentState::set_rollback(int32_t n_rollback, const std::vector<int32_t>
     layers_ = std::move(fresh);
 }
 
+// Only the current state travels: a loaded sequence can grow, or be cut back to 0.
+size_t RecurrentState::state_bytes(int32_t len) const { return len == 0 ? 0 : layers_.size() * (layout_.conv_bytes + layout_.ssm_bytes); }
+
+void RecurrentState::write_state(int32_t seq, int32_t len, uint8_t * out) const {
+    if (len == 0) return;
+    for (const Layer & l : layers_) {
+        backend_.download(out, static_cast<const char *>(l.conv->data()) + entry(seq, len, layout_.conv_bytes), layout_.conv_bytes);
+        out += layout_.conv_bytes;
+        backend_.download(out, static_cast<const char *>(l.ssm->data()) + entry(seq, len, layout_.ssm_bytes), layout_.ssm_bytes);
+        out += layout_.ssm_bytes;
+    }
+}
+
+void RecurrentState::read_state(int32_t seq, int32_t len, const uint8_t * in) {
+    if (len == 0) return;
+    for (Layer & l : layers_) {
+        backend_.upload(static_cast<char *>(l.conv->data()) + entry(seq, len, layout_.conv_bytes), in, layout_.conv_bytes);
+        in += layout_.conv_bytes;
+        backend_.upload(static_cast<char *>(l.ssm->data()) + entry(seq, len, layout_.ssm_bytes), in, layout_.ssm_bytes);
+        in += layout_.ssm_bytes;
+    }
+    floor_[size_t(seq)] = len;
+}
+
 void RecurrentState::add_info(spark_memory_info & info) const {
     for (const Layer & l : layers_) info.recurrent_bytes += l.conv->size() + l.ssm->size();
 }

@@ -22,7 +22,12 @@ public:
     std::vector<std::unique_ptr<Buffer>> snapshot_buffers() override;
     void    save(int32_t seq, int32_t len, std::vector<std::unique_ptr<Buffer>> & to) override;
     void    load(int32_t seq, int32_t len, const std::vector<std::unique_ptr<Buffer>> & from) override;
+    size_t  state_bytes(int32_t len) const override;
+    void    write_state(int32_t seq, int32_t len, uint8_t * out) const override;
+    void    read_state(int32_t seq, int32_t len, const uint8_t * in) override;
     void    add_info(spark_memory_info & info) const override;
+    int32_t n_layers() const { return int32_t(layers_.size()); }
+    const MemoryLayout & layout() const { return layout_; }
 
     // A copy of each sequence's current state, put back by restore_backup() (a decode that fails
     // after some of its steps ran has overwritten ring entries the undo needs).

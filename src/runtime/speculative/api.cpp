@@ -23,6 +23,7 @@ SPARK_API spark_spec_params spark_spec_default_params(void) {
 SPARK_API spark_status spark_spec_init(spark_context * target, spark_spec_params params, spark_spec ** out) {
     return api_guard([&] {
         if (!target || !out) fail(SPARK_ERR_INVALID_ARGUMENT, "spark_spec_init: target and out must not be NULL");
+        BackendLock lock(*target->impl->model().backend);
         auto s  = std::make_unique<spark_spec>();
         s->impl = std::make_unique<spec::Speculator>(*target->impl, params);
         *out    = s.release();
@@ -32,6 +33,7 @@ SPARK_API spark_status spark_spec_init(spark_context * target, spark_spec_params
 SPARK_API spark_status spark_spec_begin(spark_spec * spec, spark_seq_id seq, const spark_token * prompt, int32_t n_prompt) {
     return api_guard([&] {
         if (!spec) fail(SPARK_ERR_INVALID_ARGUMENT, "spark_spec_begin: NULL spec");
+        BackendLock lock(*spec->impl->target().model().backend);
         spec->impl->begin(seq, prompt, n_prompt);
     });
 }
@@ -40,6 +42,7 @@ SPARK_API spark_status spark_spec_step(spark_spec * spec, int32_t n_seqs, const 
                                        spark_token * out, int32_t capacity, int32_t * n_out) {
     return api_guard([&] {
         if (!spec) fail(SPARK_ERR_INVALID_ARGUMENT, "spark_spec_step: NULL spec");
+        BackendLock lock(*spec->impl->target().model().backend);
         spec->impl->step(n_seqs, seqs, samplers, out, capacity, n_out);
     });
 }
@@ -55,6 +58,10 @@ SPARK_API void spark_spec_reset_stats(spark_spec * spec) {
     if (spec) spec->impl->reset_stats();
 }
 
-SPARK_API void spark_spec_free(spark_spec * spec) { delete spec; }
+SPARK_API void spark_spec_free(spark_spec * spec) {
+    if (!spec) return;
+    BackendLock lock(*spec->impl->target().model().backend);
+    delete spec;
+}
 
 }  // extern "C"

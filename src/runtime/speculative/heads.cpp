@@ -24,7 +24,7 @@ namespace {
 class HeadSource final : public DraftSource {
 public:
     HeadSource(Context & target, std::unique_ptr<Model> owned, Model & head, HiddenCapture capture, const char * name, int32_t k_max)
-        : target_(target), owned_(std::move(owned)), head_(head), capture_(std::move(capture)), name_(name) {
+        : owned_(std::move(owned)), head_(head), capture_(std::move(capture)), name_(name) {
         const spark_context_params & tp = target.params();
         spark_context_params         p  = tp;
         p.n_ctx       = tp.n_ctx + k_max + 1;  // the chain runs past the target's last position
@@ -165,7 +165,6 @@ private:
         s.n_hidden += count;
     }
 
-    Context &                target_;
     std::unique_ptr<Model>   owned_;
     Model &                  head_;
     HiddenCapture            capture_;

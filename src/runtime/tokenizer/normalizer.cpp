@@ -88,7 +88,7 @@ void PreTokenizer::add_steps(const nlohmann::json & j) {
             fail(SPARK_ERR_INVALID_FORMAT, "tokenizer.json: Sequence pre_tokenizer without \"pretokenizers\"");
         for (const auto & sub : j["pretokenizers"]) add_steps(sub);
     } else if (type == "Split") {
-        Step step{Step::Split};
+        Step step{Step::Split, {}};
         if (!j.contains("pattern") || !j["pattern"].is_object())
             fail(SPARK_ERR_INVALID_FORMAT, "tokenizer.json: Split pre_tokenizer without \"pattern\"");
         const auto & pat = j["pattern"];
@@ -110,12 +110,12 @@ void PreTokenizer::add_steps(const nlohmann::json & j) {
         steps_.push_back(std::move(step));
     } else if (type == "Digits") {
         // HF splits on char::is_numeric: each digit alone, or runs of digits.
-        Step step{Step::Split};
+        Step step{Step::Split, {}};
         step.regex    = std::make_unique<Regex>("\\p{N}");
         step.behavior = bool_field(j, "individual_digits", false) ? SplitBehavior::Isolated : SplitBehavior::Contiguous;
         steps_.push_back(std::move(step));
     } else if (type == "ByteLevel") {
-        Step step{Step::ByteLevel};
+        Step step{Step::ByteLevel, {}};
         step.add_prefix_space = bool_field(j, "add_prefix_space", true);
         if (bool_field(j, "use_regex", true)) step.regex = std::make_unique<Regex>(kGpt2Pattern);
         steps_.push_back(std::move(step));
@@ -191,7 +191,8 @@ void PreTokenizer::split(std::string_view text, std::vector<std::string_view> & 
         next.clear();
         for (std::string_view piece : current) {
             if (step.kind == Step::ByteLevel && step.add_prefix_space && piece.front() != ' ') {
-                storage.push_back(" " + std::string(piece));
+                storage.emplace_back(1, ' ');
+                storage.back().append(piece);
                 piece = storage.back();
             }
             if (step.regex) apply_split(step, piece, next);

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The checked builds CI runs after the main test command (docs/RELIABILITY.md):
+#   1. the CPU test suite built with ASan + UBSan (clang; any report fails the test);
+#   2. the threads test built with ThreadSanitizer;
+#   3. each libFuzzer harness for FUZZ_SECONDS (default 60) from its seed corpus.
+# Run from anywhere: scripts/check.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+fuzz_seconds=${FUZZ_SECONDS:-60}
+export CC=clang CXX=clang++
+# Leaks fail the run; allocation failures are reported as errors instead of aborting, which is how
+# the library sees them on a real machine.
+export ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1:abort_on_error=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+
+section() { echo; echo "== $* ($(date +%T))"; }
+
+section "ASan + UBSan: CPU test suite (the same build carries the fuzzers)"
+if [ ! -f build-check-asan/build.ninja ]; then
+    cmake -S . -B build-check-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPARK_CUDA=OFF \
+        -DSPARK_SANITIZE=address,undefined -DSPARK_FUZZ=ON >/dev/null
+fi
+cmake --build build-check-asan
+ctest --test-dir build-check-asan -LE cuda -j2 --output-on-failure
+
+section "ThreadSanitizer: contexts decoding on several threads"
+if [ ! -f build-check-tsan/build.ninja ]; then
+    cmake -S . -B build-check-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPARK_CUDA=OFF \
+        -DSPARK_SANITIZE=thread -DSPARK_BUILD_EXAMPLES=OFF >/dev/null
+fi
+cmake --build build-check-tsan --target test-models
+build-check-tsan/tests/test-models -tc="*threads*" --no-intro=true
+
+section "fuzzers, ${fuzz_seconds}s each"
+SPARK_FUZZ_BUILD=build-check-asan scripts/fuzz.sh -p 2 "$fuzz_seconds"
+section "checked builds: all clean"
