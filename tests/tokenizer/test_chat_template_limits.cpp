@@ -80,6 +80,9 @@ void check_renders(const std::string & tmpl, const std::string & expected) {
 }
 
 constexpr size_t kTerms = 100000;  // well past where recursion per term overflowed (2,000 in debug builds)
+// Block tags are ~10 tokens each: fewer of them, so that the template stays within the parse budget
+// (kMaxParseBytes) and reaches the parser's nesting limit rather than that one.
+constexpr size_t kBlocks = 50000;
 
 }  // namespace
 
@@ -97,8 +100,8 @@ TEST_CASE("long operator, attribute, filter and not chains render without recurs
     check_renders("{{ 1" + repeat(" == 1", kTerms) + " }}", "True");
     // A namespace that holds itself: x.a.a.a... walks the cycle (and the render breaks it, see below).
     check_renders("{% set ns = namespace() %}{% set ns.a = ns %}{{ ns" + repeat(".a", kTerms) + " is defined }}", "True");
-    check_renders(repeat("{% if true %}{% endif %}", kTerms) + "done", "done");
-    check_renders("{% if false %}{% " + repeat("elif false %}{% ", kTerms) + "else %}else{% endif %}", "else");
+    check_renders(repeat("{% if true %}{% endif %}", kBlocks) + "done", "done");
+    check_renders("{% if false %}{% " + repeat("elif false %}{% ", kBlocks) + "else %}else{% endif %}", "else");
 }
 
 // Deep nesting stops at a nesting limit, or at the stack limit where frames are large (debug and
@@ -115,11 +118,20 @@ TEST_CASE("deep nesting fails cleanly at the nesting limit") {
     check_fails_with("{{ " + repeat("'a' | replace('a', ", kTerms) + "'b'" + repeat(")", kTerms) + " }}", limit);
     check_fails_with("{{ 'abc'" + repeat("['abc'", kTerms) + repeat("]", kTerms) + " }}", limit);
     check_fails_with("{{ " + repeat("1 if false else ", kTerms) + "2 }}", limit);
-    check_fails_with(repeat("{% if true %}", kTerms) + repeat("{% endif %}", kTerms), limit);
-    check_fails_with(repeat("{% for x in [1] %}", kTerms) + repeat("{% endfor %}", kTerms), limit);
-    check_fails_with(repeat("{% with a = 1 %}", kTerms) + repeat("{% endwith %}", kTerms), limit);
-    check_fails_with(repeat("{% macro m() %}", kTerms) + repeat("{% endmacro %}", kTerms), limit);
-    check_fails_with(repeat("{% if true %}", kTerms), limit);  // unclosed as well
+    check_fails_with(repeat("{% if true %}", kBlocks) + repeat("{% endif %}", kBlocks), limit);
+    check_fails_with(repeat("{% for x in [1] %}", kBlocks) + repeat("{% endfor %}", kBlocks), limit);
+    check_fails_with(repeat("{% with a = 1 %}", kBlocks) + repeat("{% endwith %}", kBlocks), limit);
+    check_fails_with(repeat("{% macro m() %}", kBlocks) + repeat("{% endmacro %}", kBlocks), limit);
+    check_fails_with(repeat("{% if true %}", kBlocks), limit);  // unclosed as well
+}
+
+TEST_CASE("templates too large to parse fail cleanly") {
+    // The tokens and the syntax tree stay within kMaxParseBytes (some hundreds of bytes for
+    // every term), whatever the length of the template.
+    const std::string too_large = "the template is too large";
+    check_fails_with("{{ 1" + repeat(" + 1", 2'000'000) + " }}", too_large);
+    check_fails_with(repeat("{{ x }}", 2'000'000), too_large);
+    check_fails_with(repeat("text{# comment #}", 2'000'000), too_large);
 }
 
 TEST_CASE("runaway recursion and deep values fail cleanly") {
@@ -158,7 +170,7 @@ TEST_CASE("runaway work stops at the work budget") {
                      budget);
     // Quadratic: many distinct variables in one scope.
     std::string many_sets;
-    for (size_t k = 0; k < kTerms; ++k) many_sets += "{% set v" + std::to_string(k) + " = 1 %}";
+    for (size_t k = 0; k < 30000; ++k) many_sets += "{% set v" + std::to_string(k) + " = 1 %}";
     check_fails_with(many_sets, budget);
     // Macro calls that fan out: 2^40 calls.
     check_fails_with("{% macro f(n) %}{% if n < 40 %}{{ f(n + 1) }}{{ f(n + 1) }}{% endif %}{% endmacro %}{{ f(0) }}",

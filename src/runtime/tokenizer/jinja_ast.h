@@ -37,7 +37,7 @@ struct Expr {
     };
     Kind                                         kind;
     int                                          line = 0;
-    Value                                        value;
+    std::unique_ptr<const Value>                 value;  // Literal (a pointer: most nodes have none)
     std::string                                  name;
     std::vector<ExprPtr>                         args;
     std::vector<std::pair<std::string, ExprPtr>> kwargs;
@@ -52,6 +52,11 @@ struct Expr {
 
 // The parser's nesting limit (statements, brackets, arguments, else branches).
 constexpr int kMaxParseDepth = 256;
+// Memory of the tokens and syntax tree of one template: a template takes up to ~150 times its
+// size (a token and a node of ~200 bytes for every two characters of "1+1+1..."); real chat
+// templates (a few KB) take well under 1 MiB.
+constexpr size_t kMaxParseBytes = size_t(64) << 20;
+[[noreturn]] void parse_too_large(int line);
 
 struct Node;
 using NodePtr = std::unique_ptr<Node>;

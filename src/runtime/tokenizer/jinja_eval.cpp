@@ -1190,7 +1190,7 @@ Value Evaluator::eval(const Expr & e, Context & ctx) {
 Value Evaluator::eval_operand(const Expr & e, Context & ctx) {
     Budget::steps(1);
     switch (e.kind) {
-        case Expr::Literal: return e.value;
+        case Expr::Literal: return *e.value;
         case Expr::Name: {
             if (const Value * v = ctx.scope->find(e.name)) return *v;
             if (const Value * g = ctx.globals->find(e.name)) return *g;

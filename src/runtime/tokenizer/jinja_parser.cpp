@@ -12,7 +12,9 @@ namespace {
 
 class Parser {
 public:
-    explicit Parser(std::vector<Token> tokens) : t_(std::move(tokens)) {}
+    explicit Parser(std::vector<Token> tokens) : t_(std::move(tokens)) {
+        for (const Token & t : t_) bytes_ += sizeof(Token) + t.text.size();
+    }
 
     Body parse_all() {
         std::string end;
@@ -55,10 +57,29 @@ private:
         next();
     }
 
+    // Nodes count against the parse budget (kMaxParseBytes), with the tokens.
+    void count(size_t bytes) {
+        bytes_ += bytes;
+        if (bytes_ > kMaxParseBytes) parse_too_large(cur().line);
+    }
+    NodePtr make_node(int line) {
+        count(sizeof(Node));
+        auto n  = std::make_unique<Node>();
+        n->line = line;
+        return n;
+    }
+
     ExprPtr make(Expr::Kind kind, int line) {
+        count(sizeof(Expr));
         auto e  = std::make_unique<Expr>();
         e->kind = kind;
         e->line = line;
+        return e;
+    }
+    ExprPtr literal(Value v, int line) {
+        count(sizeof(Value) + v.s.size());
+        auto e   = make(Expr::Literal, line);
+        e->value = std::make_unique<const Value>(std::move(v));
         return e;
     }
 
@@ -79,17 +100,15 @@ private:
                 return body;
             }
             if (tok.kind == Token::Text) {
-                auto n  = std::make_unique<Node>();
+                auto n  = make_node(tok.line);
                 n->kind = Node::Text;
-                n->line = tok.line;
                 n->text = tok.text;
                 body.push_back(std::move(n));
                 next();
             } else if (tok.kind == Token::VarBegin) {
                 next();
-                auto n  = std::make_unique<Node>();
+                auto n  = make_node(tok.line);
                 n->kind = Node::Output;
-                n->line = tok.line;
                 n->expr = parse_tuple(true);
                 if (cur().kind != Token::VarEnd) error("expected end of print statement, got " + describe(cur()));
                 next();
@@ -114,8 +133,7 @@ private:
         DepthGuard guard(*this);
         const Token tok  = next();
         const std::string & name = tok.text;
-        auto n  = std::make_unique<Node>();
-        n->line = tok.line;
+        auto n = make_node(tok.line);
         std::string end;
         if (name == "if") {
             n->kind = Node::If;
@@ -483,37 +501,22 @@ private:
         switch (tok.kind) {
             case Token::Name: {
                 next();
-                auto e = make(Expr::Literal, tok.line);
-                if (tok.text == "true" || tok.text == "True") e->value = Value::boolean(true);
-                else if (tok.text == "false" || tok.text == "False") e->value = Value::boolean(false);
-                else if (tok.text == "none" || tok.text == "None") e->value = Value::none();
-                else {
-                    e->kind = Expr::Name;
-                    e->name = tok.text;
-                    saw_loop_name_ = saw_loop_name_ || tok.text == "loop";
-                }
+                if (tok.text == "true" || tok.text == "True") return literal(Value::boolean(true), tok.line);
+                if (tok.text == "false" || tok.text == "False") return literal(Value::boolean(false), tok.line);
+                if (tok.text == "none" || tok.text == "None") return literal(Value::none(), tok.line);
+                auto e  = make(Expr::Name, tok.line);
+                e->name = tok.text;
+                saw_loop_name_ = saw_loop_name_ || tok.text == "loop";
                 return e;
             }
             case Token::String: {
                 // Adjacent string literals are concatenated.
                 std::string s;
                 while (cur().kind == Token::String) s += next().text;
-                auto e   = make(Expr::Literal, tok.line);
-                e->value = Value::string(std::move(s));
-                return e;
+                return literal(Value::string(std::move(s)), tok.line);
             }
-            case Token::Int: {
-                next();
-                auto e   = make(Expr::Literal, tok.line);
-                e->value = Value::integer(tok.int_value);
-                return e;
-            }
-            case Token::Float: {
-                next();
-                auto e   = make(Expr::Literal, tok.line);
-                e->value = Value::number(tok.float_value);
-                return e;
-            }
+            case Token::Int: next(); return literal(Value::integer(tok.int_value), tok.line);
+            case Token::Float: next(); return literal(Value::number(tok.float_value), tok.line);
             case Token::Op:
                 if (tok.text == "(") {
                     next();
@@ -562,10 +565,8 @@ private:
                     e = std::move(a);
                 } else if (cur().kind == Token::Int) {
                     auto a = make(Expr::GetItem, line);
-                    auto idx   = make(Expr::Literal, line);
-                    idx->value = Value::integer(next().int_value);
                     a->args.push_back(std::move(e));
-                    a->args.push_back(std::move(idx));
+                    a->args.push_back(literal(Value::integer(next().int_value), line));
                     e = std::move(a);
                 } else {
                     error("expected an attribute name after '.', got " + describe(cur()));
@@ -697,6 +698,7 @@ private:
     bool               saw_loop_name_ = false;  // the name `loop` was read (see Node::uses_loop)
     int                depth_      = 0;
     StackMeter         stack_;
+    size_t             bytes_ = 0;  // tokens and nodes
 };
 
 }  // namespace
@@ -718,6 +720,11 @@ Expr::~Expr() {
         pending.pop_back();
         take(*e);
     }
+}
+
+void parse_too_large(int line) {
+    template_error(line, "the template is too large: parsing it would take more than " +
+                             std::to_string(kMaxParseBytes >> 20) + " MiB");
 }
 
 std::shared_ptr<const Template> parse_template(const std::string & source) {
