@@ -111,12 +111,7 @@ constexpr int64_t kMaxRange      = 100000;  // jinja2's sandbox limit
 class DepthGuard {
 public:
     DepthGuard(RenderState & state, int line) : state_(state) {
-        if (state.depth >= state.limits.max_depth)
-            template_error(line, "the template nests deeper than " + std::to_string(state.limits.max_depth) +
-                                     " levels while rendering (blocks, expressions and macro calls)");
-        if (Budget::current()->stack().exhausted())
-            template_error(line, "the template nests too deeply: rendering it would use more than " +
-                                     std::to_string(StackMeter::kMaxStackBytes >> 10) + " KiB of stack");
+        if (state.depth >= state.limits.max_depth || Budget::current()->stack().exhausted()) too_deep(state, line);
         ++state.depth;
     }
     ~DepthGuard() { --state_.depth; }
@@ -124,6 +119,15 @@ public:
     DepthGuard & operator=(const DepthGuard &) = delete;
 
 private:
+    // Out of line: the messages' strings would otherwise take room in every frame that nests.
+    [[noreturn, gnu::noinline, gnu::cold]] static void too_deep(const RenderState & state, int line) {
+        if (state.depth >= state.limits.max_depth)
+            template_error(line, "the template nests deeper than " + std::to_string(state.limits.max_depth) +
+                                     " levels while rendering (blocks, expressions and macro calls)");
+        template_error(line, "the template nests too deeply: rendering it would use more than " +
+                                 std::to_string(StackMeter::kMaxStackBytes >> 10) + " KiB of stack");
+    }
+
     RenderState & state_;
 };
 
@@ -865,8 +869,15 @@ public:
     bool  apply_test(const std::string & name, const Value & v, CallArgs & a, Context & ctx, int line);
 
 private:
-    Value eval_operand(const Expr & e, Context & ctx);
-    Value apply_link(const Expr & e, Value operand, Context & ctx);
+    // Separate from eval(), which every nested expression goes through: its frame stays small.
+    [[gnu::noinline]] Value eval_operand(const Expr & e, Context & ctx);
+    [[gnu::noinline]] Value apply_link(const Expr & e, Value operand, Context & ctx);
+    [[gnu::noinline]] Value call_method(Value (*fn)(const Value &, CallArgs &, std::string_view), std::string_view name,
+                                        const Value & self, const Expr & call, Context & ctx) {
+        Budget::steps(2);
+        CallArgs args = eval_args(call, 1, ctx);
+        return fn(self, args, name);
+    }
     Value method(const Value & obj, const std::string & name, int line);
     CallArgs eval_args(const Expr & e, size_t first, Context & ctx) {
         CallArgs a;
@@ -877,8 +888,13 @@ private:
     }
     void  assign(Context & ctx, const std::vector<std::string> & targets, const Value & v, int line);
     Value make_macro(const Node & n, Context & ctx, const Body * body, const std::string & name);
-    Flow  render_for(const Node & n, Context & ctx, Output & out);
-    Value render_filtered(const Node & n, Context & ctx);
+    // Statements apart from render(), which recurses: its frame stays small (stack per nesting level).
+    [[gnu::noinline]] Flow  render_for(const Node & n, Context & ctx, Output & out);
+    [[gnu::noinline]] Value render_filtered(const Node & n, Context & ctx);
+    [[gnu::noinline]] void  render_set(const Node & n, Context & ctx);
+    [[gnu::noinline]] void  render_call_block(const Node & n, Context & ctx, Output & out);
+    [[gnu::noinline]] Flow  render_with(const Node & n, Context & ctx, Output & out);
+    [[gnu::noinline]] Value slice(const Expr & e, const Value & obj, Context & ctx);
 };
 
 // ---- methods of the Python objects that templates call: str, dict, list
@@ -1174,10 +1190,7 @@ Value Evaluator::eval(const Expr & e, Context & ctx) {
         // obj.name(args) calls the method at once rather than making a bound method first.
         if (link.kind == Expr::GetAttr && n > 0 && link_at(n - 1).kind == Expr::Call) {
             if (const Method fn = find_method(v, link.name)) {
-                const Expr & call = link_at(--n);
-                Budget::steps(2);
-                CallArgs args = eval_args(call, 1, ctx);
-                v = fn(v, args, link.name);
+                v = call_method(fn, link.name, v, link_at(--n), ctx);
                 continue;
             }
         }
@@ -1218,38 +1231,40 @@ Value Evaluator::eval_operand(const Expr & e, Context & ctx) {
     template_error(e.line, "unknown expression");
 }
 
+// obj[start:stop:step]
+Value Evaluator::slice(const Expr & e, const Value & obj, Context & ctx) {
+    Value parts[3];
+    for (int k = 0; k < 3; ++k) parts[k] = e.args[size_t(k) + 1] ? eval(*e.args[size_t(k) + 1], ctx) : Value::none();
+    if (obj.is_undefined()) undefined_error(e.line, obj);
+    if (obj.is_list()) {
+        const SliceRange r = slice_range(int64_t(obj.list->size()), parts[0], parts[1], parts[2], e.line);
+        Budget::ensure_room(uint64_t(r.count), sizeof(Value));
+        List out;
+        out.reserve(size_t(r.count));
+        for (int64_t k = 0; k < r.count; ++k) out.push_back((*obj.list)[size_t(r.at(k))]);
+        return Value::list_of(std::move(out), obj.is_tuple);
+    }
+    if (obj.is_string()) {
+        const auto off = char_offsets(obj.s);
+        const SliceRange r = slice_range(int64_t(off.size()) - 1, parts[0], parts[1], parts[2], e.line);
+        Budget::ensure_room(obj.s.size());
+        std::string out;
+        for (int64_t k = 0; k < r.count; ++k) {
+            const size_t p = size_t(r.at(k));
+            out.append(obj.s, off[p], off[p + 1] - off[p]);
+        }
+        return Value::string(std::move(out));
+    }
+    return Value::undefined("'" + object_name(obj) + "' is not subscriptable");
+}
+
 // A chain link applied to the value of its first operand.
 Value Evaluator::apply_link(const Expr & e, Value operand, Context & ctx) {
     Budget::steps(1);
     switch (e.kind) {
         case Expr::GetAttr: return get_attr(operand, e.name, e.line);
         case Expr::GetItem: return get_item(operand, eval(*e.args[1], ctx), e.line);
-        case Expr::Slice: {
-            const Value & obj = operand;
-            Value parts[3];
-            for (int k = 0; k < 3; ++k) parts[k] = e.args[size_t(k) + 1] ? eval(*e.args[size_t(k) + 1], ctx) : Value::none();
-            if (obj.is_undefined()) undefined_error(e.line, obj);
-            if (obj.is_list()) {
-                const SliceRange r = slice_range(int64_t(obj.list->size()), parts[0], parts[1], parts[2], e.line);
-                Budget::ensure_room(uint64_t(r.count), sizeof(Value));
-                List out;
-                out.reserve(size_t(r.count));
-                for (int64_t k = 0; k < r.count; ++k) out.push_back((*obj.list)[size_t(r.at(k))]);
-                return Value::list_of(std::move(out), obj.is_tuple);
-            }
-            if (obj.is_string()) {
-                const auto off = char_offsets(obj.s);
-                const SliceRange r = slice_range(int64_t(off.size()) - 1, parts[0], parts[1], parts[2], e.line);
-                Budget::ensure_room(obj.s.size());
-                std::string out;
-                for (int64_t k = 0; k < r.count; ++k) {
-                    const size_t p = size_t(r.at(k));
-                    out.append(obj.s, off[p], off[p + 1] - off[p]);
-                }
-                return Value::string(std::move(out));
-            }
-            return Value::undefined("'" + object_name(obj) + "' is not subscriptable");
-        }
+        case Expr::Slice: return slice(e, operand, ctx);
         case Expr::Call: {
             CallArgs args = eval_args(e, 1, ctx);
             return call(operand, args, ctx, e.line);
@@ -1423,6 +1438,35 @@ Value Evaluator::render_filtered(const Node & n, Context & ctx) {
     return v;
 }
 
+void Evaluator::render_set(const Node & n, Context & ctx) {
+    const Value v = eval(*n.expr, ctx);
+    if (n.text.empty()) {
+        assign(ctx, n.targets, v, n.line);
+        return;
+    }
+    const Value * ns = ctx.scope->find(n.targets[0]);
+    if (!ns) ns = ctx.globals->find(n.targets[0]);
+    if (!ns || ns->type != Value::Type::Namespace) template_error(n.line, "cannot assign attribute on non-namespace object");
+    if (n.text[0] == '_')
+        template_error(n.line, "chat templates cannot store underscore-prefixed attributes on a namespace");
+    ns->dict->set(Value::string(n.text), v);
+}
+
+void Evaluator::render_call_block(const Node & n, Context & ctx, Output & out) {
+    const Expr & call_expr = *n.expr;
+    const Value  callee    = eval(*call_expr.args[0], ctx);
+    CallArgs     args      = eval_args(call_expr, 1, ctx);
+    args.keyword.emplace_back("caller", make_macro(n, ctx, &n.body, "caller"));
+    out.append(call(callee, args, ctx, n.line));
+}
+
+Flow Evaluator::render_with(const Node & n, Context & ctx, Output & out) {
+    Context inner = ctx;
+    inner.scope   = new_scope(ctx.scope);
+    for (size_t k = 0; k < n.targets.size(); ++k) inner.scope->set(n.targets[k], eval(*n.defaults[k], ctx));
+    return render(n.body, inner, out);
+}
+
 Flow Evaluator::render(const Body & body, Context & ctx, Output & out) {
     DepthGuard depth(*ctx.state, body.empty() ? 0 : body.front()->line);
     for (const NodePtr & np : body) {
@@ -1442,37 +1486,13 @@ Flow Evaluator::render(const Body & body, Context & ctx, Output & out) {
                 break;
             }
             case Node::For: render_for(n, ctx, out); break;
-            case Node::Set: {
-                const Value v = eval(*n.expr, ctx);
-                if (!n.text.empty()) {
-                    const Value * ns = ctx.scope->find(n.targets[0]);
-                    if (!ns) ns = ctx.globals->find(n.targets[0]);
-                    if (!ns || ns->type != Value::Type::Namespace)
-                        template_error(n.line, "cannot assign attribute on non-namespace object");
-                    if (n.text[0] == '_')
-                        template_error(n.line, "chat templates cannot store underscore-prefixed attributes on a namespace");
-                    ns->dict->set(Value::string(n.text), v);
-                } else {
-                    assign(ctx, n.targets, v, n.line);
-                }
-                break;
-            }
+            case Node::Set: render_set(n, ctx); break;
             case Node::SetBlock: ctx.scope->set(n.targets[0], render_filtered(n, ctx)); break;
             case Node::FilterBlock: out.append(render_filtered(n, ctx)); break;
             case Node::Macro: ctx.scope->set(n.text, make_macro(n, ctx, &n.body, n.text)); break;
-            case Node::CallBlock: {
-                const Expr & call_expr = *n.expr;
-                const Value callee = eval(*call_expr.args[0], ctx);
-                CallArgs args = eval_args(call_expr, 1, ctx);
-                args.keyword.emplace_back("caller", make_macro(n, ctx, &n.body, "caller"));
-                out.append(call(callee, args, ctx, n.line));
-                break;
-            }
+            case Node::CallBlock: render_call_block(n, ctx, out); break;
             case Node::With: {
-                Context inner = ctx;
-                inner.scope   = new_scope(ctx.scope);
-                for (size_t k = 0; k < n.targets.size(); ++k) inner.scope->set(n.targets[k], eval(*n.defaults[k], ctx));
-                const Flow f = render(n.body, inner, out);
+                const Flow f = render_with(n, ctx, out);
                 if (f != Flow::Normal) return f;
                 break;
             }

@@ -343,15 +343,18 @@ private:
     struct DepthGuard {
         Parser & p;
         explicit DepthGuard(Parser & parser) : p(parser) {
-            if (p.depth_ >= kMaxParseDepth)
-                p.error("the template nests deeper than " + std::to_string(kMaxParseDepth) +
-                        " levels (blocks, brackets, arguments or else branches)");
-            if (p.stack_.exhausted())
-                p.error("the template nests too deeply: parsing it would use more than " +
-                        std::to_string(StackMeter::kMaxStackBytes >> 10) + " KiB of stack");
+            if (p.depth_ >= kMaxParseDepth || p.stack_.exhausted()) too_deep(p);
             ++p.depth_;
         }
         ~DepthGuard() { --p.depth_; }
+        // Out of line: the messages' strings would otherwise take room in every frame that nests.
+        [[noreturn, gnu::noinline, gnu::cold]] static void too_deep(const Parser & p) {
+            if (p.depth_ >= kMaxParseDepth)
+                p.error("the template nests deeper than " + std::to_string(kMaxParseDepth) +
+                        " levels (blocks, brackets, arguments or else branches)");
+            p.error("the template nests too deeply: parsing it would use more than " +
+                    std::to_string(StackMeter::kMaxStackBytes >> 10) + " KiB of stack");
+        }
     };
 
     ExprPtr parse_condexpr() {
