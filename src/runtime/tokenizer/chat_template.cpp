@@ -44,6 +44,32 @@ nlohmann::ordered_json parse_json(const std::string & text, const char * what) {
     }
 }
 
+// The limits of a render: the defaults, which stop a runaway template within a fraction of a
+// second, plus room for large inputs, so that a long conversation renders however often the
+// template reads it (Qwen3's template: ~0.4 steps and ~1.2 bytes alive per input byte).
+constexpr uint64_t kStepsPerInputByte = 4;
+constexpr uint64_t kBytesPerInputByte = 8;
+
+jinja::RenderLimits limits_for(const ChatInputs & in, const jinja::RenderLimits * base) {
+    uint64_t input = 0;
+    auto add = [&](const std::optional<std::string> & s) { input += s ? s->size() : 0; };
+    for (const ChatMessage & m : in.messages) {
+        input += m.role.size();
+        add(m.content);
+        add(m.reasoning_content);
+        add(m.tool_calls_json);
+        add(m.name);
+    }
+    add(in.tools_json);
+    add(in.extra_context_json);
+    add(in.bos_token);
+    add(in.eos_token);
+    jinja::RenderLimits limits = base ? *base : jinja::RenderLimits{};
+    limits.max_steps += kStepsPerInputByte * input;
+    limits.max_bytes += kBytesPerInputByte * input;
+    return limits;
+}
+
 Value string_value(const std::string & s, const char * what) {
     if (!unicode::is_valid_utf8(s)) fail(SPARK_ERR_INVALID_FORMAT, "%s is not valid UTF-8", what);
     return Value::string(s);
@@ -51,7 +77,7 @@ Value string_value(const std::string & s, const char * what) {
 
 }  // namespace
 
-std::string render_chat_template(const std::string & tmpl, const ChatInputs & in) {
+std::string render_chat_template(const std::string & tmpl, const ChatInputs & in, const jinja::RenderLimits * base_limits) {
     if (!unicode::is_valid_utf8(tmpl)) fail(SPARK_ERR_TEMPLATE, "chat template: not valid UTF-8");
     const auto parsed = jinja::parse_template(tmpl);
 
@@ -97,7 +123,7 @@ std::string render_chat_template(const std::string & tmpl, const ChatInputs & in
             vars.set(Value::string(key), jinja::from_json(it.value()));
         }
     }
-    return jinja::render(*parsed, vars);
+    return jinja::render(*parsed, vars, limits_for(in, base_limits));
 }
 
 }  // namespace spark

@@ -8,6 +8,10 @@
 
 namespace spark {
 
+namespace jinja {
+struct RenderLimits;
+}
+
 struct ChatMessage {
     std::string                role;
     std::optional<std::string> content;            // absent: rendered as none
@@ -25,8 +29,11 @@ struct ChatInputs {
 };
 
 // Throws spark::Error: SPARK_ERR_TEMPLATE (syntax error, unsupported construct, raise_exception,
-// evaluation error; the message names the line), SPARK_ERR_INVALID_FORMAT (bad JSON inputs),
-// SPARK_ERR_INVALID_ARGUMENT (extra context redefining messages/tools/...).
-std::string render_chat_template(const std::string & tmpl, const ChatInputs & inputs);
+// evaluation error, a limit of the render reached; the message names the line or the limit),
+// SPARK_ERR_INVALID_FORMAT (bad JSON inputs), SPARK_ERR_INVALID_ARGUMENT (extra context redefining
+// messages/tools/...). The render's limits are `base_limits` (default: RenderLimits{}) plus room
+// for the size of the inputs.
+std::string render_chat_template(const std::string & tmpl, const ChatInputs & inputs,
+                                 const jinja::RenderLimits * base_limits = nullptr);
 
 }  // namespace spark

@@ -37,13 +37,26 @@ struct Expr {
     };
     Kind                                         kind;
     int                                          line = 0;
-    Value                                        value;
+    std::unique_ptr<const Value>                 value;  // Literal (a pointer: most nodes have none)
     std::string                                  name;
     std::vector<ExprPtr>                         args;
     std::vector<std::pair<std::string, ExprPtr>> kwargs;
     std::vector<std::string>                     ops;
     bool                                         negated = false;
+
+    Expr() = default;
+    Expr(const Expr &)             = delete;
+    Expr & operator=(const Expr &) = delete;
+    ~Expr();  // iterative: expression trees can be as deep as a template is long
 };
+
+// The parser's nesting limit (statements, brackets, arguments, else branches).
+constexpr int kMaxParseDepth = 256;
+// Memory of the tokens and syntax tree of one template: a template takes up to ~150 times its
+// size (a token and a node of ~200 bytes for every two characters of "1+1+1..."); real chat
+// templates (a few KB) take well under 1 MiB.
+constexpr size_t kMaxParseBytes = size_t(64) << 20;
+[[noreturn]] void parse_too_large(int line);
 
 struct Node;
 using NodePtr = std::unique_ptr<Node>;
@@ -76,6 +89,8 @@ struct Node {
     std::vector<ExprPtr>     defaults;  // Macro/CallBlock parameter defaults (null: none); With values
     std::vector<ExprPtr>     filters;   // SetBlock/FilterBlock
     Body                     body, else_body;
+    // For: the body mentions the name `loop` (most loops do not: they skip building it).
+    bool uses_loop = false;
 };
 
 // A parsed template. Parsing checks filter and test names (as jinja2 does at compile time).
@@ -86,8 +101,9 @@ struct Template {
 // Throws spark::Error(SPARK_ERR_TEMPLATE) with the line for syntax errors and unknown constructs.
 std::shared_ptr<const Template> parse_template(const std::string & source);
 
-// Renders with the given top-level variables. Throws SPARK_ERR_TEMPLATE on evaluation errors.
-std::string render(const Template & tmpl, const Dict & variables);
+// Renders with the given top-level variables. Throws SPARK_ERR_TEMPLATE on evaluation errors and
+// when the template exceeds one of the limits.
+std::string render(const Template & tmpl, const Dict & variables, const RenderLimits & limits = {});
 
 // Names known to the evaluator (the parser rejects others).
 bool is_known_filter(const std::string & name);

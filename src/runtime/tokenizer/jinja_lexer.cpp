@@ -1,5 +1,6 @@
 #include "runtime/tokenizer/jinja_lexer.h"
 
+#include "runtime/tokenizer/jinja_ast.h"
 #include "runtime/tokenizer/jinja_value.h"
 #include "runtime/tokenizer/unicode.h"
 
@@ -127,7 +128,7 @@ public:
             else if (kind == '#') lex_comment();
             else lex_tag(kind == '{');
         }
-        tokens_.push_back(Token{Token::End, "", line_});
+        push(Token{Token::End, "", line_});
         return std::move(tokens_);
     }
 
@@ -139,8 +140,15 @@ private:
         return std::string::npos;
     }
 
+    // Tokens count against the parse budget (kMaxParseBytes) as they are made.
+    void push(Token t) {
+        bytes_ += sizeof(Token) + t.text.size();
+        if (bytes_ > kMaxParseBytes) parse_too_large(line_);
+        tokens_.push_back(std::move(t));
+    }
+
     void emit_text(const std::string & text) {
-        if (!text.empty()) tokens_.push_back(Token{Token::Text, text, line_});
+        if (!text.empty()) push(Token{Token::Text, text, line_});
         if (!text.empty()) line_starting_ = text.back() == '\n';
     }
 
@@ -197,7 +205,7 @@ private:
             while (p < s_.size() && is_space(s_[p])) ++p;
             std::string text = s_.substr(pos_, i - pos_);
             if (sign == '-') text = rstrip_whitespace(text);
-            tokens_.push_back(Token{Token::Text, text, line_});
+            push(Token{Token::Text, text, line_});
             line_ += int(count_newlines(s_, pos_, i));
             pos_ = p;
             if (!try_block_end('%')) template_error(line_, "expected '%}' after endraw");
@@ -237,14 +245,14 @@ private:
     }
 
     void lex_tag(bool variable) {
-        tokens_.push_back(Token{variable ? Token::VarBegin : Token::BlockBegin, "", line_});
+        push(Token{variable ? Token::VarBegin : Token::BlockBegin, "", line_});
         const char close = variable ? '}' : '%';
         while (true) {
             while (pos_ < s_.size() && is_space(s_[pos_])) line_ += s_[pos_++] == '\n';
             if (pos_ >= s_.size()) template_error(line_, variable ? "unexpected end of template, expected '}}'"
                                                                   : "unexpected end of template, expected '%}'");
             if (try_block_end(close)) {
-                tokens_.push_back(Token{variable ? Token::VarEnd : Token::BlockEnd, "", line_});
+                push(Token{variable ? Token::VarEnd : Token::BlockEnd, "", line_});
                 return;
             }
             const char c = s_[pos_];
@@ -255,7 +263,7 @@ private:
             } else if (c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) {
                 size_t e = pos_;
                 while (e < s_.size() && (s_[e] == '_' || std::isalnum(uint8_t(s_[e])))) ++e;
-                tokens_.push_back(Token{Token::Name, s_.substr(pos_, e - pos_), line_});
+                push(Token{Token::Name, s_.substr(pos_, e - pos_), line_});
                 pos_ = e;
             } else {
                 static const char * kOps[] = {"**", "//", "==", "!=", ">=", "<=", "+", "-", "/", "*", "%", "~",
@@ -265,7 +273,7 @@ private:
                 for (const char * op : kOps) {
                     const size_t n = std::strlen(op);
                     if (s_.compare(pos_, n, op) == 0) {
-                        tokens_.push_back(Token{Token::Op, op, line_});
+                        push(Token{Token::Op, op, line_});
                         pos_ += n;
                         found = true;
                         break;
@@ -284,7 +292,7 @@ private:
         }
         if (p >= s_.size()) template_error(line_, "unterminated string literal");
         Token t{Token::String, unescape(s_.substr(pos_ + 1, p - pos_ - 1), line_), line_};
-        tokens_.push_back(std::move(t));
+        push(std::move(t));
         line_ += int(count_newlines(s_, pos_, p));
         pos_ = p + 1;
     }
@@ -320,7 +328,7 @@ private:
         } catch (const std::exception &) {
             template_error(line_, "number literal out of range: " + text);
         }
-        tokens_.push_back(std::move(t));
+        push(std::move(t));
         pos_ = e;
     }
 
@@ -329,6 +337,7 @@ private:
     int                line_ = 1;
     bool               line_starting_ = true;
     std::vector<Token> tokens_;
+    size_t             bytes_ = 0;
 };
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include "runtime/tokenizer/jinja_lexer.h"
 
 #include <set>
+#include <string>
 
 namespace spark::jinja {
 
@@ -11,7 +12,9 @@ namespace {
 
 class Parser {
 public:
-    explicit Parser(std::vector<Token> tokens) : t_(std::move(tokens)) {}
+    explicit Parser(std::vector<Token> tokens) : t_(std::move(tokens)) {
+        for (const Token & t : t_) bytes_ += sizeof(Token) + t.text.size();
+    }
 
     Body parse_all() {
         std::string end;
@@ -54,10 +57,29 @@ private:
         next();
     }
 
+    // Nodes count against the parse budget (kMaxParseBytes), with the tokens.
+    void count(size_t bytes) {
+        bytes_ += bytes;
+        if (bytes_ > kMaxParseBytes) parse_too_large(cur().line);
+    }
+    NodePtr make_node(int line) {
+        count(sizeof(Node));
+        auto n  = std::make_unique<Node>();
+        n->line = line;
+        return n;
+    }
+
     ExprPtr make(Expr::Kind kind, int line) {
+        count(sizeof(Expr));
         auto e  = std::make_unique<Expr>();
         e->kind = kind;
         e->line = line;
+        return e;
+    }
+    ExprPtr literal(Value v, int line) {
+        count(sizeof(Value) + v.s.size());
+        auto e   = make(Expr::Literal, line);
+        e->value = std::make_unique<const Value>(std::move(v));
         return e;
     }
 
@@ -78,17 +100,15 @@ private:
                 return body;
             }
             if (tok.kind == Token::Text) {
-                auto n  = std::make_unique<Node>();
+                auto n  = make_node(tok.line);
                 n->kind = Node::Text;
-                n->line = tok.line;
                 n->text = tok.text;
                 body.push_back(std::move(n));
                 next();
             } else if (tok.kind == Token::VarBegin) {
                 next();
-                auto n  = std::make_unique<Node>();
+                auto n  = make_node(tok.line);
                 n->kind = Node::Output;
-                n->line = tok.line;
                 n->expr = parse_tuple(true);
                 if (cur().kind != Token::VarEnd) error("expected end of print statement, got " + describe(cur()));
                 next();
@@ -113,8 +133,7 @@ private:
         DepthGuard guard(*this);
         const Token tok  = next();
         const std::string & name = tok.text;
-        auto n  = std::make_unique<Node>();
-        n->line = tok.line;
+        auto n = make_node(tok.line);
         std::string end;
         if (name == "if") {
             n->kind = Node::If;
@@ -147,7 +166,11 @@ private:
             if (is_name("recursive")) error("recursive for loops are not supported");
             expect_block_end();
             ++loop_depth_;
-            n->body = parse_body({"endfor", "else"}, end);
+            const bool outer_saw_loop = saw_loop_name_;
+            saw_loop_name_            = false;
+            n->body                   = parse_body({"endfor", "else"}, end);
+            n->uses_loop              = saw_loop_name_;
+            saw_loop_name_            = outer_saw_loop || saw_loop_name_;
             --loop_depth_;
             if (end == "else") {
                 expect_block_end();
@@ -313,15 +336,26 @@ private:
         return with_condexpr ? parse_condexpr() : parse_or();
     }
 
-    // Hostile templates must not exhaust the stack of this recursive-descent parser.
+    // Hostile templates must not exhaust the stack of this recursive-descent parser: one level per
+    // nested statement, bracketed or argument expression, or else branch. Operator chains
+    // (a + b + ..., not not ..., - - x, a.b.c ..., a | f | g ...) are parsed in loops and cost no
+    // level.
     struct DepthGuard {
         Parser & p;
         explicit DepthGuard(Parser & parser) : p(parser) {
-            if (++p.depth_ > kMaxDepth) p.error("expressions or blocks are nested too deeply");
+            if (p.depth_ >= kMaxParseDepth || p.stack_.exhausted()) too_deep(p);
+            ++p.depth_;
         }
         ~DepthGuard() { --p.depth_; }
+        // Out of line: the messages' strings would otherwise take room in every frame that nests.
+        [[noreturn, gnu::noinline, gnu::cold]] static void too_deep(const Parser & p) {
+            if (p.depth_ >= kMaxParseDepth)
+                p.error("the template nests deeper than " + std::to_string(kMaxParseDepth) +
+                        " levels (blocks, brackets, arguments or else branches)");
+            p.error("the template nests too deeply: parsing it would use more than " +
+                    std::to_string(StackMeter::kMaxStackBytes >> 10) + " KiB of stack");
+        }
     };
-    static constexpr int kMaxDepth = 200;
 
     ExprPtr parse_condexpr() {
         ExprPtr e = parse_or();
@@ -331,6 +365,7 @@ private:
             ExprPtr other;
             if (is_name("else")) {
                 next();
+                DepthGuard guard(*this);
                 other = parse_condexpr();
             }
             auto c = make(Expr::Cond, line);
@@ -369,13 +404,16 @@ private:
     }
 
     ExprPtr parse_not() {
-        if (is_name("not")) {
-            const int line = next().line;
-            auto e = make(Expr::Not, line);
-            e->args.push_back(parse_not());
-            return e;
+        std::vector<int> nots;  // lines of the leading "not"s, applied innermost last
+        while (is_name("not")) nots.push_back(next().line);
+        ExprPtr e = parse_compare();
+        while (!nots.empty()) {
+            auto n = make(Expr::Not, nots.back());
+            nots.pop_back();
+            n->args.push_back(std::move(e));
+            e = std::move(n);
         }
-        return parse_compare();
+        return e;
     }
 
     ExprPtr parse_compare() {
@@ -446,17 +484,17 @@ private:
         return e;
     }
 
+    // jinja2: unary := ('-' | '+') unary | primary postfix; then filters and tests.
     ExprPtr parse_unary(bool with_filter) {
-        DepthGuard guard(*this);
-        ExprPtr e;
-        if (is_op("-") || is_op("+")) {
-            const Token op = next();
-            e = make(op.text == "-" ? Expr::Neg : Expr::Pos, op.line);
-            e->args.push_back(parse_unary(false));
-        } else {
-            e = parse_primary();
+        std::vector<Token> signs;  // applied innermost last
+        while (is_op("-") || is_op("+")) signs.push_back(next());
+        ExprPtr e = parse_postfix(parse_primary());
+        while (!signs.empty()) {
+            auto u = make(signs.back().text == "-" ? Expr::Neg : Expr::Pos, signs.back().line);
+            signs.pop_back();
+            u->args.push_back(std::move(e));
+            e = std::move(u);
         }
-        e = parse_postfix(std::move(e));
         if (with_filter) e = parse_filter_expr(std::move(e));
         return e;
     }
@@ -466,36 +504,22 @@ private:
         switch (tok.kind) {
             case Token::Name: {
                 next();
-                auto e = make(Expr::Literal, tok.line);
-                if (tok.text == "true" || tok.text == "True") e->value = Value::boolean(true);
-                else if (tok.text == "false" || tok.text == "False") e->value = Value::boolean(false);
-                else if (tok.text == "none" || tok.text == "None") e->value = Value::none();
-                else {
-                    e->kind = Expr::Name;
-                    e->name = tok.text;
-                }
+                if (tok.text == "true" || tok.text == "True") return literal(Value::boolean(true), tok.line);
+                if (tok.text == "false" || tok.text == "False") return literal(Value::boolean(false), tok.line);
+                if (tok.text == "none" || tok.text == "None") return literal(Value::none(), tok.line);
+                auto e  = make(Expr::Name, tok.line);
+                e->name = tok.text;
+                saw_loop_name_ = saw_loop_name_ || tok.text == "loop";
                 return e;
             }
             case Token::String: {
                 // Adjacent string literals are concatenated.
                 std::string s;
                 while (cur().kind == Token::String) s += next().text;
-                auto e   = make(Expr::Literal, tok.line);
-                e->value = Value::string(std::move(s));
-                return e;
+                return literal(Value::string(std::move(s)), tok.line);
             }
-            case Token::Int: {
-                next();
-                auto e   = make(Expr::Literal, tok.line);
-                e->value = Value::integer(tok.int_value);
-                return e;
-            }
-            case Token::Float: {
-                next();
-                auto e   = make(Expr::Literal, tok.line);
-                e->value = Value::number(tok.float_value);
-                return e;
-            }
+            case Token::Int: next(); return literal(Value::integer(tok.int_value), tok.line);
+            case Token::Float: next(); return literal(Value::number(tok.float_value), tok.line);
             case Token::Op:
                 if (tok.text == "(") {
                     next();
@@ -544,10 +568,8 @@ private:
                     e = std::move(a);
                 } else if (cur().kind == Token::Int) {
                     auto a = make(Expr::GetItem, line);
-                    auto idx   = make(Expr::Literal, line);
-                    idx->value = Value::integer(next().int_value);
                     a->args.push_back(std::move(e));
-                    a->args.push_back(std::move(idx));
+                    a->args.push_back(literal(Value::integer(next().int_value), line));
                     e = std::move(a);
                 } else {
                     error("expected an attribute name after '.', got " + describe(cur()));
@@ -676,10 +698,37 @@ private:
     std::vector<Token> t_;
     size_t             p_          = 0;
     int                loop_depth_ = 0;
+    bool               saw_loop_name_ = false;  // the name `loop` was read (see Node::uses_loop)
     int                depth_      = 0;
+    StackMeter         stack_;
+    size_t             bytes_ = 0;  // tokens and nodes
 };
 
 }  // namespace
+
+Expr::~Expr() {
+    // Chains such as 1 + 1 + ... + 1 make trees as deep as they are long: free them with a worklist
+    // rather than by recursion.
+    if (args.empty() && kwargs.empty()) return;
+    std::vector<ExprPtr> pending;
+    auto take = [&](Expr & e) {
+        for (auto & a : e.args)
+            if (a) pending.push_back(std::move(a));
+        for (auto & kw : e.kwargs)
+            if (kw.second) pending.push_back(std::move(kw.second));
+    };
+    take(*this);
+    while (!pending.empty()) {
+        ExprPtr e = std::move(pending.back());
+        pending.pop_back();
+        take(*e);
+    }
+}
+
+void parse_too_large(int line) {
+    template_error(line, "the template is too large: parsing it would take more than " +
+                             std::to_string(kMaxParseBytes >> 20) + " MiB");
+}
 
 std::shared_ptr<const Template> parse_template(const std::string & source) {
     auto t  = std::make_shared<Template>();

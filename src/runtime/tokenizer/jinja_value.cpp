@@ -4,6 +4,7 @@
 #include "runtime/tokenizer/unicode.h"
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <cmath>
 
@@ -15,7 +16,101 @@ void template_error(int line, const std::string & message) {
 }
 
 // ------------------------------------------------------------------------------------------------
+// Budget and shared objects
+
+Budget::Budget(const RenderLimits & limits) : limits_(limits), previous_(current_) { current_ = this; }
+Budget::~Budget() { current_ = previous_; }
+
+void Budget::ensure_room(uint64_t count, uint64_t size) {
+    if (!current_) return;
+    uint64_t total;
+    if (__builtin_mul_overflow(count, size, &total)) current_->out_of_memory();
+    current_->ensure(total);
+}
+
+void Budget::out_of_steps() const {
+    template_error(0, "the render exceeded its work budget of " + std::to_string(limits_.max_steps) +
+                          " steps (loops, macro calls, or repeated work on large values)");
+}
+
+void Budget::out_of_memory() const {
+    const uint64_t mib = uint64_t(1) << 20, n = limits_.max_bytes;
+    const std::string size = n >= mib ? std::to_string((n + mib / 2) / mib) + " MiB" : std::to_string(n) + " bytes";
+    template_error(0, "the render exceeded its memory budget of " + size +
+                          " (strings, lists and dicts alive at once, and the output)");
+}
+
+namespace {
+std::atomic<int64_t> g_live_shared_values{0};
+
+struct PendingDeletes {
+    bool                                           draining = false;
+    std::vector<std::pair<void *, void (*)(void *)>> queue;
+};
+thread_local PendingDeletes t_pending;
+}  // namespace
+
+namespace detail {
+void count_live(int64_t delta) { g_live_shared_values.fetch_add(delta, std::memory_order_relaxed); }
+
+void deferred_delete(void * object, void (*destroy)(void *)) noexcept {
+    count_live(-1);
+    PendingDeletes & p = t_pending;
+    if (p.draining) {
+        p.queue.emplace_back(object, destroy);  // freed by the loop below, one frame up
+        return;
+    }
+    p.draining = true;
+    destroy(object);
+    while (!p.queue.empty()) {
+        const auto [next, fn] = p.queue.back();
+        p.queue.pop_back();
+        fn(next);
+    }
+    p.draining = false;
+}
+}  // namespace detail
+
+int64_t live_shared_values() { return g_live_shared_values.load(std::memory_order_relaxed); }
+
+// ------------------------------------------------------------------------------------------------
 // Construction
+
+Value::Value(const Value & o)
+    : type(o.type), is_tuple(o.is_tuple), depth(o.depth), b(o.b), i(o.i), f(o.f), list(o.list), dict(o.dict),
+      callable(o.callable) {
+    charged_ = Budget::charge(o.s.size());
+    s        = o.s;
+}
+
+Value::Value(Value && o) noexcept
+    : type(o.type), is_tuple(o.is_tuple), depth(o.depth), b(o.b), i(o.i), f(o.f), s(std::move(o.s)),
+      list(std::move(o.list)), dict(std::move(o.dict)), callable(std::move(o.callable)), charged_(o.charged_) {
+    o.charged_ = 0;
+}
+
+Value & Value::operator=(const Value & o) {
+    if (this != &o) *this = Value(o);
+    return *this;
+}
+
+Value & Value::operator=(Value && o) noexcept {
+    if (this == &o) return *this;
+    Budget::refund(charged_);
+    type       = o.type;
+    is_tuple   = o.is_tuple;
+    depth      = o.depth;
+    b          = o.b;
+    i          = o.i;
+    f          = o.f;
+    s          = std::move(o.s);
+    list       = std::move(o.list);
+    dict       = std::move(o.dict);
+    callable   = std::move(o.callable);
+    charged_   = o.charged_;
+    o.charged_ = 0;
+    return *this;
+}
 
 Value Value::undefined(std::string hint) {
     Value v;
@@ -47,8 +142,9 @@ Value Value::number(double x) {
 }
 Value Value::string(std::string x) {
     Value v;
-    v.type = Type::String;
-    v.s    = std::move(x);
+    v.type     = Type::String;
+    v.charged_ = Budget::charge(x.size());
+    v.s        = std::move(x);
     return v;
 }
 namespace {
@@ -65,17 +161,19 @@ Value Value::list_of(List items, bool tuple) {
     Value v;
     v.depth = 1;
     for (const Value & item : items) v.depth = nested_depth(item, v.depth);
+    Budget::steps(items.size());
     v.type     = Type::List;
     v.is_tuple = tuple;
-    v.list     = std::make_shared<List>(std::move(items));
+    v.list     = make_shared_value<List>(Budget::charge(items.size() * sizeof(Value)), std::move(items));
     return v;
 }
 Value Value::dict_of(Dict d) {
     Value v;
     v.depth = 1;
     for (const auto & kv : d.items) v.depth = nested_depth(kv.second, nested_depth(kv.first, v.depth));
+    Budget::steps(d.items.size());
     v.type = Type::Dict;
-    v.dict = std::make_shared<Dict>(std::move(d));
+    v.dict = make_shared_value<Dict>(Budget::charge(d.items.size() * 2 * sizeof(Value)), std::move(d));
     return v;
 }
 Value Value::namespace_of(Dict d) {
@@ -86,9 +184,14 @@ Value Value::namespace_of(Dict d) {
 Value Value::function(std::string name, std::function<Value(CallArgs &, Context &)> fn) {
     Value v;
     v.type     = Type::Callable;
-    v.callable = std::make_shared<Callable>(Callable{std::move(name), std::move(fn)});
+    v.callable = make_shared_value<Callable>(0, Callable{std::move(name), std::move(fn)});
     return v;
 }
+
+// Dicts are small in chat templates; lookups scan, and the scan is counted (a template building a
+// huge dict key by key runs out of steps rather than into quadratic time): a step per equals() of
+// two values, or per kKeysPerStep string keys compared with a name.
+constexpr size_t kKeysPerStep = 4;
 
 const Value * Dict::find(const Value & key) const {
     for (const auto & [k, v] : items)
@@ -97,6 +200,7 @@ const Value * Dict::find(const Value & key) const {
 }
 
 const Value * Dict::find(std::string_view key) const {
+    Budget::steps(items.size() / kKeysPerStep);
     for (const auto & [k, v] : items)
         if (k.type == Value::Type::String && k.s == key) return &v;
     return nullptr;
@@ -185,12 +289,42 @@ std::string py_float_repr(double v) {
 }
 
 namespace {
+constexpr int kMaxNesting = 256;  // values nested deeper than this are not printed (stack safety)
 
-std::string repr_string(const std::string & s) {
+struct NestingGuard {
+    static thread_local int depth;
+    NestingGuard() {
+        if (depth >= kMaxNesting) template_error(0, "value nested too deeply");
+        if (const Budget * b = Budget::current(); b && b->stack().exhausted())
+            template_error(0, "value nested too deeply: printing it would use more than " +
+                                  std::to_string(StackMeter::kMaxStackBytes >> 10) + " KiB of stack");
+        ++depth;
+    }
+    ~NestingGuard() { --depth; }
+};
+thread_local int NestingGuard::depth = 0;
+
+// Text built piece by piece (repr, tojson). Shared values make it grow faster than the values'
+// memory ([x, x] where x = [y, y] ...): its growth is counted as work and checked against the
+// memory budget as it happens.
+void append_counted(std::string & out, std::string_view piece) {
+    Budget::bulk(piece.size());
+    Budget::ensure_room(out.size() + piece.size());
+    out.append(piece);
+}
+
+// Escaping makes a string up to six times as long: the loops that escape check the output's size
+// every kEscapeCheckBytes.
+constexpr size_t kEscapeCheckBytes = 4096;
+
+void repr_string(std::string & out, const std::string & s) {
+    Budget::scan(s.size());
+    Budget::ensure_room(out.size() + s.size() + 2);
     const bool has_single = s.find('\'') != std::string::npos, has_double = s.find('"') != std::string::npos;
     const char quote = has_single && !has_double ? '"' : '\'';
-    std::string out(1, quote);
-    for (size_t i = 0; i < s.size();) {
+    out += quote;
+    for (size_t i = 0; i < s.size(); ++i) {
+        if (i % kEscapeCheckBytes == 0) Budget::ensure_room(out.size() + kEscapeCheckBytes * 4);
         const auto c = uint8_t(s[i]);
         if (c == uint8_t(quote) || c == '\\') {
             out += '\\';
@@ -208,61 +342,49 @@ std::string repr_string(const std::string & s) {
         } else {
             out += char(c);
         }
-        ++i;
     }
     out += quote;
-    return out;
+}
+
+void repr_into(std::string & out, const Value & v) {
+    NestingGuard guard;
+    Budget::steps(1);
+    switch (v.type) {
+        case Value::Type::String: repr_string(out, v.s); return;
+        case Value::Type::List:
+            append_counted(out, v.is_tuple ? "(" : "[");
+            for (size_t k = 0; k < v.list->size(); ++k) {
+                if (k) append_counted(out, ", ");
+                repr_into(out, (*v.list)[k]);
+            }
+            if (v.is_tuple && v.list->size() == 1) append_counted(out, ",");
+            append_counted(out, v.is_tuple ? ")" : "]");
+            return;
+        case Value::Type::Dict:
+        case Value::Type::Namespace: {
+            const bool ns = v.type == Value::Type::Namespace;
+            append_counted(out, ns ? "<Namespace {" : "{");
+            bool first = true;
+            for (const auto & [k, val] : v.dict->items) {
+                if (!first) append_counted(out, ", ");
+                first = false;
+                repr_into(out, k);
+                append_counted(out, ": ");
+                repr_into(out, val);
+            }
+            append_counted(out, ns ? "}>" : "}");
+            return;
+        }
+        default: append_counted(out, to_str(v)); return;
+    }
 }
 
 }  // namespace
 
-namespace {
-constexpr int kMaxNesting = 256;  // values nested deeper than this are not printed (stack safety)
-
-struct NestingGuard {
-    static thread_local int depth;
-    NestingGuard() {
-        if (++depth > kMaxNesting) {
-            depth = 0;
-            template_error(0, "value nested too deeply");
-        }
-    }
-    ~NestingGuard() { if (depth > 0) --depth; }
-};
-thread_local int NestingGuard::depth = 0;
-}  // namespace
-
 std::string repr(const Value & v) {
-    NestingGuard guard;
-    switch (v.type) {
-        case Value::Type::String: return repr_string(v.s);
-        case Value::Type::List: {
-            std::string out(1, v.is_tuple ? '(' : '[');
-            for (size_t k = 0; k < v.list->size(); ++k) {
-                if (k) out += ", ";
-                out += repr((*v.list)[k]);
-            }
-            if (v.is_tuple && v.list->size() == 1) out += ',';
-            out += v.is_tuple ? ')' : ']';
-            return out;
-        }
-        case Value::Type::Dict: {
-            std::string out = "{";
-            bool first = true;
-            for (const auto & [k, val] : v.dict->items) {
-                if (!first) out += ", ";
-                first = false;
-                out += repr(k) + ": " + repr(val);
-            }
-            return out + "}";
-        }
-        case Value::Type::Namespace: {
-            Value d = v;
-            d.type  = Value::Type::Dict;
-            return "<Namespace " + repr(d) + ">";
-        }
-        default: return to_str(v);
-    }
+    std::string out;
+    repr_into(out, v);
+    return out;
 }
 
 std::string to_str(const Value & v) {
@@ -280,6 +402,7 @@ std::string to_str(const Value & v) {
 
 bool equals(const Value & a, const Value & b) {
     using T = Value::Type;
+    Budget::steps(1);
     if (a.is_number() && b.is_number()) {
         if (a.type == T::Float || b.type == T::Float) return a.as_double() == b.as_double();
         return a.as_int() == b.as_int();
@@ -288,7 +411,9 @@ bool equals(const Value & a, const Value & b) {
     switch (a.type) {
         case T::Undefined:
         case T::None: return true;
-        case T::String: return a.s == b.s;
+        case T::String:
+            Budget::bulk(std::min(a.s.size(), b.s.size()));
+            return a.s == b.s;
         case T::List:
             if (a.is_tuple != b.is_tuple || a.list->size() != b.list->size()) return false;
             for (size_t k = 0; k < a.list->size(); ++k)
@@ -309,6 +434,7 @@ bool equals(const Value & a, const Value & b) {
 
 int compare(const Value & a, const Value & b, int line) {
     using T = Value::Type;
+    Budget::steps(1);
     if (a.is_number() && b.is_number()) {
         if (a.type == T::Float || b.type == T::Float) {
             const double x = a.as_double(), y = b.as_double();
@@ -318,6 +444,7 @@ int compare(const Value & a, const Value & b, int line) {
         return x < y ? -1 : (x > y ? 1 : 0);
     }
     if (a.type == T::String && b.type == T::String) {
+        Budget::bulk(std::min(a.s.size(), b.s.size()));
         const int c = a.s.compare(b.s);  // UTF-8 byte order is code point order
         return c < 0 ? -1 : (c > 0 ? 1 : 0);
     }
@@ -367,8 +494,14 @@ Value from_json(const nlohmann::ordered_json & j) {
 namespace {
 
 void json_string(std::string & out, const std::string & s, bool ensure_ascii) {
+    Budget::scan(s.size());
+    Budget::ensure_room(out.size() + s.size());
     out += '"';
-    for (size_t i = 0; i < s.size();) {
+    for (size_t i = 0, next_check = 0; i < s.size();) {
+        if (i >= next_check) {
+            Budget::ensure_room(out.size() + kEscapeCheckBytes * 6);
+            next_check = i + kEscapeCheckBytes;
+        }
         const auto c = uint8_t(s[i]);
         switch (c) {
             case '"': out += "\\\""; ++i; continue;
@@ -410,10 +543,21 @@ std::string json_float(double v) {
 
 void json_value(std::string & out, const Value & v, const JsonOptions & o, int level, int line) {
     if (level > 256) template_error(line, "value nested too deeply for tojson");
+    Budget::steps(1);
+    // The output is checked against the memory budget as it grows: indents multiply with the depth,
+    // and shared values make it grow faster than the values' memory.
     auto newline_indent = [&](int lvl) {
-        out += '\n';
-        for (int k = 0; k < lvl; ++k) out += o.use_indent_str ? o.indent_str : std::string(size_t(o.indent), ' ');
+        const uint64_t unit_size = o.use_indent_str ? o.indent_str.size() : uint64_t(o.indent);
+        Budget::ensure_room(uint64_t(lvl), unit_size);  // lvl * unit_size cannot overflow below
+        append_counted(out, "\n");
+        Budget::bulk(uint64_t(lvl) * unit_size);
+        Budget::ensure_room(out.size() + uint64_t(lvl) * unit_size);
+        if (o.use_indent_str)
+            for (int k = 0; k < lvl; ++k) out += o.indent_str;
+        else
+            out.append(size_t(lvl) * size_t(o.indent), ' ');
     };
+    auto append_sep = [&](const std::string & sep) { append_counted(out, sep); };
     const bool indented = o.use_indent_str || o.indent >= 0;
     switch (v.type) {
         case Value::Type::None: out += "null"; return;
@@ -430,7 +574,7 @@ void json_value(std::string & out, const Value & v, const JsonOptions & o, int l
             if (indented) newline_indent(level + 1);
             for (size_t k = 0; k < v.list->size(); ++k) {
                 if (k) {
-                    out += o.item_sep;
+                    append_sep(o.item_sep);
                     if (indented) newline_indent(level + 1);
                 }
                 json_value(out, (*v.list)[k], o, level + 1, line);
@@ -454,7 +598,7 @@ void json_value(std::string & out, const Value & v, const JsonOptions & o, int l
             bool first = true;
             for (const auto * kv : items) {
                 if (!first) {
-                    out += o.item_sep;
+                    append_sep(o.item_sep);
                     if (indented) newline_indent(level + 1);
                 }
                 first = false;
@@ -468,7 +612,7 @@ void json_value(std::string & out, const Value & v, const JsonOptions & o, int l
                     default:
                         template_error(line, std::string("keys must be str, int, float, bool or None, not ") + type_name(k));
                 }
-                out += o.key_sep;
+                append_sep(o.key_sep);
                 json_value(out, kv->second, o, level + 1, line);
             }
             if (indented) newline_indent(level);
