@@ -252,6 +252,7 @@ void Context::decode(const spark_batch & batch) {
         const int32_t n = int32_t(std::min(rows.size() - first, size_t(params_.n_batch)));
         for (int32_t s = 0; s < params_.n_seq_max; ++s) step_start[size_t(s)] = memory_->seq_length(s);
         const auto t_start = std::chrono::steady_clock::now();
+        memory_->drop_backup();
         try {
             if (abort_cb_ && abort_cb_(abort_data_)) fail(SPARK_ERR_ABORTED, "decode aborted by the abort callback");
             // A step that can stop half-way (a later step of the call may fail; the CPU checks the
@@ -314,6 +315,7 @@ void Context::step(const std::vector<StepRow> & in, const std::vector<DeviceRows
     begin_outputs(n_out);
     std::vector<int32_t> start_len(static_cast<size_t>(params_.n_seq_max));
     for (int32_t s = 0; s < params_.n_seq_max; ++s) start_len[size_t(s)] = memory_->seq_length(s);
+    memory_->drop_backup();
     try {
         run_step(rows.data(), n, tokens, hidden);
     } catch (...) {

@@ -260,9 +260,18 @@ TEST_CASE("a decode that fails part-way keeps its completed steps and leaves no 
 namespace {
 struct AbortAfter {
     int calls = 0, trip = 0;
+    // The calls made before a step (the sequence's length changed since the previous call).
+    spark_context *  ctx = nullptr;
+    int32_t          last_length = -1;
+    std::vector<int> before_step;
     static bool check(void * p) {
         auto * a = static_cast<AbortAfter *>(p);
-        return ++a->calls == a->trip;
+        ++a->calls;
+        if (a->ctx && spark_memory_seq_length(a->ctx, 0) != a->last_length) {
+            a->last_length = spark_memory_seq_length(a->ctx, 0);
+            a->before_step.push_back(a->calls);
+        }
+        return a->calls == a->trip;
     }
 };
 }  // namespace
@@ -278,13 +287,18 @@ TEST_CASE("the abort callback stops a decode between steps and, on the CPU, insi
     AbortAfter count;
     {
         ContextPtr ctx = rollback_context(m.get(), 0, 4);
+        count.ctx      = ctx.get();
         spark_context_set_abort_callback(ctx.get(), &AbortAfter::check, &count);
         REQUIRE(decode_range(ctx.get(), g.prompt, 0, 20, 0, nv, scratch) == SPARK_OK);
     }
+    REQUIRE(count.before_step.size() == 5);
     // Before each step, and on the CPU between the ops of each too.
     if (test_device() == SPARK_DEVICE_CPU) REQUIRE(count.calls > 5);
     else REQUIRE(count.calls == 5);
-    for (int trip : {1, 2, count.calls / 3, count.calls / 2, count.calls - 1}) {
+    // Inside steps, and before each step (after earlier steps backed up their recurrent states).
+    std::vector<int> trips = {2, count.calls / 3, count.calls / 2, count.calls - 1};
+    trips.insert(trips.end(), count.before_step.begin(), count.before_step.end());
+    for (int trip : trips) {
         INFO("abort at call " << trip << " of " << count.calls);
         ContextPtr ctx = rollback_context(m.get(), 0, 4);
         AbortAfter a;

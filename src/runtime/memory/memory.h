@@ -114,6 +114,8 @@ public:
     int32_t ring_size() const { return n_rollback_ + 1; }
     void    backup(const std::vector<int32_t> & seqs);
     void    undo(const std::vector<int32_t> & len);
+    // Forgets the backup (a new step starts: undo() must not apply an earlier step's states).
+    void    drop_backup() { backed_up_.clear(); }
 
     // The sequence interface (spark.h).
     void    clear();
