@@ -177,3 +177,19 @@ TEST_CASE("C API: tokenizing empty text gives zero tokens") {
     CHECK(n == 0);
     spark_tokenizer_free(tok);
 }
+
+TEST_CASE("an added token too long to match in linear time is refused; encoding stays linear") {
+    json t = tiny_tokenizer();
+    t["added_tokens"].push_back({{"id", 5}, {"content", std::string(100000, 'a')}, {"special", true}});
+    check_rejected(load_strings(t.dump()), "tokenizer.json", "added_tokens[1].content");
+    // The longest allowed token against a text that matches all of it but its last byte, everywhere.
+    json longest = tiny_tokenizer();
+    longest["added_tokens"].push_back({{"id", 5}, {"content", std::string(1023, 'a') + "!"}, {"special", true}});
+    const auto tok = spark::Tokenizer::from_json_strings(longest.dump(), "", "");
+    const auto t0  = std::chrono::steady_clock::now();
+    (void) tok.encode(std::string(20000, 'a'));
+    CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 2.0);
+    // And in tokenizer_config.json.
+    check_rejected(load_strings(tiny_tokenizer().dump(), json{{"added_tokens_decoder", {{"9", {{"content", std::string(2000, 'x')}}}}}}.dump()),
+                   "tokenizer_config.json", "content");
+}

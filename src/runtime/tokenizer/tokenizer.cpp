@@ -96,6 +96,8 @@ AddedToken added_token_from_json(const json & e, const std::string & origin, con
     const ConfigFields f(e, origin, path + ".");
     AddedToken         t;
     t.content     = f.string("content", "", true);
+    if (t.content.size() > AddedTokenMatcher::kMaxTokenBytes)
+        f.bad("content", "is %zu bytes; added tokens are at most %zu", t.content.size(), AddedTokenMatcher::kMaxTokenBytes);
     t.single_word = f.boolean("single_word", false);
     t.lstrip      = f.boolean("lstrip", false);
     t.rstrip      = f.boolean("rstrip", false);
@@ -409,6 +411,9 @@ void Tokenizer::Impl::build_pieces() {
         if (t.normalized && normalizer) {
             AddedToken n = t;
             n.content = normalizer->apply(t.content);
+            if (n.content.size() > AddedTokenMatcher::kMaxTokenBytes)
+                fail(SPARK_ERR_INVALID_FORMAT, "tokenizer.json: added token %s is %zu bytes once normalized; added tokens are at most %zu",
+                     shown_token(t.content).c_str(), n.content.size(), AddedTokenMatcher::kMaxTokenBytes);
             norm.push_back(std::move(n));
         } else {
             raw.push_back(t);
