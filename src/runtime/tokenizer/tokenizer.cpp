@@ -7,6 +7,7 @@
 #include "runtime/tokenizer/bpe.h"
 #include "runtime/tokenizer/json_reader.h"
 #include "runtime/tokenizer/normalizer.h"
+#include "runtime/tokenizer/regex.h"
 #include "runtime/tokenizer/unicode.h"
 
 #include <nlohmann/json.hpp>
@@ -509,6 +510,7 @@ void Tokenizer::Impl::encode_segment(std::string_view text, bool parse_special, 
 void Tokenizer::encode(std::string_view text, bool parse_special, std::vector<int32_t> & out) const {
     if (const size_t bad = unicode::find_invalid_utf8(text); bad != std::string_view::npos)
         fail(SPARK_ERR_INVALID_TEXT, "text is not valid UTF-8 (invalid sequence at byte %zu)", bad);
+    RegexBudget budget(text.size());  // pre-tokenizer searches: linear in the text, whatever the patterns
     if (impl_->raw_added.empty()) {
         impl_->encode_segment(text, parse_special, out);
         return;
