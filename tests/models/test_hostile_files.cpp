@@ -13,6 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -373,10 +375,27 @@ TEST_CASE("spark-convert: a killed conversion leaves no temporary that outlives 
     const fs::path live  = d.path / ("m.spark.tmp-" + std::to_string(::getppid()));
     write_file(stale, "partial");
     write_file(live, "partial");
+    // The pid of this process, from an earlier process that had it: stale too (and in the way of
+    // this process's own temporary).
+    const fs::path reused = d.path / ("m.spark.tmp-" + std::to_string(::getpid()));
+    write_file(reused, "partial");
     spark::convert::convert(convert_options(model_dir("qwen3-bf16"), out, false));
     CHECK(!fs::exists(stale));
+    CHECK(!fs::exists(reused));
     CHECK(fs::exists(live));
     fs::remove(live);
+    fs::remove(out);
+
+    // A dead pid whose temporary is locked, as its writer does: a writer of another PID namespace
+    // sharing the directory. Left alone.
+    write_file(stale, "partial");
+    const int lock_fd = ::open(stale.c_str(), O_RDONLY);
+    REQUIRE(lock_fd >= 0);
+    REQUIRE(::flock(lock_fd, LOCK_EX) == 0);
+    spark::convert::convert(convert_options(model_dir("qwen3-bf16"), out, false));
+    CHECK(fs::exists(stale));
+    ::close(lock_fd);
+    fs::remove(stale);
     fs::remove(out);
 
     // SIGKILL in the middle of writing: whatever the kill leaves, the next run cleans up.
