@@ -200,6 +200,17 @@ TEST_CASE("hostile EAGLE3 head config.json is refused, naming the field and the 
     }
 }
 
+TEST_CASE("a model's hostile tokenizer.json fails the load, naming the model and the field") {
+    TempDir        d;
+    const fs::path p = edited_model(d, "qwen3-bf16", [](json &) {});
+    write_file(p / "tokenizer.json", json{{"model", {{"type", "BPE"}, {"vocab", {{"a", 0}, {"b", (1 << 30) - 1}}}, {"merges", json::array()}}}}.dump());
+    const Outcome o = try_load(p.string());
+    CAPTURE(o.message);
+    CHECK(o.status == SPARK_ERR_INVALID_FORMAT);
+    CHECK(contains(o.message, p.string() + ": tokenizer.json: model.vocab[\"b\"]: id 1073741823 is outside [0, 1026)"));
+    CHECK(o.seconds < 1.0);
+}
+
 namespace {
 
 // The CPU backend, claiming a small memory so that the capacity check can be tested on any machine.
