@@ -165,9 +165,13 @@ std::unique_ptr<Model> load_model(const std::string & path, const spark_model_pa
     m->meta["spark.backend"]        = m->backend->name();
     if (params.load_tokenizer && !src.tokenizer_json.empty()) {
         // A directory may keep its template in chat_template.jinja: from_directory reads it too.
-        m->tokenizer = std::make_unique<spark_tokenizer>(spark_tokenizer{
-            io::is_directory(path) ? Tokenizer::from_directory(path)
-                                   : Tokenizer::from_json_strings(src.tokenizer_json, src.tokenizer_config_json, src.generation_config_json)});
+        try {
+            m->tokenizer = std::make_unique<spark_tokenizer>(spark_tokenizer{
+                io::is_directory(path) ? Tokenizer::from_directory(path)
+                                       : Tokenizer::from_json_strings(src.tokenizer_json, src.tokenizer_config_json, src.generation_config_json)});
+        } catch (const Error & e) {
+            throw Error(e.status(), path + ": " + e.what());  // its messages name the file within the model
+        }
     }
     return m;
 }

@@ -13,6 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -198,6 +200,17 @@ TEST_CASE("hostile EAGLE3 head config.json is refused, naming the field and the 
     }
 }
 
+TEST_CASE("a model's hostile tokenizer.json fails the load, naming the model and the field") {
+    TempDir        d;
+    const fs::path p = edited_model(d, "qwen3-bf16", [](json &) {});
+    write_file(p / "tokenizer.json", json{{"model", {{"type", "BPE"}, {"vocab", {{"a", 0}, {"b", (1 << 30) - 1}}}, {"merges", json::array()}}}}.dump());
+    const Outcome o = try_load(p.string());
+    CAPTURE(o.message);
+    CHECK(o.status == SPARK_ERR_INVALID_FORMAT);
+    CHECK(contains(o.message, p.string() + ": tokenizer.json: model.vocab[\"b\"]: id 1073741823 is outside [0, 1026)"));
+    CHECK(o.seconds < 1.0);
+}
+
 namespace {
 
 // The CPU backend, claiming a small memory so that the capacity check can be tested on any machine.
@@ -373,10 +386,27 @@ TEST_CASE("spark-convert: a killed conversion leaves no temporary that outlives 
     const fs::path live  = d.path / ("m.spark.tmp-" + std::to_string(::getppid()));
     write_file(stale, "partial");
     write_file(live, "partial");
+    // The pid of this process, from an earlier process that had it: stale too (and in the way of
+    // this process's own temporary).
+    const fs::path reused = d.path / ("m.spark.tmp-" + std::to_string(::getpid()));
+    write_file(reused, "partial");
     spark::convert::convert(convert_options(model_dir("qwen3-bf16"), out, false));
     CHECK(!fs::exists(stale));
+    CHECK(!fs::exists(reused));
     CHECK(fs::exists(live));
     fs::remove(live);
+    fs::remove(out);
+
+    // A dead pid whose temporary is locked, as its writer does: a writer of another PID namespace
+    // sharing the directory. Left alone.
+    write_file(stale, "partial");
+    const int lock_fd = ::open(stale.c_str(), O_RDONLY);
+    REQUIRE(lock_fd >= 0);
+    REQUIRE(::flock(lock_fd, LOCK_EX) == 0);
+    spark::convert::convert(convert_options(model_dir("qwen3-bf16"), out, false));
+    CHECK(fs::exists(stale));
+    ::close(lock_fd);
+    fs::remove(stale);
     fs::remove(out);
 
     // SIGKILL in the middle of writing: whatever the kill leaves, the next run cleans up.

@@ -12,6 +12,7 @@
 #include <spark/spark.h>
 
 #include <chrono>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 
@@ -176,4 +177,78 @@ TEST_CASE("C API: tokenizing empty text gives zero tokens") {
     CHECK(spark_tokenize(tok, nullptr, 0, true, ids, 4, &n) == SPARK_OK);
     CHECK(n == 0);
     spark_tokenizer_free(tok);
+}
+
+TEST_CASE("an added token too long to match in linear time is refused; encoding stays linear") {
+    json t = tiny_tokenizer();
+    t["added_tokens"].push_back({{"id", 5}, {"content", std::string(100000, 'a')}, {"special", true}});
+    check_rejected(load_strings(t.dump()), "tokenizer.json", "added_tokens[1].content");
+    // The longest allowed token against a text that matches all of it but its last byte, everywhere.
+    json longest = tiny_tokenizer();
+    longest["added_tokens"].push_back({{"id", 5}, {"content", std::string(1023, 'a') + "!"}, {"special", true}});
+    const auto tok = spark::Tokenizer::from_json_strings(longest.dump(), "", "");
+    const auto t0  = std::chrono::steady_clock::now();
+    (void) tok.encode(std::string(20000, 'a'));
+    CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 2.0);
+    // And in tokenizer_config.json.
+    check_rejected(load_strings(tiny_tokenizer().dump(), json{{"added_tokens_decoder", {{"9", {{"content", std::string(2000, 'x')}}}}}}.dump()),
+                   "tokenizer_config.json", "content");
+}
+
+namespace {
+
+int64_t thread_cpu_ns() {
+    timespec ts{};
+    ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+// A tokenizer whose only pre-tokenizer is a Split on `pattern`.
+spark::Tokenizer split_tokenizer(const std::string & pattern) {
+    json t             = tiny_tokenizer();
+    t["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", pattern}}}, {"behavior", "Isolated"}};
+    return spark::Tokenizer::from_json_strings(t.dump(), "", "");
+}
+
+Rejection encode_timed(const spark::Tokenizer & tok, const std::string & text) {
+    Rejection  r;
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+        (void) tok.encode(text);
+    } catch (const spark::Error & e) {
+        r.status  = e.status();
+        r.message = e.what();
+    }
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return r;
+}
+
+}  // namespace
+
+TEST_CASE("a search costs at most a bound in proportion to its text") {
+    // 2^17 steps at every 'a': over the bound of a search of 2000 bytes (it took 10 s when each
+    // search could take PCRE2's default of 10M steps).
+    const auto      tok = split_tokenizer("(?:a|a){16}b|a");
+    const Rejection r   = encode_timed(tok, std::string(2000, 'a'));
+    CAPTURE(r.message);
+    CHECK(r.status == SPARK_ERR_INVALID_FORMAT);
+    CHECK(contains(r.message, "(?:a|a){16}b|a"));
+    CHECK(r.seconds < 1.0);
+    CHECK(tok.encode("ab", true) == std::vector<int32_t>{0, 1});  // other text still encodes
+}
+
+TEST_CASE("the searches of one encode together are bounded by CPU time in proportion to the text") {
+    // 2^18 steps at every 'a', within the bound of each search of 20000 bytes (324k steps), 20000
+    // times: many seconds without the budget of an encode (1 s + 50 us per byte: 2 s, then 1 s of
+    // CPU time). CPU time is what is measured: wall time depends on the machine's load.
+    const auto    tok      = split_tokenizer("(?:a|a){17}b|a");
+    const int64_t cpu0     = thread_cpu_ns();
+    const Rejection r      = encode_timed(tok, std::string(20000, 'a'));
+    const double  cpu_secs = double(thread_cpu_ns() - cpu0) * 1e-9;
+    CAPTURE(r.message);
+    CAPTURE(cpu_secs);
+    CHECK(r.status == SPARK_ERR_INVALID_FORMAT);
+    CHECK(contains(r.message, "ran for more than 2.0 s"));
+    CHECK(cpu_secs < 4.5);  // at most the budget and a half, and 32 searches more
+    CHECK(tok.encode("aab", true) == std::vector<int32_t>{0, 0, 1});
 }

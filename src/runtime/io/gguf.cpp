@@ -12,6 +12,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <limits>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -955,7 +956,10 @@ std::string parent_dir(const std::string & path) {
 // The temporaries `<path>.tmp-<pid>` of writers that are gone. A writer removes its temporary on
 // any error and on SIGINT/SIGTERM (gguf_remove_temp_file_on_signal), but SIGKILL or a power loss
 // leaves it behind, at the full size of a model; the next write to the same path removes it. A
-// temporary whose process still runs (or whose pid was reused) is left alone.
+// writer holds an exclusive flock on its temporary while it writes: a temporary is stale when its
+// process is gone (or is this process: the pid was reused) and nobody holds that lock (the pid
+// is not proof: another PID namespace may share the directory). One whose pid is alive, or that
+// is someone else's to signal, is left alone.
 void remove_stale_temporaries(const std::string & path) {
     const std::string dir    = parent_dir(path);
     const size_t      slash  = path.find_last_of('/');
@@ -969,14 +973,19 @@ void remove_stale_temporaries(const std::string & path) {
         const std::string digits = name.substr(prefix.size());
         pid_t             pid    = 0;
         const auto [end, ec]     = std::from_chars(digits.data(), digits.data() + digits.size(), pid);
-        if (ec != std::errc() || end != digits.data() + digits.size() || pid <= 0 || pid == ::getpid()) continue;
-        if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive, or someone else's (EPERM)
+        if (ec != std::errc() || end != digits.data() + digits.size() || pid <= 0) continue;
+        if (pid != ::getpid() && (::kill(pid, 0) == 0 || errno != ESRCH)) continue;  // alive, or someone else's (EPERM)
         stale.push_back(dir + "/" + name);
     }
     ::closedir(d);
     for (const std::string & f : stale) {
+        const int fd = ::open(f.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        if (fd < 0) continue;
         struct stat st {};
-        if (::lstat(f.c_str(), &st) == 0 && S_ISREG(st.st_mode)) ::unlink(f.c_str());
+        // Where flock is unsupported (some network filesystems), the pid decides alone.
+        const bool unlocked = ::flock(fd, LOCK_EX | LOCK_NB) == 0 || errno != EWOULDBLOCK;
+        if (unlocked && ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) ::unlink(f.c_str());
+        ::close(fd);
     }
 }
 
@@ -1081,6 +1090,7 @@ void GgufWriter::write(const std::string & path, const DataProvider & provide, b
     const std::string temp = path + ".tmp-" + std::to_string(::getpid());
     const int         fd   = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) fail(SPARK_ERR_IO, "cannot create '%s': %s", temp.c_str(), std::strerror(errno));
+    (void) ::flock(fd, LOCK_EX | LOCK_NB);  // marks the temporary as in use (remove_stale_temporaries); released when the process ends
     TempFileRegistration registration(temp);
     bool                 fd_open = true;
     try {

@@ -16,7 +16,10 @@ namespace {
 // MiB, and a hostile n_ctx x n_seq_max would size a host allocation without bound.
 constexpr int64_t kMaxBlockTableEntries = int64_t(1) << 24;
 
-double gib(int64_t bytes) { return double(bytes) / double(int64_t(1) << 30); }
+// Sizes as messages show them (INT64_MAX: the size overflowed).
+std::string gib(int64_t bytes) {
+    return bytes == INT64_MAX ? std::string("more than 2^63 bytes") : strfmt("%.1f GiB", double(bytes) / double(int64_t(1) << 30));
+}
 
 }  // namespace
 
@@ -63,12 +66,10 @@ void Memory::check_footprint(const Model & model, int32_t n_snapshots, int32_t n
     const uint64_t capacity = model.backend->memory_capacity();
     if (capacity > 0 && uint64_t(f.total()) > capacity)
         fail(SPARK_ERR_OUT_OF_MEMORY,
-             "context: n_ctx %d, n_seq_max %d, n_rollback %d, n_snapshots %d need %s GiB (KV cache %s GiB, recurrent state %s GiB), more than "
-             "the %.1f GiB of the %s backend",
-             n_ctx_, n_seq_, n_rollback, n_snapshots, f.total() == INT64_MAX ? "> 8e9" : strfmt("%.1f", gib(f.total())).c_str(),
-             f.kv_bytes == INT64_MAX ? "> 8e9" : strfmt("%.1f", gib(f.kv_bytes)).c_str(),
-             f.recurrent_bytes == INT64_MAX ? "> 8e9" : strfmt("%.1f", gib(f.recurrent_bytes)).c_str(), double(capacity) / double(1ull << 30),
-             model.backend->name().c_str());
+             "context: n_ctx %d, n_seq_max %d, n_rollback %d, n_snapshots %d need %s (KV cache %s, recurrent state %s), more than the %s "
+             "of the %s backend",
+             n_ctx_, n_seq_, n_rollback, n_snapshots, gib(f.total()).c_str(), gib(f.kv_bytes).c_str(), gib(f.recurrent_bytes).c_str(),
+             gib(int64_t(std::min<uint64_t>(capacity, INT64_MAX - 1))).c_str(), model.backend->name().c_str());
 }
 
 Memory::Memory(const Model & model, int32_t n_ctx, int32_t n_seq_max, int32_t n_snapshots, int32_t n_rollback)

@@ -17,6 +17,12 @@ struct AddedToken {
 
 class AddedTokenMatcher {
 public:
+    // split() tries, at each byte of the text where a token may start, the tokens that start there:
+    // its cost per byte of text is the length of the longest token. Published added tokens are
+    // short (special tokens, whitespace runs: tens of bytes); longer ones are refused when a
+    // tokenizer is loaded, so that encoding stays linear in the text.
+    static constexpr size_t kMaxTokenBytes = 1024;
+
     // A piece of the input: an added token (index into the tokens given to build) or plain text.
     struct Segment {
         int32_t token;  // -1: plain text

@@ -10,6 +10,27 @@
 
 namespace spark {
 
+// Bounds the time of all the regex searches the calling thread makes while it lives (one encode
+// of `text_bytes`): once they have run for 1 s plus 50 us per byte, and the thread has then used
+// half that again in CPU time, the next search throws Error(SPARK_ERR_INVALID_FORMAT). Each search
+// is bounded on its own too (Regex::find); this bounds their sum.
+class RegexBudget {
+public:
+    explicit RegexBudget(size_t text_bytes);
+    ~RegexBudget();
+    RegexBudget(const RegexBudget &)             = delete;
+    RegexBudget & operator=(const RegexBudget &) = delete;
+
+    void charge(const std::string & pattern);  // called by each search
+
+private:
+    int64_t       limit_ns_;
+    int64_t       wall_deadline_ns_ = 0;   // steady clock
+    int64_t       cpu_mark_ns_      = -1;  // the thread's CPU time when the wall deadline was seen passed
+    uint32_t      searches_         = 0;
+    RegexBudget * outer_;
+};
+
 class Regex {
 public:
     // Throws Error(SPARK_ERR_INVALID_FORMAT) when the pattern does not compile, or when searching a
@@ -21,7 +42,8 @@ public:
 
     // Finds the first match at or after byte `from`; false when there is none. `text` must be valid
     // UTF-8 (it is not re-checked). Throws Error(SPARK_ERR_INVALID_FORMAT), naming the pattern, when
-    // the search exceeds its bounds (steps, JIT stack, depth): the pattern is at fault, not the text.
+    // the search exceeds its bounds (steps in proportion to the text, JIT stack, depth) or the
+    // searches exceed the thread's RegexBudget: the pattern is at fault, not the text.
     bool find(std::string_view text, size_t from, size_t & start, size_t & end) const;
 
     // Calls on_match(start, end) for every non-overlapping match, left to right (byte offsets). An

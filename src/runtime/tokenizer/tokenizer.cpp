@@ -7,6 +7,7 @@
 #include "runtime/tokenizer/bpe.h"
 #include "runtime/tokenizer/json_reader.h"
 #include "runtime/tokenizer/normalizer.h"
+#include "runtime/tokenizer/regex.h"
 #include "runtime/tokenizer/unicode.h"
 
 #include <nlohmann/json.hpp>
@@ -96,6 +97,8 @@ AddedToken added_token_from_json(const json & e, const std::string & origin, con
     const ConfigFields f(e, origin, path + ".");
     AddedToken         t;
     t.content     = f.string("content", "", true);
+    if (t.content.size() > AddedTokenMatcher::kMaxTokenBytes)
+        f.bad("content", "is %zu bytes; added tokens are at most %zu", t.content.size(), AddedTokenMatcher::kMaxTokenBytes);
     t.single_word = f.boolean("single_word", false);
     t.lstrip      = f.boolean("lstrip", false);
     t.rstrip      = f.boolean("rstrip", false);
@@ -409,6 +412,9 @@ void Tokenizer::Impl::build_pieces() {
         if (t.normalized && normalizer) {
             AddedToken n = t;
             n.content = normalizer->apply(t.content);
+            if (n.content.size() > AddedTokenMatcher::kMaxTokenBytes)
+                fail(SPARK_ERR_INVALID_FORMAT, "tokenizer.json: added token %s is %zu bytes once normalized; added tokens are at most %zu",
+                     shown_token(t.content).c_str(), n.content.size(), AddedTokenMatcher::kMaxTokenBytes);
             norm.push_back(std::move(n));
         } else {
             raw.push_back(t);
@@ -504,6 +510,7 @@ void Tokenizer::Impl::encode_segment(std::string_view text, bool parse_special, 
 void Tokenizer::encode(std::string_view text, bool parse_special, std::vector<int32_t> & out) const {
     if (const size_t bad = unicode::find_invalid_utf8(text); bad != std::string_view::npos)
         fail(SPARK_ERR_INVALID_TEXT, "text is not valid UTF-8 (invalid sequence at byte %zu)", bad);
+    RegexBudget budget(text.size());  // pre-tokenizer searches: linear in the text, whatever the patterns
     if (impl_->raw_added.empty()) {
         impl_->encode_segment(text, parse_special, out);
         return;
