@@ -27,7 +27,7 @@ ctest --test-dir build-check-asan -LE cuda -j2 --output-on-failure
 section "ThreadSanitizer: contexts decoding on several threads"
 if [ ! -f build-check-tsan/build.ninja ]; then
     cmake -S . -B build-check-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPARK_CUDA=OFF \
-        -DSPARK_SANITIZE=thread -DSPARK_BUILD_EXAMPLES=OFF >/dev/null
+        -DSPARK_SANITIZE=thread >/dev/null
 fi
 cmake --build build-check-tsan --target test-models
 build-check-tsan/tests/test-models -tc="*threads*" --no-intro=true

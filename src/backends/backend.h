@@ -62,6 +62,10 @@ public:
 
     // Zero-initialised memory. Throws SPARK_ERR_OUT_OF_MEMORY.
     virtual std::unique_ptr<Buffer> alloc(size_t bytes) = 0;
+    // The most memory this backend can ever hold (the host's physical memory, the GPU's); 0 when
+    // unknown. Contexts check their caches against it before allocating, so that a request that
+    // cannot fit fails at once instead of exhausting the machine.
+    virtual uint64_t memory_capacity() const { return 0; }
     virtual void upload(void * dst, const void * src, size_t bytes) = 0;    // host -> backend
     virtual void download(void * dst, const void * src, size_t bytes) = 0;  // backend -> host (synchronous)
     virtual void copy(void * dst, const void * src, size_t bytes) = 0;      // backend -> backend

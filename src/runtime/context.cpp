@@ -16,6 +16,10 @@ namespace spark {
 Context::Context(Model & model, const spark_context_params & params) : model_(model), params_(params) {
     if (const char * p = std::getenv("SPARK_PROFILE"); p && *p && *p != '0') profile_ = std::make_unique<Profile>();
     if (params_.n_ctx == 0) params_.n_ctx = int32_t(std::min<int64_t>(model.hparams.n_ctx_train, 1 << 20));
+    // 16M tokens is beyond what any KV cache holds today; larger values are mistakes or hostile.
+    constexpr int32_t kMaxContext = 1 << 24;
+    if (params_.n_ctx > kMaxContext)
+        fail(SPARK_ERR_INVALID_ARGUMENT, "context: n_ctx %d exceeds the largest context spark allocates (%d tokens)", params_.n_ctx, kMaxContext);
     if (params_.n_ctx < 0 || params_.n_batch <= 0 || params_.n_seq_max <= 0 || params_.n_seq_max > 4096 || params_.n_snapshots < 0 ||
         params_.n_rollback < 0 || params_.n_rollback > 64)
         fail(SPARK_ERR_INVALID_ARGUMENT, "invalid context parameters (n_ctx %d, n_batch %d, n_seq_max %d, n_snapshots %d, n_rollback %d of at most 64)",

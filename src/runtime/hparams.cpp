@@ -1,8 +1,11 @@
 #include "runtime/hparams.h"
 
+#include "graph/checked.h"
 #include "graph/error.h"
+#include "runtime/config_fields.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace spark {
 
@@ -10,65 +13,30 @@ using json = nlohmann::json;
 
 namespace {
 
-const json * find_key(const json & j, const char * key) {
-    auto it = j.find(key);
-    return it == j.end() || it->is_null() ? nullptr : &*it;
-}
-
-int64_t get_int(const json & j, const char * key, int64_t fallback, bool required = false) {
-    const json * v = find_key(j, key);
-    if (!v) {
-        if (required) fail(SPARK_ERR_INVALID_FORMAT, "config.json: missing '%s'", key);
-        return fallback;
-    }
-    if (!v->is_number_integer()) fail(SPARK_ERR_INVALID_FORMAT, "config.json: '%s' must be an integer", key);
-    int64_t x = v->get<int64_t>();
-    if (x < 0) fail(SPARK_ERR_INVALID_FORMAT, "config.json: '%s' must not be negative", key);
-    return x;
-}
-
-double get_num(const json & j, const char * key, double fallback) {
-    const json * v = find_key(j, key);
-    if (!v) return fallback;
-    if (!v->is_number()) fail(SPARK_ERR_INVALID_FORMAT, "config.json: '%s' must be a number", key);
-    return v->get<double>();
-}
-
-bool get_bool(const json & j, const char * key, bool fallback) {
-    const json * v = find_key(j, key);
-    if (!v) return fallback;
-    if (!v->is_boolean()) fail(SPARK_ERR_INVALID_FORMAT, "config.json: '%s' must be a boolean", key);
-    return v->get<bool>();
-}
+using Fields = ConfigFields;
+using namespace config_limits;
 
 // rope_theta and the scaling type live in one of three places depending on the transformers version.
-void parse_rope(const json & j, HParams & hp) {
-    hp.rope_theta = float(get_num(j, "rope_theta", 10000.0));
-    const json * scaling = find_key(j, "rope_scaling");
-    if (const json * params = find_key(j, "rope_parameters")) {
-        if (!params->is_object()) fail(SPARK_ERR_INVALID_FORMAT, "config.json: rope_parameters must be an object");
-        hp.rope_theta = float(get_num(*params, "rope_theta", hp.rope_theta));
+void parse_rope(const Fields & f, HParams & hp) {
+    constexpr double kMaxTheta = 1e15;
+    hp.rope_theta               = f.positive_float("rope_theta", 10000.0, kMaxTheta);
+    const json * scaling        = f.find("rope_scaling");
+    const char * scaling_name   = "rope_scaling";
+    if (const json * params = f.find("rope_parameters")) {
+        if (!params->is_object()) f.bad("rope_parameters", "must be an object");
+        hp.rope_theta = Fields(*params, f.origin(), "rope_parameters.").positive_float("rope_theta", hp.rope_theta, kMaxTheta);
         scaling       = params;
+        scaling_name  = "rope_parameters";
     }
     if (scaling) {
-        if (!scaling->is_object()) fail(SPARK_ERR_INVALID_FORMAT, "config.json: rope_scaling must be an object or null");
-        std::string type = "default";
-        if (const json * t = find_key(*scaling, "rope_type")) type = t->is_string() ? t->get<std::string>() : "?";
-        else if (const json * t2 = find_key(*scaling, "type")) type = t2->is_string() ? t2->get<std::string>() : "?";
+        if (!scaling->is_object()) f.bad(scaling_name, "must be an object or null");
+        const Fields s(*scaling, f.origin(), std::string(scaling_name) + ".");
+        std::string  type = "default";
+        if (const json * t = s.find("rope_type")) type = t->is_string() ? t->get<std::string>() : Fields::shown(*t);
+        else if (const json * t2 = s.find("type")) type = t2->is_string() ? t2->get<std::string>() : Fields::shown(*t2);
         if (type != "default")
-            fail(SPARK_ERR_UNSUPPORTED, "config.json: rope scaling type '%s' is not supported (only default RoPE)", type.c_str());
+            fail(SPARK_ERR_UNSUPPORTED, "%s: rope scaling type '%s' is not supported (only default RoPE)", f.origin().c_str(), type.c_str());
     }
-    if (!(hp.rope_theta > 0.0f)) fail(SPARK_ERR_INVALID_FORMAT, "config.json: rope_theta must be positive");
-}
-
-std::vector<int32_t> token_ids(const json * v) {
-    std::vector<int32_t> out;
-    if (!v) return out;
-    if (v->is_number_integer()) out.push_back(v->get<int32_t>());
-    else if (v->is_array())
-        for (const json & x : *v)
-            if (x.is_number_integer()) out.push_back(x.get<int32_t>());
-    return out;
 }
 
 }  // namespace
@@ -86,108 +54,113 @@ int64_t HParams::n_layer_of(LayerKind kind) const {
 }
 
 int64_t HParams::conv_state_floats() const {
-    return std::max<int64_t>(ssm_conv_kernel - 1, 0) * (2 * ssm_n_k_heads * ssm_k_dim + ssm_n_v_heads * ssm_v_dim);
+    constexpr spark_status st   = SPARK_ERR_INVALID_FORMAT;
+    const char *           what = "config.json: the linear-attention conv state";
+    const int64_t          qk   = product_or_fail(st, what, {2, ssm_n_k_heads, ssm_k_dim});
+    const int64_t          v    = product_or_fail(st, what, {ssm_n_v_heads, ssm_v_dim});
+    return product_or_fail(st, what, {std::max<int64_t>(ssm_conv_kernel - 1, 0), sum_or_fail(st, what, qk, v)});
 }
 
-int64_t HParams::ssm_state_floats() const { return ssm_k_dim * ssm_v_dim * ssm_n_v_heads; }
+int64_t HParams::ssm_state_floats() const {
+    return product_or_fail(SPARK_ERR_INVALID_FORMAT, "config.json: the linear-attention state", {ssm_k_dim, ssm_v_dim, ssm_n_v_heads});
+}
 
-HParams parse_hparams(const json & j) {
-    if (!j.is_object()) fail(SPARK_ERR_INVALID_FORMAT, "config.json is not a JSON object");
-    HParams hp;
-    const json * mt = find_key(j, "model_type");
-    if (!mt || !mt->is_string()) fail(SPARK_ERR_INVALID_FORMAT, "config.json: missing 'model_type'");
+HParams parse_hparams(const json & j, const std::string & origin) {
+    if (!j.is_object()) fail(SPARK_ERR_INVALID_FORMAT, "%s is not a JSON object", origin.c_str());
+    const Fields f(j, origin);
+    HParams      hp;
+    const json * mt = f.find("model_type");
+    if (!mt || !mt->is_string()) f.bad("model_type", "is missing or not a string");
     hp.arch = mt->get<std::string>();
     if (!is_supported_arch(hp.arch))
-        fail(SPARK_ERR_UNSUPPORTED, "architecture '%s' is not supported (supported: qwen3, qwen3_moe, qwen3_next)", hp.arch.c_str());
+        fail(SPARK_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported (supported: qwen3, qwen3_moe, qwen3_next)", origin.c_str(), hp.arch.c_str());
 
-    hp.n_vocab     = get_int(j, "vocab_size", 0, true);
-    hp.n_embd      = get_int(j, "hidden_size", 0, true);
-    hp.n_layer     = get_int(j, "num_hidden_layers", 0, true);
-    hp.n_head      = get_int(j, "num_attention_heads", 0, true);
-    hp.n_head_kv   = get_int(j, "num_key_value_heads", hp.n_head);
-    hp.n_ff        = get_int(j, "intermediate_size", 0);
-    hp.n_ctx_train = get_int(j, "max_position_embeddings", 4096);
-    hp.rms_eps     = float(get_num(j, "rms_norm_eps", 1e-6));
-    hp.tie_embeddings = get_bool(j, "tie_word_embeddings", false);
-    if (hp.n_vocab == 0 || hp.n_embd == 0 || hp.n_layer == 0 || hp.n_head == 0 || hp.n_head_kv == 0)
-        fail(SPARK_ERR_INVALID_FORMAT, "config.json: vocab/hidden/layer/head sizes must be positive");
+    hp.n_vocab        = f.integer("vocab_size", 0, 1, kMaxVocab, true);
+    hp.n_embd         = f.integer("hidden_size", 0, 1, kMaxEmbd, true);
+    hp.n_layer        = f.integer("num_hidden_layers", 0, 1, kMaxLayers, true);
+    hp.n_head         = f.integer("num_attention_heads", 0, 1, kMaxHeads, true);
+    hp.n_head_kv      = f.integer("num_key_value_heads", hp.n_head, 1, kMaxHeads);
+    hp.n_ff           = f.integer("intermediate_size", 0, 0, kMaxFF);
+    hp.n_ctx_train    = f.integer("max_position_embeddings", 4096, 1, kMaxPositions);
+    hp.rms_eps        = f.positive_float("rms_norm_eps", 1e-6, 1.0);
+    hp.tie_embeddings = f.boolean("tie_word_embeddings", false);
     if (hp.n_head % hp.n_head_kv != 0)
-        fail(SPARK_ERR_INVALID_FORMAT, "config.json: num_attention_heads (%lld) is not a multiple of num_key_value_heads (%lld)",
-             (long long) hp.n_head, (long long) hp.n_head_kv);
-    hp.head_dim = get_int(j, "head_dim", hp.n_embd / hp.n_head);
-    if (hp.head_dim == 0 || hp.head_dim % 2) fail(SPARK_ERR_INVALID_FORMAT, "config.json: head_dim must be even and positive");
-    if (hp.n_layer > 4096 || hp.n_embd > (1 << 20) || hp.n_vocab > (1 << 24))
-        fail(SPARK_ERR_INVALID_FORMAT, "config.json: implausible model dimensions");
+        f.bad("num_attention_heads", "(%lld) is not a multiple of num_key_value_heads (%lld)", (long long) hp.n_head, (long long) hp.n_head_kv);
+    hp.head_dim = f.integer("head_dim", hp.n_embd / hp.n_head, 0, kMaxHeadDim);
+    if (hp.head_dim == 0 || hp.head_dim % 2) f.bad("head_dim", "must be even and positive (got %lld)", (long long) hp.head_dim);
 
-    parse_rope(j, hp);
-    const double partial = get_num(j, "partial_rotary_factor", hp.arch == "qwen3_next" ? 0.25 : 1.0);
+    parse_rope(f, hp);
+    const double partial = f.number("partial_rotary_factor", hp.arch == "qwen3_next" ? 0.25 : 1.0, 0.0, 1.0, true);
     hp.n_rot             = int64_t(double(hp.head_dim) * partial);
-    if (hp.n_rot <= 0 || hp.n_rot > hp.head_dim || hp.n_rot % 2)
-        fail(SPARK_ERR_INVALID_FORMAT, "config.json: partial_rotary_factor gives %lld rotated dims", (long long) hp.n_rot);
+    if (hp.n_rot <= 0 || hp.n_rot % 2) f.bad("partial_rotary_factor", "= %g gives %lld rotated dims of %lld (must be even and positive)", partial, (long long) hp.n_rot, (long long) hp.head_dim);
 
     if (hp.arch == "qwen3_moe" || hp.arch == "qwen3_next") {
-        hp.n_expert       = get_int(j, "num_experts", get_int(j, "num_local_experts", 0));
-        hp.n_expert_used  = get_int(j, "num_experts_per_tok", 0, true);
-        hp.n_ff_expert    = get_int(j, "moe_intermediate_size", 0, true);
-        hp.norm_topk_prob = get_bool(j, "norm_topk_prob", hp.arch == "qwen3_next");
-        hp.sparse_step    = get_int(j, "decoder_sparse_step", 1);
-        if (const json * m = find_key(j, "mlp_only_layers")) {
-            if (!m->is_array()) fail(SPARK_ERR_INVALID_FORMAT, "config.json: mlp_only_layers must be a list");
+        const int64_t local = f.integer("num_local_experts", 0, 0, kMaxExperts);
+        hp.n_expert         = f.integer("num_experts", local, 0, kMaxExperts);
+        if (hp.n_expert == 0) f.bad(f.find("num_experts") ? "num_experts" : "num_local_experts", "must be positive for a mixture of experts");
+        hp.n_expert_used    = f.integer("num_experts_per_tok", 0, 1, hp.n_expert, true);
+        hp.n_ff_expert      = f.integer("moe_intermediate_size", 0, 1, kMaxFF, true);
+        hp.norm_topk_prob   = f.boolean("norm_topk_prob", hp.arch == "qwen3_next");
+        hp.sparse_step      = f.integer("decoder_sparse_step", 1, 1, kMaxLayers);
+        if (const json * m = f.find("mlp_only_layers")) {
+            if (!m->is_array()) f.bad("mlp_only_layers", "must be a list");
             for (const json & x : *m) {
-                if (!x.is_number_integer()) fail(SPARK_ERR_INVALID_FORMAT, "config.json: mlp_only_layers entries must be integers");
-                hp.mlp_only_layers.push_back(x.get<int>());
+                const bool in_range = x.is_number_integer() && (x.is_number_unsigned() ? x.get<uint64_t>() < uint64_t(hp.n_layer)
+                                                                                       : x.get<int64_t>() >= 0 && x.get<int64_t>() < hp.n_layer);
+                if (!in_range)
+                    f.bad("mlp_only_layers", "entries must be layer indices in [0, %lld), not %s", (long long) hp.n_layer, Fields::shown(x).c_str());
+                hp.mlp_only_layers.push_back(int(x.get<int64_t>()));
             }
         }
-        if (hp.n_expert == 0 || hp.n_expert_used == 0 || hp.n_expert_used > hp.n_expert)
-            fail(SPARK_ERR_INVALID_FORMAT, "config.json: num_experts_per_tok (%lld) must be in [1, num_experts (%lld)]",
-                 (long long) hp.n_expert_used, (long long) hp.n_expert);
     }
 
     hp.layer_kinds.assign(size_t(hp.n_layer), LayerKind::Attention);
     if (hp.arch == "qwen3_next") {
-        hp.n_ff_shexp      = get_int(j, "shared_expert_intermediate_size", 0);
-        hp.ssm_conv_kernel = get_int(j, "linear_conv_kernel_dim", 4);
-        hp.ssm_n_k_heads   = get_int(j, "linear_num_key_heads", 0, true);
-        hp.ssm_n_v_heads   = get_int(j, "linear_num_value_heads", 0, true);
-        hp.ssm_k_dim       = get_int(j, "linear_key_head_dim", 0, true);
-        hp.ssm_v_dim       = get_int(j, "linear_value_head_dim", 0, true);
-        hp.n_mtp_layers    = get_int(j, "num_nextn_predict_layers", 0);
-        if (hp.ssm_n_k_heads == 0 || hp.ssm_n_v_heads % hp.ssm_n_k_heads != 0 || hp.ssm_conv_kernel < 2)
-            fail(SPARK_ERR_INVALID_FORMAT, "config.json: invalid linear-attention head configuration");
-        if (const json * lt = find_key(j, "layer_types")) {
-            if (!lt->is_array() || int64_t(lt->size()) != hp.n_layer)
-                fail(SPARK_ERR_INVALID_FORMAT, "config.json: layer_types must list one type per layer");
+        hp.n_ff_shexp      = f.integer("shared_expert_intermediate_size", 0, 0, kMaxFF);
+        hp.ssm_conv_kernel = f.integer("linear_conv_kernel_dim", 4, 2, kMaxConvKernel);
+        hp.ssm_n_k_heads   = f.integer("linear_num_key_heads", 0, 1, kMaxHeads, true);
+        hp.ssm_n_v_heads   = f.integer("linear_num_value_heads", 0, 1, kMaxHeads, true);
+        hp.ssm_k_dim       = f.integer("linear_key_head_dim", 0, 1, kMaxHeadDim, true);
+        hp.ssm_v_dim       = f.integer("linear_value_head_dim", 0, 1, kMaxHeadDim, true);
+        hp.n_mtp_layers    = f.integer("num_nextn_predict_layers", 0, 0, kMaxLayers);
+        if (hp.ssm_n_v_heads % hp.ssm_n_k_heads != 0)
+            f.bad("linear_num_value_heads", "(%lld) is not a multiple of linear_num_key_heads (%lld)", (long long) hp.ssm_n_v_heads, (long long) hp.ssm_n_k_heads);
+        if (const json * lt = f.find("layer_types")) {
+            if (!lt->is_array() || int64_t(lt->size()) != hp.n_layer) f.bad("layer_types", "must list one type per layer (%lld)", (long long) hp.n_layer);
             for (size_t i = 0; i < lt->size(); ++i) {
                 const json & v = (*lt)[i];
-                std::string  s = v.is_string() ? v.get<std::string>() : "";
+                std::string  s = v.is_string() ? v.get<std::string>() : Fields::shown(v);
                 if (s == "linear_attention") hp.layer_kinds[i] = LayerKind::LinearAttention;
                 else if (s == "full_attention") hp.layer_kinds[i] = LayerKind::Attention;
-                else fail(SPARK_ERR_UNSUPPORTED, "config.json: layer type '%s' is not supported", s.c_str());
+                else fail(SPARK_ERR_UNSUPPORTED, "%s: layer type '%s' is not supported", origin.c_str(), s.c_str());
             }
         } else {
-            const int64_t interval = get_int(j, "full_attention_interval", 4);
-            if (interval == 0) fail(SPARK_ERR_INVALID_FORMAT, "config.json: full_attention_interval must be positive");
+            const int64_t interval = f.integer("full_attention_interval", 4, 1, INT64_MAX);
             for (int64_t i = 0; i < hp.n_layer; ++i)
                 hp.layer_kinds[size_t(i)] = (i + 1) % interval == 0 ? LayerKind::Attention : LayerKind::LinearAttention;
         }
-    } else if (const json * lt = find_key(j, "layer_types")) {
+        // Sized here once, so that an overflow is reported as a bad config.json.
+        (void) hp.conv_state_floats();
+        (void) hp.ssm_state_floats();
+    } else if (const json * lt = f.find("layer_types")) {
         // Qwen3 lists "full_attention" / "sliding_attention"; sliding windows are not supported.
         if (lt->is_array())
             for (const json & v : *lt)
                 if (!v.is_string() || v.get<std::string>() != "full_attention")
-                    fail(SPARK_ERR_UNSUPPORTED, "config.json: layer type '%s' is not supported", v.dump().c_str());
+                    fail(SPARK_ERR_UNSUPPORTED, "%s: layer type '%s' is not supported", origin.c_str(), Fields::shown(v).c_str());
     }
-    if (get_bool(j, "use_sliding_window", false))
-        fail(SPARK_ERR_UNSUPPORTED, "config.json: sliding-window attention is not supported");
-    if (get_bool(j, "attention_bias", false))
-        fail(SPARK_ERR_UNSUPPORTED, "config.json: attention_bias is not supported");
-    if (const json * act = find_key(j, "hidden_act"))
+    if (f.boolean("use_sliding_window", false)) fail(SPARK_ERR_UNSUPPORTED, "%s: sliding-window attention is not supported", origin.c_str());
+    if (f.boolean("attention_bias", false)) fail(SPARK_ERR_UNSUPPORTED, "%s: attention_bias is not supported", origin.c_str());
+    if (const json * act = f.find("hidden_act"))
         if (!act->is_string() || act->get<std::string>() != "silu")
-            fail(SPARK_ERR_UNSUPPORTED, "config.json: hidden_act %s is not supported (only silu)", act->dump().c_str());
+            fail(SPARK_ERR_UNSUPPORTED, "%s: hidden_act %s is not supported (only silu)", origin.c_str(), Fields::shown(*act).c_str());
 
-    hp.eos_token_ids = token_ids(find_key(j, "eos_token_id"));
-    if (const json * b = find_key(j, "bos_token_id"))
-        if (b->is_number_integer()) hp.bos_token_id = b->get<int32_t>();
+    hp.eos_token_ids = f.token_ids("eos_token_id", hp.n_vocab);
+    if (const json * b = f.find("bos_token_id")) {
+        if (b->is_array()) f.bad("bos_token_id", "must be one token id, not %s", Fields::shown(*b).c_str());
+        const std::vector<int32_t> bos = f.token_ids("bos_token_id", hp.n_vocab);
+        hp.bos_token_id                = bos.empty() ? -1 : bos[0];
+    }
     return hp;
 }
 

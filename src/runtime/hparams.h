@@ -60,9 +60,10 @@ struct HParams {
     int64_t ssm_state_floats() const;
 };
 
-// Throws Error(SPARK_ERR_INVALID_FORMAT) for missing/ill-typed fields,
-// Error(SPARK_ERR_UNSUPPORTED) for unknown architectures or rope scaling types.
-HParams parse_hparams(const nlohmann::json & config);
+// Throws Error(SPARK_ERR_INVALID_FORMAT) for missing, ill-typed or implausible fields (every
+// dimension has an upper bound, docs/RELIABILITY.md), Error(SPARK_ERR_UNSUPPORTED) for unknown
+// architectures or rope scaling types. Messages start with `origin`, the file the JSON came from.
+HParams parse_hparams(const nlohmann::json & config, const std::string & origin = "config.json");
 
 // The architecture names spark runs.
 bool is_supported_arch(const std::string & model_type);

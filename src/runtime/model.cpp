@@ -1,5 +1,6 @@
 #include "runtime/model.h"
 
+#include "graph/checked.h"
 #include "graph/error.h"
 #include "graph/hash.h"
 #include "runtime/device.h"
@@ -112,8 +113,11 @@ void fill_info(Model & m, int64_t n_params) {
             step += uint64_t(hp.n_expert_used) * (bytes(L.exp_gate[0]) + bytes(L.exp_up[0]) + bytes(L.exp_down[0]));
     }
     i.decode_weight_bytes = step;
-    i.kv_bytes_per_token  = uint64_t(i.n_layer_attention) * 2 * uint64_t(hp.n_head_kv * hp.head_dim) * dtype_size(m.backend->caps().kv_type);
-    i.recurrent_bytes = uint64_t(i.n_layer_linear_attention) * 4 * uint64_t(hp.conv_state_floats() + hp.ssm_state_floats());
+    const spark_status st = SPARK_ERR_INVALID_FORMAT;
+    i.kv_bytes_per_token  = uint64_t(product_or_fail(st, "config.json: the KV cache per token",
+                                                     {i.n_layer_attention, 2, hp.n_head_kv, hp.head_dim, int64_t(dtype_size(m.backend->caps().kv_type))}));
+    i.recurrent_bytes     = uint64_t(product_or_fail(st, "config.json: the recurrent state",
+                                                     {i.n_layer_linear_attention, 4, sum_or_fail(st, "config.json: the recurrent state", hp.conv_state_floats(), hp.ssm_state_floats())}));
 }
 
 }  // namespace
@@ -131,7 +135,7 @@ std::unique_ptr<Model> load_model(const std::string & path, const spark_model_pa
     try {
         config = json::parse(src.config_json);
     } catch (const json::exception & e) {
-        fail(SPARK_ERR_INVALID_FORMAT, "%s: config.json is not valid JSON: %s", path.c_str(), e.what());
+        fail(SPARK_ERR_INVALID_FORMAT, "%s: not valid JSON: %s", src.config_origin.c_str(), e.what());
     }
     json hf_quant;
     if (!src.hf_quant_config_json.empty()) {
@@ -141,8 +145,8 @@ std::unique_ptr<Model> load_model(const std::string & path, const spark_model_pa
             fail(SPARK_ERR_INVALID_FORMAT, "%s: hf_quant_config.json is not valid JSON: %s", path.c_str(), e.what());
         }
     }
-    m->hparams = parse_hparams(config);
-    m->quant   = parse_quant_config(config, hf_quant);
+    m->hparams = parse_hparams(config, src.config_origin);
+    m->quant   = parse_quant_config(config, hf_quant, src.config_origin);
     m->layers.resize(size_t(m->hparams.n_layer));
     m->arch    = make_architecture(m->hparams.arch);
     if (backend) m->backend = std::move(backend);

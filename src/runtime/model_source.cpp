@@ -17,6 +17,7 @@ ModelSource open_directory(const std::string & dir) {
     if (!io::file_exists(config)) fail(SPARK_ERR_IO, "'%s' has no config.json", dir.c_str());
     ModelSource src;
     src.config_json            = io::read_text_file(config);
+    src.config_origin          = config;
     src.hf_quant_config_json   = read_if_present(io::path_join(dir, "hf_quant_config.json"));
     src.tokenizer_json         = read_if_present(io::path_join(dir, "tokenizer.json"));
     src.tokenizer_config_json  = read_if_present(io::path_join(dir, "tokenizer_config.json"));

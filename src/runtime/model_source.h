@@ -14,6 +14,7 @@ namespace spark {
 struct ModelSource {
     std::unique_ptr<io::TensorSource>  tensors;
     std::string                        config_json;
+    std::string                        config_origin;           // names config.json in messages: its path, or the spark file's key
     std::string                        hf_quant_config_json;    // "" when absent
     std::string                        tokenizer_json;          // "" when absent
     std::string                        tokenizer_config_json;   // "" when absent

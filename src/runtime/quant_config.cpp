@@ -13,9 +13,17 @@ std::string str_or(const json & j, const char * key, const std::string & fallbac
     return it != j.end() && it->is_string() ? it->get<std::string>() : fallback;
 }
 
+// Bits, group sizes and block sizes: -1 (per channel) or small positive numbers. A value outside
+// this range would be truncated to int, so it is refused.
+constexpr int64_t kMaxQuantParam = int64_t(1) << 24;
+
 int int_or(const json & j, const char * key, int fallback) {
     auto it = j.find(key);
-    return it != j.end() && it->is_number_integer() ? it->get<int>() : fallback;
+    if (it == j.end() || !it->is_number_integer()) return fallback;
+    const bool fits = it->is_number_unsigned() ? it->get<uint64_t>() <= uint64_t(kMaxQuantParam)
+                                               : it->get<int64_t>() >= -1 && it->get<int64_t>() <= kMaxQuantParam;
+    if (!fits) fail(SPARK_ERR_INVALID_FORMAT, "quantization_config: '%s' = %s is outside [-1, %lld]", key, it->dump().c_str(), (long long) kMaxQuantParam);
+    return int(it->get<int64_t>());
 }
 
 }  // namespace
@@ -57,6 +65,14 @@ int QuantConfig::bits_for(const std::string & module) const {
 
 std::string QuantConfig::describe() const { return raw.is_null() ? std::string("none") : raw.dump(); }
 
+QuantConfig parse_quant_config(const json & config, const json & hf_quant_config, const std::string & origin) {
+    try {
+        return parse_quant_config(config, hf_quant_config);
+    } catch (const Error & e) {
+        throw Error(e.status(), origin + ": " + e.what());
+    }
+}
+
 QuantConfig parse_quant_config(const json & config, const json & hf_quant_config) {
     QuantConfig qc;
     json        q;
@@ -64,11 +80,13 @@ QuantConfig parse_quant_config(const json & config, const json & hf_quant_config
         q = config["quantization_config"];
     else if (hf_quant_config.is_object() && hf_quant_config.contains("quantization")) {
         // ModelOpt's legacy side file: {"producer": ..., "quantization": {"quant_algo": ...}}
-        q                 = hf_quant_config["quantization"];
+        q = hf_quant_config["quantization"];
+        if (q.is_null()) return qc;
+        if (!q.is_object()) fail(SPARK_ERR_INVALID_FORMAT, "hf_quant_config.json: 'quantization' must be an object");
         q["quant_method"] = "modelopt";
     }
     if (q.is_null()) return qc;
-    if (!q.is_object()) fail(SPARK_ERR_INVALID_FORMAT, "quantization_config must be an object");
+    if (!q.is_object()) fail(SPARK_ERR_INVALID_FORMAT, "'quantization_config' must be an object");
     qc.raw         = q;
     qc.method_name = str_or(q, "quant_method");
     const std::string & m = qc.method_name;
@@ -91,9 +109,11 @@ QuantConfig parse_quant_config(const json & config, const json & hf_quant_config
 
     auto read_block = [&](const json & b) {
         if (b.is_array() && b.size() == 2 && b[0].is_number_integer() && b[1].is_number_integer()) {
-            qc.fp8_block_n = b[0].get<int>();
-            qc.fp8_block_k = b[1].get<int>();
-            if (qc.fp8_block_n <= 0 || qc.fp8_block_k <= 0) fail(SPARK_ERR_INVALID_FORMAT, "FP8 block size must be positive");
+            const json pair = {{"n", b[0]}, {"k", b[1]}};
+            qc.fp8_block_n  = int_or(pair, "n", 0);
+            qc.fp8_block_k  = int_or(pair, "k", 0);
+            if (qc.fp8_block_n <= 0 || qc.fp8_block_k <= 0)
+                fail(SPARK_ERR_INVALID_FORMAT, "quantization_config: the FP8 block size %s must be positive", b.dump().c_str());
         }
     };
     if (q.contains("weight_block_size")) read_block(q["weight_block_size"]);

@@ -36,7 +36,10 @@ struct QuantConfig {
     std::string describe() const;
 };
 
-// `config` is config.json; `hf_quant_config` is hf_quant_config.json or null.
+// `config` is config.json; `hf_quant_config` is hf_quant_config.json or null. Throws
+// SPARK_ERR_INVALID_FORMAT for values that cannot be right (group sizes that do not fit an int),
+// SPARK_ERR_UNSUPPORTED for unknown methods; with `origin`, messages start with it (the file).
 QuantConfig parse_quant_config(const nlohmann::json & config, const nlohmann::json & hf_quant_config);
+QuantConfig parse_quant_config(const nlohmann::json & config, const nlohmann::json & hf_quant_config, const std::string & origin);
 
 }  // namespace spark

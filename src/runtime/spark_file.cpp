@@ -14,6 +14,7 @@ ModelSource open_spark_file(const std::string & path) {
     auto config = f.get_string("spark.hf_config_json");
     if (!config) fail(SPARK_ERR_INVALID_FORMAT, "'%s': spark file lacks spark.hf_config_json", path.c_str());
     src.config_json            = *config;
+    src.config_origin          = path + ": spark.hf_config_json (config.json)";
     src.hf_quant_config_json   = f.get_string("spark.hf_quant_config_json").value_or("");
     src.tokenizer_json         = f.get_string("tokenizer.huggingface.json").value_or("");
     src.tokenizer_config_json  = f.get_string("spark.tokenizer_config_json").value_or("");

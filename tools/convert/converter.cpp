@@ -10,6 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -26,6 +28,25 @@ std::string read_optional(const std::string & path) { return io::file_exists(pat
 
 bool ends_with(const std::string & s, const std::string & suffix) {
     return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The files of a Hugging Face directory that the converter reads besides the tensors.
+constexpr const char * kSideFiles[] = {"config.json",           "hf_quant_config.json",   "tokenizer.json",
+                                       "tokenizer_config.json", "generation_config.json", "chat_template.jinja",
+                                       "model.safetensors.index.json"};
+
+// Refuses an output that is one of the input files, however it is spelled (relative, through
+// "..", a symbolic or a hard link): same device and inode. Replacing it would destroy the
+// checkpoint being converted (the output replaces its path only at the end, by rename).
+void refuse_output_among_inputs(const std::string & output, const std::vector<std::string> & inputs) {
+    struct stat out {};
+    if (::stat(output.c_str(), &out) != 0) return;  // nothing there yet: it cannot be an input
+    for (const std::string & in : inputs) {
+        struct stat st {};
+        if (::stat(in.c_str(), &st) == 0 && st.st_dev == out.st_dev && st.st_ino == out.st_ino)
+            fail(SPARK_ERR_INVALID_ARGUMENT, "output '%s' is the input file '%s': converting onto it would destroy the checkpoint", output.c_str(),
+                 in.c_str());
+    }
 }
 
 // llama.cpp's architecture names (docs/FORMAT.md).
@@ -53,8 +74,11 @@ public:
         } catch (const json::exception & e) {
             fail(SPARK_ERR_INVALID_FORMAT, "%s/config.json: %s", opt_.input.c_str(), e.what());
         }
-        const HParams hp = parse_hparams(config_);
+        const HParams hp = parse_hparams(config_, io::path_join(opt_.input, "config.json"));
         src_             = io::SafetensorsSource::open_dir(opt_.input);
+        std::vector<std::string> inputs = src_->file_paths();
+        for (const char * side : kSideFiles) inputs.push_back(io::path_join(opt_.input, side));
+        refuse_output_among_inputs(opt_.output, inputs);
         if (opt_.quantize != Quantize::None && config_.contains("quantization_config"))
             fail(SPARK_ERR_UNSUPPORTED, "--quantize needs a bf16/f16/f32 checkpoint; '%s' is already quantized (%s)", opt_.input.c_str(),
                  config_["quantization_config"].value("quant_method", "?").c_str());

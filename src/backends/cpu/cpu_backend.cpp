@@ -10,6 +10,7 @@
 #include <cstring>
 #include <new>
 #include <thread>
+#include <unistd.h>
 
 namespace spark {
 
@@ -19,6 +20,7 @@ class HostBuffer final : public Buffer {
 public:
     explicit HostBuffer(size_t bytes) {
         size_  = bytes;
+        if (bytes > SIZE_MAX - 63) fail(SPARK_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of host memory", bytes);
         // 64-byte alignment for vector loads; at least one byte so data() is never null.
         data_ = std::aligned_alloc(64, (std::max<size_t>(bytes, 1) + 63) / 64 * 64);
         if (!data_) fail(SPARK_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of host memory", bytes);
@@ -43,6 +45,10 @@ public:
     BackendCaps caps() const override { return {true, DType::F32}; }
 
     std::unique_ptr<Buffer> alloc(size_t bytes) override { return std::make_unique<HostBuffer>(bytes); }
+    uint64_t memory_capacity() const override {
+        const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+        return pages > 0 && page > 0 ? uint64_t(pages) * uint64_t(page) : 0;
+    }
     void upload(void * dst, const void * src, size_t n) override { std::memcpy(dst, src, n); }
     void download(void * dst, const void * src, size_t n) override { std::memcpy(dst, src, n); }
     void copy(void * dst, const void * src, size_t n) override { std::memmove(dst, src, n); }

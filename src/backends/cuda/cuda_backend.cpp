@@ -166,6 +166,7 @@ public:
         props_.sm_count           = prop.multiProcessorCount;
         props_.max_smem_per_block = int(prop.sharedMemPerBlockOptin);
         props_.l2_bytes           = size_t(prop.l2CacheSize);
+        total_memory_             = uint64_t(prop.totalGlobalMem);
         name_                     = prop.name;
         SPARK_CUDA_CHECK(cudaSetDevice(device));
         SPARK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -193,6 +194,7 @@ public:
         activate();
         return std::make_unique<DeviceBuffer>(bytes, device_, stream_);
     }
+    uint64_t memory_capacity() const override { return total_memory_; }
     // Small uploads (a step's inputs) go through a pinned ring buffer so the copy is truly
     // asynchronous (a pageable copy stalls the host while it stages); the ring is reused after the
     // stream synchronises. Large uploads (weights at load time) copy directly.
@@ -583,6 +585,7 @@ private:
 
     int                     device_;
     std::string             name_;
+    uint64_t                total_memory_ = 0;
     cuda::DeviceProps       props_;
     cudaStream_t            stream_ = nullptr;
     GrowingWorkspace        workspace_;

@@ -6,8 +6,10 @@
 #include <atomic>
 #include <bit>
 #include <cerrno>
+#include <charconv>
 #include <csignal>
 #include <cstdio>
+#include <dirent.h>
 #include <fcntl.h>
 #include <limits>
 #include <sys/stat.h>
@@ -950,6 +952,34 @@ std::string parent_dir(const std::string & path) {
     return path.substr(0, slash);
 }
 
+// The temporaries `<path>.tmp-<pid>` of writers that are gone. A writer removes its temporary on
+// any error and on SIGINT/SIGTERM (gguf_remove_temp_file_on_signal), but SIGKILL or a power loss
+// leaves it behind, at the full size of a model; the next write to the same path removes it. A
+// temporary whose process still runs (or whose pid was reused) is left alone.
+void remove_stale_temporaries(const std::string & path) {
+    const std::string dir    = parent_dir(path);
+    const size_t      slash  = path.find_last_of('/');
+    const std::string prefix = (slash == std::string::npos ? path : path.substr(slash + 1)) + ".tmp-";
+    DIR *             d      = ::opendir(dir.c_str());
+    if (!d) return;  // the write itself reports an unusable directory
+    std::vector<std::string> stale;
+    while (const dirent * e = ::readdir(d)) {
+        const std::string name = e->d_name;
+        if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+        const std::string digits = name.substr(prefix.size());
+        pid_t             pid    = 0;
+        const auto [end, ec]     = std::from_chars(digits.data(), digits.data() + digits.size(), pid);
+        if (ec != std::errc() || end != digits.data() + digits.size() || pid <= 0 || pid == ::getpid()) continue;
+        if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive, or someone else's (EPERM)
+        stale.push_back(dir + "/" + name);
+    }
+    ::closedir(d);
+    for (const std::string & f : stale) {
+        struct stat st {};
+        if (::lstat(f.c_str(), &st) == 0 && S_ISREG(st.st_mode)) ::unlink(f.c_str());
+    }
+}
+
 }  // namespace
 
 void gguf_remove_temp_file_on_signal() noexcept {
@@ -1047,6 +1077,7 @@ void GgufWriter::write(const std::string & path, const DataProvider & provide, b
     }
     h.bytes.resize(align_up(h.bytes.size(), kSparkAlignment), 0);
 
+    remove_stale_temporaries(path);
     const std::string temp = path + ".tmp-" + std::to_string(::getpid());
     const int         fd   = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) fail(SPARK_ERR_IO, "cannot create '%s': %s", temp.c_str(), std::strerror(errno));

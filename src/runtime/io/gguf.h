@@ -290,6 +290,7 @@ public:
     // Writes the file: `<path>.tmp-<pid>` first, renamed to `path` on success. On any error the
     // temporary is removed and `path` is untouched. Refuses (SPARK_ERR_IO) to replace an existing
     // `path` unless `overwrite`. Requires general.architecture and spark.hf_config_json (strings).
+    // Temporaries of `path` left by writers that were killed (their process is gone) are removed.
     void write(const std::string & path, const DataProvider & provide, bool overwrite = false) const;
 
 private:

@@ -125,6 +125,12 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::string & path)
     return f;
 }
 
+std::vector<std::string> SafetensorsSource::file_paths() const {
+    std::vector<std::string> out;
+    for (const auto & f : files_) out.push_back(f->path());
+    return out;
+}
+
 void SafetensorsSource::add(std::unique_ptr<SafetensorsFile> f) {
     for (const TensorInfo & t : f->tensors()) {
         if (index_.count(t.name)) fail(SPARK_ERR_INVALID_FORMAT, "tensor '%s' appears in more than one shard (%s)", t.name.c_str(), f->path().c_str());

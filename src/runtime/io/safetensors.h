@@ -40,6 +40,8 @@ public:
     const TensorInfo *              find(const std::string & name) const override;
     const std::vector<TensorInfo> & tensors() const override { return all_; }
     std::string                     describe() const override { return origin_; }
+    // The files the tensors are read from (the shards, or the one file).
+    std::vector<std::string>        file_paths() const;
 
 private:
     void add(std::unique_ptr<SafetensorsFile> f);

@@ -1,5 +1,6 @@
 #include "runtime/memory/kv_cache.h"
 
+#include "graph/checked.h"
 #include "graph/error.h"
 
 #include <algorithm>
@@ -7,19 +8,19 @@
 namespace spark {
 
 namespace {
-constexpr int32_t kPageSize = 64;
-int32_t ceil_div(int32_t a, int32_t b) { return (a + b - 1) / b; }
+// Lengths are at most n_ctx (an int32) and a page holds 64 tokens: no overflow.
+int32_t ceil_div(int32_t a, int32_t b) { return int32_t((int64_t(a) + b - 1) / b); }
 }  // namespace
 
 KvCache::KvCache(Backend & backend, const MemoryLayout & layout, int32_t n_ctx, int32_t n_seq_max)
     : backend_(backend), n_seq_(n_seq_max), page_size_(kPageSize) {
-    max_pages_per_seq_ = ceil_div(n_ctx, page_size_);
-    // Enough pages for n_ctx tokens however they are spread over the sequences (each sequence may
-    // leave one page partly empty).
-    n_pages_ = max_pages_per_seq_ + n_seq_max;
-    kv_type_ = backend_.caps().kv_type;
-    kv_row_  = layout.kv_row;
-    const size_t bytes = size_t(n_pages_) * size_t(page_size_) * size_t(kv_row_) * dtype_size(kv_type_);
+    // Memory checked the footprint (block table, bytes) against its limits before this.
+    max_pages_per_seq_ = int32_t(pages_per_seq(n_ctx));
+    n_pages_           = int32_t(pages_total(n_ctx, n_seq_max));
+    kv_type_           = backend_.caps().kv_type;
+    kv_row_            = layout.kv_row;
+    const size_t bytes = size_t(product_or_fail(SPARK_ERR_INVALID_ARGUMENT, "the KV cache of one layer",
+                                                {n_pages_, page_size_, kv_row_, int64_t(dtype_size(kv_type_))}));
     slot_of_layer_.assign(layout.attention.size(), -1);
     for (size_t il = 0; il < layout.attention.size(); ++il) {
         if (!layout.attention[il]) continue;

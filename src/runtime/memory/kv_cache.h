@@ -12,6 +12,12 @@ class KvCache final : public SequenceState {
 public:
     KvCache(Backend & backend, const MemoryLayout & layout, int32_t n_ctx, int32_t n_seq_max);
 
+    static constexpr int32_t kPageSize = 64;  // tokens per page
+    // Pages one sequence may need (n_ctx tokens), and the pages of a context: n_ctx tokens however
+    // they are spread over the sequences (each sequence may leave one page partly empty).
+    static int64_t pages_per_seq(int32_t n_ctx) { return (int64_t(n_ctx) + kPageSize - 1) / kPageSize; }
+    static int64_t pages_total(int32_t n_ctx, int32_t n_seq_max) { return pages_per_seq(n_ctx) + n_seq_max; }
+
     void    reserve(const std::vector<int32_t> & len, const std::vector<int32_t> & n_new) override;
     void    appended(int32_t, int32_t) override {}
     int32_t min_length(int32_t, int32_t) const override { return 1; }  // any tail can be dropped

@@ -1,5 +1,6 @@
 #include "runtime/memory/memory.h"
 
+#include "graph/checked.h"
 #include "graph/error.h"
 #include "runtime/memory/kv_cache.h"
 #include "runtime/memory/recurrent_state.h"
@@ -9,21 +10,74 @@
 
 namespace spark {
 
+namespace {
+
+// Every step uploads the whole block table: past this many entries a step would move hundreds of
+// MiB, and a hostile n_ctx x n_seq_max would size a host allocation without bound.
+constexpr int64_t kMaxBlockTableEntries = int64_t(1) << 24;
+
+double gib(int64_t bytes) { return double(bytes) / double(int64_t(1) << 30); }
+
+}  // namespace
+
 MemoryLayout MemoryLayout::of(const Model & model) {
     const HParams & hp = model.hparams;
     MemoryLayout    l;
     for (int64_t il = 0; il < hp.n_layer; ++il) l.attention.push_back(hp.layer_kinds[size_t(il)] == LayerKind::Attention);
-    l.kv_row     = hp.n_head_kv * hp.head_dim;
-    l.conv_bytes = size_t(hp.conv_state_floats()) * sizeof(float);
-    l.ssm_bytes  = size_t(hp.ssm_state_floats()) * sizeof(float);
+    const spark_status st = SPARK_ERR_INVALID_FORMAT;
+    l.kv_row     = product_or_fail(st, "config.json: a KV cache row", {hp.n_head_kv, hp.head_dim});
+    l.conv_bytes = size_t(product_or_fail(st, "config.json: the conv state", {hp.conv_state_floats(), int64_t(sizeof(float))}));
+    l.ssm_bytes  = size_t(product_or_fail(st, "config.json: the linear-attention state", {hp.ssm_state_floats(), int64_t(sizeof(float))}));
     return l;
 }
 
+int64_t MemoryFootprint::total() const { return checked_sum(kv_bytes, recurrent_bytes).value_or(INT64_MAX); }
+
+MemoryFootprint MemoryFootprint::of(const MemoryLayout & l, DType kv_type, int32_t n_ctx, int32_t n_seq_max, int32_t n_snapshots,
+                                    int32_t n_rollback) {
+    const int64_t n_attention = std::count(l.attention.begin(), l.attention.end(), true);
+    const int64_t n_recurrent = int64_t(l.attention.size()) - n_attention;
+    const int64_t state       = checked_sum(int64_t(l.conv_bytes), int64_t(l.ssm_bytes)).value_or(INT64_MAX);
+    MemoryFootprint f;
+    if (n_attention > 0) {
+        f.block_table_entries = checked_product({n_seq_max, KvCache::pages_per_seq(n_ctx)}).value_or(INT64_MAX);
+        f.kv_bytes = checked_product({n_attention, 2, KvCache::pages_total(n_ctx, n_seq_max), KvCache::kPageSize, l.kv_row,
+                                      int64_t(dtype_size(kv_type))})
+                         .value_or(INT64_MAX);
+    }
+    if (n_recurrent > 0) {
+        const int64_t rings    = checked_product({n_recurrent, state, int64_t(n_rollback) + 1, n_seq_max}).value_or(INT64_MAX);
+        const int64_t backup   = checked_product({n_recurrent, state, n_seq_max}).value_or(INT64_MAX);
+        const int64_t snapshot = checked_product({n_recurrent, state, n_snapshots}).value_or(INT64_MAX);
+        f.recurrent_bytes      = checked_sum(checked_sum(rings, backup).value_or(INT64_MAX), snapshot).value_or(INT64_MAX);
+    }
+    return f;
+}
+
+void Memory::check_footprint(const Model & model, int32_t n_snapshots, int32_t n_rollback) const {
+    const MemoryFootprint f = MemoryFootprint::of(MemoryLayout::of(model), model.backend->caps().kv_type, n_ctx_, n_seq_, n_snapshots, n_rollback);
+    if (f.block_table_entries > kMaxBlockTableEntries)
+        fail(SPARK_ERR_INVALID_ARGUMENT,
+             "context: n_ctx %d for each of n_seq_max %d sequences needs a block table of %lld pages (at most %lld); lower n_ctx or n_seq_max",
+             n_ctx_, n_seq_, (long long) f.block_table_entries, (long long) kMaxBlockTableEntries);
+    const uint64_t capacity = model.backend->memory_capacity();
+    if (capacity > 0 && uint64_t(f.total()) > capacity)
+        fail(SPARK_ERR_OUT_OF_MEMORY,
+             "context: n_ctx %d, n_seq_max %d, n_rollback %d, n_snapshots %d need %s GiB (KV cache %s GiB, recurrent state %s GiB), more than "
+             "the %.1f GiB of the %s backend",
+             n_ctx_, n_seq_, n_rollback, n_snapshots, f.total() == INT64_MAX ? "> 8e9" : strfmt("%.1f", gib(f.total())).c_str(),
+             f.kv_bytes == INT64_MAX ? "> 8e9" : strfmt("%.1f", gib(f.kv_bytes)).c_str(),
+             f.recurrent_bytes == INT64_MAX ? "> 8e9" : strfmt("%.1f", gib(f.recurrent_bytes)).c_str(), double(capacity) / double(1ull << 30),
+             model.backend->name().c_str());
+}
+
 Memory::Memory(const Model & model, int32_t n_ctx, int32_t n_seq_max, int32_t n_snapshots, int32_t n_rollback)
-    : n_ctx_(n_ctx), n_seq_(n_seq_max), n_rollback_(n_rollback) {
+    : n_ctx_(n_ctx), n_seq_(n_seq_max), n_rollback_(n_rollback), model_(model) {
     if (n_ctx <= 0 || n_seq_max <= 0 || n_snapshots < 0 || n_rollback < 0)
         fail(SPARK_ERR_INVALID_ARGUMENT, "context: n_ctx, n_seq_max must be positive and n_snapshots, n_rollback not negative (got %d, %d, %d, %d)",
              n_ctx, n_seq_max, n_snapshots, n_rollback);
+    check_footprint(model, n_snapshots, n_rollback);
+    n_snapshots_ = n_snapshots;
     const MemoryLayout layout = MemoryLayout::of(model);
     const bool any_attention  = std::count(layout.attention.begin(), layout.attention.end(), true) > 0;
     const bool any_recurrent  = std::count(layout.attention.begin(), layout.attention.end(), false) > 0;
@@ -205,6 +259,7 @@ void Memory::snapshot_free(int32_t id) {
 
 void Memory::set_rollback(int32_t n) {
     if (n < 0) fail(SPARK_ERR_INVALID_ARGUMENT, "n_rollback must not be negative (got %d)", n);
+    check_footprint(model_, n_snapshots_, n);
     if (recurrent_) recurrent_->set_rollback(n, seq_len_);
     n_rollback_ = n;
 }

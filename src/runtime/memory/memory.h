@@ -36,6 +36,17 @@ struct MemoryLayout {
     static MemoryLayout of(const Model & model);
 };
 
+// What a context of these parameters allocates, in bytes (INT64_MAX when it overflows).
+struct MemoryFootprint {
+    int64_t block_table_entries = 0;  // [n_seq_max][pages per sequence], uploaded every step
+    int64_t kv_bytes            = 0;
+    int64_t recurrent_bytes     = 0;  // rings, the backup of a multi-step call, snapshots
+    int64_t total() const;
+
+    static MemoryFootprint of(const MemoryLayout & layout, DType kv_type, int32_t n_ctx, int32_t n_seq_max, int32_t n_snapshots,
+                              int32_t n_rollback);
+};
+
 // One kind of per-sequence state. Lengths live in Memory; parts receive them.
 class SequenceState {
 public:
@@ -146,10 +157,13 @@ private:
         std::vector<std::unique_ptr<Buffer>> data;  // the recurrent part's buffers
     };
     void check_seq(int32_t seq) const;
+    // Throws before anything is allocated when a context of these parameters cannot fit.
+    void check_footprint(const Model & model, int32_t n_snapshots, int32_t n_rollback) const;
     void invalidate_snapshots(int32_t seq, int32_t below, const char * why);
     std::vector<SequenceState *> parts() const;
 
-    int32_t                         n_ctx_, n_seq_, n_rollback_;
+    int32_t                         n_ctx_, n_seq_, n_rollback_, n_snapshots_ = 0;
+    const Model &                   model_;
     std::unique_ptr<KvCache>        kv_;
     std::unique_ptr<RecurrentState> recurrent_;
     std::vector<int32_t>            seq_len_;

@@ -1,5 +1,6 @@
 #include "runtime/memory/recurrent_state.h"
 
+#include "graph/checked.h"
 #include "graph/error.h"
 
 #include <algorithm>
@@ -12,10 +13,13 @@ RecurrentState::RecurrentState(Backend & backend, const MemoryLayout & layout, i
     for (size_t il = 0; il < layout.attention.size(); ++il) {
         if (layout.attention[il]) continue;
         slot_of_layer_[il] = int(layers_.size());
-        layers_.push_back({backend_.alloc(layout.conv_bytes * size_t(ring_) * size_t(n_seq_)),
-                           backend_.alloc(layout.ssm_bytes * size_t(ring_) * size_t(n_seq_))});
+        layers_.push_back({backend_.alloc(ring_bytes(layout.conv_bytes, ring_)), backend_.alloc(ring_bytes(layout.ssm_bytes, ring_))});
     }
     floor_.assign(size_t(n_seq_), 0);
+}
+
+size_t RecurrentState::ring_bytes(size_t state_bytes, int32_t ring) const {
+    return size_t(product_or_fail(SPARK_ERR_INVALID_ARGUMENT, "the recurrent state of one layer", {int64_t(state_bytes), ring, n_seq_}));
 }
 
 size_t RecurrentState::entry(int32_t seq, int32_t len, size_t bytes) const {
@@ -84,8 +88,8 @@ void RecurrentState::load(int32_t seq, int32_t len, const std::vector<std::uniqu
 void RecurrentState::backup(int32_t seq, int32_t len) {
     if (backup_.empty())
         for (size_t i = 0; i < layers_.size(); ++i) {
-            backup_.push_back(backend_.alloc(layout_.conv_bytes * size_t(n_seq_)));
-            backup_.push_back(backend_.alloc(layout_.ssm_bytes * size_t(n_seq_)));
+            backup_.push_back(backend_.alloc(ring_bytes(layout_.conv_bytes, 1)));
+            backup_.push_back(backend_.alloc(ring_bytes(layout_.ssm_bytes, 1)));
         }
     copy_state(false, seq, len, backup_);
 }
@@ -100,8 +104,7 @@ void RecurrentState::set_rollback(int32_t n_rollback, const std::vector<int32_t>
     const int32_t      old_ring = ring_;
     std::vector<Layer> fresh;
     for (size_t i = 0; i < layers_.size(); ++i)
-        fresh.push_back({backend_.alloc(layout_.conv_bytes * size_t(n_rollback + 1) * size_t(n_seq_)),
-                         backend_.alloc(layout_.ssm_bytes * size_t(n_rollback + 1) * size_t(n_seq_))});
+        fresh.push_back({backend_.alloc(ring_bytes(layout_.conv_bytes, n_rollback + 1)), backend_.alloc(ring_bytes(layout_.ssm_bytes, n_rollback + 1))});
     // Nothing changed until here (allocation may fail); now move each current state over.
     for (int32_t s = 0; s < n_seq_; ++s) {
         if (len[size_t(s)] == 0) continue;

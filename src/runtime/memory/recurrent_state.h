@@ -46,6 +46,8 @@ private:
     };
     // Byte offset of ring entry (state after position len - 1) of seq.
     size_t entry(int32_t seq, int32_t len, size_t bytes) const;
+    // Bytes of `ring` states of every sequence, overflow-checked.
+    size_t ring_bytes(size_t state_bytes, int32_t ring) const;
     void   copy_state(bool to_ring, int32_t seq, int32_t len, const std::vector<std::unique_ptr<Buffer>> & other);
 
     Backend &            backend_;

@@ -9,6 +9,7 @@
 // The embedding is the target's unless the head has its own.
 #include "graph/error.h"
 #include "runtime/graph_builders.h"
+#include "runtime/config_fields.h"
 #include "runtime/io/mapped_file.h"
 #include "runtime/model_source.h"
 #include "runtime/models/heads.h"
@@ -61,73 +62,60 @@ public:
     int64_t hidden_output_width(const Model & m) const override { return m.hparams.n_embd; }
 };
 
-const json * find(const json & j, const char * key) {
-    auto it = j.find(key);
-    return it == j.end() || it->is_null() ? nullptr : &*it;
-}
+}  // namespace
 
-int64_t positive(const json & j, const char * key, int64_t fallback) {
-    const json * v = find(j, key);
-    if (!v) {
-        if (fallback > 0) return fallback;
-        fail(SPARK_ERR_INVALID_FORMAT, "EAGLE3 config.json: missing '%s'", key);
-    }
-    if (!v->is_number_integer() || v->get<int64_t>() <= 0 || v->get<int64_t>() > (int64_t(1) << 24))
-        fail(SPARK_ERR_INVALID_FORMAT, "EAGLE3 config.json: '%s' must be a positive integer", key);
-    return v->get<int64_t>();
-}
-
-double number(const json & j, const char * key, double fallback) {
-    const json * v = find(j, key);
-    if (!v) return fallback;
-    if (!v->is_number()) fail(SPARK_ERR_INVALID_FORMAT, "EAGLE3 config.json: '%s' must be a number", key);
-    return v->get<double>();
-}
-
-// The head's hyper-parameters, checked against its target.
-HParams parse(const json & j, const Model & target, std::vector<int32_t> & aux) {
-    if (!j.is_object()) fail(SPARK_ERR_INVALID_FORMAT, "EAGLE3 config.json is not a JSON object");
+// The head's hyper-parameters, checked against its target's.
+HParams parse_eagle3_config(const json & j, const HParams & t, std::vector<int32_t> & aux, const std::string & origin) {
+    using namespace config_limits;
+    if (!j.is_object()) fail(SPARK_ERR_INVALID_FORMAT, "%s is not a JSON object", origin.c_str());
+    const ConfigFields f(j, origin);
     bool eagle3 = false;
-    if (const json * a = find(j, "architectures"); a && a->is_array())
+    if (const json * a = f.find("architectures"); a && a->is_array())
         for (const json & x : *a) eagle3 = eagle3 || (x.is_string() && x.get<std::string>().find("Eagle3") != std::string::npos);
-    if (!eagle3) fail(SPARK_ERR_UNSUPPORTED, "not an EAGLE3 head: config.json 'architectures' names no *Eagle3* class (LlamaForCausalLMEagle3)");
-    const HParams & t = target.hparams;
-    HParams         hp;
+    if (!eagle3)
+        fail(SPARK_ERR_UNSUPPORTED, "%s: not an EAGLE3 head: 'architectures' names no *Eagle3* class (LlamaForCausalLMEagle3)", origin.c_str());
+    HParams hp;
     hp.arch        = "eagle3";
-    hp.n_embd      = positive(j, "hidden_size", 0);
+    hp.n_embd      = f.integer("hidden_size", 0, 1, kMaxEmbd, true);
     hp.n_layer     = 1;
-    hp.n_head      = positive(j, "num_attention_heads", 0);
-    hp.n_head_kv   = positive(j, "num_key_value_heads", hp.n_head);
-    hp.head_dim    = positive(j, "head_dim", hp.n_embd / hp.n_head);
-    hp.n_ff        = positive(j, "intermediate_size", 0);
-    hp.n_ctx_train = positive(j, "max_position_embeddings", 4096);
-    hp.rms_eps     = float(number(j, "rms_norm_eps", 1e-6));
-    hp.rope_theta  = float(number(j, "rope_theta", 10000.0));
+    hp.n_head      = f.integer("num_attention_heads", 0, 1, kMaxHeads, true);
+    hp.n_head_kv   = f.integer("num_key_value_heads", hp.n_head, 1, kMaxHeads);
+    hp.head_dim    = f.integer("head_dim", hp.n_embd / hp.n_head, 0, kMaxHeadDim);
+    hp.n_ff        = f.integer("intermediate_size", 0, 1, kMaxFF, true);
+    hp.n_ctx_train = f.integer("max_position_embeddings", 4096, 1, kMaxPositions);
+    hp.rms_eps     = f.positive_float("rms_norm_eps", 1e-6, 1.0);
+    hp.rope_theta  = f.positive_float("rope_theta", 10000.0, 1e15);
     hp.n_rot       = hp.head_dim;
     hp.layer_kinds = {LayerKind::Attention};
-    const int64_t vocab = positive(j, "vocab_size", 0);
-    hp.n_vocab          = positive(j, "draft_vocab_size", vocab);
+    const int64_t vocab = f.integer("vocab_size", 0, 1, kMaxVocab, true);
+    hp.n_vocab          = f.integer("draft_vocab_size", vocab, 1, kMaxVocab);
     hp.n_vocab_in       = vocab;
-    if (positive(j, "num_hidden_layers", 1) != 1) fail(SPARK_ERR_UNSUPPORTED, "EAGLE3 head with %lld decoder layers (1 is supported)", (long long) positive(j, "num_hidden_layers", 1));
-    if (hp.n_head % hp.n_head_kv || hp.head_dim % 2 || !(hp.rope_theta > 0.0f) || !(hp.rms_eps > 0.0f))
-        fail(SPARK_ERR_INVALID_FORMAT, "EAGLE3 config.json: inconsistent attention shape, rope_theta or rms_norm_eps");
-    if (const json * rs = find(j, "rope_scaling"))
-        fail(SPARK_ERR_UNSUPPORTED, "EAGLE3 config.json: rope_scaling %s is not supported", rs->dump().c_str());
+    if (const int64_t n = f.integer("num_hidden_layers", 1, 1, kMaxLayers); n != 1)
+        fail(SPARK_ERR_UNSUPPORTED, "%s: EAGLE3 head with %lld decoder layers (1 is supported)", origin.c_str(), (long long) n);
+    if (hp.n_head % hp.n_head_kv)
+        f.bad("num_attention_heads", "(%lld) is not a multiple of num_key_value_heads (%lld)", (long long) hp.n_head, (long long) hp.n_head_kv);
+    if (hp.head_dim == 0 || hp.head_dim % 2) f.bad("head_dim", "must be even and positive (got %lld)", (long long) hp.head_dim);
+    if (const json * rs = f.find("rope_scaling"))
+        fail(SPARK_ERR_UNSUPPORTED, "%s: rope_scaling %s is not supported", origin.c_str(), ConfigFields::shown(*rs).c_str());
     if (vocab != t.n_vocab)
         fail(SPARK_ERR_INVALID_ARGUMENT, "the EAGLE3 head is for a vocabulary of %lld tokens, the target has %lld", (long long) vocab, (long long) t.n_vocab);
-    if (hp.n_vocab > vocab) fail(SPARK_ERR_INVALID_FORMAT, "EAGLE3 config.json: draft_vocab_size %lld exceeds vocab_size %lld", (long long) hp.n_vocab, (long long) vocab);
-    if (hp.n_embd != t.n_embd || positive(j, "target_hidden_size", hp.n_embd) != t.n_embd)
+    if (hp.n_vocab > vocab) f.bad("draft_vocab_size", "= %lld exceeds vocab_size %lld", (long long) hp.n_vocab, (long long) vocab);
+    const int64_t target_hidden = f.integer("target_hidden_size", hp.n_embd, 1, kMaxEmbd);
+    if (hp.n_embd != t.n_embd || target_hidden != t.n_embd)
         fail(SPARK_ERR_INVALID_ARGUMENT, "the EAGLE3 head has hidden size %lld (target hidden size %lld), the target %lld", (long long) hp.n_embd,
-             (long long) positive(j, "target_hidden_size", hp.n_embd), (long long) t.n_embd);
+             (long long) target_hidden, (long long) t.n_embd);
     // The aux layers: eagle_aux_hidden_state_layer_ids (outputs of those target layers). Without
     // them, the layers vLLM picks by default (its ids count layer inputs: 2, L/2, L-3 are the
     // outputs of layers 1, L/2 - 1, L-4).
     aux.clear();
-    const json * ec = find(j, "eagle_config");
-    if (const json * ids = ec ? find(*ec, "eagle_aux_hidden_state_layer_ids") : nullptr) {
-        if (!ids->is_array() || ids->empty()) fail(SPARK_ERR_INVALID_FORMAT, "EAGLE3 config.json: eagle_aux_hidden_state_layer_ids must be a non-empty list");
+    const json * ec = f.find("eagle_config");
+    if (ec && !ec->is_object()) f.bad("eagle_config", "must be an object");
+    const ConfigFields e(ec ? *ec : j, origin, "eagle_config.");
+    if (const json * ids = ec ? e.find("eagle_aux_hidden_state_layer_ids") : nullptr) {
+        if (!ids->is_array() || ids->empty() || ids->size() > size_t(kMaxLayers)) e.bad("eagle_aux_hidden_state_layer_ids", "must be a non-empty list of layers");
         for (const json & x : *ids) {
-            if (!x.is_number_integer()) fail(SPARK_ERR_INVALID_FORMAT, "EAGLE3 config.json: eagle_aux_hidden_state_layer_ids must hold integers");
+            if (!x.is_number_integer() || (x.is_number_unsigned() && x.get<uint64_t>() > uint64_t(INT64_MAX)))
+                e.bad("eagle_aux_hidden_state_layer_ids", "must hold layer indices, not %s", ConfigFields::shown(x).c_str());
             const int64_t il = x.get<int64_t>();
             if (il < 0 || il >= t.n_layer)
                 fail(SPARK_ERR_INVALID_ARGUMENT, "the EAGLE3 head reads the output of layer %lld, but the target has layers 0 .. %lld", (long long) il,
@@ -141,21 +129,19 @@ HParams parse(const json & j, const Model & target, std::vector<int32_t> & aux) 
     return hp;
 }
 
-}  // namespace
-
 std::unique_ptr<Model> load_eagle3_head(const std::string & path, const Model & target, const spark_model_params & params) {
     ModelSource src = open_model_source(path);
     json        config;
     try {
         config = json::parse(src.config_json);
     } catch (const json::exception & e) {
-        fail(SPARK_ERR_INVALID_FORMAT, "%s: config.json is not valid JSON: %s", path.c_str(), e.what());
+        fail(SPARK_ERR_INVALID_FORMAT, "%s: not valid JSON: %s", src.config_origin.c_str(), e.what());
     }
     auto head     = std::make_unique<Model>();
     auto hw       = std::make_unique<HeadWeights>();
     head->path    = path;
-    head->hparams = parse(config, target, hw->aux_layers);
-    head->quant   = parse_quant_config(config, json());
+    head->hparams = parse_eagle3_config(config, target.hparams, hw->aux_layers, src.config_origin);
+    head->quant   = parse_quant_config(config, json(), src.config_origin);
     head->source  = std::move(src.tensors);
     head->arch    = std::make_unique<Eagle3Head>();
     head->backend = target.backend;
@@ -199,10 +185,10 @@ std::unique_ptr<Model> load_eagle3_head(const std::string & path, const Model & 
         for (int64_t i = 0; i < hp.n_vocab; ++i) {
             int64_t off;
             std::memcpy(&off, d2t->data + i * 8, 8);
-            const int64_t id = i + off;
-            if (id < 0 || id >= hp.n_vocab_in)
-                fail(SPARK_ERR_INVALID_FORMAT, "%s: d2t maps draft token %lld to %lld, outside the target vocabulary of %lld", path.c_str(), (long long) i,
-                     (long long) id, (long long) hp.n_vocab_in);
+            int64_t id = -1;
+            if (__builtin_add_overflow(i, off, &id) || id < 0 || id >= hp.n_vocab_in)
+                fail(SPARK_ERR_INVALID_FORMAT, "%s: d2t maps draft token %lld to %lld + %lld, outside the target vocabulary of %lld", path.c_str(),
+                     (long long) i, (long long) i, (long long) off, (long long) hp.n_vocab_in);
             map[size_t(i)] = int32_t(id);
         }
         auto buf = head->backend->alloc(map.size() * 4);

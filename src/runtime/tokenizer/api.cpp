@@ -9,6 +9,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <fstream>
@@ -37,7 +38,7 @@ void write_output(std::string_view bytes, char * buf, size_t capacity, size_t * 
     if (!len) fail(SPARK_ERR_INVALID_ARGUMENT, "len is NULL");
     if (!buf && capacity > 0) fail(SPARK_ERR_INVALID_ARGUMENT, "buf is NULL but capacity is %zu", capacity);
     *len = bytes.size();
-    if (capacity > 0) std::memcpy(buf, bytes.data(), std::min(capacity, bytes.size()));
+    std::copy_n(bytes.begin(), std::min(capacity, bytes.size()), buf);
     if (bytes.size() > capacity)
         fail(SPARK_ERR_BUFFER_TOO_SMALL, "output needs %zu bytes, the buffer holds %zu", bytes.size(), capacity);
     if (nul_if_room && bytes.size() < capacity) buf[bytes.size()] = '\0';
@@ -118,7 +119,8 @@ SPARK_API spark_status spark_tokenize(const spark_tokenizer * tok, const char * 
         const std::vector<int32_t> ids = t.encode(std::string_view(text ? text : "", len), parse_special);
         if (ids.size() > size_t(INT32_MAX)) fail(SPARK_ERR_INVALID_ARGUMENT, "text produces more than INT32_MAX tokens");
         *n_tokens = int32_t(ids.size());
-        if (capacity > 0) std::memcpy(tokens, ids.data(), sizeof(int32_t) * std::min(ids.size(), size_t(capacity)));
+        // std::copy_n, not memcpy: an empty vector's data() may be null, which memcpy must not get.
+        std::copy_n(ids.begin(), std::min(ids.size(), size_t(capacity)), tokens);
         if (ids.size() > size_t(capacity))
             fail(SPARK_ERR_BUFFER_TOO_SMALL, "%zu tokens do not fit in a buffer of %d", ids.size(), capacity);
     });

@@ -1,6 +1,7 @@
 #include "runtime/tokenizer/normalizer.h"
 
 #include "graph/error.h"
+#include "runtime/config_fields.h"
 
 #include <functional>
 
@@ -11,16 +12,21 @@ namespace {
 // GPT-2's pre-tokenization regex, applied by a ByteLevel pre-tokenizer with use_regex: true.
 const char * kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
-std::string type_of(const nlohmann::json & j, const char * section) {
-    if (!j.is_object() || !j.contains("type") || !j["type"].is_string())
-        fail(SPARK_ERR_INVALID_FORMAT, "tokenizer.json: %s entry has no \"type\"", section);
-    return j["type"].get<std::string>();
+const std::string kOrigin = "tokenizer.json";
+
+// The "type" of a normalizer or pre-tokenizer entry at `path` ("pre_tokenizer.pretokenizers[1]").
+std::string type_of(const nlohmann::json & j, const std::string & path) {
+    if (!j.is_object()) fail(SPARK_ERR_INVALID_FORMAT, "tokenizer.json: '%s' must be an object, not %s", path.c_str(), ConfigFields::shown(j).c_str());
+    return ConfigFields(j, kOrigin, path + ".").string("type", "", true);
 }
 
-bool bool_field(const nlohmann::json & j, const char * key, bool fallback) {
-    if (!j.contains(key) || j[key].is_null()) return fallback;
-    if (!j[key].is_boolean()) fail(SPARK_ERR_INVALID_FORMAT, "tokenizer.json: \"%s\" must be a boolean", key);
-    return j[key].get<bool>();
+// A regex of a pre-tokenizer; its errors name the file and the entry.
+std::unique_ptr<Regex> make_regex(const std::string & pattern, bool literal, const std::string & path) {
+    try {
+        return std::make_unique<Regex>(pattern, literal);
+    } catch (const Error & e) {
+        throw Error(e.status(), strfmt("tokenizer.json: '%s': %s", path.c_str(), e.what()));
+    }
 }
 
 }  // namespace
@@ -32,12 +38,13 @@ std::unique_ptr<Normalizer> Normalizer::from_json(const nlohmann::json & j) {
     if (j.is_null()) return nullptr;
     auto n = std::make_unique<Normalizer>();
     // Sequences are flattened in order.
-    std::function<void(const nlohmann::json &)> add = [&](const nlohmann::json & e) {
-        const std::string type = type_of(e, "normalizer");
+    std::function<void(const nlohmann::json &, const std::string &)> add = [&](const nlohmann::json & e, const std::string & path) {
+        const std::string type = type_of(e, path);
         if (type == "Sequence") {
-            if (!e.contains("normalizers") || !e["normalizers"].is_array())
-                fail(SPARK_ERR_INVALID_FORMAT, "tokenizer.json: Sequence normalizer without \"normalizers\"");
-            for (const auto & sub : e["normalizers"]) add(sub);
+            const ConfigFields f(e, kOrigin, path + ".");
+            const nlohmann::json * subs = f.find("normalizers");
+            if (!subs || !subs->is_array()) f.bad("normalizers", "must be a list (a Sequence normalizer)");
+            for (size_t i = 0; i < subs->size(); ++i) add((*subs)[i], strfmt("%s.normalizers[%zu]", path.c_str(), i));
         } else if (type == "NFC") {
             n->steps_.push_back({Step::Form, unicode::NormalForm::NFC});
         } else if (type == "NFD") {
@@ -49,10 +56,10 @@ std::unique_ptr<Normalizer> Normalizer::from_json(const nlohmann::json & j) {
         } else if (type == "Lowercase") {
             n->steps_.push_back({Step::Lowercase});
         } else {
-            fail(SPARK_ERR_UNSUPPORTED, "tokenizer.json: normalizer type '%s' is not supported", type.c_str());
+            fail(SPARK_ERR_UNSUPPORTED, "tokenizer.json: '%s': normalizer type '%s' is not supported", path.c_str(), type.c_str());
         }
     };
-    add(j);
+    add(j, "normalizer");
     return n;
 }
 
@@ -77,51 +84,48 @@ std::string Normalizer::apply(std::string_view text) const {
 std::unique_ptr<PreTokenizer> PreTokenizer::from_json(const nlohmann::json & j) {
     if (j.is_null()) return nullptr;
     auto p = std::make_unique<PreTokenizer>();
-    p->add_steps(j);
+    p->add_steps(j, "pre_tokenizer");
     return p;
 }
 
-void PreTokenizer::add_steps(const nlohmann::json & j) {
-    const std::string type = type_of(j, "pre_tokenizer");
+void PreTokenizer::add_steps(const nlohmann::json & j, const std::string & path) {
+    const std::string  type = type_of(j, path);
+    const ConfigFields f(j, kOrigin, path + ".");
     if (type == "Sequence") {
-        if (!j.contains("pretokenizers") || !j["pretokenizers"].is_array())
-            fail(SPARK_ERR_INVALID_FORMAT, "tokenizer.json: Sequence pre_tokenizer without \"pretokenizers\"");
-        for (const auto & sub : j["pretokenizers"]) add_steps(sub);
+        const nlohmann::json * subs = f.find("pretokenizers");
+        if (!subs || !subs->is_array()) f.bad("pretokenizers", "must be a list (a Sequence pre_tokenizer)");
+        for (size_t i = 0; i < subs->size(); ++i) add_steps((*subs)[i], strfmt("%s.pretokenizers[%zu]", path.c_str(), i));
     } else if (type == "Split") {
-        Step step{Step::Split, {}};
-        if (!j.contains("pattern") || !j["pattern"].is_object())
-            fail(SPARK_ERR_INVALID_FORMAT, "tokenizer.json: Split pre_tokenizer without \"pattern\"");
-        const auto & pat = j["pattern"];
-        if (pat.contains("Regex") && pat["Regex"].is_string()) {
-            step.regex = std::make_unique<Regex>(pat["Regex"].get<std::string>());
-        } else if (pat.contains("String") && pat["String"].is_string()) {
-            step.regex = std::make_unique<Regex>(pat["String"].get<std::string>(), /*literal=*/true);
-        } else {
-            fail(SPARK_ERR_INVALID_FORMAT, "tokenizer.json: Split pattern must be {\"Regex\": ...} or {\"String\": ...}");
-        }
-        const std::string behavior = j.value("behavior", std::string("Isolated"));
+        Step step{Step::Split, nullptr};
+        const nlohmann::json * pat = f.find("pattern");
+        if (!pat || !pat->is_object()) f.bad("pattern", "must be {\"Regex\": ...} or {\"String\": ...}");
+        const ConfigFields p(*pat, kOrigin, path + ".pattern.");
+        if (p.find("Regex")) step.regex = make_regex(p.string("Regex", ""), false, path + ".pattern.Regex");
+        else if (p.find("String")) step.regex = make_regex(p.string("String", ""), /*literal=*/true, path + ".pattern.String");
+        else f.bad("pattern", "must be {\"Regex\": ...} or {\"String\": ...}");
+        const std::string behavior = f.string("behavior", "Isolated");
         if (behavior == "Isolated") step.behavior = SplitBehavior::Isolated;
         else if (behavior == "Removed") step.behavior = SplitBehavior::Removed;
         else if (behavior == "MergedWithPrevious") step.behavior = SplitBehavior::MergedWithPrevious;
         else if (behavior == "MergedWithNext") step.behavior = SplitBehavior::MergedWithNext;
         else if (behavior == "Contiguous") step.behavior = SplitBehavior::Contiguous;
-        else fail(SPARK_ERR_INVALID_FORMAT, "tokenizer.json: unknown Split behavior '%s'", behavior.c_str());
-        step.invert = bool_field(j, "invert", false);
+        else f.bad("behavior", "'%s' is not a Split behavior", behavior.c_str());
+        step.invert = f.boolean("invert", false);
         steps_.push_back(std::move(step));
     } else if (type == "Digits") {
         // HF splits on char::is_numeric: each digit alone, or runs of digits.
-        Step step{Step::Split, {}};
-        step.regex    = std::make_unique<Regex>("\\p{N}");
-        step.behavior = bool_field(j, "individual_digits", false) ? SplitBehavior::Isolated : SplitBehavior::Contiguous;
+        Step step{Step::Split, nullptr};
+        step.regex    = make_regex("\\p{N}", false, path);
+        step.behavior = f.boolean("individual_digits", false) ? SplitBehavior::Isolated : SplitBehavior::Contiguous;
         steps_.push_back(std::move(step));
     } else if (type == "ByteLevel") {
-        Step step{Step::ByteLevel, {}};
-        step.add_prefix_space = bool_field(j, "add_prefix_space", true);
-        if (bool_field(j, "use_regex", true)) step.regex = std::make_unique<Regex>(kGpt2Pattern);
+        Step step{Step::ByteLevel, nullptr};
+        step.add_prefix_space = f.boolean("add_prefix_space", true);
+        if (f.boolean("use_regex", true)) step.regex = make_regex(kGpt2Pattern, false, path);
         steps_.push_back(std::move(step));
         byte_level_ = true;
     } else {
-        fail(SPARK_ERR_UNSUPPORTED, "tokenizer.json: pre_tokenizer type '%s' is not supported", type.c_str());
+        fail(SPARK_ERR_UNSUPPORTED, "tokenizer.json: '%s': pre_tokenizer type '%s' is not supported", path.c_str(), type.c_str());
     }
 }
 

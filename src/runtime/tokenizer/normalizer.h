@@ -51,7 +51,7 @@ private:
         SplitBehavior behavior = SplitBehavior::Isolated;
         bool invert = false, add_prefix_space = false;
     };
-    void add_steps(const nlohmann::json & j);
+    void add_steps(const nlohmann::json & j, const std::string & path);  // path: "pre_tokenizer..." for messages
     static void apply_split(const Step & step, std::string_view piece, std::vector<std::string_view> & out);
 
     std::vector<Step> steps_;

@@ -13,6 +13,22 @@ namespace {
 constexpr const char * kWhiteSpaceRanges = "\\t-\\r\\x{20}\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}"
                                            "\\x{202f}\\x{205f}\\x{3000}";
 
+// Bounds of one search. Published pre-tokenizer patterns need a few steps per character; a
+// hostile one (nested quantifiers, unbounded recursion) stops here with an error instead of
+// running for hours or overflowing the stack. The JIT stack is the JIT matcher's only
+// recursion space; the depth and heap limits bound the interpreter (when JIT is unavailable).
+constexpr uint32_t kMatchLimit      = 10'000'000;  // PCRE2's default, set explicitly: it is what bounds a search
+constexpr uint32_t kDepthLimit      = 10'000;
+constexpr uint32_t kHeapLimitKiB    = 64 * 1024;
+constexpr size_t   kJitStackMaxSize = 8 << 20;
+
+// A text every pre-tokenizer pattern sees in ordinary use (letters, digits, punctuation,
+// contractions, whitespace runs, newlines, CJK, emoji). A pattern whose search fails on it (the
+// search errors rather than matching or not) would fail on every encode: it is refused when the
+// regex is built.
+constexpr const char * kProbeText = "Hello, World! It's 2024-01-01: x=3.14; y_1 += 42 'll 've\n\n\t  indent\r\n"
+                                    "caf\xC3\xA9 \xE4\xB8\xAD\xE6\x96\x87 \xF0\x9F\x99\x82 <|end|> [a] {b} \\ /c/ \"q\"   ";
+
 // Per-thread match state: the tokenizer is shared between threads, PCRE2 match data is not.
 struct MatchScratch {
     pcre2_match_data *    data    = nullptr;
@@ -21,8 +37,13 @@ struct MatchScratch {
     MatchScratch() {
         data    = pcre2_match_data_create(1, nullptr);
         context = pcre2_match_context_create(nullptr);
-        stack   = pcre2_jit_stack_create(32 * 1024, 8 * 1024 * 1024, nullptr);
+        stack   = pcre2_jit_stack_create(32 * 1024, kJitStackMaxSize, nullptr);
         if (context && stack) pcre2_jit_stack_assign(context, nullptr, stack);
+        if (context) {
+            pcre2_set_match_limit(context, kMatchLimit);
+            pcre2_set_depth_limit(context, kDepthLimit);
+            pcre2_set_heap_limit(context, kHeapLimitKiB);
+        }
     }
     ~MatchScratch() {
         pcre2_match_data_free(data);
@@ -107,6 +128,12 @@ Regex::Regex(const std::string & pattern, bool literal) : impl_(std::make_unique
              size_t(err_off), reinterpret_cast<const char *>(msg), pattern.c_str());
     }
     impl_->jit = pcre2_jit_compile(impl_->code, PCRE2_JIT_COMPLETE) == 0;
+    // Unbounded recursion such as (?R) compiles, and then fails every search: refuse it now.
+    try {
+        for_each_match(kProbeText, [](size_t, size_t) {});
+    } catch (const Error & e) {
+        fail(SPARK_ERR_INVALID_FORMAT, "%s, on a sample of ordinary text: every encode would fail", e.what());
+    }
 }
 
 Regex::~Regex() = default;
@@ -120,9 +147,10 @@ bool Regex::find(std::string_view text, size_t from, size_t & start, size_t & en
                                              s.context);
     if (rc == PCRE2_ERROR_NOMATCH) return false;
     if (rc < 0) {
+        // The pattern, not the text, is at fault: no valid text may make a tokenizer fail.
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(rc, msg, sizeof msg);
-        fail(SPARK_ERR_INTERNAL, "pre-tokenizer regex failed: %s", reinterpret_cast<const char *>(msg));
+        fail(SPARK_ERR_INVALID_FORMAT, "pre-tokenizer regex %s: search failed (%s)", pattern_.c_str(), reinterpret_cast<const char *>(msg));
     }
     const PCRE2_SIZE * ov = pcre2_get_ovector_pointer(s.data);
     start = size_t(ov[0]);

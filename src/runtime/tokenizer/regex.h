@@ -12,14 +12,16 @@ namespace spark {
 
 class Regex {
 public:
-    // Throws Error(SPARK_ERR_INVALID_FORMAT) when the pattern does not compile.
+    // Throws Error(SPARK_ERR_INVALID_FORMAT) when the pattern does not compile, or when searching a
+    // sample of ordinary text fails (unbounded recursion: it would fail on every text).
     explicit Regex(const std::string & pattern, bool literal = false);
     ~Regex();
     Regex(const Regex &) = delete;
     Regex & operator=(const Regex &) = delete;
 
     // Finds the first match at or after byte `from`; false when there is none. `text` must be valid
-    // UTF-8 (it is not re-checked). Throws Error(SPARK_ERR_INTERNAL) if the matcher runs out of stack.
+    // UTF-8 (it is not re-checked). Throws Error(SPARK_ERR_INVALID_FORMAT), naming the pattern, when
+    // the search exceeds its bounds (steps, JIT stack, depth): the pattern is at fault, not the text.
     bool find(std::string_view text, size_t from, size_t & start, size_t & end) const;
 
     // Calls on_match(start, end) for every non-overlapping match, left to right (byte offsets). An

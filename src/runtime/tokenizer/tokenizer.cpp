@@ -1,6 +1,7 @@
 #include "runtime/tokenizer/tokenizer.h"
 
 #include "graph/error.h"
+#include "runtime/config_fields.h"
 #include "runtime/io/mapped_file.h"
 #include "runtime/tokenizer/added_tokens.h"
 #include "runtime/tokenizer/bpe.h"
@@ -11,7 +12,9 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <deque>
+#include <unordered_map>
 #include <unordered_set>
 
 namespace spark {
@@ -26,7 +29,7 @@ struct Tokenizer::Impl {
     std::unique_ptr<PreTokenizer> pre_tokenizer;
     AddedTokenMatcher             raw_added;         // added tokens matched on the input text
     AddedTokenMatcher             normalized_added;  // added tokens matched after normalization
-    std::vector<AddedToken>       added;             // every added token
+    std::vector<AddedToken>       added;             // every added token, in the order HF keeps them
     StringIdMap                   added_by_content;
 
     bool decoder_byte_level = true;  // false: no decoder, tokens are joined with " "
@@ -41,8 +44,16 @@ struct Tokenizer::Impl {
     std::optional<std::string>  bos_text, eos_text;
     std::string                 chat_template;
 
+    // add_tokens' state while loading: which live token has each content and id (a token replaced
+    // by a later one with the same id stays in `added` as a tombstone until compact_added()).
+    std::unordered_map<std::string, size_t> added_slot_of_content;
+    std::unordered_map<int32_t, size_t>     added_slot_of_id;
+    std::vector<bool>                       added_removed;
+    int32_t                                 added_max_id = -1;
+
     void parse_tokenizer_json();
     void add_tokens(std::vector<AddedToken> tokens);
+    void compact_added();
     void parse_config();
     void parse_generation_config();
     void build_pieces();
@@ -61,28 +72,35 @@ json parse_small_json(std::string_view text, const char * what) {
     }
 }
 
-// "content" of a special-token entry in tokenizer_config.json: a string or an AddedToken object.
-std::optional<std::string> token_text(const json & j) {
-    if (j.is_string()) return j.get<std::string>();
-    if (j.is_object() && j.contains("content") && j["content"].is_string()) return j["content"].get<std::string>();
-    return std::nullopt;
+// A token string as messages show it: quoted, escaped, cut short.
+std::string shown_token(std::string_view token) { return ConfigFields::shown(json(std::string(token))); }
+
+// A vocabulary may leave ids unused (a few published ones have holes), but spark's per-id tables
+// are sized by the largest id: past the number of entries plus this many, an id is refused, so that
+// what a tokenizer allocates follows the size of its file, not a number written in it.
+constexpr int64_t kMaxUnusedIds = 1024;
+
+// "bos_token" / "eos_token" of tokenizer_config.json: a string or an AddedToken object; null: none.
+std::optional<std::string> token_text(const ConfigFields & c, const char * key) {
+    const json * v = c.find(key);
+    if (!v) return std::nullopt;
+    if (v->is_string()) return v->get<std::string>();
+    if (!v->is_object()) c.bad(key, "must be a string or an object with \"content\", not %s", ConfigFields::shown(*v).c_str());
+    return ConfigFields(*v, c.origin(), c.prefix() + key + ".").string("content", "", true);
 }
 
-AddedToken added_token_from_json(const json & e, const char * what) {
-    if (!e.is_object() || !e.contains("content") || !e["content"].is_string())
-        fail(SPARK_ERR_INVALID_FORMAT, "%s: an added token has no \"content\"", what);
-    AddedToken t;
-    t.content = e["content"].get<std::string>();
-    auto flag = [&](const char * key, bool fallback) {
-        if (!e.contains(key) || e[key].is_null()) return fallback;
-        if (!e[key].is_boolean()) fail(SPARK_ERR_INVALID_FORMAT, "%s: added token \"%s\" must be a boolean", what, key);
-        return e[key].get<bool>();
-    };
-    t.single_word = flag("single_word", false);
-    t.lstrip      = flag("lstrip", false);
-    t.rstrip      = flag("rstrip", false);
-    t.special     = flag("special", false);
-    t.normalized  = flag("normalized", !t.special);
+// An entry of "added_tokens" (tokenizer.json) or "added_tokens_decoder" (tokenizer_config.json) at
+// `path`; the id is the caller's.
+AddedToken added_token_from_json(const json & e, const std::string & origin, const std::string & path) {
+    if (!e.is_object()) fail(SPARK_ERR_INVALID_FORMAT, "%s: '%s' must be an object, not %s", origin.c_str(), path.c_str(), ConfigFields::shown(e).c_str());
+    const ConfigFields f(e, origin, path + ".");
+    AddedToken         t;
+    t.content     = f.string("content", "", true);
+    t.single_word = f.boolean("single_word", false);
+    t.lstrip      = f.boolean("lstrip", false);
+    t.rstrip      = f.boolean("rstrip", false);
+    t.special     = f.boolean("special", false);
+    t.normalized  = f.boolean("normalized", !t.special);
     return t;
 }
 
@@ -150,8 +168,12 @@ void Tokenizer::Impl::parse_tokenizer_json() {
             std::string token;
             r.begin_object();
             while (r.next_key(token, vfirst)) {
-                const int64_t id = r.read_int();
-                if (id < 0 || id >= (int64_t(1) << 30)) r.error("token id out of range");
+                const std::string_view text = r.skip_value();
+                int64_t                id   = -1;
+                const auto [end, ec]        = std::from_chars(text.data(), text.data() + text.size(), id);
+                if (ec != std::errc() || end != text.data() + text.size() || id < 0 || id > INT32_MAX)
+                    fail(SPARK_ERR_INVALID_FORMAT, "tokenizer.json: model.vocab[%s]: %s is not a token id (an integer in [0, 2^31))",
+                         shown_token(token).c_str(), ConfigFields::shown(json::parse(text, nullptr, false)).c_str());
                 vocab.emplace_back(token, int32_t(id));
             }
         } else if (key == "merges") {
@@ -183,12 +205,12 @@ void Tokenizer::Impl::parse_tokenizer_json() {
             const json v = parse_small_json(r.skip_value(), what);
             auto opt_string = [&](const char * name) -> std::optional<std::string> {
                 if (v.is_null()) return std::nullopt;
-                if (!v.is_string()) fail(SPARK_ERR_INVALID_FORMAT, "tokenizer.json: model.%s must be a string", name);
+                if (!v.is_string()) fail(SPARK_ERR_INVALID_FORMAT, "tokenizer.json: 'model.%s' must be a string, not %s", name, ConfigFields::shown(v).c_str());
                 return v.get<std::string>();
             };
             auto opt_bool = [&](const char * name) {
                 if (v.is_null()) return false;
-                if (!v.is_boolean()) fail(SPARK_ERR_INVALID_FORMAT, "tokenizer.json: model.%s must be a boolean", name);
+                if (!v.is_boolean()) fail(SPARK_ERR_INVALID_FORMAT, "tokenizer.json: 'model.%s' must be a boolean, not %s", name, ConfigFields::shown(v).c_str());
                 return v.get<bool>();
             };
             if (key == "type") type = opt_string("type");
@@ -200,8 +222,9 @@ void Tokenizer::Impl::parse_tokenizer_json() {
             else if (key == "ignore_merges") options.ignore_merges = opt_bool("ignore_merges");
             else if (key == "dropout") {
                 // Dropout is a training-time feature; 0 or null is deterministic.
-                if (!v.is_null() && !(v.is_number() && v.get<double>() == 0.0))
-                    fail(SPARK_ERR_UNSUPPORTED, "tokenizer.json: BPE dropout is not supported");
+                if (!v.is_null() && !v.is_number())
+                    fail(SPARK_ERR_INVALID_FORMAT, "tokenizer.json: 'model.dropout' must be a number or null, not %s", ConfigFields::shown(v).c_str());
+                if (v.is_number() && v.get<double>() != 0.0) fail(SPARK_ERR_UNSUPPORTED, "tokenizer.json: BPE dropout is not supported");
             }
         }
     }
@@ -211,129 +234,139 @@ void Tokenizer::Impl::parse_tokenizer_json() {
     if (!have_vocab) fail(SPARK_ERR_INVALID_FORMAT, "tokenizer.json: model has no \"vocab\"");
     if (!have_merges) fail(SPARK_ERR_INVALID_FORMAT, "tokenizer.json: model has no \"merges\"");
 
+    // added_tokens: read before the model is built, as they count towards the ids it may use.
+    std::vector<AddedToken> tokens;
+    if (added_span) {
+        const json a = parse_small_json(*added_span, what);
+        if (!a.is_null() && !a.is_array()) fail(SPARK_ERR_INVALID_FORMAT, "tokenizer.json: 'added_tokens' must be a list, not %s", ConfigFields::shown(a).c_str());
+        for (size_t i = 0; a.is_array() && i < a.size(); ++i) {
+            const std::string path = "added_tokens[" + std::to_string(i) + "]";
+            AddedToken        t    = added_token_from_json(a[i], what, path);
+            // HF assigns the ids itself (add_tokens); the file's must still be token ids.
+            t.id = int32_t(ConfigFields(a[i], what, path + ".").integer("id", 0, 0, INT32_MAX, true));
+            tokens.push_back(std::move(t));
+        }
+    }
+    const int64_t id_limit = int64_t(vocab.size()) + int64_t(tokens.size()) + kMaxUnusedIds;
+    for (const auto & [token, id] : vocab)
+        if (id >= id_limit)
+            fail(SPARK_ERR_INVALID_FORMAT,
+                 "tokenizer.json: model.vocab[%s]: id %d is outside [0, %lld) (%zu entries and %zu added tokens; at most %lld ids may be unused)",
+                 shown_token(token).c_str(), id, (long long) id_limit, vocab.size(), tokens.size(), (long long) kMaxUnusedIds);
+
     if (normalizer_span) normalizer = Normalizer::from_json(parse_small_json(*normalizer_span, what));
     if (pre_span) pre_tokenizer = PreTokenizer::from_json(parse_small_json(*pre_span, what));
     options.byte_level = pre_tokenizer && pre_tokenizer->byte_level();
     model = std::make_unique<BpeModel>(std::move(vocab), merges, options);
 
+    decoder_byte_level = false;  // no decoder: tokens are joined with spaces
     if (decoder_span) {
         const json d = parse_small_json(*decoder_span, what);
-        if (d.is_null()) {
-            decoder_byte_level = false;
-        } else {
-            const std::string dtype = d.is_object() ? d.value("type", std::string()) : std::string();
+        if (!d.is_null()) {
+            if (!d.is_object()) fail(SPARK_ERR_INVALID_FORMAT, "tokenizer.json: 'decoder' must be an object or null, not %s", ConfigFields::shown(d).c_str());
+            const std::string dtype = ConfigFields(d, what, "decoder.").string("type", "", true);
             if (dtype != "ByteLevel")
-                fail(SPARK_ERR_UNSUPPORTED, "tokenizer.json: decoder type '%s' is not supported (only ByteLevel)",
-                     dtype.c_str());
+                fail(SPARK_ERR_UNSUPPORTED, "tokenizer.json: decoder type %s is not supported (only ByteLevel)", shown_token(dtype).c_str());
+            decoder_byte_level = true;
         }
-    } else {
-        decoder_byte_level = false;
     }
-
-    if (added_span) {
-        const json a = parse_small_json(*added_span, what);
-        if (!a.is_array()) fail(SPARK_ERR_INVALID_FORMAT, "tokenizer.json: \"added_tokens\" must be an array");
-        std::vector<AddedToken> tokens;
-        for (const json & e : a) {
-            AddedToken t = added_token_from_json(e, what);
-            if (!e.contains("id") || !e["id"].is_number_integer() || e["id"].get<int64_t>() < 0 ||
-                e["id"].get<int64_t>() >= (int64_t(1) << 30))
-                fail(SPARK_ERR_INVALID_FORMAT, "tokenizer.json: added token '%s' has no valid \"id\"", t.content.c_str());
-            t.id = int32_t(e["id"].get<int64_t>());
-            tokens.push_back(std::move(t));
-        }
-        add_tokens(std::move(tokens));
-    }
+    add_tokens(std::move(tokens));
 }
 
 void Tokenizer::Impl::add_tokens(std::vector<AddedToken> tokens) {
     // HF (AddedVocabulary::add_tokens) does not trust the ids written in the file: a token whose
     // text is already known keeps that id (an added token or a vocabulary entry), a new one gets
-    // the next id after the vocabulary and the added tokens so far.
+    // the next id after the vocabulary and the added tokens so far. Each content and each id has
+    // at most one live token (a token with a known content takes its id and replaces it), so
+    // hash maps find them: a file with many added tokens loads in linear time.
     const auto vocab_size = int32_t(model->vocab_size());
     for (AddedToken & t : tokens) {
         if (t.content.empty()) continue;
-        const bool duplicate = std::any_of(added.begin(), added.end(), [&](const AddedToken & o) {
-            return o.content == t.content && o.single_word == t.single_word && o.lstrip == t.lstrip &&
-                   o.rstrip == t.rstrip && o.normalized == t.normalized && o.special == t.special;
-        });
-        if (duplicate) continue;
         int32_t id = -1;
-        for (const AddedToken & o : added)
-            if (o.content == t.content) id = o.id;
-        if (id < 0) id = model->token_to_id(t.content);
-        if (id < 0) {
-            int32_t max_added = -1;
-            for (const AddedToken & o : added) max_added = std::max(max_added, o.id);
-            id = max_added < 0 ? vocab_size : (max_added >= vocab_size || vocab_size == 0 ? max_added + 1 : vocab_size);
+        if (auto it = added_slot_of_content.find(t.content); it != added_slot_of_content.end()) {
+            const AddedToken & o = added[it->second];
+            const bool duplicate = o.single_word == t.single_word && o.lstrip == t.lstrip && o.rstrip == t.rstrip &&
+                                   o.normalized == t.normalized && o.special == t.special;
+            if (duplicate) continue;
+            id = o.id;
         }
+        if (id < 0) id = model->token_to_id(t.content);
+        if (id < 0)
+            id = added_max_id < 0 ? vocab_size : (added_max_id >= vocab_size || vocab_size == 0 ? added_max_id + 1 : vocab_size);
         t.id = id;
         // A later token with the same id replaces the earlier one (HF's added_tokens_map_r).
-        added.erase(std::remove_if(added.begin(), added.end(), [&](const AddedToken & o) { return o.id == id; }),
-                    added.end());
+        if (auto it = added_slot_of_id.find(id); it != added_slot_of_id.end()) {
+            added_removed[it->second] = true;
+            added_slot_of_content.erase(added[it->second].content);
+        }
+        added_slot_of_content[t.content] = added.size();
+        added_slot_of_id[id]             = added.size();
+        added_max_id                     = std::max(added_max_id, id);
         added.push_back(std::move(t));
+        added_removed.push_back(false);
     }
+}
+
+void Tokenizer::Impl::compact_added() {
+    std::vector<AddedToken> live;
+    for (size_t i = 0; i < added.size(); ++i)
+        if (!added_removed[i]) live.push_back(std::move(added[i]));
+    added = std::move(live);
+    added_slot_of_content.clear();
+    added_slot_of_id.clear();
+    added_removed.clear();
 }
 
 void Tokenizer::Impl::parse_config() {
     if (tokenizer_config_json.empty()) return;
-    const char * what = "tokenizer_config.json";
-    const json c = parse_small_json(tokenizer_config_json, what);
+    const std::string what = "tokenizer_config.json";
+    const json        c    = parse_small_json(tokenizer_config_json, what.c_str());
     if (!c.is_object()) fail(SPARK_ERR_INVALID_FORMAT, "tokenizer_config.json: not a JSON object");
+    const ConfigFields f(c, what);
 
     // Tokens declared only in the config are added like transformers does.
-    if (c.contains("added_tokens_decoder") && c["added_tokens_decoder"].is_object()) {
-        for (const auto & [id_text, e] : c["added_tokens_decoder"].items()) {
-            int64_t id = -1;
-            try {
-                size_t used = 0;
-                id = std::stoll(id_text, &used);
-                if (used != id_text.size()) id = -1;
-            } catch (const std::exception &) {
-            }
-            if (id < 0 || id >= (int64_t(1) << 30))
-                fail(SPARK_ERR_INVALID_FORMAT, "tokenizer_config.json: bad added_tokens_decoder id '%s'", id_text.c_str());
-            const bool known = std::any_of(added.begin(), added.end(), [&](const AddedToken & t) { return t.id == id; });
-            if (known) continue;
-            AddedToken t = added_token_from_json(e, what);
-            t.id = int32_t(id);
+    if (const json * decoder = f.find("added_tokens_decoder")) {
+        if (!decoder->is_object()) f.bad("added_tokens_decoder", "must be an object of token ids, not %s", ConfigFields::shown(*decoder).c_str());
+        for (const auto & [id_text, e] : decoder->items()) {
+            int64_t    id = -1;
+            const auto [end, ec] = std::from_chars(id_text.data(), id_text.data() + id_text.size(), id);
+            if (ec != std::errc() || end != id_text.data() + id_text.size() || id < 0 || id > INT32_MAX)
+                f.bad("added_tokens_decoder", "key %s is not a token id (an integer in [0, 2^31))", shown_token(id_text).c_str());
+            if (added_slot_of_id.count(int32_t(id))) continue;
+            AddedToken t = added_token_from_json(e, what, "added_tokens_decoder[\"" + id_text + "\"]");
+            t.id         = int32_t(id);
             add_tokens({std::move(t)});
         }
     }
-    if (c.contains("chat_template")) {
-        const json & t = c["chat_template"];
-        if (t.is_string()) {
-            chat_template = t.get<std::string>();
-        } else if (t.is_array()) {
+    if (const json * t = f.find("chat_template")) {
+        if (t->is_string()) {
+            chat_template = t->get<std::string>();
+        } else if (t->is_array()) {
             // Named templates: [{"name": "default", "template": "..."}, ...]
-            for (const json & e : t) {
-                if (!e.is_object() || !e.contains("template") || !e["template"].is_string()) continue;
-                if (chat_template.empty() || e.value("name", std::string()) == "default")
-                    chat_template = e["template"].get<std::string>();
+            for (size_t i = 0; i < t->size(); ++i) {
+                const json &      e    = (*t)[i];
+                const std::string path = "chat_template[" + std::to_string(i) + "]";
+                if (!e.is_object()) fail(SPARK_ERR_INVALID_FORMAT, "tokenizer_config.json: '%s' must be an object, not %s", path.c_str(), ConfigFields::shown(e).c_str());
+                const ConfigFields named(e, what, path + ".");
+                const std::string  name = named.string("name", ""), text = named.string("template", "", true);
+                if (chat_template.empty() || name == "default") chat_template = text;
             }
+        } else {
+            f.bad("chat_template", "must be a string or a list of {\"name\", \"template\"}, not %s", ConfigFields::shown(*t).c_str());
         }
     }
-    if (c.contains("bos_token")) bos_text = token_text(c["bos_token"]);
-    if (c.contains("eos_token")) eos_text = token_text(c["eos_token"]);
-    if (c.contains("clean_up_tokenization_spaces") && c["clean_up_tokenization_spaces"].is_boolean())
-        clean_up_spaces = c["clean_up_tokenization_spaces"].get<bool>();
+    bos_text        = token_text(f, "bos_token");
+    eos_text        = token_text(f, "eos_token");
+    clean_up_spaces = f.boolean("clean_up_tokenization_spaces", false);
 }
 
 void Tokenizer::Impl::parse_generation_config() {
     if (generation_config_json.empty()) return;
-    const json g = parse_small_json(generation_config_json, "generation_config.json");
+    const std::string what = "generation_config.json";
+    const json        g    = parse_small_json(generation_config_json, what.c_str());
     if (!g.is_object()) fail(SPARK_ERR_INVALID_FORMAT, "generation_config.json: not a JSON object");
-    if (!g.contains("eos_token_id")) return;
-    const json & e = g["eos_token_id"];
-    auto add = [&](const json & v) {
-        if (!v.is_number_integer()) fail(SPARK_ERR_INVALID_FORMAT, "generation_config.json: eos_token_id must be integers");
-        eog.insert(int32_t(v.get<int64_t>()));
-    };
-    if (e.is_array()) {
-        for (const json & v : e) add(v);
-    } else if (!e.is_null()) {
-        add(e);
-    }
+    const ConfigFields f(g, what);
+    for (const int32_t id : f.token_ids("eos_token_id", n_vocab)) eog.insert(id);
 }
 
 void Tokenizer::Impl::build_pieces() {
@@ -393,8 +426,9 @@ Tokenizer Tokenizer::from_json_strings(std::string tokenizer_json, std::string t
     impl->generation_config_json = std::move(generation_config_json);
     impl->parse_tokenizer_json();
     impl->parse_config();
-    impl->parse_generation_config();
+    impl->compact_added();
     impl->build_pieces();
+    impl->parse_generation_config();  // its ids are checked against the vocabulary
     Tokenizer tok(std::move(impl));
     Impl & t = *tok.impl_;
     t.bos = t.bos_text ? tok.find(*t.bos_text) : -1;
