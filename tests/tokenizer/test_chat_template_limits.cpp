@@ -4,6 +4,7 @@
 #include "graph/error.h"
 #include "runtime/tokenizer/chat_template.h"
 #include "runtime/tokenizer/jinja_ast.h"
+#include "runtime/tokenizer/tokenizer.h"
 #include "tokenizer_test_util.h"
 
 #include <doctest/doctest.h>
@@ -276,4 +277,47 @@ TEST_CASE("limits can be set per render; usage stays below them") {
     CHECK_THROWS_WITH_AS(spark::jinja::render(*spark::jinja::parse_template("{{ 'x' * 2000 }}"), {}, tight_memory),
                          doctest::Contains("memory budget"), spark::Error);
     CHECK(spark::jinja::render(*tmpl, {}).size() == 2890);
+}
+
+TEST_CASE("the Qwen3 template renders a long conversation within what its inputs allow") {
+    // 2,000 turns (~4,800 messages, ~3 MB): user questions, answers with their reasoning inline,
+    // and every fifth turn a tool call and its result.
+    const std::string tmpl = spark::Tokenizer::from_directory(tokenizer_test::data_path("qwen3")).chat_template();
+    std::string paragraph;
+    for (int k = 0; k < 12; ++k) paragraph += "The quick brown fox jumps over the lazy dog, again and again. ";
+    spark::ChatInputs in;
+    in.messages.push_back({"system", std::string("You are a helpful assistant."), std::nullopt, std::nullopt, std::nullopt});
+    for (int t = 0; t < 2000; ++t) {
+        in.messages.push_back({"user", "Question " + std::to_string(t) + ": " + paragraph, std::nullopt, std::nullopt,
+                               std::nullopt});
+        if (t % 5 == 4) {
+            in.messages.push_back({"assistant", std::string(), std::nullopt,
+                                   std::string(R"([{"type": "function", "function": {"name": "get_weather", )"
+                                               R"("arguments": {"city": "Paris"}}}])"),
+                                   std::nullopt});
+            in.messages.push_back({"tool", std::string("{\"temp\": 21}"), std::nullopt, std::nullopt, std::nullopt});
+        }
+        in.messages.push_back({"assistant", "<think>\nreasoning " + paragraph + "\n</think>\n\nAnswer: " + paragraph,
+                               std::nullopt, std::nullopt, std::nullopt});
+    }
+    in.add_generation_prompt = true;
+    const std::string expected = spark::render_chat_template(tmpl, in);
+    CHECK(expected.size() > 3'000'000);
+    // With no budget of their own, the room the inputs give (chat_template.cpp: 4 steps and 8 bytes
+    // per input byte) is enough: a long conversation never meets the limits however large it is.
+    spark::jinja::RenderLimits nothing;
+    nothing.max_steps = 1;
+    nothing.max_bytes = 1;
+    CHECK(spark::render_chat_template(tmpl, in, &nothing) == expected);
+    // The default limits alone are enough too (it takes ~40% of the steps).
+    spark::jinja::Dict vars;
+    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+    for (const spark::ChatMessage & m : in.messages) {
+        nlohmann::ordered_json j = {{"role", m.role}, {"content", *m.content}};
+        if (m.tool_calls_json) j["tool_calls"] = nlohmann::ordered_json::parse(*m.tool_calls_json);
+        messages.push_back(std::move(j));
+    }
+    vars.set(spark::jinja::Value::string("messages"), spark::jinja::from_json(messages));
+    vars.set(spark::jinja::Value::string("add_generation_prompt"), spark::jinja::Value::boolean(true));
+    CHECK(spark::jinja::render(*spark::jinja::parse_template(tmpl), vars, spark::jinja::RenderLimits{}) == expected);
 }

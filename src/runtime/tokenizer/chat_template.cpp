@@ -45,8 +45,8 @@ nlohmann::ordered_json parse_json(const std::string & text, const char * what) {
 }
 
 // The limits of a render: the defaults, which stop a runaway template within a fraction of a
-// second, plus room for large inputs, so that a long conversation renders however often the
-// template reads it (Qwen3's template: ~0.4 steps and ~1.2 bytes alive per input byte).
+// second, plus room for large inputs, so that a long conversation renders however long it is
+// (Qwen3's template takes ~1.2 steps and ~1 byte alive per input byte).
 constexpr uint64_t kStepsPerInputByte = 4;
 constexpr uint64_t kBytesPerInputByte = 8;
 
