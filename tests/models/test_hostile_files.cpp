@@ -257,8 +257,9 @@ Outcome try_context(spark_model * m, int32_t n_ctx, int32_t n_seq_max, int32_t n
 
 TEST_CASE("absurd n_ctx / n_seq_max fail with a clear error instead of a runaway allocation") {
     ModelPtr m = load_model(model_dir("qwen3-bf16"));
-    for (const auto & [n_ctx, n_seq] : {std::pair{INT32_MAX, 1}, std::pair{INT32_MAX, 4096}, std::pair{(1 << 24) + 1, 1},
-                                        std::pair{1 << 24, 4096}}) {
+    for (const auto & shape : {std::pair{INT32_MAX, 1}, std::pair{INT32_MAX, 4096}, std::pair{(1 << 24) + 1, 1},
+                               std::pair{1 << 24, 4096}}) {
+        const int32_t n_ctx = shape.first, n_seq = shape.second;  // not bindings: CAPTURE is a lambda (clang 14)
         CAPTURE(n_ctx);
         CAPTURE(n_seq);
         const Outcome o = try_context(m.get(), n_ctx, n_seq);
