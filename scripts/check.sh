@@ -16,10 +16,10 @@ export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 
 section() { echo; echo "== $* ($(date +%T))"; }
 
-section "ASan + UBSan: CPU test suite (the same build carries the fuzzers)"
+section "ASan + UBSan: CPU test suite"
 if [ ! -f build-check-asan/build.ninja ]; then
     cmake -S . -B build-check-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPARK_CUDA=OFF \
-        -DSPARK_SANITIZE=address,undefined -DSPARK_FUZZ=ON >/dev/null
+        -DSPARK_SANITIZE=address,undefined >/dev/null
 fi
 cmake --build build-check-asan
 ctest --test-dir build-check-asan -LE cuda -j2 --output-on-failure
@@ -33,5 +33,5 @@ cmake --build build-check-tsan --target test-models
 build-check-tsan/tests/test-models -tc="*threads*" --no-intro=true
 
 section "fuzzers, ${fuzz_seconds}s each"
-SPARK_FUZZ_BUILD=build-check-asan scripts/fuzz.sh -p 2 "$fuzz_seconds"
+scripts/fuzz.sh -p 2 "$fuzz_seconds"
 section "checked builds: all clean"

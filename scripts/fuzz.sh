@@ -20,7 +20,8 @@ seconds=${1:?usage: scripts/fuzz.sh [-p PARALLEL] [-j JOBS] SECONDS [NAME ...]}
 shift
 build=${SPARK_FUZZ_BUILD:-build-fuzz}
 if [ ! -f "$build/build.ninja" ]; then
-    CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPARK_CUDA=OFF \
+    CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS=-gline-tables-only \
+        -DCMAKE_C_FLAGS=-gline-tables-only -DSPARK_CUDA=OFF \
         -DSPARK_FUZZ=ON -DSPARK_SANITIZE=address,undefined -DSPARK_BUILD_TESTS=OFF -DSPARK_BUILD_EXAMPLES=OFF >/dev/null
 fi
 names=("$@")
