@@ -1,0 +1,37 @@
+// Programmatic dependent launch (PDL, sm_90+), the one place its PTX lives.
+//
+// Every kernel of a step is launched with cudaLaunchAttributeProgrammaticStreamSerialization
+// (launch_kernel(..., pdl = DeviceProps::pdl)), so it may be scheduled while the kernel before it in
+// the stream is still running:
+//   launch_dependents()  this block no longer holds back the next kernel: once every block of this
+//                        grid has called it (or exited), the next kernel's blocks may start. It says
+//                        nothing about memory; kernels call it early (after issuing their weight
+//                        loads) so that the next kernel's prologue overlaps this one's work.
+//   wait()               blocks until the previous kernel has completed and its writes are visible.
+//                        It must come before the first global read of anything an earlier kernel
+//                        wrote and before the first global write (an earlier kernel may still read
+//                        the buffer), and every thread must execute it before it exits: a grid
+//                        that completes without waiting could complete before its predecessor,
+//                        and the kernel after it would then not be ordered after that predecessor.
+// Reading weights (written at load time) before wait() is what makes PDL pay: the loads are in
+// flight while the previous kernel drains.
+//
+// Both are no-ops below sm_90 and for a kernel launched without the attribute (plain stream order).
+// The CPU warp emulators (dev/kernels) shadow this header with a model that checks both rules.
+#pragma once
+
+namespace spark::cuda::pdl {
+
+__device__ __forceinline__ void wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+}  // namespace spark::cuda::pdl
