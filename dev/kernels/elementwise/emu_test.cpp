@@ -12,6 +12,7 @@
 #include "backends/cuda/elementwise/moe_kernels.cuh"
 #include "backends/cuda/elementwise/norm_kernels.cuh"
 #include "backends/cuda/elementwise/rope_kernels.cuh"
+#include "backends/cuda/pdl.cuh"  // the PDL model (dev/kernels/common/emu)
 
 #include <algorithm>
 #include <cmath>
@@ -23,6 +24,8 @@
 #include <vector>
 
 using namespace spark::cuda::ew;
+namespace pdl = spark::cuda::pdl;
+using PdlGuard = pdl::model::Guard;
 
 namespace {
 
@@ -52,6 +55,14 @@ double nmse(const float * got, const float * ref, size_t n) {
     return den > 0 ? num / den : num;
 }
 
+// The kernel the last run_* helper launched (for the PDL checks' messages).
+std::string last_kernel;
+std::string targs(std::initializer_list<int> v) {
+    std::string s = "<";
+    for (int x : v) s += (s.size() > 1 ? "," : "") + std::to_string(x);
+    return s + ">";
+}
+
 // Contiguous [n, rows] rows with a row stride of `stride` floats.
 Rows rows_at(float * p, int64_t stride) {
     Rows r;
@@ -64,10 +75,12 @@ Rows rows_at(float * p, int64_t stride) {
 
 template <int G, int NIT, bool ADD> void run_reg(const NormArgs & a) {
     const unsigned blocks = unsigned(G == 32 ? (a.nrows + 3) / 4 : a.nrows);
+    last_kernel           = "norm_reg_kernel" + targs({G, NIT, ADD});
     emu::launch(dim3(blocks), dim3(G == 32 ? 128 : G), [&] { norm_reg_kernel<G, NIT, ADD>(a); }, uint64_t(a.n));
 }
 template <int G, int V, bool ADD> void run_stream(const NormArgs & a) {
     const unsigned blocks = unsigned(G == 32 ? (a.nrows + 3) / 4 : a.nrows);
+    last_kernel           = "norm_stream_kernel" + targs({G, V, ADD});
     emu::launch(dim3(blocks), dim3(G == 32 ? 128 : G), [&] { norm_stream_kernel<G, V, ADD>(a); }, uint64_t(a.n));
 }
 // The selection of norm.cu's launch_norm.
@@ -110,8 +123,14 @@ void test_norms() {
                 a.w = has_w ? w.data() : nullptr, a.n = n, a.nrows = rows, a.eps = eps, a.zero_centered = zc, a.l2 = l2,
                 a.b_one_row = bcast;
                 const bool vec = n % 4 == 0;
-                if (add) run_norm<true>(a, vec);
-                else run_norm<false>(a, vec);
+                {
+                    // x and b come from earlier kernels; out and sum must not be written before the wait.
+                    PdlGuard g({pdl::model::in(x.data(), x.size() * 4), pdl::model::in(add ? b.data() : nullptr, b.size() * 4),
+                                pdl::model::out(out.data(), out.size() * 4), pdl::model::out(add ? sum.data() : nullptr, sum.size() * 4)});
+                    if (add) run_norm<true>(a, vec);
+                    else run_norm<false>(a, vec);
+                    g.check(last_kernel + " n=" + std::to_string(n) + " rows=" + std::to_string(rows) + " variant " + std::to_string(variant));
+                }
                 // reference (CPU backend: ADD, then RMS_NORM / L2_NORM with a double sum of squares)
                 std::vector<float> ref(static_cast<size_t>(n)), refsum(static_cast<size_t>(n));
                 double             worst = 0;
@@ -170,6 +189,7 @@ void test_rope() {
                 const unsigned blocks = unsigned((a.items + kRopeWarps - 1) / kRopeWarps);
                 auto go = [&](auto np_tag, auto nc_tag) {
                     constexpr int NP = decltype(np_tag)::value, NC = decltype(nc_tag)::value;
+                    last_kernel      = "rope_kernel" + targs({NP, NC, fused});
                     if (fused) emu::launch(dim3(blocks), dim3(32 * kRopeWarps), [&] { rope_kernel<NP, NC, true>(a, f); });
                     else emu::launch(dim3(blocks), dim3(32 * kRopeWarps), [&] { rope_kernel<NP, NC, false>(a, f); });
                 };
@@ -179,10 +199,15 @@ void test_rope() {
                     else if (copy <= 64) go(np_tag, std::integral_constant<int, 2>{});
                     else go(np_tag, std::integral_constant<int, 8>{});
                 };
-                if (half <= 32) go_np(std::integral_constant<int, 1>{});
-                else if (half <= 64) go_np(std::integral_constant<int, 2>{});
-                else if (half <= 128) go_np(std::integral_constant<int, 4>{});
-                else go_np(std::integral_constant<int, 8>{});
+                {
+                    // x comes from an earlier kernel (pos is uploaded by the host before the step).
+                    PdlGuard g({pdl::model::in(x.data(), x.size() * 4), pdl::model::out(o.data(), o.size() * 4)});
+                    if (half <= 32) go_np(std::integral_constant<int, 1>{});
+                    else if (half <= 64) go_np(std::integral_constant<int, 2>{});
+                    else if (half <= 128) go_np(std::integral_constant<int, 4>{});
+                    else go_np(std::integral_constant<int, 8>{});
+                    g.check(last_kernel + " hd=" + std::to_string(c.hd) + " n_rot=" + std::to_string(c.n_rot) + " T=" + std::to_string(T));
+                }
                 // reference: (RMS_NORM then) ROPE, the CPU backend's expressions
                 std::vector<float> ref(static_cast<size_t>(c.hd * c.nh * T)), y(static_cast<size_t>(c.hd));
                 for (int t = 0; t < T; ++t)
@@ -281,13 +306,18 @@ void test_moe() {
                 const unsigned blocks = unsigned((rows + kRouteWarps - 1) / kRouteWarps);
                 auto           go     = [&](auto tag) {
                     constexpr int NPL = decltype(tag)::value;
+                    last_kernel       = "moe_route_kernel" + targs({NPL});
                     emu::launch(dim3(blocks), dim3(32 * kRouteWarps), [&] { moe_route_kernel<NPL>(a); }, uint64_t(c.E * 31 + kind));
                 };
-                if (c.E <= 32) go(std::integral_constant<int, 1>{});
-                else if (c.E <= 64) go(std::integral_constant<int, 2>{});
-                else if (c.E <= 128) go(std::integral_constant<int, 4>{});
-                else if (c.E <= 256) go(std::integral_constant<int, 8>{});
-                else go(std::integral_constant<int, 16>{});
+                {
+                    PdlGuard g({pdl::model::in(x.data(), x.size() * 4), pdl::model::out(out.data(), out.size() * 4)});
+                    if (c.E <= 32) go(std::integral_constant<int, 1>{});
+                    else if (c.E <= 64) go(std::integral_constant<int, 2>{});
+                    else if (c.E <= 128) go(std::integral_constant<int, 4>{});
+                    else if (c.E <= 256) go(std::integral_constant<int, 8>{});
+                    else go(std::integral_constant<int, 16>{});
+                    g.check(last_kernel + " E=" + std::to_string(c.E) + " k=" + std::to_string(c.k) + " kind " + std::to_string(kind));
+                }
                 bool ok = true;
                 for (int r = 0; r < rows; ++r) {
                     std::vector<float>   w;
@@ -308,7 +338,9 @@ void test_moe() {
         std::vector<float> x = {3, 1, 3, 3, 0, 1, 1, 1}, out(8);
         RouteArgs          a;
         a.logits = rows_at(x.data(), 8), a.out = rows_at(out.data(), 8), a.n_expert = 8, a.nrows = 1, a.k = 4, a.normalize = true;
+        PdlGuard g({pdl::model::in(x.data(), x.size() * 4), pdl::model::out(out.data(), out.size() * 4)});
         emu::launch(dim3(1), dim3(128), [&] { moe_route_kernel<1>(a); });
+        g.check("moe_route_kernel<1> known ties");
         const int32_t * ids = reinterpret_cast<const int32_t *>(out.data() + 4);
         expect(ids[0] == 0 && ids[1] == 2 && ids[2] == 3 && ids[3] == 1, "moe_route known ties");
     }
@@ -325,12 +357,19 @@ void test_moe() {
                 const bool vec = H % 4 == 0;
                 a.chunks       = (H + kCombineThreads * (vec ? 4 : 1) - 1) / (kCombineThreads * (vec ? 4 : 1));
                 const unsigned grid = unsigned(std::min<int64_t>(a.n_tok * a.chunks, 5));  // grid-stride too
-                if (vec) {
-                    if (k > 8) emu::launch(dim3(grid), dim3(kCombineThreads), [&] { moe_combine_kernel<4, 16>(a); });
-                    else emu::launch(dim3(grid), dim3(kCombineThreads), [&] { moe_combine_kernel<4, 8>(a); });
-                } else {
-                    if (k > 8) emu::launch(dim3(grid), dim3(kCombineThreads), [&] { moe_combine_kernel<1, 16>(a); });
-                    else emu::launch(dim3(grid), dim3(kCombineThreads), [&] { moe_combine_kernel<1, 8>(a); });
+                {
+                    // The experts' outputs and the router's weights come from earlier kernels.
+                    PdlGuard g({pdl::model::in(y.data(), y.size() * 4), pdl::model::in(w.data(), w.size() * 4),
+                                pdl::model::out(o.data(), o.size() * 4)});
+                    if (vec) {
+                        if (k > 8) emu::launch(dim3(grid), dim3(kCombineThreads), [&] { moe_combine_kernel<4, 16>(a); });
+                        else emu::launch(dim3(grid), dim3(kCombineThreads), [&] { moe_combine_kernel<4, 8>(a); });
+                    } else {
+                        if (k > 8) emu::launch(dim3(grid), dim3(kCombineThreads), [&] { moe_combine_kernel<1, 16>(a); });
+                        else emu::launch(dim3(grid), dim3(kCombineThreads), [&] { moe_combine_kernel<1, 8>(a); });
+                    }
+                    g.check(std::string("moe_combine_kernel") + targs({vec ? 4 : 1, k > 8 ? 16 : 8}) + " k=" + std::to_string(k) +
+                            " H=" + std::to_string(H) + " T=" + std::to_string(T));
                 }
                 bool ok = true;
                 for (int t = 0; t < T; ++t)
@@ -366,10 +405,18 @@ void test_argmax() {
         std::vector<int32_t> out(1, -1);
         ArgmaxArgs           a;
         a.x = rows_at(x.data(), 8), a.n = 8, a.nrows = 1, a.out = out.data();
-        emu::launch(dim3(1), dim3(kArgmaxThreads), [&] { argmax_row_kernel<4>(a); });
+        {
+            PdlGuard g({pdl::model::in(x.data(), x.size() * 4), pdl::model::out(out.data(), out.size() * 4)});
+            emu::launch(dim3(1), dim3(kArgmaxThreads), [&] { argmax_row_kernel<4>(a); });
+            g.check("argmax_row_kernel<4> special row");
+        }
         expect(out[0] == argmax_ref(x.data(), 8), "argmax special row");
         out[0] = -1;
-        emu::launch(dim3(1), dim3(kArgmaxThreads), [&] { argmax_row_kernel<1>(a); });
+        {
+            PdlGuard g({pdl::model::in(x.data(), x.size() * 4), pdl::model::out(out.data(), out.size() * 4)});
+            emu::launch(dim3(1), dim3(kArgmaxThreads), [&] { argmax_row_kernel<1>(a); });
+            g.check("argmax_row_kernel<1> special row");
+        }
         expect(out[0] == argmax_ref(x.data(), 8), "argmax special row (scalar)");
     }
     for (int64_t n : {5, 64, 2048, 4095, 4096, 20000, 32768, 151936})
@@ -391,8 +438,10 @@ void test_argmax() {
                 std::vector<int32_t> out(static_cast<size_t>(rows), -1);
                 ArgmaxArgs           a;
                 a.x = rows_at(x.data(), st), a.n = n, a.nrows = rows, a.out = out.data();
+                PdlGuard g({pdl::model::in(x.data(), x.size() * 4), pdl::model::out(out.data(), out.size() * 4)});
                 if (vec) emu::launch(dim3(2), dim3(kArgmaxThreads), [&] { argmax_row_kernel<4>(a); });
                 else emu::launch(dim3(2), dim3(kArgmaxThreads), [&] { argmax_row_kernel<1>(a); });
+                g.check(std::string("argmax_row_kernel") + (vec ? "<4>" : "<1>") + " n=" + std::to_string(n) + " kind " + std::to_string(kind));
                 bool ok = true;
                 for (int r = 0; r < rows; ++r) ok = ok && out[size_t(r)] == argmax_ref(x.data() + r * st, n);
                 expect(ok, "argmax row kernel n=" + std::to_string(n) + " kind " + std::to_string(kind));
@@ -406,9 +455,19 @@ void test_argmax() {
                 std::vector<Best> part(size_t(rows * a.chunks));
                 a.partial = part.data();
                 const dim3 g1(unsigned(a.chunks), 2);
-                if (vec) emu::launch(g1, dim3(kArgmaxThreads), [&] { argmax_chunks_kernel<4>(a); });
-                else emu::launch(g1, dim3(kArgmaxThreads), [&] { argmax_chunks_kernel<1>(a); });
-                emu::launch(dim3(unsigned((rows + 3) / 4)), dim3(128), [&] { argmax_rows_kernel(a); });
+                {
+                    PdlGuard g({pdl::model::in(x.data(), x.size() * 4), pdl::model::out(part.data(), part.size() * sizeof(Best))});
+                    if (vec) emu::launch(g1, dim3(kArgmaxThreads), [&] { argmax_chunks_kernel<4>(a); });
+                    else emu::launch(g1, dim3(kArgmaxThreads), [&] { argmax_chunks_kernel<1>(a); });
+                    g.check(std::string("argmax_chunks_kernel") + (vec ? "<4>" : "<1>") + " n=" + std::to_string(n) + " kind " +
+                            std::to_string(kind));
+                }
+                {
+                    // The partials come from the chunks kernel.
+                    PdlGuard g({pdl::model::in(part.data(), part.size() * sizeof(Best)), pdl::model::out(out.data(), out.size() * 4)});
+                    emu::launch(dim3(unsigned((rows + 3) / 4)), dim3(128), [&] { argmax_rows_kernel(a); });
+                    g.check("argmax_rows_kernel n=" + std::to_string(n) + " kind " + std::to_string(kind));
+                }
                 bool ok = true;
                 for (int r = 0; r < rows; ++r) ok = ok && out[size_t(r)] == argmax_ref(x.data() + r * st, n);
                 expect(ok, "argmax chunked n=" + std::to_string(n) + " kind " + std::to_string(kind));
@@ -416,14 +475,70 @@ void test_argmax() {
         }
 }
 
+// ---------------------------------------------------------------- the PDL model's self-test
+
+// Tiny kernels (y = 2 x over n elements, one per thread) that break one rule of pdl.cuh each; the
+// model (dev/kernels/common/emu/backends/cuda/pdl.cuh) must catch every one.
+enum class Pdl { good, read_early, write_early, no_wait, skip_wait, no_trigger };
+void pdl_kernel(Pdl how, const float * x, float * y, int n) {
+    const int i = int(blockIdx.x * blockDim.x + threadIdx.x);
+    if (how == Pdl::skip_wait && i >= n) return;  // the tail threads exit without waiting
+    if (how != Pdl::no_trigger) pdl::launch_dependents();
+    if (how == Pdl::write_early && i < n) y[i] = 0.0f;
+    const float early = how == Pdl::read_early && i < n ? x[i] : 0.0f;
+    if (how != Pdl::no_wait) pdl::wait();
+    __syncthreads();
+    if (i < n) y[i] = 2.0f * (how == Pdl::read_early ? early : x[i]);
+}
+
+void test_pdl_model() {
+    const int n = 100;  // 2 blocks of 64 threads
+    struct Case {
+        Pdl         how;
+        const char *name, *want;  // want: a substring of the model's report ("" none)
+        bool        wrong_y;      // the output must show the poison
+    };
+    const Case cases[] = {
+        {Pdl::good, "follows the rules", "", false},
+        {Pdl::read_early, "reads its input before waiting", "", true},
+        {Pdl::write_early, "writes before waiting", "written before the first pdl::wait()", false},
+        {Pdl::no_wait, "never waits", "128 of 128 threads exited without pdl::wait()", true},
+        {Pdl::skip_wait, "tail threads return without waiting", "28 of 128 threads exited without pdl::wait() (first: block 1,0,0 thread 36", false},
+        {Pdl::no_trigger, "never triggers", "no thread called pdl::launch_dependents()", false},
+    };
+    for (const Case & c : cases) {
+        std::vector<float> x(static_cast<size_t>(n)), y(static_cast<size_t>(n), NAN);
+        for (auto & v : x) v = randn();
+        std::string why;
+        {
+            PdlGuard g({pdl::model::in(x.data(), x.size() * 4), pdl::model::out(y.data(), y.size() * 4)});
+            emu::launch(dim3(2), dim3(64), [&] { pdl_kernel(c.how, x.data(), y.data(), n); }, 7);
+            why = g.problems();
+        }
+        bool y_ok = true;
+        for (int i = 0; i < n; ++i) y_ok = y_ok && y[size_t(i)] == 2.0f * x[size_t(i)];
+        const bool caught = std::string(c.want).empty() ? why.empty() : why.find(c.want) != std::string::npos;
+        expect(caught && y_ok == !c.wrong_y, std::string("pdl model: a kernel that ") + c.name + ": model says \"" + why + "\", output " +
+                                                 (y_ok ? "right" : "wrong"));
+        // Not armed: wait() and launch_dependents() do nothing.
+        std::fill(y.begin(), y.end(), NAN);
+        emu::launch(dim3(2), dim3(64), [&] { pdl_kernel(c.how, x.data(), y.data(), n); }, 7);
+        y_ok = true;
+        for (int i = 0; i < n; ++i) y_ok = y_ok && y[size_t(i)] == 2.0f * x[size_t(i)];
+        expect(y_ok || c.how == Pdl::write_early, std::string("pdl model unarmed: a kernel that ") + c.name);
+    }
+}
+
 }  // namespace
 
 int main(int argc, char ** argv) {
     const std::string only = argc > 1 ? argv[1] : "";
+    if (only.empty() || only == "pdl") test_pdl_model();
     if (only.empty() || only == "norm") test_norms();
     if (only.empty() || only == "rope") test_rope();
     if (only.empty() || only == "moe") test_moe();
     if (only.empty() || only == "argmax") test_argmax();
-    std::printf("%d checks, %d failures\n", checks, failures);
-    return failures ? 1 : 0;
+    std::printf("%d checks, %d failures; %d PDL launch checks, %d failures\n", checks, failures, pdl::model::checks(),
+                pdl::model::failures());
+    return failures || pdl::model::failures() ? 1 : 0;
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "../../../emu_runtime.h"
+#include "backends/cuda/pdl.cuh"  // the PDL model (dev/kernels/common/emu)
 #include "quant/formats.h"  // f32_to_f16 / f16_to_f32: bit-exact cvt.rn.f16.f32 and the f16 decoder
 
 #define SPARK_DYNAMIC_SMEM(name) unsigned char * name = ::emu::dyn_smem()
@@ -118,8 +119,8 @@ inline void st_global_16(void * dst, const uint32_t (&w)[4]) {
     emu::S().global_stores.push_back(dst);
 }
 
-// Blocks run one after another: nothing to wait for.
-inline void grid_dep_wait() {}
-inline void grid_dep_launch_dependents() {}
+// Programmatic dependent launch: the shared model (dev/kernels/common/emu/backends/cuda/pdl.cuh).
+inline void grid_dep_wait() { spark::cuda::pdl::wait(); }
+inline void grid_dep_launch_dependents() { spark::cuda::pdl::launch_dependents(); }
 
 }  // namespace spark::cuda::ptx
