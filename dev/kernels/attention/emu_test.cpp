@@ -4,9 +4,15 @@
 // the cp.async pipelines, the mma / ldmatrix fragment bookkeeping and the f16 numerics (FP16 cache,
 // f16 hi + lo / single f16 operands with their range scaling, saturating append).
 //
-// Build and run (from the repository root; a few minutes on two cores):
-//   g++ -std=c++20 -O2 -g -fsanitize=address,undefined -Idev/kernels/attention/emu -Isrc -Iinclude \
-//       dev/kernels/attention/emu_test.cpp -o /tmp/emu_test && /tmp/emu_test [filter [seed]]
+// Every launch whose inputs come from earlier kernels runs under the programmatic dependent launch
+// model (dev/kernels/common/emu/backends/cuda/pdl.cuh: inputs poisoned until the grid's first wait,
+// every thread must wait, some thread must trigger; "FAIL pdl" lines).
+//
+// Part of the CPU test suite (ctest: emu-attention, which passes --quick: all but the fused decode
+// at context 4096 with T = 2..7). Build and run by hand (from the repository root; a few minutes
+// on two cores):
+//   g++ -std=c++20 -O2 -g -fsanitize=address,undefined -Idev/kernels/attention/emu -Idev/kernels/common/emu -Isrc -Iinclude \
+//       dev/kernels/attention/emu_test.cpp -o /tmp/emu_test && /tmp/emu_test [--quick] [filter [seed]]
 // With -DEMU_CPU_ORACLE and the CPU backend's objects linked (ops_attention, ops_ssm, thread_pool,
 // graph, dtype, error from a spark build), every case is also compared with the real CPU ops at the
 // tolerances of tests/cuda/test_attention.cpp and test_ssm.cpp ("vs CPU" lines).
@@ -18,6 +24,7 @@
 #endif
 #include "backends/cuda/attention/attention_append.cuh"
 #include "backends/cuda/attention/attention_kernels.cuh"
+#include "backends/cuda/pdl.cuh"  // the PDL model (dev/kernels/common/emu)
 #include "backends/cuda/ssm/ssm_kernels.cuh"
 
 #include <algorithm>
@@ -30,8 +37,12 @@
 #include <vector>
 
 using namespace spark::cuda;
+using PdlGuard = pdl::model::Guard;
+using pdl::model::in;
 
 namespace {
+
+template <class T> size_t bytes_of(const std::vector<T> & v) { return v.size() * sizeof(T); }
 
 std::mt19937_64 rng(12345);
 
@@ -264,13 +275,23 @@ void run_attention(const AttnCase & tc) {
     const uint64_t seed = rng();
     const dim3     grid(plan.grid_x, plan.grid_y, plan.grid_z);
     bool           stores_ok = true;
+    const std::string Ds = "<" + std::to_string(D) + "> " + tc.name;
     if (plan.path == attn::AttnPath::Decode) {
         // One launch (as launch_decode): the decode kernel appends this step's k / v itself.
         emu::S().global_stores.clear();
         auto run = [&](auto kernel, int smem) { emu::launch(grid, dim3(attn::kThreads), size_t(smem), [&] { kernel(p); }, seed + 1); };
-        if (D == 64) run(attn::attn_decode_kernel<64>, attn::DecodeCfg<64>::kSmem);
-        if (D == 128) run(attn::attn_decode_kernel<128>, attn::DecodeCfg<128>::kSmem);
-        if (D == 256) run(attn::attn_decode_kernel<256>, attn::DecodeCfg<256>::kSmem);
+        {
+            // PDL: q, k, v, the cache (earlier steps' rows) and the arrival counters come from earlier
+            // kernels; out and the split workspace must not be written before the wait. (pos, seq and
+            // the block table are uploaded by the host before the step: not armed.)
+            PdlGuard g({in(q.data(), bytes_of(q)), in(k.data(), bytes_of(k)), in(v.data(), bytes_of(v)), in(kc.data(), bytes_of(kc)),
+                        in(vc.data(), bytes_of(vc)), in(p.counters, p.counters ? bytes_of(counters) : 0), pdl::model::out(out.data(), bytes_of(out)),
+                        pdl::model::out(ws.data(), bytes_of(ws))});
+            if (D == 64) run(attn::attn_decode_kernel<64>, attn::DecodeCfg<64>::kSmem);
+            if (D == 128) run(attn::attn_decode_kernel<128>, attn::DecodeCfg<128>::kSmem);
+            if (D == 256) run(attn::attn_decode_kernel<256>, attn::DecodeCfg<256>::kSmem);
+            g.check("attn_decode_kernel" + Ds);
+        }
         // Exactly one 16-byte store per (token, KV head, 8 dims) of K and of V, at its cache row.
         std::vector<const void *> want, got = emu::S().global_stores;
         for (int t = 0; t < T; ++t) {
@@ -285,17 +306,27 @@ void run_attention(const AttnCase & tc) {
         stores_ok = want == got;
         for (uint32_t x : counters) stores_ok = stores_ok && x == 0;
         if (plan.n_splits > 1 && !p.counters) {
+            // PDL: the partials come from the decode kernel.
+            PdlGuard g({in(ws.data(), bytes_of(ws)), pdl::model::out(out.data(), bytes_of(out))});
             auto comb = [&](auto kernel) { emu::launch(dim3(H, T), dim3(D), 0, [&] { kernel(p); }, seed + 2); };
             if (D == 64) comb(attn::attn_combine_kernel<64>);
             if (D == 128) comb(attn::attn_combine_kernel<128>);
             if (D == 256) comb(attn::attn_combine_kernel<256>);
+            g.check("attn_combine_kernel" + Ds);
         }
     } else {
-        emu::launch(dim3(T), dim3(attn::kThreads), 0, [&] { attn::attn_append_kernel(p); }, seed);
+        {
+            PdlGuard g({in(k.data(), bytes_of(k)), in(v.data(), bytes_of(v)), in(kc.data(), bytes_of(kc)), in(vc.data(), bytes_of(vc))});
+            emu::launch(dim3(T), dim3(attn::kThreads), 0, [&] { attn::attn_append_kernel(p); }, seed);
+            g.check("attn_append_kernel " + tc.name);
+        }
+        // PDL: q and the cache (this step's rows from the append kernel) come from earlier kernels.
+        PdlGuard g({in(q.data(), bytes_of(q)), in(kc.data(), bytes_of(kc)), in(vc.data(), bytes_of(vc)), pdl::model::out(out.data(), bytes_of(out))});
         auto run = [&](auto kernel, int smem) { emu::launch(grid, dim3(attn::kThreads), size_t(smem), [&] { kernel(p); }, seed + 1); };
         if (D == 64) run(attn::attn_prefill_kernel<64>, attn::PrefillCfg<64>::kSmem);
         if (D == 128) run(attn::attn_prefill_kernel<128>, attn::PrefillCfg<128>::kSmem);
         if (D == 256) run(attn::attn_prefill_kernel<256>, attn::PrefillCfg<256>::kSmem);
+        g.check("attn_prefill_kernel" + Ds);
     }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
@@ -478,7 +509,12 @@ void run_conv(const std::string & label, int C, int K, int R, const std::vector<
     p.n_seqs = int(rs.size());
     const bool one = T == int(rs.size());
     const dim3 block = one ? dim3(256, 1) : dim3(32, 8);
-    emu::launch(dim3((C + block.x - 1) / block.x, p.n_seqs), block, 0, [&] { ssm::conv1d_ssm_kernel(p); }, rng());
+    {
+        // PDL: x and the state ring come from earlier kernels (w is a weight; ranges, pos: host).
+        PdlGuard g({in(x.data(), bytes_of(x)), in(st.data(), bytes_of(st)), pdl::model::out(out.data(), bytes_of(out))});
+        emu::launch(dim3((C + block.x - 1) / block.x, p.n_seqs), block, 0, [&] { ssm::conv1d_ssm_kernel(p); }, rng());
+        g.check("conv1d_ssm_kernel " + name);
+    }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     report(name, nmse(out, ref), 1e-10, "out", secs);
     report(name, nmse(st, ref_st), 0.0, "state", 0);  // the whole ring; a state is copied inputs: exact
@@ -600,8 +636,14 @@ void run_gdn(const std::string & label, int dk, int dv, int n_kh, int n_vh, int 
     p.n_slots = n_slots;
     p.n_seqs = int(rs.size());
     const dim3 grid(n_vh * (dv / ssm::kGdnCols), p.n_seqs);
-    if (dk == 64) emu::launch(grid, dim3(ssm::kGdnThreads), 0, [&] { ssm::gated_delta_kernel<64>(p); }, rng());
-    if (dk == 128) emu::launch(grid, dim3(ssm::kGdnThreads), 0, [&] { ssm::gated_delta_kernel<128>(p); }, rng());
+    {
+        // PDL: q, k, v, a, b and the state ring come from earlier kernels (A_log, dt_bias: weights).
+        PdlGuard g({in(q.data(), bytes_of(q)), in(k.data(), bytes_of(k)), in(v.data(), bytes_of(v)), in(a.data(), bytes_of(a)),
+                    in(b.data(), bytes_of(b)), in(st.data(), bytes_of(st)), pdl::model::out(out.data(), bytes_of(out))});
+        if (dk == 64) emu::launch(grid, dim3(ssm::kGdnThreads), 0, [&] { ssm::gated_delta_kernel<64>(p); }, rng());
+        if (dk == 128) emu::launch(grid, dim3(ssm::kGdnThreads), 0, [&] { ssm::gated_delta_kernel<128>(p); }, rng());
+        g.check("gated_delta_kernel<" + std::to_string(dk) + "> " + name);
+    }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     report(name, nmse(out, ref), 1e-9, "out", secs);
     report(name, nmse(st, ref_st), 1e-9, "state", 0);  // the whole ring
@@ -612,13 +654,37 @@ void run_gdn(const std::string & label, int dk, int dv, int n_kh, int n_vh, int 
 #endif
 }
 
+// ------------------------------------------------------------------------------------------------
+// The PDL model through ptx::grid_dep_* (forwarded to the shared model, pdl.cuh)
+// ------------------------------------------------------------------------------------------------
+void run_pdl_forwarding() {
+    std::vector<float> x(64, 1.0f);
+    auto               go = [&](bool use) {
+        PdlGuard g({in(x.data(), bytes_of(x))});
+        emu::launch(dim3(2), dim3(32), 0, [&] {
+            if (use) {
+                ptx::grid_dep_launch_dependents();
+                ptx::grid_dep_wait();
+            }
+        });
+        return g.problems();
+    };
+    const std::string with = go(true), without = go(false);
+    report("pdl model via ptx::grid_dep_wait / launch_dependents", with.empty() && !without.empty() && x[5] == 1.0f ? 0.0 : 1.0, 0.0,
+           "model", 0);
+}
+
 }  // namespace
 
 int main(int argc, char ** argv) {
-    // emu_test [filter [seed]]: the seed varies inputs, warp schedules and cp.async landing times.
+    // emu_test [--quick] [filter [seed]]: the seed varies inputs, warp schedules and cp.async landing
+    // times; --quick (the ctest run) leaves out the slowest cases (see below).
+    const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+    if (quick) --argc, ++argv;
     const std::string filter = argc > 1 ? argv[1] : "";
     if (argc > 2) rng.seed(std::stoull(argv[2]));
     auto want = [&](const std::string & n) { return filter.empty() || n.find(filter) != std::string::npos; };
+    if (want("pdl")) run_pdl_forwarding();
 
     // Decode: one token at contexts 1, 17, 300, 4096; head dims and GQA groups.
     std::vector<AttnCase> cases = {
@@ -675,10 +741,11 @@ int main(int argc, char ** argv) {
     // The fused decode at page boundaries: T = 1..8 tokens of one sequence, the first at context ctx
     // (positions ctx-1 .. ctx+T-2), with a 4608-token block table (36 splits: the in-kernel combine)
     // and with just enough pages (one split up to 128 tokens).
+    // --quick: at context 4096 only T = 1 and 8 (T = 2..7 there take ~3/4 of the emulation time).
     for (int T : {1, 2, 3, 4, 5, 6, 7, 8})
         for (int ctx : {1, 63, 64, 65, 300, 4096}) {
             const std::string n = "fused d128 g8 T=" + std::to_string(T) + " ctx" + std::to_string(ctx);
-            cases.push_back({n + " cap4608", 128, 16, 2, {{0, ctx - 1, T}}, 72, 1});
+            if (!(quick && ctx == 4096 && T > 1 && T < 8)) cases.push_back({n + " cap4608", 128, 16, 2, {{0, ctx - 1, T}}, 72, 1});
             if (ctx <= 300) cases.push_back({n + " tight", 128, 16, 2, {{0, ctx - 1, T}}, (ctx + T - 2) / 64 + 1, 1});
         }
     for (const AttnCase & c : cases)
@@ -707,6 +774,8 @@ int main(int argc, char ** argv) {
         run_gdn("gdn dk64 dv128 nk2 nv2 R5", 64, 128, 2, 2, 5, {{0, 0, 17}, {1, 100, 5}, {2, 101, 2}}, 3);
         run_gdn("gdn dk64 dv64 nk2 nv2 R1", 64, 64, 2, 2, 1, {{1, 100, 17}, {0, 0, 1}}, 2);
     }
+    failures += pdl::model::failures();
+    std::printf("%d PDL launch checks, %d failed\n", pdl::model::checks(), pdl::model::failures());
     std::printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
     return failures ? 1 : 0;
 }

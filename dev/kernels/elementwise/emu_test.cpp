@@ -3,11 +3,15 @@
 // ops_elementwise.cpp, ops_moe.cpp). No GPU needed; checks indexing, predication, the register
 // layouts, warp/block reductions, the route's sort and redux rounds, argmax tie and NaN rules, and
 // (with random warp orders) missing barriers. The argmax cluster kernel (sm_90 thread block
-// clusters) is not modelled; tests/cuda/test_elementwise.cpp covers it on a GPU.
+// clusters) is not modelled; tests/cuda/test_elementwise.cpp covers it on a GPU. Every launch runs
+// under the programmatic dependent launch model (dev/kernels/common/emu/backends/cuda/pdl.cuh:
+// inputs poisoned until the grid's first wait, every thread must wait, some thread must trigger;
+// "FAIL pdl" lines), whose own self-test is here too ("pdl").
 //
-// Build and run (from the repository root; about a minute):
-//   g++ -std=c++20 -O2 -g -ffp-contract=off -fsanitize=address,undefined -Idev/kernels/elementwise/emu -Isrc -Iinclude \
-//       dev/kernels/elementwise/emu_test.cpp -o /tmp/ew_emu_test && /tmp/ew_emu_test
+// Part of the CPU test suite (ctest: emu-elementwise, all cases). Build and run by hand (from the
+// repository root; about a minute with the sanitizers, seconds without):
+//   g++ -std=c++20 -O2 -g -ffp-contract=off -fsanitize=address,undefined -Idev/kernels/elementwise/emu -Idev/kernels/common/emu \
+//       -Isrc -Iinclude dev/kernels/elementwise/emu_test.cpp -o /tmp/ew_emu_test && /tmp/ew_emu_test [pdl|norm|rope|moe|argmax]
 #include "backends/cuda/elementwise/argmax_kernels.cuh"
 #include "backends/cuda/elementwise/moe_kernels.cuh"
 #include "backends/cuda/elementwise/norm_kernels.cuh"

@@ -14,14 +14,21 @@
 // truncated to 2^(e_max - 23), the sum truncated; see mma_f16_16816 in emu/.../ptx.cuh): the MMA
 // kernel's worst nmse is printed at the end (~1e-13; "exact-mma" as a third argument sums exactly).
 //
-// Build and run (from the repository root; about three minutes on two cores):
-//   g++ -std=c++20 -O2 -g -fsanitize=address,undefined -Idev/kernels/matmul/emu -Idev/kernels/attention/emu -Isrc \
-//       -Iinclude dev/kernels/matmul/emu_gemv.cpp src/backends/cuda/matmul/plan.cpp -o /tmp/emu_gemv && /tmp/emu_gemv
+// Every launch runs under the programmatic dependent launch model (dev/kernels/common/emu/backends/
+// cuda/pdl.cuh): the activations, expert ids and K-split counters are poisoned until the grid's first
+// wait (the weights are read before it), every thread must wait, some thread must trigger ("FAIL pdl"
+// lines).
+//
+// Part of the CPU test suite (ctest: emu-gemv, all cases). Build and run by hand (from the repository
+// root; about three minutes on two cores):
+//   g++ -std=c++20 -O2 -g -fsanitize=address,undefined -Idev/kernels/matmul/emu -Idev/kernels/attention/emu -Idev/kernels/common/emu \
+//       -Isrc -Iinclude dev/kernels/matmul/emu_gemv.cpp src/backends/cuda/matmul/plan.cpp -o /tmp/emu_gemv && /tmp/emu_gemv
 // Options: a case-name filter (substring, e.g. "mma"), then a seed, then "exact-mma"; or --plans
 // (the plans of both kernels for the lab's model shapes, no emulation).
 #include "backends/cuda/matmul/gemv.cuh"
 #include "backends/cuda/matmul/gemv_mma.cuh"
 #include "backends/cuda/matmul/tuning.h"
+#include "backends/cuda/pdl.cuh"  // the PDL model (dev/kernels/common/emu)
 
 #include <algorithm>
 #include <cmath>
@@ -237,6 +244,15 @@ void run_plan(WeightFormat f, bool int4_zeros, const GemvPlan & p, bool glu, con
         run_mma_kernel<MmaInt4<false>>(p.r_tmpl, glu, a, p.grid, p.smem);
 }
 
+// run_plan under the PDL model: `regions` are the launch's dependent inputs (activations, expert ids,
+// the K-split arrival counters) and outputs; the weights are read before the wait and not armed.
+void run_plan_pdl(const std::string & name, WeightFormat f, bool int4_zeros, const GemvPlan & p, bool glu, const GemvArgs & a,
+                  const std::vector<pdl::model::Region> & regions) {
+    pdl::model::Guard g(regions);
+    run_plan(f, int4_zeros, p, glu, a);
+    g.check(std::string(p.mma ? "gemv_mma_kernel " : "gemv_kernel ") + name);
+}
+
 // A work split: the plan's, or forced (lanes per row, K-warps, K splits; MMA kernel: lpr unused,
 // any non-zero value forces).
 struct Split {
@@ -363,7 +379,9 @@ void check_dense(const Spec & s, int64_t n, int64_t k, int rows, int nw, Split s
         a.partial  = reinterpret_cast<float *>(pb.data());
         a.counters = reinterpret_cast<uint32_t *>(cb.data());
     }
-    run_plan(s.f, s.zeros, p, nw == 2, a);
+    run_plan_pdl(name, s.f, s.zeros, p, nw == 2, a,
+                 {pdl::model::in(xb.data(), xb.bytes), pdl::model::in(cb.data(), p.ksplit > 1 ? cb.bytes : 0),
+                  pdl::model::out(yb.data(), yb.bytes), pdl::model::out(pb.data(), p.ksplit > 1 ? pb.bytes : 0)});
     std::vector<float>  got(y, y + rows * n);
     std::vector<double> ref(size_t(rows * n));
     for (int r = 0; r < rows; ++r)
@@ -430,7 +448,10 @@ void check_moe(const Spec & s, int64_t n, int64_t k, int experts, int k_slots, i
         a.partial  = reinterpret_cast<float *>(pb.data());
         a.counters = reinterpret_cast<uint32_t *>(cb.data());
     }
-    run_plan(s.f, s.zeros, p, nw == 2, a);
+    // The expert ids come from the router (poison: -1, an invalid id, whose rows come out 0).
+    run_plan_pdl(name, s.f, s.zeros, p, nw == 2, a,
+                 {pdl::model::in(xb.data(), xb.bytes), pdl::model::in(ids.data(), ids.size() * 4), pdl::model::in(cb.data(), p.ksplit > 1 ? cb.bytes : 0),
+                  pdl::model::out(yb.data(), yb.bytes), pdl::model::out(pb.data(), p.ksplit > 1 ? pb.bytes : 0)});
     std::vector<float>  got(y, y + pairs * n);
     std::vector<double> ref(size_t(pairs * n), 0.0);
     for (int t = 0; t < T; ++t)
@@ -501,7 +522,10 @@ void check_multi(const Spec & s, const std::vector<int64_t> & ns, int64_t k, int
         a.partial  = reinterpret_cast<float *>(pb.data());
         a.counters = reinterpret_cast<uint32_t *>(cb.data());
     }
-    run_plan(s.f, s.zeros, p, false, a);
+    std::vector<pdl::model::Region> regions = {pdl::model::in(xb.data(), xb.bytes), pdl::model::in(cb.data(), p.ksplit > 1 ? cb.bytes : 0),
+                                               pdl::model::out(pb.data(), p.ksplit > 1 ? pb.bytes : 0)};
+    for (auto & b : yb) regions.push_back(pdl::model::out(b->data(), b->bytes));
+    run_plan_pdl(name, s.f, s.zeros, p, false, a, regions);
     std::vector<float>  got;
     std::vector<double> ref;
     for (int m = 0; m < count; ++m)
@@ -654,6 +678,6 @@ int main(int argc, char ** argv) {
     }
     std::printf("worst MMA nmse %.1e (tensor-core sums modelled %s)\n", g_worst_mma,
                 mma_truncate() ? "with truncation to 2^(e_max - 23)" : "exactly");
-    std::printf("%d of %d cases failed\n", g_fail, g_cases);
-    return g_fail ? 1 : 0;
+    std::printf("%d of %d cases failed; %d PDL launch checks, %d failed\n", g_fail, g_cases, pdl::model::checks(), pdl::model::failures());
+    return g_fail || pdl::model::failures() ? 1 : 0;
 }

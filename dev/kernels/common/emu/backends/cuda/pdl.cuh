@@ -110,7 +110,7 @@ inline void restore() {
     s.restored = true;
 }
 
-inline void arm(std::initializer_list<Region> regions) {
+inline void arm(const std::vector<Region> & regions) {
     State & s = S();
     if (s.armed) {
         std::fprintf(stderr, "pdl model: armed twice (a Guard was not checked)\n");
@@ -169,7 +169,8 @@ inline std::string finish() {
 // Arms the model for the one launch that follows; check() after it.
 class Guard {
 public:
-    Guard(std::initializer_list<Region> regions) { arm(regions); }
+    Guard(std::initializer_list<Region> regions) { arm(std::vector<Region>(regions)); }
+    explicit Guard(const std::vector<Region> & regions) { arm(regions); }
     Guard(const Guard &)             = delete;
     Guard & operator=(const Guard &) = delete;
     ~Guard() {
