@@ -62,6 +62,7 @@ inline Region out(void * p, size_t bytes) { return Region{p, bytes, true, 0}; }
 struct State {
     bool                              armed = false, restored = false;
     std::vector<Region>               regions;
+    std::vector<size_t>               index;  // per region: its position in the guard's list
     std::vector<std::vector<uint8_t>> saved;  // per region: contents (inputs) or snapshot (outputs)
     std::vector<uint8_t>              flags;  // per (block, thread): 1 waited, 2 triggered
     unsigned                          grid[3] = {0, 0, 0}, block[3] = {0, 0, 0};
@@ -104,7 +105,9 @@ inline void restore() {
         if (r.output) same = std::memcmp(p, s.saved[i].data(), r.bytes) == 0;
         else
             for (size_t j = 0; j < r.bytes && same; ++j) same = p[j] == r.poison;
-        if (!same) s.early_writes += (s.early_writes.empty() ? "" : ", ") + std::string(r.output ? "output #" : "input #") + std::to_string(i);
+        if (!same)
+            s.early_writes += (s.early_writes.empty() ? "" : ", ") + std::string(r.output ? "output" : "input") + " #" + std::to_string(s.index[i]) +
+                              " of the guard's list";
         if (!r.output) std::memcpy(p, s.saved[i].data(), r.bytes);
     }
     s.restored = true;
@@ -121,9 +124,11 @@ inline void arm(const std::vector<Region> & regions) {
     s.failures = failures;
     s.checks   = checks;
     s.armed    = true;
-    for (const Region & r : regions) {
-        if (!r.p || !r.bytes) continue;
+    for (size_t i = 0; i < regions.size(); ++i) {
+        const Region & r = regions[i];
+        if (!r.p || !r.bytes) continue;  // an absent buffer
         s.regions.push_back(r);
+        s.index.push_back(i);
         const auto * p = static_cast<const uint8_t *>(r.p);
         s.saved.emplace_back(p, p + r.bytes);
         if (!r.output) std::memset(r.p, r.poison, r.bytes);
