@@ -56,9 +56,14 @@ inline int max(int a, int b) { return a > b ? a : b; }
 
 namespace emu {
 
+// Called by die() before it aborts, when set (the PDL model, pdl.cuh, says whether the launch was
+// armed: a thread that read a poisoned input before pdl::wait() may diverge from its warp or block).
+inline void (*die_note)() = nullptr;
+
 [[noreturn]] inline void die(const char * msg) {
     std::fprintf(stderr, "emu: %s (block %u,%u,%u thread %u,%u)\n", msg, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x,
                  threadIdx.y);
+    if (die_note) die_note();
     std::abort();
 }
 

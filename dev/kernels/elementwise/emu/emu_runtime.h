@@ -58,8 +58,13 @@ inline uint32_t max(uint32_t a, uint32_t b) { return a > b ? a : b; }
 
 namespace emu {
 
+// Called by die() before it aborts, when set (the PDL model, pdl.cuh, says whether the launch was
+// armed: a thread that read a poisoned input before pdl::wait() may diverge from its warp or block).
+inline void (*die_note)() = nullptr;
+
 [[noreturn]] inline void die(const char * msg) {
     std::fprintf(stderr, "emu: %s (block %u,%u,%u thread %u)\n", msg, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x);
+    if (die_note) die_note();
     std::abort();
 }
 

@@ -113,6 +113,15 @@ inline void restore() {
     s.restored = true;
 }
 
+// The emulator's die() (a deadlock, a bad address) during an armed launch says so.
+inline void note_on_die() {
+    const State & s = S();
+    if (!s.armed) return;
+    std::fprintf(stderr, "emu: ... during a launch armed by the PDL model (%s): a thread that read a poisoned input before "
+                 "pdl::wait() may have diverged from the others\n",
+                 s.restored ? "the grid's first pdl::wait() has run" : "no thread has called pdl::wait() yet");
+}
+
 inline void arm(const std::vector<Region> & regions) {
     State & s = S();
     if (s.armed) {
@@ -124,6 +133,7 @@ inline void arm(const std::vector<Region> & regions) {
     s.failures = failures;
     s.checks   = checks;
     s.armed    = true;
+    emu::die_note = &note_on_die;
     for (size_t i = 0; i < regions.size(); ++i) {
         const Region & r = regions[i];
         if (!r.p || !r.bytes) continue;  // an absent buffer
