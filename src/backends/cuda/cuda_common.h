@@ -22,10 +22,15 @@ namespace spark::cuda {
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Whether kernels on the current device are launched with programmatic dependent launch (pdl.cuh):
+// sm_90 and newer, unless SPARK_PDL=0 (A/B runs). Cached per device.
+bool pdl_enabled();
+
 #ifdef __CUDACC__  // (kernel files only: the CPU warp emulators of dev/kernels include this header too)
 // kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream serialization when `pdl`
 // (sm_90+): the kernel may start while the previous kernel of the stream finishes, and waits for it
-// in-kernel (griddepcontrol.wait) before it reads that kernel's outputs. Launch errors throw.
+// in-kernel (pdl::wait, pdl.cuh) before it reads that kernel's outputs. Launch errors throw. Every
+// kernel launched this way must follow the rules of pdl.cuh.
 template <class... KernelArgs, class... Args>
 void launch_kernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool pdl,
                    Args &&... args) {
@@ -40,6 +45,12 @@ void launch_kernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t 
     cfg.attrs                                          = pdl ? attr : nullptr;
     cfg.numAttrs                                       = pdl ? 1 : 0;
     SPARK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<Args &&>(args)...));
+}
+
+// The same with PDL as pdl_enabled() says: how the ops launch their kernels.
+template <class... KernelArgs, class... Args>
+void launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args &&... args) {
+    launch_kernel(kernel, grid, block, smem, stream, pdl_enabled(), static_cast<Args &&>(args)...);
 }
 #endif
 

@@ -1,24 +1,31 @@
 // Programmatic dependent launch (PDL, sm_90+), the one place its PTX lives.
 //
-// Every kernel of a step is launched with cudaLaunchAttributeProgrammaticStreamSerialization
-// (launch_kernel(..., pdl = DeviceProps::pdl)), so it may be scheduled while the kernel before it in
-// the stream is still running:
-//   launch_dependents()  this block no longer holds back the next kernel: once every block of this
-//                        grid has called it (or exited), the next kernel's blocks may start. It says
-//                        nothing about memory; kernels call it early (after issuing their weight
-//                        loads) so that the next kernel's prologue overlaps this one's work.
+// Every kernel the ops launch goes through launch() (cuda_common.h) with
+// cudaLaunchAttributeProgrammaticStreamSerialization, so it may be scheduled while the kernel before
+// it in the stream is still running:
 //   wait()               blocks until the previous kernel has completed and its writes are visible.
 //                        It must come before the first global read of anything an earlier kernel
 //                        wrote and before the first global write (an earlier kernel may still read
 //                        the buffer), and every thread must execute it before it exits: a grid
 //                        that completes without waiting could complete before its predecessor,
 //                        and the kernel after it would then not be ordered after that predecessor.
+//   launch_dependents()  this block no longer holds back the next kernel: once every block of this
+//                        grid has called it (or exited), the next kernel's blocks may start and run
+//                        their prologue (weight loads) while this one works. It says nothing about
+//                        memory, so it may come before wait(): a kernel then lets the next one start
+//                        while it still waits itself, and kernels launch several deep. The GEMVs
+//                        call it once their first weight loads are issued, the small kernels at
+//                        their start; the recurrent (SSM) kernels after their wait, where the
+//                        kernels launched early behind them cost more than they gained (H100,
+//                        Qwen3-Next decode 244 -> 252 tokens/s; docs/PERF.md).
 // Reading weights (written at load time) before wait() is what makes PDL pay: the loads are in
 // flight while the previous kernel drains.
 //
 // Both are no-ops below sm_90 and for a kernel launched without the attribute (plain stream order).
 // The CPU warp emulators (dev/kernels) shadow this header with a model that checks both rules.
 #pragma once
+
+#include <cuda_runtime.h>
 
 namespace spark::cuda::pdl {
 

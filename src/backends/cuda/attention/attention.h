@@ -14,9 +14,9 @@
 // The append rounds this step's k, v (f32) to f16 (IEEE half, round to nearest even, saturating at
 // +-65504) and writes them at (seq[t], pos[t]) of the cache; the decode kernel does the same
 // conversion, so the cache and the outputs are bit-identical between the two ways.
-// Decode launches use programmatic dependent launch on sm_90+ (SPARK_ATTN_PDL=0 turns it off): the
-// kernel waits for the previous kernel (griddepcontrol.wait) before its first global memory access
-// and at once lets the next kernel launch (which itself waits for this one to complete).
+// Launches use programmatic dependent launch on sm_90+ (pdl.cuh; SPARK_PDL=0 turns it off): the
+// kernel lets the next kernel launch at once and waits for the previous one before its first global
+// memory access.
 //
 // The cache is FP16, not BF16: 3 more mantissa bits (unit roundoff 2^-11 instead of 2^-8, so the
 // rounding of K and V is 8x smaller), which the whole-model golden checks need. K is RMS-normed and
@@ -241,10 +241,6 @@ int decode_blocks_per_sm(int head_dim);
 // process; nullptr when count exceeds its size or when it would have to be allocated during graph
 // capture (the caller then falls back to the combine kernel).
 uint32_t * decode_counters(cudaStream_t stream, int64_t count);
-
-// Whether decode launches use programmatic dependent launch (sm_90+ unless SPARK_ATTN_PDL=0) on
-// the current device.
-bool decode_pdl_enabled();
 
 // The pieces (attention_decode.cu / attention_prefill.cu). launch_decode fills p.counters (and
 // launches the combine kernel when it has none); the decode kernel appends this step's k, v itself.

@@ -3,6 +3,7 @@
 // attention_decode.cu only (one definition) and by the CPU warp emulator.
 #pragma once
 
+#include "backends/cuda/pdl.cuh"
 #include "backends/cuda/attention/attention.h"
 #include "backends/cuda/attention/attention_kernels.cuh"
 #include "backends/cuda/attention/ptx.cuh"
@@ -16,6 +17,8 @@ namespace spark::cuda::attn {
 // Append this step's k, v to the cache. grid (T), block kThreads. Tokens with an invalid slot, position or page store nothing.
 // ---------------------------------------------------------------------------------------------
 __global__ void __launch_bounds__(kThreads) attn_append_kernel(const AttnParams p) {
+    pdl::launch_dependents();
+    pdl::wait();
     const int t  = blockIdx.x;
     const int s  = p.seq[t];
     const int ps = p.pos[t];

@@ -32,7 +32,7 @@ bool fused_combine_enabled() {
 template <int D> void decode_d(const AttnParams & p, const AttnPlan & plan, cudaStream_t stream) {
     static std::atomic<uint32_t> smem_set{0};
     set_smem_limit_once(reinterpret_cast<const void *>(&attn_decode_kernel<D>), DecodeCfg<D>::kSmem, smem_set);
-    const bool pdl = decode_pdl_enabled();
+    const bool pdl = pdl_enabled();
     launch_kernel(attn_decode_kernel<D>, dim3(plan.grid_x, plan.grid_y, plan.grid_z), dim3(kThreads), DecodeCfg<D>::kSmem, stream, pdl, p);
     if (plan.n_splits > 1 && !p.counters) launch_kernel(attn_combine_kernel<D>, dim3(p.n_head, p.n_tok), dim3(D), 0, stream, pdl, p);
 }
@@ -66,24 +66,6 @@ int decode_blocks_per_sm(int head_dim) {
     return n;
 }
 
-bool decode_pdl_enabled() {
-    static const bool env_on = !env_off("SPARK_ATTN_PDL");
-    if (!env_on) return false;
-    static std::mutex         mu;
-    static std::map<int, bool> cache;  // device -> sm_90+
-    int                       dev = 0;
-    SPARK_CUDA_CHECK(cudaGetDevice(&dev));
-    std::lock_guard<std::mutex> lock(mu);
-    auto                        it = cache.find(dev);
-    if (it != cache.end()) return it->second;
-    int major = 0, minor = 0;
-    SPARK_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    SPARK_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    const bool on = major * 100 + minor * 10 >= kCcHopper;
-    cache[dev]    = on;
-    return on;
-}
-
 uint32_t * decode_counters(cudaStream_t stream, int64_t count) {
     // 16K columns (row groups x KV heads) is far more than any decode step has (T <= 8).
     constexpr int64_t kCounters = 16384;
@@ -111,7 +93,7 @@ uint32_t * decode_counters(cudaStream_t stream, int64_t count) {
 }
 
 void launch_append(const AttnParams & p, cudaStream_t stream) {
-    attn_append_kernel<<<p.n_tok, kThreads, 0, stream>>>(p);
+    launch(attn_append_kernel, p.n_tok, kThreads, 0, stream, p);
     SPARK_CUDA_CHECK_LAUNCH();
 }
 

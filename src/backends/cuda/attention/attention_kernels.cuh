@@ -5,6 +5,7 @@
 
 #include "backends/cuda/attention/attention.h"
 #include "backends/cuda/attention/ptx.cuh"
+#include "backends/cuda/pdl.cuh"
 
 #include <cmath>
 #include <cstdint>
@@ -143,8 +144,8 @@ template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_decode_kern
 
     // Programmatic dependent launch: nothing above touched global memory; everything below may read
     // what the previous kernel wrote. The next kernel may launch now (it waits for this one).
-    ptx::grid_dep_wait();
-    ptx::grid_dep_launch_dependents();
+    pdl::launch_dependents();
+    pdl::wait();
 
     // All of the step's tokens (T <= 8): this step's k / v of a run's sequence may come from tokens
     // of other row groups.
@@ -483,7 +484,8 @@ template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_decode_kern
 // block D.
 // ---------------------------------------------------------------------------------------------
 template <int D> __global__ void __launch_bounds__(256) attn_combine_kernel(const AttnParams p) {
-    ptx::grid_dep_wait();  // (programmatic dependent launch: the partials come from the decode kernel)
+    pdl::launch_dependents();
+    pdl::wait();  // the partials come from the decode kernel
     const int     h = blockIdx.x, t = blockIdx.y, d = threadIdx.x;
     const int64_t all_rows = int64_t(p.n_tok) * p.n_head;
     const int64_t R        = int64_t(t) * p.n_head + h;
@@ -509,6 +511,8 @@ template <int D> __global__ void __launch_bounds__(256) attn_combine_kernel(cons
 // Prefill: 64 rows per block, 16 per warp. grid (ceil(T * group / 64), n_kv), block kThreads.
 // ---------------------------------------------------------------------------------------------
 template <int D> __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(const AttnParams p) {
+    pdl::launch_dependents();
+    pdl::wait();
     using C = PrefillCfg<D>;
     constexpr int kN = C::kN, kStr = C::kStr;
     SPARK_DYNAMIC_SMEM(smem);

@@ -11,7 +11,7 @@ namespace {
 template <int D> void prefill_d(const AttnParams & p, const AttnPlan & plan, cudaStream_t stream) {
     static std::atomic<uint32_t> smem_set{0};
     set_smem_limit_once(reinterpret_cast<const void *>(&attn_prefill_kernel<D>), PrefillCfg<D>::kSmem, smem_set);
-    attn_prefill_kernel<D><<<dim3(plan.grid_x, plan.grid_y, 1), kThreads, PrefillCfg<D>::kSmem, stream>>>(p);
+    launch(attn_prefill_kernel<D>, dim3(plan.grid_x, plan.grid_y, 1), kThreads, PrefillCfg<D>::kSmem, stream, p);
     SPARK_CUDA_CHECK_LAUNCH();
 }
 

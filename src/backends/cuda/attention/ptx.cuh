@@ -150,21 +150,4 @@ __device__ __forceinline__ void st_global_16(void * dst, const uint32_t (&w)[4])
     *reinterpret_cast<uint4 *>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// ---- programmatic dependent launch (sm_90+). A kernel launched with
-// cudaLaunchAttributeProgrammaticStreamSerialization may start while the previous kernel of the
-// stream is still running: grid_dep_wait() blocks until that kernel has completed and its memory is
-// visible, so it must come before the first global read or write. grid_dep_launch_dependents() lets
-// the next kernel (if it was launched the same way) start early; that kernel still waits for this
-// one to complete before it touches memory. Both are no-ops below sm_90 and without the attribute.
-__device__ __forceinline__ void grid_dep_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void grid_dep_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
 }  // namespace spark::cuda::ptx

@@ -30,17 +30,19 @@ using namespace ew;
 
 template <int V> void launch_cluster(const ArgmaxArgs & args, const OpContext & ctx) {
     cudaLaunchConfig_t   cfg{};
-    cudaLaunchAttribute  attr[1];
+    cudaLaunchAttribute  attr[2];
     attr[0].id               = cudaLaunchAttributeClusterDimension;
     attr[0].val.clusterDim.x = kClusterN;
     attr[0].val.clusterDim.y = 1;
     attr[0].val.clusterDim.z = 1;
+    attr[1].id               = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.gridDim              = dim3(kClusterN, unsigned(args.nrows), 1);
     cfg.blockDim             = dim3(kClusterThr, 1, 1);
     cfg.dynamicSmemBytes     = 0;
     cfg.stream               = ctx.stream;
     cfg.attrs                = attr;
-    cfg.numAttrs             = 1;
+    cfg.numAttrs             = pdl_enabled() ? 2 : 1;
     SPARK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, argmax_cluster_kernel<V>, args));
 }
 
@@ -90,8 +92,8 @@ void op_argmax(const Tensor & t, const OpContext & ctx) {
     }
     if (args.n <= kRowMax) {
         const unsigned grid = unsigned(std::min<int64_t>(args.nrows, 0x7fffffff));
-        if (vec) argmax_row_kernel<4><<<grid, kArgmaxThreads, 0, ctx.stream>>>(args);
-        else argmax_row_kernel<1><<<grid, kArgmaxThreads, 0, ctx.stream>>>(args);
+        if (vec) launch(argmax_row_kernel<4>, grid, kArgmaxThreads, 0, ctx.stream, args);
+        else launch(argmax_row_kernel<1>, grid, kArgmaxThreads, 0, ctx.stream, args);
         SPARK_CUDA_CHECK_LAUNCH();
         return;
     }
@@ -99,11 +101,11 @@ void op_argmax(const Tensor & t, const OpContext & ctx) {
     ew::require(ctx.workspace != nullptr, "ARGMAX", "needs a workspace");
     args.partial = static_cast<Best *>(ctx.workspace->get(size_t(args.nrows * args.chunks) * sizeof(Best)));
     const dim3 grid1(unsigned(args.chunks), unsigned(std::min<int64_t>(args.nrows, 65535)));
-    if (vec) argmax_chunks_kernel<4><<<grid1, kArgmaxThreads, 0, ctx.stream>>>(args);
-    else argmax_chunks_kernel<1><<<grid1, kArgmaxThreads, 0, ctx.stream>>>(args);
+    if (vec) launch(argmax_chunks_kernel<4>, grid1, kArgmaxThreads, 0, ctx.stream, args);
+    else launch(argmax_chunks_kernel<1>, grid1, kArgmaxThreads, 0, ctx.stream, args);
     SPARK_CUDA_CHECK_LAUNCH();
     constexpr int kRowsPerBlock = 4;
-    argmax_rows_kernel<<<unsigned(ceil_div(args.nrows, kRowsPerBlock)), 32 * kRowsPerBlock, 0, ctx.stream>>>(args);
+    launch(argmax_rows_kernel, unsigned(ceil_div(args.nrows, kRowsPerBlock)), 32 * kRowsPerBlock, 0, ctx.stream, args);
     SPARK_CUDA_CHECK_LAUNCH();
 }
 

@@ -2,6 +2,7 @@
 // (dev/kernels/elementwise/emu_test.cpp; not the cluster kernel). See argmax.cu.
 #pragma once
 
+#include "backends/cuda/pdl.cuh"
 #include "backends/cuda/elementwise/ew_common.cuh"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -88,6 +89,8 @@ template <int T> __device__ __forceinline__ Best block_best(Best b, Best * scrat
 
 // One block per row (rows up to kRowMax floats).
 template <int V> __global__ void __launch_bounds__(kArgmaxThreads) argmax_row_kernel(const ArgmaxArgs args) {
+    pdl::launch_dependents();
+    pdl::wait();
     __shared__ Best scratch[kArgmaxThreads / 32];
     for (int64_t r = blockIdx.x; r < args.nrows; r += gridDim.x) {
         const float * row = reinterpret_cast<const float *>(args.x.row(r));
@@ -102,6 +105,8 @@ template <int V> __global__ void __launch_bounds__(kArgmaxThreads) argmax_row_ke
 
 // One cluster of kClusterN CTAs per row (blockIdx.y); CTA `rank` scans the rank-th slice.
 template <int V> __global__ void __launch_bounds__(kClusterThr) argmax_cluster_kernel(const ArgmaxArgs args) {
+    pdl::launch_dependents();
+    pdl::wait();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     namespace cg = cooperative_groups;
     __shared__ Best scratch[kClusterThr / 32];
@@ -136,6 +141,8 @@ template <int V> __global__ void __launch_bounds__(kClusterThr) argmax_cluster_k
 // ---- pre-sm_90 long rows: chunked two-kernel path
 
 template <int V> __global__ void __launch_bounds__(kArgmaxThreads) argmax_chunks_kernel(const ArgmaxArgs args) {
+    pdl::launch_dependents();
+    pdl::wait();
     __shared__ Best scratch[kArgmaxThreads / 32];
     const int64_t c   = blockIdx.x;
     const int64_t beg = c * kChunk;
@@ -152,6 +159,8 @@ template <int V> __global__ void __launch_bounds__(kArgmaxThreads) argmax_chunks
 
 // One warp per row over its chunk results.
 static __global__ void argmax_rows_kernel(const ArgmaxArgs args) {
+    pdl::launch_dependents();
+    pdl::wait();
     const int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
     if (r >= args.nrows) return;
     const int     lane = threadIdx.x & 31;

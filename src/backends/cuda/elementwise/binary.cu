@@ -3,6 +3,7 @@
 //
 // Every value is computed with the CPU backend's exact expression (IEEE division and expf, no
 // contraction opportunities), so results differ from the CPU only by expf's last-ulp differences.
+#include "backends/cuda/pdl.cuh"
 #include "backends/cuda/elementwise/ew_common.cuh"
 
 namespace spark::cuda {
@@ -34,6 +35,8 @@ struct BinArgs {
 
 // Blocks stride over (row, chunk) pairs; a thread handles V consecutive elements of its row.
 template <BinOp OP, int V> __global__ void binary_kernel(const BinArgs args) {
+    pdl::launch_dependents();
+    pdl::wait();
     const int64_t items = args.nrows * args.chunks;
     for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
         const int64_t r = item / args.chunks;
@@ -78,8 +81,8 @@ template <BinOp OP> void launch_binary(BinArgs & args, bool vec, const OpContext
     const int V   = vec ? 4 : 1;
     args.chunks   = ceil_div(args.n, int64_t(kThreads) * V);
     const unsigned grid = ew::grid_for(args.nrows * args.chunks, ctx);
-    if (vec) binary_kernel<OP, 4><<<grid, kThreads, 0, ctx.stream>>>(args);
-    else binary_kernel<OP, 1><<<grid, kThreads, 0, ctx.stream>>>(args);
+    if (vec) launch(binary_kernel<OP, 4>, grid, kThreads, 0, ctx.stream, args);
+    else launch(binary_kernel<OP, 1>, grid, kThreads, 0, ctx.stream, args);
     SPARK_CUDA_CHECK_LAUNCH();
 }
 

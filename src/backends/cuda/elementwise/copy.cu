@@ -3,6 +3,7 @@
 //
 // Copies move bytes with the widest vector (16/8/4/2/1 bytes) that every row start, stride and row
 // length allows, so a contiguous F32 copy is one 16-byte load and store per thread.
+#include "backends/cuda/pdl.cuh"
 #include "backends/cuda/elementwise/ew_common.cuh"
 #include "quant/formats.h"
 
@@ -29,6 +30,8 @@ struct CopyArgs {
 
 // blockIdx.y selects the segment; blocks stride over (row, chunk) pairs of that segment.
 template <typename VT> __global__ void copy_rows_kernel(const CopyArgs args) {
+    pdl::launch_dependents();
+    pdl::wait();
     const CopySeg & s     = args.seg[blockIdx.y];
     const int64_t   items = args.nrows * s.chunks;
     constexpr int   W     = int(sizeof(VT));
@@ -67,7 +70,7 @@ template <typename VT> void launch_copy_w(CopyArgs & args, int nseg, const OpCon
     }
     if (most == 0) return;
     const dim3 grid(ew::grid_for(most, ctx), unsigned(nseg));
-    copy_rows_kernel<VT><<<grid, kThreads, 0, ctx.stream>>>(args);
+    launch(copy_rows_kernel<VT>, grid, kThreads, 0, ctx.stream, args);
     SPARK_CUDA_CHECK_LAUNCH();
 }
 
@@ -120,6 +123,8 @@ template <> struct StoreType<float> {
 template <typename Tag, int V>
 __global__ void get_rows_kernel(const char * src, int64_t src_stride, int64_t n_src, const int32_t * ids, int64_t n_ids,
                                 Rows out, int64_t k, int64_t chunks) {
+    pdl::launch_dependents();
+    pdl::wait();
     using E             = typename StoreType<Tag>::type;
     const int64_t items = n_ids * chunks;
     for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
@@ -153,8 +158,8 @@ void launch_get_rows(const char * src, int64_t src_stride, int64_t n_src, bool s
     const int64_t chunks = ceil_div(k, int64_t(kThreads) * V);
     const unsigned grid  = ew::grid_for(n_ids * chunks, ctx);
     const auto *  idp    = static_cast<const int32_t *>(ids.data);
-    if (vec) get_rows_kernel<Tag, 4><<<grid, kThreads, 0, ctx.stream>>>(src, src_stride, n_src, idp, n_ids, out, k, chunks);
-    else get_rows_kernel<Tag, 1><<<grid, kThreads, 0, ctx.stream>>>(src, src_stride, n_src, idp, n_ids, out, k, chunks);
+    if (vec) launch(get_rows_kernel<Tag, 4>, grid, kThreads, 0, ctx.stream, src, src_stride, n_src, idp, n_ids, out, k, chunks);
+    else launch(get_rows_kernel<Tag, 1>, grid, kThreads, 0, ctx.stream, src, src_stride, n_src, idp, n_ids, out, k, chunks);
     SPARK_CUDA_CHECK_LAUNCH();
 }
 

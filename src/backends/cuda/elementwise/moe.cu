@@ -60,11 +60,11 @@ void op_moe_route(const Tensor & t, const OpContext & ctx) {
     const int64_t blocks = ceil_div(args.nrows, kRouteWarps);
     ew::require(blocks <= 0x7fffffff, "MOE_ROUTE", "too many tokens");
     const unsigned grid = unsigned(blocks), threads = 32 * kRouteWarps;
-    if (E <= 32) moe_route_kernel<1><<<grid, threads, 0, ctx.stream>>>(args);
-    else if (E <= 64) moe_route_kernel<2><<<grid, threads, 0, ctx.stream>>>(args);
-    else if (E <= 128) moe_route_kernel<4><<<grid, threads, 0, ctx.stream>>>(args);
-    else if (E <= 256) moe_route_kernel<8><<<grid, threads, 0, ctx.stream>>>(args);
-    else moe_route_kernel<16><<<grid, threads, 0, ctx.stream>>>(args);
+    if (E <= 32) launch(moe_route_kernel<1>, grid, threads, 0, ctx.stream, args);
+    else if (E <= 64) launch(moe_route_kernel<2>, grid, threads, 0, ctx.stream, args);
+    else if (E <= 128) launch(moe_route_kernel<4>, grid, threads, 0, ctx.stream, args);
+    else if (E <= 256) launch(moe_route_kernel<8>, grid, threads, 0, ctx.stream, args);
+    else launch(moe_route_kernel<16>, grid, threads, 0, ctx.stream, args);
     SPARK_CUDA_CHECK_LAUNCH();
 }
 
@@ -94,11 +94,11 @@ void op_moe_combine(const Tensor & t, const OpContext & ctx) {
     const unsigned grid = ew::grid_for(args.n_tok * args.chunks, ctx);
     const bool     wide = args.k > 8;
     if (vec) {
-        if (wide) moe_combine_kernel<4, 16><<<grid, kCombineThreads, 0, ctx.stream>>>(args);
-        else moe_combine_kernel<4, 8><<<grid, kCombineThreads, 0, ctx.stream>>>(args);
+        if (wide) launch(moe_combine_kernel<4, 16>, grid, kCombineThreads, 0, ctx.stream, args);
+        else launch(moe_combine_kernel<4, 8>, grid, kCombineThreads, 0, ctx.stream, args);
     } else {
-        if (wide) moe_combine_kernel<1, 16><<<grid, kCombineThreads, 0, ctx.stream>>>(args);
-        else moe_combine_kernel<1, 8><<<grid, kCombineThreads, 0, ctx.stream>>>(args);
+        if (wide) launch(moe_combine_kernel<1, 16>, grid, kCombineThreads, 0, ctx.stream, args);
+        else launch(moe_combine_kernel<1, 8>, grid, kCombineThreads, 0, ctx.stream, args);
     }
     SPARK_CUDA_CHECK_LAUNCH();
 }

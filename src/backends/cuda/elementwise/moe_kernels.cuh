@@ -2,6 +2,7 @@
 // test (dev/kernels/elementwise/emu_test.cpp). See moe.cu.
 #pragma once
 
+#include "backends/cuda/pdl.cuh"
 #include "backends/cuda/elementwise/ew_common.cuh"
 
 namespace spark::cuda::ew {
@@ -25,6 +26,8 @@ __device__ __forceinline__ float    key_prob(uint32_t k) { return k >= 2u ? __ui
 
 // NPL values per lane (power of two, 32 * NPL >= E).
 template <int NPL> __global__ void __launch_bounds__(32 * kRouteWarps) moe_route_kernel(const RouteArgs args) {
+    pdl::launch_dependents();
+    pdl::wait();
     const int64_t r    = int64_t(blockIdx.x) * kRouteWarps + (threadIdx.x >> 5);
     const int     lane = threadIdx.x & 31;
     if (r >= args.nrows) return;  // whole warps
@@ -114,6 +117,8 @@ constexpr int kCombineThreads = 128;
 
 // KC slots per batch: all KC weight and y loads are in flight before the first add.
 template <int V, int KC> __global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(const CombineArgs args) {
+    pdl::launch_dependents();
+    pdl::wait();
     const int64_t items = args.n_tok * args.chunks;
     for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
         const int64_t tok = item / args.chunks;

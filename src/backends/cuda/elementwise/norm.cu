@@ -28,7 +28,7 @@ template <int G, int NIT, bool ADD> void go_reg(const NormArgs & args, const OpC
     const int64_t rows_per_block = G == 32 ? 4 : 1;
     const int64_t blocks         = ceil_div(args.nrows, rows_per_block);
     if (blocks > 0x7fffffff) fail(SPARK_ERR_UNSUPPORTED, "cuda norm: too many rows (%lld)", (long long) args.nrows);
-    ew::norm_reg_kernel<G, NIT, ADD><<<unsigned(blocks), G == 32 ? 128 : G, 0, ctx.stream>>>(args);
+    launch(ew::norm_reg_kernel<G, NIT, ADD>, unsigned(blocks), G == 32 ? 128 : G, 0, ctx.stream, args);
     SPARK_CUDA_CHECK_LAUNCH();
 }
 
@@ -37,7 +37,7 @@ template <int G, int V, bool ADD> void go_stream(const NormArgs & args, const Op
     const int64_t rows_per_block = G == 32 ? threads / 32 : 1;
     const int64_t blocks         = ceil_div(args.nrows, rows_per_block);
     if (blocks > 0x7fffffff) fail(SPARK_ERR_UNSUPPORTED, "cuda norm: too many rows (%lld)", (long long) args.nrows);
-    ew::norm_stream_kernel<G, V, ADD><<<unsigned(blocks), threads, 0, ctx.stream>>>(args);
+    launch(ew::norm_stream_kernel<G, V, ADD>, unsigned(blocks), threads, 0, ctx.stream, args);
     SPARK_CUDA_CHECK_LAUNCH();
 }
 

@@ -2,6 +2,7 @@
 // compiled by the CPU warp emulator test (dev/kernels/elementwise/emu_test.cpp). See norm.cu.
 #pragma once
 
+#include "backends/cuda/pdl.cuh"
 #include "backends/cuda/elementwise/ew_common.cuh"
 
 namespace spark::cuda::ew {
@@ -46,6 +47,8 @@ template <int G> __device__ __forceinline__ float row_sum(float v, float * scrat
 
 // Register-resident row (float4 only): NIT float4 per thread, n <= NIT * G * 4.
 template <int G, int NIT, bool ADD> __global__ void __launch_bounds__(G == 32 ? 128 : G) norm_reg_kernel(const NormArgs args) {
+    pdl::launch_dependents();
+    pdl::wait();
     __shared__ float scratch[G > 32 ? G / 32 : 1];
     const int     t = G == 32 ? int(threadIdx.x & 31) : int(threadIdx.x);
     const int64_t r = G == 32 ? int64_t(blockIdx.x) * 4 + (threadIdx.x >> 5) : int64_t(blockIdx.x);
@@ -111,6 +114,8 @@ template <int G, int NIT, bool ADD> __global__ void __launch_bounds__(G == 32 ? 
 // Streaming two-pass fallback (misaligned rows, rows over 16384 floats): G threads per row (G == 32:
 // rows per block = blockDim.x / 32; G > 32: blockDim.x == G, one row per block). V = 4: float4.
 template <int G, int V, bool ADD> __global__ void norm_stream_kernel(const NormArgs args) {
+    pdl::launch_dependents();
+    pdl::wait();
     __shared__ float scratch[32];
     const int     rows_per_block = G == 32 ? int(blockDim.x) / 32 : 1;
     const int     t              = G == 32 ? int(threadIdx.x & 31) : int(threadIdx.x);

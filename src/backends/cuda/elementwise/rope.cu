@@ -34,7 +34,7 @@ using ew::RopeFreqs;
 
 template <int NP, int NC, bool NORM> void launch_np_nc(const RopeArgs & args, const RopeFreqs & freqs, const OpContext & ctx) {
     const unsigned blocks = unsigned(ceil_div(args.items, kRopeWarps));
-    ew::rope_kernel<NP, NC, NORM><<<blocks, 32 * kRopeWarps, 0, ctx.stream>>>(args, freqs);
+    launch(ew::rope_kernel<NP, NC, NORM>, blocks, 32 * kRopeWarps, 0, ctx.stream, args, freqs);
     SPARK_CUDA_CHECK_LAUNCH();
 }
 

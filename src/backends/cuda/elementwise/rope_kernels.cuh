@@ -2,6 +2,7 @@
 // the CPU warp emulator test (dev/kernels/elementwise/emu_test.cpp). See rope.cu.
 #pragma once
 
+#include "backends/cuda/pdl.cuh"
 #include "backends/cuda/elementwise/ew_common.cuh"
 
 namespace spark::cuda::ew {
@@ -29,6 +30,8 @@ struct RopeArgs {
 // NP: rotation pairs per lane (ceil(n_rot / 64), power of two); NC: copied dims per lane held in
 // registers (0, 2 or 8); NORM: RMS-normalise the head first.
 template <int NP, int NC, bool NORM> __global__ void __launch_bounds__(32 * kRopeWarps) rope_kernel(const RopeArgs a, const RopeFreqs f) {
+    pdl::launch_dependents();
+    pdl::wait();
     const int item = int(blockIdx.x) * kRopeWarps + int(threadIdx.x >> 5);
     const int lane = int(threadIdx.x & 31);
     if (item >= a.items) return;  // whole warps

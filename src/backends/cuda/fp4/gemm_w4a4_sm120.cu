@@ -14,6 +14,7 @@
 //
 // Out-of-range tile rows (N or rows not a multiple of the tile) load a clamped, valid row and are
 // never stored. This file could only be compiled here (no sm_120 GPU): see docs/SM120.md.
+#include "backends/cuda/pdl.cuh"
 #include "backends/cuda/arch.h"
 #include "backends/cuda/cuda_common.h"
 #include "backends/cuda/fp4/ptx_fp4.cuh"
@@ -44,6 +45,8 @@ __device__ __forceinline__ uint32_t ld_u32(const uint8_t * p) { return __ldg(rei
 
 template <int MT, int NT, int WARPS_M, int WARPS_N>
 __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N) gemm_w4a4_kernel(const W4A4Args args) {
+    pdl::launch_dependents();
+    pdl::wait();
 #if SPARK_ARCH_FP4_MMA_SYNC
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
@@ -125,7 +128,7 @@ template <int MT, int NT, int WARPS_M, int WARPS_N> void launch(const W4A4Args &
     const int64_t gx = ceil_div(args.n, int64_t(MT) * 16 * WARPS_M);
     const int64_t gy = ceil_div(args.rows, int64_t(NT) * 8 * WARPS_N);
     if (gx > 0x7fffffff || gy > 65535) fail(SPARK_ERR_UNSUPPORTED, "gemm_nvfp4_w4a4: problem too large for one launch");
-    gemm_w4a4_kernel<MT, NT, WARPS_M, WARPS_N><<<dim3(unsigned(gx), unsigned(gy), 1u), 32 * WARPS_M * WARPS_N, 0, stream>>>(args);
+    launch(gemm_w4a4_kernel<MT, NT, WARPS_M, WARPS_N>, dim3(unsigned(gx), unsigned(gy), 1u), 32 * WARPS_M * WARPS_N, 0, stream, args);
     SPARK_CUDA_CHECK_LAUNCH();
 }
 

@@ -5,6 +5,7 @@
 // Quantizer: one thread per 16-element block (one NVFP4 scale): 4 float4 loads, the block's amax,
 // scale and divisor from fp4/nvfp4_act_ref.h, 16 codes stored as one 8-byte word, one scale byte.
 // Adjacent threads take adjacent blocks of a row, so loads and stores are coalesced.
+#include "backends/cuda/pdl.cuh"
 #include "backends/cuda/fp4/w4a4.h"
 
 #include "backends/cuda/arch.h"
@@ -25,6 +26,8 @@ template <bool VEC>
 __global__ void __launch_bounds__(kQuantThreads)
     quantize_nvfp4_kernel(const float * __restrict__ x, int64_t rows, int64_t k, int64_t row_stride, float global_scale,
                           uint8_t * __restrict__ codes, uint8_t * __restrict__ scales) {
+    pdl::launch_dependents();
+    pdl::wait();
     const int64_t per_row = k / fp4::kNvfp4Block;
     const int64_t total   = rows * per_row;
     for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += int64_t(gridDim.x) * blockDim.x) {
@@ -101,8 +104,8 @@ void quantize_activations_nvfp4(const float * x, int64_t rows, int64_t k, int64_
     const bool    vec    = reinterpret_cast<uintptr_t>(x) % 16 == 0 && row_stride % 4 == 0;
     const int64_t total  = rows * (k / fp4::kNvfp4Block);
     const int64_t blocks = std::min<int64_t>(ceil_div(total, kQuantThreads), int64_t(1) << 20);
-    if (vec) quantize_nvfp4_kernel<true><<<unsigned(blocks), kQuantThreads, 0, stream>>>(x, rows, k, row_stride, global_scale, codes, scales);
-    else quantize_nvfp4_kernel<false><<<unsigned(blocks), kQuantThreads, 0, stream>>>(x, rows, k, row_stride, global_scale, codes, scales);
+    if (vec) launch(quantize_nvfp4_kernel<true>, unsigned(blocks), kQuantThreads, 0, stream, x, rows, k, row_stride, global_scale, codes, scales);
+    else launch(quantize_nvfp4_kernel<false>, unsigned(blocks), kQuantThreads, 0, stream, x, rows, k, row_stride, global_scale, codes, scales);
     SPARK_CUDA_CHECK_LAUNCH();
 }
 

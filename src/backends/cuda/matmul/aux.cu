@@ -1,6 +1,7 @@
 // Small kernels around the matmuls: activation staging (F32 rows for the GEMV, row-scaled F16 rows
 // for the GEMM, both applying act-order permutations), the device-built MoE grouping of the grouped GEMM,
 // the split-K reduction of the GEMV, the unfused SwiGLU, and the generic per-element fallback.
+#include "backends/cuda/pdl.cuh"
 #include "backends/cuda/cuda_common.h"
 #include "backends/cuda/matmul/formats.cuh"
 #include "backends/cuda/matmul/launch.h"
@@ -36,6 +37,8 @@ __device__ __forceinline__ const int32_t * row_perm(const int32_t * perm, const 
 // One block per output row.
 __global__ void x_to_f32_kernel(const XRows x, int64_t k, const int32_t * perm, const DeviceWeight * table, const Ids ids,
                                 float * out) {
+    pdl::launch_dependents();
+    pdl::wait();
     const int64_t   r  = blockIdx.x;
     const float *   src = x_row(x, r);
     const int32_t * p   = row_perm(perm, table, ids, r);
@@ -52,6 +55,8 @@ __global__ void __launch_bounds__(kXF16Threads) x_to_f16_kernel(const XRows x, i
                                                                 const int32_t * order, const int32_t * rows_valid,
                                                                 const DeviceWeight * table, const Ids ids, uint16_t * out,
                                                                 float * inv_scale) {
+    pdl::launch_dependents();
+    pdl::wait();
     __shared__ uint32_t warp_max[kXF16Threads / 32];
     const int64_t   r    = blockIdx.x;
     if (rows_valid != nullptr && r >= __ldg(rows_valid)) return;
@@ -135,6 +140,8 @@ constexpr int kRouteMaxExperts = 4096;  // experts per thread: up to 4
 __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(const Ids ids, int64_t pairs, int32_t bm, int64_t max_tiles,
                                                                   int32_t * offsets, int32_t * order, int32_t * tiles,
                                                                   int32_t * n_tiles) {
+    pdl::launch_dependents();
+    pdl::wait();
     extern __shared__ int32_t sm[];
     const int E = ids.n_experts;
     int32_t * cnt  = sm;        // [E]
@@ -188,6 +195,8 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(const Ids ids,
 }
 
 __global__ void zero_invalid_pairs_kernel(const Ids ids, int64_t pairs, int64_t n, float * y) {
+    pdl::launch_dependents();
+    pdl::wait();
     const int64_t p = blockIdx.x;
     if (p >= pairs) return;
     const int32_t e = pair_expert(ids, p);
@@ -196,6 +205,8 @@ __global__ void zero_invalid_pairs_kernel(const Ids ids, int64_t pairs, int64_t 
 }
 
 __global__ void splitk_reduce_kernel(const float * partial, int ksplit, int nw, int64_t count, float * y) {
+    pdl::launch_dependents();
+    pdl::wait();
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
         float g = 0.0f, u = 0.0f;
         for (int s = 0; s < ksplit; ++s) {
@@ -207,12 +218,16 @@ __global__ void splitk_reduce_kernel(const float * partial, int ksplit, int nw, 
 }
 
 __global__ void swiglu_kernel(const float * gate, const float * up, int64_t count, float * out) {
+    pdl::launch_dependents();
+    pdl::wait();
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x)
         out[i] = silu(gate[i]) * up[i];
 }
 
 // One warp per output element (row r, column n): lanes stride K with the exact per-element decode.
 __global__ void generic_kernel(const GenericArgs a) {
+    pdl::launch_dependents();
+    pdl::wait();
     const int     lane = int(threadIdx.x) & 31;
     const int64_t n    = int64_t(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
     if (n >= a.n) return;
@@ -251,7 +266,7 @@ int grid_for(int64_t count, int threads) {
 void x_to_f32_rows(const XRows & x, int64_t rows, int64_t k, const int32_t * perm, const DeviceWeight * table,
                    const Ids & ids, float * out, cudaStream_t s) {
     if (rows <= 0) return;
-    x_to_f32_kernel<<<unsigned(rows), 256, 0, s>>>(x, k, perm, table, ids, out);
+    launch(x_to_f32_kernel, unsigned(rows), 256, 0, s, x, k, perm, table, ids, out);
     SPARK_CUDA_CHECK_LAUNCH();
 }
 
@@ -259,7 +274,7 @@ void x_to_f16_rows(const XRows & x, int64_t rows, int64_t k, const int32_t * per
                    const int32_t * rows_valid, const DeviceWeight * table, const Ids & ids, uint16_t * out,
                    float * inv_scale, cudaStream_t s) {
     if (rows <= 0) return;
-    x_to_f16_kernel<<<unsigned(rows), kXF16Threads, 0, s>>>(x, k, perm, order, rows_valid, table, ids, out, inv_scale);
+    launch(x_to_f16_kernel, unsigned(rows), kXF16Threads, 0, s, x, k, perm, order, rows_valid, table, ids, out, inv_scale);
     SPARK_CUDA_CHECK_LAUNCH();
 }
 
@@ -268,7 +283,7 @@ void moe_route(const Ids & ids, int64_t n_tok, int32_t bm, int64_t max_tiles, in
     if (ids.n_experts > kRouteMaxExperts)
         fail(SPARK_ERR_UNSUPPORTED, "matmul_id: %d experts (the grouped GEMM takes at most %d)", ids.n_experts, kRouteMaxExperts);
     const size_t smem = size_t(ids.n_experts) * 2 * sizeof(int32_t);
-    moe_route_kernel<<<1, kRouteThreads, smem, s>>>(ids, int64_t(ids.k_slots) * n_tok, bm, max_tiles, offsets, order, tiles,
+    launch(moe_route_kernel, 1, kRouteThreads, smem, s, ids, int64_t(ids.k_slots) * n_tok, bm, max_tiles, offsets, order, tiles,
                                                    n_tiles);
     SPARK_CUDA_CHECK_LAUNCH();
 }
@@ -276,19 +291,19 @@ void moe_route(const Ids & ids, int64_t n_tok, int32_t bm, int64_t max_tiles, in
 void zero_invalid_pairs(const Ids & ids, int64_t n_tok, int64_t n, float * y, cudaStream_t s) {
     const int64_t pairs = int64_t(ids.k_slots) * n_tok;
     if (pairs <= 0) return;
-    zero_invalid_pairs_kernel<<<unsigned(pairs), 128, 0, s>>>(ids, pairs, n, y);
+    launch(zero_invalid_pairs_kernel, unsigned(pairs), 128, 0, s, ids, pairs, n, y);
     SPARK_CUDA_CHECK_LAUNCH();
 }
 
 void gemv_splitk_reduce(const float * partial, int ksplit, int nw, int64_t out_rows, int64_t n, float * y, cudaStream_t s) {
     const int64_t count = out_rows * n;
-    splitk_reduce_kernel<<<grid_for(count, 256), 256, 0, s>>>(partial, ksplit, nw, count, y);
+    launch(splitk_reduce_kernel, grid_for(count, 256), 256, 0, s, partial, ksplit, nw, count, y);
     SPARK_CUDA_CHECK_LAUNCH();
 }
 
 void swiglu_rows(const float * gate, const float * up, int64_t count, float * out, cudaStream_t s) {
     if (count <= 0) return;
-    swiglu_kernel<<<grid_for(count, 256), 256, 0, s>>>(gate, up, count, out);
+    launch(swiglu_kernel, grid_for(count, 256), 256, 0, s, gate, up, count, out);
     SPARK_CUDA_CHECK_LAUNCH();
 }
 
@@ -296,7 +311,7 @@ void generic_matmul(const GenericArgs & a, cudaStream_t s) {
     if (a.rows <= 0 || a.n <= 0) return;
     constexpr int kWarps = 8;
     const dim3    grid(unsigned((a.n + kWarps - 1) / kWarps), unsigned(std::min<int64_t>(a.rows, 65535)));
-    generic_kernel<<<grid, kWarps * 32, 0, s>>>(a);
+    launch(generic_kernel, grid, kWarps * 32, 0, s, a);
     SPARK_CUDA_CHECK_LAUNCH();
 }
 

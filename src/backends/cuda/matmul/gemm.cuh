@@ -44,6 +44,8 @@
 // tiles alone would leave them idle (q/o/down projections at 512 rows: 128 tiles on 132 SMs).
 #pragma once
 
+#include "backends/cuda/cuda_common.h"
+#include "backends/cuda/pdl.cuh"
 #include "backends/cuda/matmul/formats.cuh"
 #include "backends/cuda/matmul/launch.h"
 
@@ -76,6 +78,8 @@ __device__ __forceinline__ void gemm_backoff() {
 
 template <class F, int MT, bool GLU>
 __global__ void __launch_bounds__(kGemmThreads, gemm_min_blocks(MT)) gemm_kernel(const GemmArgs a) {
+    pdl::launch_dependents();
+    pdl::wait();
     constexpr int  BM     = gemm_bm(MT);
     constexpr int  BN     = 128;  // weight rows in shared memory per stage
     constexpr int  NOUT   = gemm_bn(GLU);
@@ -357,14 +361,14 @@ void gemm_launch(int mt, bool glu, const GemmArgs & a, dim3 grid, cudaStream_t s
     const dim3 block(kGemmThreads);
     if (mt == 1) {
         if (glu)
-            gemm_kernel<F, 1, true><<<grid, block, 0, s>>>(a);
+            launch(gemm_kernel<F, 1, true>, grid, block, 0, s, a);
         else
-            gemm_kernel<F, 1, false><<<grid, block, 0, s>>>(a);
+            launch(gemm_kernel<F, 1, false>, grid, block, 0, s, a);
     } else {
         if (glu)
-            gemm_kernel<F, 4, true><<<grid, block, 0, s>>>(a);
+            launch(gemm_kernel<F, 4, true>, grid, block, 0, s, a);
         else
-            gemm_kernel<F, 4, false><<<grid, block, 0, s>>>(a);
+            launch(gemm_kernel<F, 4, false>, grid, block, 0, s, a);
     }
 }
 #endif

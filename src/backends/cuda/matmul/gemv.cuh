@@ -45,17 +45,9 @@
 #include "backends/cuda/cuda_common.h"
 #include "backends/cuda/matmul/formats.cuh"
 #include "backends/cuda/matmul/launch.h"
+#include "backends/cuda/pdl.cuh"
 
 namespace spark::cuda::mm {
-
-// Programmatic dependent launch (sm_90+): the launch may overlap the previous kernel, which this
-// waits for here, before reading anything it produced (activations, expert ids) or writing anything.
-// A no-op without the launch attribute and below sm_90.
-__device__ __forceinline__ void wait_previous_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
 
 // ---- GEMV decoders ---------------------------------------------------------------------------------
 // Interface (all __device__):
@@ -361,7 +353,7 @@ template <int NW, int R>
 __device__ __forceinline__ void gemv_block_operands(const GemvArgs & a, const GemvMat & mt, DeviceWeight (&w)[NW], const float * (&xr)[R],
                                                     int64_t & out_row0, bool & valid) {
     if (a.table[0] != nullptr) {
-        wait_previous_grid();  // the expert ids come from the router
+        pdl::wait();  // the expert ids come from the router
         const int     pair = int(blockIdx.z);
         const int     j = pair % a.ids.k_slots, t = pair / a.ids.k_slots;
         const int32_t e = __ldg(a.ids.p + j * a.ids.s0 + t * a.ids.s1);
@@ -497,10 +489,12 @@ __global__ void __launch_bounds__(kGemvThreads, R == 1 ? F::kMinBlocksR1 : gemv_
         if (c < c_end) gemv_chunk<F, R, U, NW>(raw[slot], sc[slot], wt, xr, size_t(c) * F::E, acc);
     };
     // The weights do not depend on the previous kernel: the first D steps are requested before
-    // waiting for it (a plain MATMUL; MATMUL_ID waited above), so their latency overlaps its tail.
+    // waiting for it (a plain MATMUL; MATMUL_ID waited above), so their latency overlaps its tail;
+    // then the next kernel may launch and request its own.
 #pragma unroll
     for (int d = 0; d < D; ++d) issue(d, d);
-    if (a.table[0] == nullptr) wait_previous_grid();
+    pdl::launch_dependents();
+    if (a.table[0] == nullptr) pdl::wait();
     for (int j0 = 0; j0 < J; j0 += D) {
 #pragma unroll
         for (int d = 0; d < D; ++d) {

@@ -139,7 +139,7 @@ struct GemvArgs {
     // INT4: some weight (any expert) has zero points (selects the decoder with per-group zeros).
     int32_t int4_zeros = 0;
     // Launch with programmatic dependent launch (sm_90+): the kernel requests its first weights
-    // before it waits for the previous kernel (see gemv_pdl_enabled).
+    // before it waits for the previous kernel (pdl.cuh; the dispatch sets it from pdl_enabled()).
     int32_t pdl = 0;
     // MMA kernel, one weight: a warp's two row tiles are one tile at two consecutive 128-K blocks
     // (plan.mma_kpair; rows per block halve).
@@ -154,9 +154,6 @@ struct GemvArgs {
     int64_t mat_row0[kGemvMaxMats]      = {};
     float * mat_y[kGemvMaxMats]         = {};
 };
-// Whether GEMV launches on a device of compute capability cc use programmatic dependent launch:
-// sm_90+, unless SPARK_GEMV_PDL=0.
-bool gemv_pdl_enabled(int cc);
 
 // r_tmpl in {1, 2, 3, 4, 8}; grid = plan_gemv(...).grid: (ceil(n / rows_per_block), ksplit, jobs).
 void gemv_launch_f32(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, cudaStream_t s);

@@ -226,7 +226,7 @@ void run_gemv(const Dense & d, Scratch & scratch, const OpContext & ctx) {
         a.k = K;
         a.rows = a.out_rows = rb;
         a.int4_zeros       = int4_zeros(*d.w[0]) || (d.nw == 2 && int4_zeros(*d.w[1]));
-        a.pdl              = gemv_pdl_enabled(ctx.props->cc);
+        a.pdl              = pdl_enabled();
         a.y                = d.y + b0 * N;
         if (p.ksplit > 1) {
             if (!partial) {
@@ -440,7 +440,7 @@ void run_moe(const Moe & m, Scratch & scratch, const OpContext & ctx) {
             a.out_rows = int32_t(pairs);
             const GemvPlan p = plan_gemv(m.w0[0].format, N, K, pairs, 1, m.nw, ctx.props->sm_count, moe_gemv_opts(m, ctx));
             a.int4_zeros       = m.zeros;
-            a.pdl              = gemv_pdl_enabled(ctx.props->cc);
+            a.pdl              = pdl_enabled();
             a.y                = m.y;
             if (p.ksplit > 1) {
                 a.partial  = static_cast<float *>(scratch.take(size_t(p.ksplit) * m.nw * size_t(pairs * N) * 4));
@@ -718,7 +718,7 @@ void exec_multi(const Tensor * const * mms, int count, const OpContext & ctx) {
     a.k = K;
     a.rows = a.out_rows = int32_t(rows);
     for (int i = 0; i < count; ++i) a.int4_zeros = a.int4_zeros || int4_zeros(*ws[i]);
-    a.pdl = gemv_pdl_enabled(ctx.props->cc);
+    a.pdl = pdl_enabled();
     if (p.ksplit > 1) {
         a.partial  = static_cast<float *>(scratch.take(size_t(p.ksplit) * size_t(rows * ntot) * 4));
         a.counters = static_cast<uint32_t *>(scratch.take(size_t(p.counters()) * 4));

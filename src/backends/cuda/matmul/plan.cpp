@@ -33,14 +33,6 @@ bool gemv_mma_ok(const DeviceWeight & w) {
     return false;
 }
 
-bool gemv_pdl_enabled(int cc) {
-    static const bool env_on = [] {
-        const char * e = std::getenv("SPARK_GEMV_PDL");
-        return !(e && std::string(e) == "0");
-    }();
-    return env_on && cc >= kCcHopper;
-}
-
 int elems_per_chunk(WeightFormat f) {
     switch (f) {
         case WeightFormat::F32: return 4;

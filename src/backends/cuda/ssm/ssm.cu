@@ -14,7 +14,7 @@ void launch_conv1d(const ConvParams & p, bool one_token_per_seq, cudaStream_t st
     if (p.n_seqs > 65535) fail(SPARK_ERR_UNSUPPORTED, "conv1d_ssm (CUDA): %d sequences in one step", p.n_seqs);
     const dim3 block = one_token_per_seq ? dim3(256, 1) : dim3(32, 8);
     const dim3 grid(unsigned((p.C + block.x - 1) / block.x), unsigned(p.n_seqs));
-    conv1d_ssm_kernel<<<grid, block, 0, stream>>>(p);
+    launch(conv1d_ssm_kernel, grid, block, 0, stream, p);
     SPARK_CUDA_CHECK_LAUNCH();
 }
 
@@ -26,8 +26,8 @@ void launch_gated_delta(const GdnParams & p, cudaStream_t stream) {
     if (p.n_seqs > 65535) fail(SPARK_ERR_UNSUPPORTED, "gated_delta (CUDA): %d sequences in one step", p.n_seqs);
     const dim3 grid(unsigned(p.n_vh * (p.dv / kGdnCols)), unsigned(p.n_seqs));
     switch (p.dk) {
-        case 64: gated_delta_kernel<64><<<grid, kGdnThreads, 0, stream>>>(p); break;
-        case 128: gated_delta_kernel<128><<<grid, kGdnThreads, 0, stream>>>(p); break;
+        case 64: launch(gated_delta_kernel<64>, grid, kGdnThreads, 0, stream, p); break;
+        case 128: launch(gated_delta_kernel<128>, grid, kGdnThreads, 0, stream, p); break;
         default: fail(SPARK_ERR_UNSUPPORTED, "gated_delta (CUDA): key head dim %d is not supported (64, 128)", p.dk);
     }
     SPARK_CUDA_CHECK_LAUNCH();

@@ -2,6 +2,7 @@
 // emulator (dev/kernels/attention/emu): plain CUDA built-ins only.
 #pragma once
 
+#include "backends/cuda/pdl.cuh"
 #include "backends/cuda/attention/ptx.cuh"
 #include "backends/cuda/ssm/ssm.h"
 
@@ -16,6 +17,8 @@ __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf
 
 // grid (ceil(C / blockDim.x), n_seqs), block (channels, token lanes).
 __global__ void __launch_bounds__(256) conv1d_ssm_kernel(const ConvParams p) {
+    pdl::wait();
+    pdl::launch_dependents();
     const int       c     = blockIdx.x * blockDim.x + threadIdx.x;
     const int32_t * r     = p.ranges + 3 * int64_t(blockIdx.y);
     const int       slot  = r[0], first = r[1], count = r[2];
@@ -77,6 +80,8 @@ __global__ void __launch_bounds__(256) conv1d_ssm_kernel(const ConvParams p) {
 
 // grid (n_vh * dv / kGdnCols, n_seqs), block kGdnThreads.
 template <int DK> __global__ void __launch_bounds__(kGdnThreads, 4) gated_delta_kernel(const GdnParams p) {
+    pdl::wait();
+    pdl::launch_dependents();
     constexpr int kRows = DK / 8;  // state rows per thread
     __shared__ float k_s[kGdnTok][DK], q_s[kGdnTok][DK], v_s[kGdnTok][kGdnCols], dec_s[kGdnTok], beta_s[kGdnTok];
 

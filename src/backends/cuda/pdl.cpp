@@ -1,0 +1,30 @@
+// pdl_enabled() (cuda_common.h): whether this device's kernels use programmatic dependent launch.
+#include "backends/cuda/cuda_common.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <string>
+
+namespace spark::cuda {
+
+bool pdl_enabled() {
+    static const bool env_on = [] {
+        const char * e = std::getenv("SPARK_PDL");
+        return !(e && std::string(e) == "0");
+    }();
+    constexpr int         kMaxDevices = 64;
+    static std::atomic<int> state[kMaxDevices] = {};  // 0 unknown, 1 off, 2 on
+    int                   dev          = 0;
+    SPARK_CUDA_CHECK(cudaGetDevice(&dev));
+    if (!env_on || dev < 0 || dev >= kMaxDevices) return false;
+    int s = state[dev].load(std::memory_order_relaxed);
+    if (s == 0) {
+        int major = 0;
+        SPARK_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        s = major >= 9 ? 2 : 1;
+        state[dev].store(s, std::memory_order_relaxed);
+    }
+    return s == 2;
+}
+
+}  // namespace spark::cuda
