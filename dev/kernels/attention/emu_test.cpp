@@ -654,26 +654,6 @@ void run_gdn(const std::string & label, int dk, int dv, int n_kh, int n_vh, int 
 #endif
 }
 
-// ------------------------------------------------------------------------------------------------
-// The PDL model through ptx::grid_dep_* (forwarded to the shared model, pdl.cuh)
-// ------------------------------------------------------------------------------------------------
-void run_pdl_forwarding() {
-    std::vector<float> x(64, 1.0f);
-    auto               go = [&](bool use) {
-        PdlGuard g({in(x.data(), bytes_of(x))});
-        emu::launch(dim3(2), dim3(32), 0, [&] {
-            if (use) {
-                ptx::grid_dep_launch_dependents();
-                ptx::grid_dep_wait();
-            }
-        });
-        return g.problems();
-    };
-    const std::string with = go(true), without = go(false);
-    report("pdl model via ptx::grid_dep_wait / launch_dependents", with.empty() && !without.empty() && x[5] == 1.0f ? 0.0 : 1.0, 0.0,
-           "model", 0);
-}
-
 }  // namespace
 
 int main(int argc, char ** argv) {
@@ -684,7 +664,6 @@ int main(int argc, char ** argv) {
     const std::string filter = argc > 1 ? argv[1] : "";
     if (argc > 2) rng.seed(std::stoull(argv[2]));
     auto want = [&](const std::string & n) { return filter.empty() || n.find(filter) != std::string::npos; };
-    if (want("pdl")) run_pdl_forwarding();
 
     // Decode: one token at contexts 1, 17, 300, 4096; head dims and GQA groups.
     std::vector<AttnCase> cases = {

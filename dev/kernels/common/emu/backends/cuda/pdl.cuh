@@ -1,7 +1,6 @@
 // Emulator stand-in for src/backends/cuda/pdl.cuh (found first on the include path of every CPU warp
-// emulator in dev/kernels: -Idev/kernels/common/emu comes before -Isrc), shared by the three of them.
-// The attention emulator's ptx.cuh forwards grid_dep_wait / grid_dep_launch_dependents here, so this
-// one model covers every kernel.
+// emulator in dev/kernels: -Idev/kernels/common/emu comes before -Isrc), shared by the three of them:
+// one model for every kernel.
 //
 // The model of one launch with programmatic dependent launch (PDL), armed by the test around it:
 //   arm      before the launch the test names the launch's dependent inputs (buffers an earlier

@@ -3,7 +3,6 @@
 #pragma once
 
 #include "../../../emu_runtime.h"
-#include "backends/cuda/pdl.cuh"  // the PDL model (dev/kernels/common/emu)
 #include "quant/formats.h"  // f32_to_f16 / f16_to_f32: bit-exact cvt.rn.f16.f32 and the f16 decoder
 
 #define SPARK_DYNAMIC_SMEM(name) unsigned char * name = ::emu::dyn_smem()
@@ -118,9 +117,5 @@ inline void st_global_16(void * dst, const uint32_t (&w)[4]) {
     std::memcpy(dst, w, 16);
     emu::S().global_stores.push_back(dst);
 }
-
-// Programmatic dependent launch: the shared model (dev/kernels/common/emu/backends/cuda/pdl.cuh).
-inline void grid_dep_wait() { spark::cuda::pdl::wait(); }
-inline void grid_dep_launch_dependents() { spark::cuda::pdl::launch_dependents(); }
 
 }  // namespace spark::cuda::ptx
