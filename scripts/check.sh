@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The checked builds CI runs after the main test command (docs/RELIABILITY.md):
 #   1. the CPU test suite built with ASan + UBSan (clang; any report fails the test), the CUDA
-#      kernels' CPU warp emulators included (label emu, ~8 min of CPU time);
+#      kernels' CPU warp emulators included (label emu: ~10 min of CPU time,
+#      ~5.5 min of the -j2 run; `-LE 'cuda|emu'` would leave them out);
 #   2. the threads test built with ThreadSanitizer;
 #   3. each libFuzzer harness for FUZZ_SECONDS (default 60) from its seed corpus.
 # Run from anywhere: scripts/check.sh
