@@ -10,6 +10,7 @@
 
 #include "backends/cuda/arch.h"
 #include "backends/cuda/cuda_common.h"
+#include "backends/cuda/matmul/launch.h"
 #include "backends/cuda/matmul/tuning.h"
 #include "backends/cuda/ops.h"
 #include "graph/log.h"
@@ -393,8 +394,21 @@ private:
         return count;
     }
 
+    // A decode or verify step: every matmul has at most the GEMV's row count (prefill steps have
+    // more and launch without PDL, cuda_common.h).
+    static bool decode_sized(const std::vector<Tensor *> & nodes) {
+        for (const Tensor * n : nodes) {
+            if (n->op != Op::MATMUL && n->op != Op::MATMUL_ID) continue;
+            const Tensor & x    = *n->src[0];
+            const int64_t  rows = n->op == Op::MATMUL ? x.nrows() : x.ne[2] * x.ne[3];
+            if (rows > cuda::mm::kGemvMaxRows) return false;
+        }
+        return true;
+    }
+
     void run_nodes(Graph & graph) {
         const auto &     nodes = graph.nodes();
+        const cuda::PdlStep pdl_step(decode_sized(nodes));
         std::vector<int> uses(graph.tensors().size(), 0);
         for (const Tensor * n : nodes)
             for (const Tensor * s : n->src)
