@@ -376,6 +376,15 @@ private:
         return wg.format == wu.format && wg.n == wu.n && wg.k == wu.k;
     }
 
+    // nodes[i] is an RMS_NORM whose only reader is the ROPE at nodes[i + 1].
+    template <class Nodes>
+    static bool norm_rope_at(const Nodes & nodes, size_t i, const std::vector<int> & uses) {
+        if (i + 1 >= nodes.size()) return false;
+        const Tensor * n = nodes[i];
+        return n->op == Op::RMS_NORM && nodes[i + 1]->op == Op::ROPE && nodes[i + 1]->src[0] == n && uses[size_t(n->id)] == 1 &&
+               !(n->flags & TENSOR_OUTPUT);
+    }
+
     static constexpr int kMaxMatmulGroup = 4;
 
     // The MATMUL at nodes[first] and the following MATMULs on the same input, up to the first node
@@ -447,9 +456,15 @@ private:
                 continue;
             }
             // Per-head q/k RMSNorm directly followed by its RoPE: one kernel (the norm's output is
-            // read by nothing else, so it never needs to exist).
-            if (n->op == Op::RMS_NORM && i + 1 < nodes.size() && nodes[i + 1]->op == Op::ROPE && nodes[i + 1]->src[0] == n &&
-                uses[size_t(n->id)] == 1 && !(n->flags & TENSOR_OUTPUT)) {
+            // read by nothing else, so it never needs to exist); the q pair directly followed by the
+            // k pair: one launch for both.
+            if (norm_rope_at(nodes, i, uses)) {
+                if (norm_rope_at(nodes, i + 2, uses)) {
+                    timer.label = "RMS_NORM+ROPE x2";
+                    cuda::op_rms_norm_rope_pair(*n, *nodes[i + 1], *nodes[i + 2], *nodes[i + 3], ctx_);
+                    i += 3;
+                    continue;
+                }
                 timer.label = "RMS_NORM+ROPE";
                 cuda::op_rms_norm_rope(*n, *nodes[i + 1], ctx_);
                 ++i;
