@@ -10,6 +10,7 @@
 
 #include "backends/cuda/arch.h"
 #include "backends/cuda/cuda_common.h"
+#include "backends/cuda/matmul/launch.h"
 #include "backends/cuda/matmul/tuning.h"
 #include "backends/cuda/ops.h"
 #include "graph/log.h"
@@ -375,6 +376,15 @@ private:
         return wg.format == wu.format && wg.n == wu.n && wg.k == wu.k;
     }
 
+    // nodes[i] is an RMS_NORM whose only reader is the ROPE at nodes[i + 1].
+    template <class Nodes>
+    static bool norm_rope_at(const Nodes & nodes, size_t i, const std::vector<int> & uses) {
+        if (i + 1 >= nodes.size()) return false;
+        const Tensor * n = nodes[i];
+        return n->op == Op::RMS_NORM && nodes[i + 1]->op == Op::ROPE && nodes[i + 1]->src[0] == n && uses[size_t(n->id)] == 1 &&
+               !(n->flags & TENSOR_OUTPUT);
+    }
+
     static constexpr int kMaxMatmulGroup = 4;
 
     // The MATMUL at nodes[first] and the following MATMULs on the same input, up to the first node
@@ -393,8 +403,21 @@ private:
         return count;
     }
 
+    // A decode or verify step: every matmul has at most the GEMV's row count (prefill steps have
+    // more and launch without PDL, cuda_common.h).
+    static bool decode_sized(const std::vector<Tensor *> & nodes) {
+        for (const Tensor * n : nodes) {
+            if (n->op != Op::MATMUL && n->op != Op::MATMUL_ID) continue;
+            const Tensor & x    = *n->src[0];
+            const int64_t  rows = n->op == Op::MATMUL ? x.nrows() : x.ne[2] * x.ne[3];
+            if (rows > cuda::mm::kGemvMaxRows) return false;
+        }
+        return true;
+    }
+
     void run_nodes(Graph & graph) {
         const auto &     nodes = graph.nodes();
+        const cuda::PdlStep pdl_step(decode_sized(nodes));
         std::vector<int> uses(graph.tensors().size(), 0);
         for (const Tensor * n : nodes)
             for (const Tensor * s : n->src)
@@ -433,9 +456,15 @@ private:
                 continue;
             }
             // Per-head q/k RMSNorm directly followed by its RoPE: one kernel (the norm's output is
-            // read by nothing else, so it never needs to exist).
-            if (n->op == Op::RMS_NORM && i + 1 < nodes.size() && nodes[i + 1]->op == Op::ROPE && nodes[i + 1]->src[0] == n &&
-                uses[size_t(n->id)] == 1 && !(n->flags & TENSOR_OUTPUT)) {
+            // read by nothing else, so it never needs to exist); the q pair directly followed by the
+            // k pair: one launch for both.
+            if (norm_rope_at(nodes, i, uses)) {
+                if (norm_rope_at(nodes, i + 2, uses)) {
+                    timer.label = "RMS_NORM+ROPE x2";
+                    cuda::op_rms_norm_rope_pair(*n, *nodes[i + 1], *nodes[i + 2], *nodes[i + 3], ctx_);
+                    i += 3;
+                    continue;
+                }
                 timer.label = "RMS_NORM+ROPE";
                 cuda::op_rms_norm_rope(*n, *nodes[i + 1], ctx_);
                 ++i;

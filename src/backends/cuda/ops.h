@@ -97,6 +97,9 @@ void op_add_rms_norm(const Tensor & add, const Tensor & norm, const OpContext & 
 // src0 is `norm` (NEOX, partial n_rot allowed). Writes rope's output only; norm's output is left
 // unwritten (except on the fallback for an output partially overlapping norm's input).
 void op_rms_norm_rope(const Tensor & norm, const Tensor & rope, const OpContext & ctx);
+// Two such pairs (a layer's q and k heads) in one launch where they rotate alike; otherwise in turn.
+void op_rms_norm_rope_pair(const Tensor & norm_q, const Tensor & rope_q, const Tensor & norm_k, const Tensor & rope_k,
+                           const OpContext & ctx);
 
 // Which kernel path each weight format takes on a device (for spark_cuda_device_info).
 const char * kernel_paths(int cc);

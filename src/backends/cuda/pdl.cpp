@@ -7,6 +7,13 @@
 
 namespace spark::cuda {
 
+namespace {
+thread_local bool t_step_allows_pdl = true;
+}
+
+PdlStep::PdlStep(bool on) : previous_(t_step_allows_pdl) { t_step_allows_pdl = on; }
+PdlStep::~PdlStep() { t_step_allows_pdl = previous_; }
+
 bool pdl_enabled() {
     static const bool env_on = [] {
         const char * e = std::getenv("SPARK_PDL");
@@ -16,7 +23,7 @@ bool pdl_enabled() {
     static std::atomic<int> state[kMaxDevices] = {};  // 0 unknown, 1 off, 2 on
     int                   dev          = 0;
     SPARK_CUDA_CHECK(cudaGetDevice(&dev));
-    if (!env_on || dev < 0 || dev >= kMaxDevices) return false;
+    if (!env_on || !t_step_allows_pdl || dev < 0 || dev >= kMaxDevices) return false;
     int s = state[dev].load(std::memory_order_relaxed);
     if (s == 0) {
         int major = 0;

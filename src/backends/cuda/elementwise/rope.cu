@@ -21,6 +21,7 @@
 #include "backends/cuda/elementwise/rope_kernels.cuh"
 
 #include <cmath>
+#include <cstring>
 
 namespace spark::cuda {
 
@@ -31,9 +32,10 @@ using ew::kMaxRotHalf;
 using ew::kRopeWarps;
 using ew::RopeArgs;
 using ew::RopeFreqs;
+using ew::RopeHeads;
 
 template <int NP, int NC, bool NORM> void launch_np_nc(const RopeArgs & args, const RopeFreqs & freqs, const OpContext & ctx) {
-    const unsigned blocks = unsigned(ceil_div(args.items, kRopeWarps));
+    const unsigned blocks = unsigned(ceil_div(int64_t(args.items) + args.second.items, kRopeWarps));
     launch(ew::rope_kernel<NP, NC, NORM>, blocks, 32 * kRopeWarps, 0, ctx.stream, args, freqs);
     SPARK_CUDA_CHECK_LAUNCH();
 }
@@ -46,7 +48,7 @@ template <int NP, bool NORM> void launch_np(const RopeArgs & args, const RopeFre
 }
 
 template <bool NORM> void launch_rope(const RopeArgs & args, const RopeFreqs & freqs, const OpContext & ctx) {
-    if (args.items == 0) return;
+    if (args.items == 0 && args.second.items == 0) return;
     const int half = args.n_rot / 2;
     if (half <= 32) return launch_np<1, NORM>(args, freqs, ctx);
     if (half <= 64) return launch_np<2, NORM>(args, freqs, ctx);
@@ -96,14 +98,15 @@ void op_rope(const Tensor & t, const OpContext & ctx) {
     launch_rope<false>(args, freqs, ctx);
 }
 
-void op_rms_norm_rope(const Tensor & norm, const Tensor & rope, const OpContext & ctx) {
+namespace {
+
+// The arguments of one fused RMS_NORM + ROPE; false when the pair must run as two ops.
+bool setup_norm_rope(const Tensor & norm, const Tensor & rope, RopeArgs & args, RopeFreqs & freqs) {
     ew::require(norm.op == Op::RMS_NORM && rope.op == Op::ROPE && rope.src[0] == &norm, "RMS_NORM+ROPE",
                 "rope must be the ROPE of the RMS_NORM node");
     const Tensor & x = *norm.src[0];
     ew::require_f32_rows(norm, "RMS_NORM+ROPE");
     ew::require(ew::same_shape(x, norm), "RMS_NORM+ROPE", "norm output shape differs from its input");
-    RopeArgs  args;
-    RopeFreqs freqs{};
     setup_rope(rope, x, args, freqs);  // the rotation reads the norm's input directly
     bool w_aligned = true;             // (scalar weight loads: any alignment)
     args.w         = ew::norm_weight(norm, x.ne[0], w_aligned);
@@ -114,12 +117,39 @@ void op_rms_norm_rope(const Tensor & norm, const Tensor & rope, const OpContext 
     // before it writes it), any other overlap is not. Otherwise (or too wide): the two ops in turn.
     bool in_place = x.data == rope.data;
     for (int d = 1; d < kMaxDims; ++d) in_place = in_place && (x.ne[d] == 1 || x.nb[d] == rope.nb[d]);
-    if (x.ne[0] - rope.ip[0] > kMaxCopyReg || (!in_place && ew::overlaps(rope, x))) {
+    return !(x.ne[0] - rope.ip[0] > kMaxCopyReg || (!in_place && ew::overlaps(rope, x)));
+}
+
+}  // namespace
+
+void op_rms_norm_rope(const Tensor & norm, const Tensor & rope, const OpContext & ctx) {
+    RopeArgs  args;
+    RopeFreqs freqs{};
+    if (!setup_norm_rope(norm, rope, args, freqs)) {
         op_rms_norm(norm, ctx);
         op_rope(rope, ctx);
         return;
     }
     launch_rope<true>(args, freqs, ctx);
+}
+
+void op_rms_norm_rope_pair(const Tensor & norm_q, const Tensor & rope_q, const Tensor & norm_k, const Tensor & rope_k,
+                           const OpContext & ctx) {
+    RopeArgs  q, k;
+    RopeFreqs fq{}, fk{};
+    // One launch when both are fusable and rotate alike (the same positions, rotation, table and
+    // norm settings) and the k heads' output overlaps neither q input nor q output (and the other
+    // way round).
+    const bool both = setup_norm_rope(norm_q, rope_q, q, fq) && setup_norm_rope(norm_k, rope_k, k, fk);
+    if (!both || q.pos != k.pos || q.hd != k.hd || q.n_rot != k.n_rot || q.eps != k.eps || q.zc != k.zc ||
+        std::memcmp(&fq, &fk, sizeof fq) != 0 || ew::overlaps(rope_k, *norm_q.src[0]) || ew::overlaps(rope_k, rope_q) ||
+        ew::overlaps(rope_q, *norm_k.src[0])) {
+        op_rms_norm_rope(norm_q, rope_q, ctx);
+        op_rms_norm_rope(norm_k, rope_k, ctx);
+        return;
+    }
+    q.second = RopeHeads{k.x, k.o, k.w, k.x_nb1, k.x_nb2, k.o_nb1, k.o_nb2, k.nh, k.items};
+    launch_rope<true>(q, fq, ctx);
 }
 
 }  // namespace spark::cuda

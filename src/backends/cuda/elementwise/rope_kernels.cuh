@@ -15,6 +15,16 @@ struct RopeFreqs {
     float inv_freq[kMaxRotHalf];
 };
 
+// A second set of heads rotated by the same launch (the k heads of a fused q/k pair: same tokens,
+// positions, head size, rotation and norm settings; its own tensors and norm weight).
+struct RopeHeads {
+    const char *  x = nullptr;
+    char *        o = nullptr;
+    const float * w = nullptr;
+    int64_t       x_nb1 = 0, x_nb2 = 0, o_nb1 = 0, o_nb2 = 0;
+    int           nh = 0, items = 0;  // items = 0: none
+};
+
 struct RopeArgs {
     const char *    x   = nullptr;  // ROPE input, or the RMS_NORM input when fused
     char *          o   = nullptr;  // ROPE output
@@ -25,6 +35,7 @@ struct RopeArgs {
     const float * w   = nullptr;
     float         eps = 0.0f;
     bool          zc  = false;
+    RopeHeads     second;  // items [items, items + second.items) of the launch
 };
 
 // NP: rotation pairs per lane (ceil(n_rot / 64), power of two); NC: copied dims per lane held in
@@ -32,31 +43,34 @@ struct RopeArgs {
 template <int NP, int NC, bool NORM> __global__ void __launch_bounds__(32 * kRopeWarps) rope_kernel(const RopeArgs a, const RopeFreqs f) {
     pdl::launch_dependents();
     pdl::wait();
-    const int item = int(blockIdx.x) * kRopeWarps + int(threadIdx.x >> 5);
-    const int lane = int(threadIdx.x & 31);
-    if (item >= a.items) return;  // whole warps
-    const int     tok  = item / a.nh;
-    const int     h    = item - tok * a.nh;
+    const int       lane   = int(threadIdx.x & 31);
+    int             item   = int(blockIdx.x) * kRopeWarps + int(threadIdx.x >> 5);
+    const bool      second = item >= a.items;
+    const RopeHeads s      = second ? a.second : RopeHeads{a.x, a.o, a.w, a.x_nb1, a.x_nb2, a.o_nb1, a.o_nb2, a.nh, a.items};
+    if (second) item -= a.items;
+    if (item >= s.items) return;  // whole warps
+    const int     tok  = item / s.nh;
+    const int     h    = item - tok * s.nh;
     const int     half = a.n_rot >> 1;
-    const float * x    = reinterpret_cast<const float *>(a.x + h * a.x_nb1 + tok * a.x_nb2);
-    float *       o    = reinterpret_cast<float *>(a.o + h * a.o_nb1 + tok * a.o_nb2);
+    const float * x    = reinterpret_cast<const float *>(s.x + h * s.x_nb1 + tok * s.x_nb2);
+    float *       o    = reinterpret_cast<float *>(s.o + h * s.o_nb1 + tok * s.o_nb2);
 
     // ---- every load first
     const int32_t pi = __ldg(a.pos + tok);
     float         w0[NP], w1[NP], wc[NC > 0 ? NC : 1];
-    if (NORM && a.w) {
+    if (NORM && s.w) {
 #pragma unroll
         for (int k = 0; k < NP; ++k) {
             const int j = lane + 32 * k;
             if (j < half) {
-                w0[k] = ldg(a.w + j);
-                w1[k] = ldg(a.w + j + half);
+                w0[k] = ldg(s.w + j);
+                w1[k] = ldg(s.w + j + half);
             }
         }
 #pragma unroll
         for (int c = 0; c < NC; ++c) {
             const int i = a.n_rot + lane + 32 * c;
-            if (i < a.hd) wc[c] = ldg(a.w + i);
+            if (i < a.hd) wc[c] = ldg(s.w + i);
         }
     }
     float x0[NP], x1[NP], xc[NC > 0 ? NC : 1];
@@ -90,7 +104,7 @@ template <int NP, int NC, bool NORM> __global__ void __launch_bounds__(32 * kRop
         for (int c = 0; c < NC; ++c) ss += xc[c] * xc[c];
         ss              = warp_sum(ss);
         const float inv = 1.0f / sqrtf(ss / float(a.hd) + a.eps);
-        const bool  hw  = a.w != nullptr;
+        const bool  hw  = s.w != nullptr;
         const bool  zc  = a.zc;
 #pragma unroll
         for (int k = 0; k < NP; ++k) {
