@@ -172,28 +172,47 @@ void test_rope() {
         {64, 4, 64, 1e4f, false, false},   {256, 4, 256, 1e6f, false, true}, {128, 4, 32, 1e4f, true, true},
         {96, 3, 80, 1e4f, false, true},    {512, 2, 512, 1e6f, false, true}, {600, 2, 64, 1e4f, false, true},
     };
+    // One set of heads: strided input, contiguous output, its own norm weight.
+    struct Heads {
+        int                nh = 0;
+        int64_t            s1 = 0, s2 = 0;
+        std::vector<float> x, w, o;
+    };
+    auto make_heads = [](const Cfg & c, int nh, int T) {
+        Heads h;
+        h.nh = nh, h.s1 = c.hd + 4, h.s2 = h.s1 * (nh + 1);
+        h.x.resize(static_cast<size_t>(h.s2 * T)), h.w.resize(static_cast<size_t>(c.hd));
+        h.o.assign(static_cast<size_t>(c.hd * nh * T + 1), NAN);
+        for (auto & v : h.x) v = randn() * 2.0f;
+        for (auto & v : h.w) v = c.zc ? 0.1f * randn() : 1.0f + 0.1f * randn();
+        return h;
+    };
+    // mode 0: ROPE, 1: RMS_NORM + ROPE, 2: the fused pair (q heads, then a second set of k heads in
+    // the same launch: RopeArgs::second, op_rms_norm_rope_pair).
     for (const Cfg & c : cfgs)
         for (int T : {1, 5})
-            for (int fused = 0; fused < 2; ++fused) {
+            for (int mode = 0; mode < 3; ++mode) {
+                const bool fused = mode >= 1, pair = mode == 2;
                 if (fused && c.hd - c.n_rot > kMaxCopyReg) continue;  // the launcher falls back to two ops
-                const int64_t s1 = c.hd + 4, s2 = s1 * (c.nh + 1);    // strided input
-                std::vector<float> x(static_cast<size_t>(s2 * T)), w(static_cast<size_t>(c.hd)), o(static_cast<size_t>(c.hd * c.nh * T + 1), NAN);
-                for (auto & v : x) v = randn() * 2.0f;
-                for (auto & v : w) v = c.zc ? 0.1f * randn() : 1.0f + 0.1f * randn();
+                Heads q = make_heads(c, c.nh, T), k = make_heads(c, pair ? std::max(1, c.nh / 4) : 0, T);
                 std::vector<int32_t> pos(static_cast<size_t>(T));
                 for (int t = 0; t < T; ++t) pos[size_t(t)] = T == 1 ? 31999 : t * 7919 % 40000;
                 RopeArgs  a;
                 RopeFreqs f{};
                 const int half = c.n_rot / 2;
                 for (int i = 0; i < half; ++i) f.inv_freq[i] = 1.0f / std::pow(c.theta, float(2 * i) / float(c.n_rot));
-                a.x = reinterpret_cast<const char *>(x.data()), a.o = reinterpret_cast<char *>(o.data()), a.pos = pos.data();
-                a.x_nb1 = s1 * 4, a.x_nb2 = s2 * 4, a.o_nb1 = c.hd * 4, a.o_nb2 = int64_t(c.hd) * c.nh * 4;
-                a.hd = c.hd, a.nh = c.nh, a.n_rot = c.n_rot, a.items = c.nh * T;
-                a.w = c.has_w ? w.data() : nullptr, a.eps = 1e-6f, a.zc = c.zc;
-                const unsigned blocks = unsigned((a.items + kRopeWarps - 1) / kRopeWarps);
+                a.x = reinterpret_cast<const char *>(q.x.data()), a.o = reinterpret_cast<char *>(q.o.data()), a.pos = pos.data();
+                a.x_nb1 = q.s1 * 4, a.x_nb2 = q.s2 * 4, a.o_nb1 = c.hd * 4, a.o_nb2 = int64_t(c.hd) * q.nh * 4;
+                a.hd = c.hd, a.nh = q.nh, a.n_rot = c.n_rot, a.items = q.nh * T;
+                a.w = c.has_w ? q.w.data() : nullptr, a.eps = 1e-6f, a.zc = c.zc;
+                if (pair)
+                    a.second = RopeHeads{reinterpret_cast<const char *>(k.x.data()), reinterpret_cast<char *>(k.o.data()),
+                                         c.has_w ? k.w.data() : nullptr, k.s1 * 4, k.s2 * 4, c.hd * 4, int64_t(c.hd) * k.nh * 4,
+                                         k.nh, k.nh * T};
+                const unsigned blocks = unsigned((a.items + a.second.items + kRopeWarps - 1) / kRopeWarps);
                 auto go = [&](auto np_tag, auto nc_tag) {
                     constexpr int NP = decltype(np_tag)::value, NC = decltype(nc_tag)::value;
-                    last_kernel      = "rope_kernel" + targs({NP, NC, fused});
+                    last_kernel      = "rope_kernel" + targs({NP, NC, fused}) + (pair ? " (q/k pair)" : "");
                     if (fused) emu::launch(dim3(blocks), dim3(32 * kRopeWarps), [&] { rope_kernel<NP, NC, true>(a, f); });
                     else emu::launch(dim3(blocks), dim3(32 * kRopeWarps), [&] { rope_kernel<NP, NC, false>(a, f); });
                 };
@@ -205,43 +224,49 @@ void test_rope() {
                 };
                 {
                     // x comes from an earlier kernel (pos is uploaded by the host before the step).
-                    PdlGuard g({pdl::model::in(x.data(), x.size() * 4), pdl::model::out(o.data(), o.size() * 4)});
+                    PdlGuard g({pdl::model::in(q.x.data(), q.x.size() * 4), pdl::model::out(q.o.data(), q.o.size() * 4),
+                                pdl::model::in(pair ? k.x.data() : nullptr, k.x.size() * 4),
+                                pdl::model::out(pair ? k.o.data() : nullptr, k.o.size() * 4)});
                     if (half <= 32) go_np(std::integral_constant<int, 1>{});
                     else if (half <= 64) go_np(std::integral_constant<int, 2>{});
                     else if (half <= 128) go_np(std::integral_constant<int, 4>{});
                     else go_np(std::integral_constant<int, 8>{});
                     g.check(last_kernel + " hd=" + std::to_string(c.hd) + " n_rot=" + std::to_string(c.n_rot) + " T=" + std::to_string(T));
                 }
-                // reference: (RMS_NORM then) ROPE, the CPU backend's expressions
-                std::vector<float> ref(static_cast<size_t>(c.hd * c.nh * T)), y(static_cast<size_t>(c.hd));
-                for (int t = 0; t < T; ++t)
-                    for (int h = 0; h < c.nh; ++h) {
-                        const float * xr = x.data() + t * s2 + h * s1;
-                        for (int i = 0; i < c.hd; ++i) y[size_t(i)] = xr[i];
-                        if (fused) {
-                            double ss = 0;
-                            for (int i = 0; i < c.hd; ++i) ss += double(y[size_t(i)]) * y[size_t(i)];
-                            const float inv = 1.0f / std::sqrt(float(ss / double(c.hd)) + 1e-6f);
-                            for (int i = 0; i < c.hd; ++i) {
-                                float v = y[size_t(i)] * inv;
-                                if (c.has_w) v *= c.zc ? (1.0f + w[size_t(i)]) : w[size_t(i)];
-                                y[size_t(i)] = v;
+                // reference: (RMS_NORM then) ROPE, the CPU backend's expressions, per set of heads
+                auto check_heads = [&](const Heads & hs, const char * which) {
+                    std::vector<float> ref(static_cast<size_t>(c.hd * hs.nh * T)), y(static_cast<size_t>(c.hd));
+                    for (int t = 0; t < T; ++t)
+                        for (int h = 0; h < hs.nh; ++h) {
+                            const float * xr = hs.x.data() + t * hs.s2 + h * hs.s1;
+                            for (int i = 0; i < c.hd; ++i) y[size_t(i)] = xr[i];
+                            if (fused) {
+                                double ss = 0;
+                                for (int i = 0; i < c.hd; ++i) ss += double(y[size_t(i)]) * y[size_t(i)];
+                                const float inv = 1.0f / std::sqrt(float(ss / double(c.hd)) + 1e-6f);
+                                for (int i = 0; i < c.hd; ++i) {
+                                    float v = y[size_t(i)] * inv;
+                                    if (c.has_w) v *= c.zc ? (1.0f + hs.w[size_t(i)]) : hs.w[size_t(i)];
+                                    y[size_t(i)] = v;
+                                }
                             }
+                            float *     rr = ref.data() + (size_t(t) * hs.nh + h) * c.hd;
+                            const float p  = float(pos[size_t(t)]);
+                            for (int i = 0; i < half; ++i) {
+                                const float ang = p * f.inv_freq[i];
+                                const float cs = std::cos(ang), sn = std::sin(ang);
+                                rr[i]        = y[size_t(i)] * cs - y[size_t(i + half)] * sn;
+                                rr[i + half] = y[size_t(i + half)] * cs + y[size_t(i)] * sn;
+                            }
+                            for (int i = c.n_rot; i < c.hd; ++i) rr[i] = y[size_t(i)];
                         }
-                        float *     rr = ref.data() + (size_t(t) * c.nh + h) * c.hd;
-                        const float p  = float(pos[size_t(t)]);
-                        for (int i = 0; i < half; ++i) {
-                            const float ang = p * f.inv_freq[i];
-                            const float cs = std::cos(ang), sn = std::sin(ang);
-                            rr[i]        = y[size_t(i)] * cs - y[size_t(i + half)] * sn;
-                            rr[i + half] = y[size_t(i + half)] * cs + y[size_t(i)] * sn;
-                        }
-                        for (int i = c.n_rot; i < c.hd; ++i) rr[i] = y[size_t(i)];
-                    }
-                const double e = nmse(o.data(), ref.data(), ref.size());
-                expect(e <= 1e-12 && !std::isfinite(o.back()), "rope hd=" + std::to_string(c.hd) + " n_rot=" + std::to_string(c.n_rot) +
-                                                                 " T=" + std::to_string(T) + (fused ? " fused" : "") + " nmse " +
-                                                                 std::to_string(e));
+                    const double e = nmse(hs.o.data(), ref.data(), ref.size());
+                    expect(e <= 1e-12 && !std::isfinite(hs.o.back()),
+                           std::string("rope ") + which + " hd=" + std::to_string(c.hd) + " n_rot=" + std::to_string(c.n_rot) +
+                               " T=" + std::to_string(T) + (fused ? " fused" : "") + (pair ? " pair" : "") + " nmse " + std::to_string(e));
+                };
+                check_heads(q, "q");
+                if (pair) check_heads(k, "k");
             }
 }
 
