@@ -489,11 +489,12 @@ __global__ void __launch_bounds__(kGemvThreads, R == 1 ? F::kMinBlocksR1 : gemv_
         if (c < c_end) gemv_chunk<F, R, U, NW>(raw[slot], sc[slot], wt, xr, size_t(c) * F::E, acc);
     };
     // The weights do not depend on the previous kernel: the first D steps are requested before
-    // waiting for it (a plain MATMUL; MATMUL_ID waited above), so their latency overlaps its tail;
-    // then the next kernel may launch and request its own.
+    // waiting for it (a plain MATMUL; MATMUL_ID waited above), so their latency overlaps its tail.
+    // The next kernel may launch once this block's last weights are requested: triggered at the
+    // start, the kernels launched behind this one cost more than they gained (H100: 8B FP8 216.6 ->
+    // 230.8, 30B-A3B int4 (router, lm_head) 414 -> 425 tokens/s; docs/PERF.md).
 #pragma unroll
     for (int d = 0; d < D; ++d) issue(d, d);
-    pdl::launch_dependents();
     if (a.table[0] == nullptr) pdl::wait();
     for (int j0 = 0; j0 < J; j0 += D) {
 #pragma unroll
@@ -502,6 +503,7 @@ __global__ void __launch_bounds__(kGemvThreads, R == 1 ? F::kMinBlocksR1 : gemv_
             consume(d, j0 + d);
         }
     }
+    pdl::launch_dependents();
 
     // Row-group sums (lanes of a group hold partial dots of the same rows over different chunks).
 #pragma unroll
