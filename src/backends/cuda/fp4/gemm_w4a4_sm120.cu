@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N) gemm_w4a4_kernel(const
 #endif
 }
 
-template <int MT, int NT, int WARPS_M, int WARPS_N> void launch(const W4A4Args & args, cudaStream_t stream) {
+template <int MT, int NT, int WARPS_M, int WARPS_N> void launch_tiles(const W4A4Args & args, cudaStream_t stream) {
     const int64_t gx = ceil_div(args.n, int64_t(MT) * 16 * WARPS_M);
     const int64_t gy = ceil_div(args.rows, int64_t(NT) * 8 * WARPS_N);
     if (gx > 0x7fffffff || gy > 65535) fail(SPARK_ERR_UNSUPPORTED, "gemm_nvfp4_w4a4: problem too large for one launch");
@@ -170,8 +170,8 @@ void gemm_nvfp4_w4a4_sm120(const DeviceWeight & w, const uint8_t * a_codes, cons
     args.rows     = rows;
     args.y_stride = y_stride;
     args.alpha    = a_global * w.global_scale;
-    if (rows <= kSmallRows) launch<1, 1, 4, 1>(args, stream);
-    else launch<2, 4, 2, 2>(args, stream);
+    if (rows <= kSmallRows) launch_tiles<1, 1, 4, 1>(args, stream);
+    else launch_tiles<2, 4, 2, 2>(args, stream);
 }
 
 }  // namespace fp4_detail
