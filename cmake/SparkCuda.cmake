@@ -1,16 +1,69 @@
-# CUDA backend plumbing. Enabled when nvcc is found (SPARK_CUDA=AUTO) or forced (ON); off with OFF.
-#
-# Real cubins for every target GPU generation; sm_90a and sm_120a/sm_121a are the arch-specific
-# targets (wgmma on Hopper; hardware E2M1 convert and block-scaled FP4 mma on Blackwell GeForce /
-# DGX Spark), which are not forward compatible, hence no PTX fallback for them.
+# CUDA backend plumbing. SPARK_CUDA: AUTO (when nvcc is found and there is something to build for),
+# ON, OFF. SPARK_CUDA_ARCHS chooses the targets, as llama.cpp does:
+#   native  (default) the GPUs of this machine (nvidia-smi's compute capabilities). With none, AUTO
+#           builds CPU-only (~2 minutes and a small libspark that does not need libcudart) and ON
+#           builds every target;
+#   all     every supported generation (packagers; CI compiles it so no kernel breaks unnoticed);
+#   a list  such as "90a" or "90a;120a;121a".
+# The resolved list is SPARK_CUDA_TARGETS. Real cubins for every target; sm_90a and sm_120a/sm_121a
+# are the arch-specific targets (wgmma on Hopper; hardware E2M1 convert and block-scaled FP4 mma on
+# Blackwell GeForce / DGX Spark), which are not forward compatible, hence no PTX fallback for them.
+set(SPARK_CUDA_ARCHS "native" CACHE STRING "CUDA targets: native (this machine's GPUs), all, or a list such as 90a;120a")
+set(spark_all_cuda_archs 80 86 89 90a 120a 121a)
+
+# The real targets of this machine's GPUs (compute capability 8.0 and newer), or an empty list.
+function(spark_native_cuda_archs out)
+    set(archs "")
+    find_program(SPARK_NVIDIA_SMI nvidia-smi)
+    if(SPARK_NVIDIA_SMI)
+        execute_process(COMMAND ${SPARK_NVIDIA_SMI} --query-gpu=compute_cap --format=csv,noheader
+                        OUTPUT_VARIABLE caps RESULT_VARIABLE rc ERROR_QUIET OUTPUT_STRIP_TRAILING_WHITESPACE)
+        if(rc EQUAL 0)
+            string(REPLACE "\n" ";" caps "${caps}")
+            foreach(cap IN LISTS caps)
+                string(STRIP "${cap}" cap)
+                if(NOT cap MATCHES "^([0-9]+)\\.([0-9])$")
+                    continue()
+                endif()
+                set(a "${CMAKE_MATCH_1}${CMAKE_MATCH_2}")
+                if(a LESS 80)
+                    continue()
+                endif()
+                if(a MATCHES "^(90|100|101|103|120|121)$")  # the arch-specific feature sets
+                    set(a "${a}a")
+                endif()
+                list(APPEND archs ${a})
+            endforeach()
+            list(REMOVE_DUPLICATES archs)
+        endif()
+    endif()
+    set(${out} "${archs}" PARENT_SCOPE)
+endfunction()
+
 set(SPARK_CUDA_ENABLED OFF)
+set(SPARK_CUDA_TARGETS "")
 if(NOT SPARK_CUDA STREQUAL "OFF")
     include(CheckLanguage)
     check_language(CUDA)
     if(CMAKE_CUDA_COMPILER)
-        enable_language(CUDA)
-        find_package(CUDAToolkit REQUIRED)
-        set(SPARK_CUDA_ENABLED ON)
+        if(SPARK_CUDA_ARCHS STREQUAL "native")
+            spark_native_cuda_archs(SPARK_CUDA_TARGETS)
+            if(NOT SPARK_CUDA_TARGETS AND SPARK_CUDA STREQUAL "ON")
+                set(SPARK_CUDA_TARGETS ${spark_all_cuda_archs})
+                message(STATUS "spark: no GPU found; SPARK_CUDA=ON builds every CUDA target")
+            elseif(NOT SPARK_CUDA_TARGETS)
+                message(STATUS "spark: nvcc found but no GPU: CPU-only build (-DSPARK_CUDA_ARCHS=all builds every CUDA target)")
+            endif()
+        elseif(SPARK_CUDA_ARCHS STREQUAL "all")
+            set(SPARK_CUDA_TARGETS ${spark_all_cuda_archs})
+        else()
+            set(SPARK_CUDA_TARGETS ${SPARK_CUDA_ARCHS})
+        endif()
+        if(SPARK_CUDA_TARGETS)
+            enable_language(CUDA)
+            find_package(CUDAToolkit REQUIRED)
+            set(SPARK_CUDA_ENABLED ON)
+        endif()
     elseif(SPARK_CUDA STREQUAL "ON")
         message(FATAL_ERROR "SPARK_CUDA=ON but no CUDA compiler was found")
     endif()
@@ -25,10 +78,7 @@ if(SPARK_CUDA_ENABLED)
     set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
     set(CMAKE_CUDA_STANDARD 20)
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
-    # The generic kernels are built for every target; per-arch files only for their own (see
-    # src/backends/cuda/CMakeLists.txt). Override with -DSPARK_CUDA_ARCHS="90a" for a fast local build.
-    set(SPARK_CUDA_ARCHS "80;86;89;90a;120a;121a" CACHE STRING "CUDA targets (real cubins)")
-    message(STATUS "spark: CUDA backend ON (${CUDAToolkit_VERSION}), targets: ${SPARK_CUDA_ARCHS}")
+    message(STATUS "spark: CUDA backend ON (${CUDAToolkit_VERSION}), targets: ${SPARK_CUDA_TARGETS}")
 else()
     message(STATUS "spark: CUDA backend OFF")
 endif()
