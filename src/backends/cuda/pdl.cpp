@@ -19,11 +19,12 @@ bool pdl_enabled() {
         const char * e = std::getenv("SPARK_PDL");
         return !(e && std::string(e) == "0");
     }();
+    if (!env_on || !t_step_allows_pdl) return false;  // (prefill launches skip the device query)
     constexpr int         kMaxDevices = 64;
     static std::atomic<int> state[kMaxDevices] = {};  // 0 unknown, 1 off, 2 on
     int                   dev          = 0;
     SPARK_CUDA_CHECK(cudaGetDevice(&dev));
-    if (!env_on || !t_step_allows_pdl || dev < 0 || dev >= kMaxDevices) return false;
+    if (dev < 0 || dev >= kMaxDevices) return false;
     int s = state[dev].load(std::memory_order_relaxed);
     if (s == 0) {
         int major = 0;

@@ -13,11 +13,11 @@
 //                        grid has called it (or exited), the next kernel's blocks may start and run
 //                        their prologue (weight loads) while this one works. It says nothing about
 //                        memory, so it may come before wait(): a kernel then lets the next one start
-//                        while it still waits itself, and kernels launch several deep. The GEMVs
-//                        call it once their first weight loads are issued, the small kernels at
-//                        their start; the recurrent (SSM) kernels after their wait, where the
-//                        kernels launched early behind them cost more than they gained (H100,
-//                        Qwen3-Next decode 244 -> 252 tokens/s; docs/PERF.md).
+//                        while it still waits itself, and kernels launch several deep. The MMA
+//                        GEMV calls it once its first weight loads are issued, the small kernels
+//                        at their start; the FMA GEMV after its main loop and the recurrent (SSM)
+//                        kernels after their wait, where the kernels launched early behind them
+//                        cost more than they gained (H100, measured in docs/PERF.md).
 // Reading weights (written at load time) before wait() is what makes PDL pay: the loads are in
 // flight while the previous kernel drains.
 //

@@ -32,9 +32,8 @@ bool fused_combine_enabled() {
 template <int D> void decode_d(const AttnParams & p, const AttnPlan & plan, cudaStream_t stream) {
     static std::atomic<uint32_t> smem_set{0};
     set_smem_limit_once(reinterpret_cast<const void *>(&attn_decode_kernel<D>), DecodeCfg<D>::kSmem, smem_set);
-    const bool pdl = pdl_enabled();
-    launch_kernel(attn_decode_kernel<D>, dim3(plan.grid_x, plan.grid_y, plan.grid_z), dim3(kThreads), DecodeCfg<D>::kSmem, stream, pdl, p);
-    if (plan.n_splits > 1 && !p.counters) launch_kernel(attn_combine_kernel<D>, dim3(p.n_head, p.n_tok), dim3(D), 0, stream, pdl, p);
+    launch(attn_decode_kernel<D>, dim3(plan.grid_x, plan.grid_y, plan.grid_z), dim3(kThreads), DecodeCfg<D>::kSmem, stream, p);
+    if (plan.n_splits > 1 && !p.counters) launch(attn_combine_kernel<D>, dim3(p.n_head, p.n_tok), dim3(D), 0, stream, p);
 }
 
 template <int D> int blocks_per_sm_d() {

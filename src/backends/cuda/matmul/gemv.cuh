@@ -490,7 +490,7 @@ __global__ void __launch_bounds__(kGemvThreads, R == 1 ? F::kMinBlocksR1 : gemv_
     };
     // The weights do not depend on the previous kernel: the first D steps are requested before
     // waiting for it (a plain MATMUL; MATMUL_ID waited above), so their latency overlaps its tail.
-    // The next kernel may launch once this block's last weights are requested: triggered at the
+    // The next kernel may launch once this block has streamed all its weights: triggered at the
     // start, the kernels launched behind this one cost more than they gained (H100: 8B FP8 216.6 ->
     // 230.8, 30B-A3B int4 (router, lm_head) 414 -> 425 tokens/s; docs/PERF.md).
 #pragma unroll
