@@ -14,10 +14,15 @@
 // stdin: every line is one user turn. Otherwise interactive, with line editing and history; a line
 // ending in '\' continues on the next line, and a line of three double quotes starts / ends a
 // multi-line block. Ctrl-C stops the current answer, not the program.
+//
+// While the model loads, a progress bar on stderr when it is a terminal (tools/common/load_progress.h);
+// Ctrl-C then cancels the load (exit code 130). The timings line ends with the load time
+// (the wall time of spark_model_load).
 #include <spark/spark.h>
 
 #include <CLI/CLI.hpp>
 
+#include "load_progress.h"
 #include "log_stderr.h"
 #include "spec_cli.h"
 
@@ -39,10 +44,11 @@ namespace {
 
 volatile std::sig_atomic_t g_interrupted = 0;
 volatile std::sig_atomic_t g_generating  = 0;
+volatile std::sig_atomic_t g_loading     = 0;  // Ctrl-C cancels the load (the progress callback sees g_interrupted)
 
 void on_sigint(int) {
     g_interrupted = 1;
-    if (!g_generating) {
+    if (!g_generating && !g_loading) {
         static const char hint[] = "\n(Ctrl-C stops an answer; type /quit or press Ctrl-D to leave)\n";
         ssize_t r = write(STDERR_FILENO, hint, sizeof hint - 1);
         (void) r;
@@ -87,6 +93,7 @@ public:
         spark_memory_clear(ctx_);
         spark_sampler_reset(smpl_);
     }
+    void set_load_seconds(double s) { load_s_ = s; }
     void set_system(const std::string & s) {
         system_ = s;
         reset();
@@ -121,10 +128,11 @@ public:
     }
 
     void print_stats(FILE * f) const {
-        std::fprintf(f, "prompt %d tokens (%d new) in %.3f s = %.1f tok/s; answer %d tokens in %.3f s = %.1f tok/s; context %d/%d\n",
+        std::fprintf(f, "prompt %d tokens (%d new) in %.3f s = %.1f tok/s; answer %d tokens in %.3f s = %.1f tok/s; context %d/%d; load %.2f s\n",
                      stats_.prompt_tokens, stats_.prefill_tokens, stats_.prefill_s,
                      stats_.prefill_s > 0 ? stats_.prefill_tokens / stats_.prefill_s : 0.0, stats_.generated, stats_.decode_s,
-                     stats_.decode_s > 0 ? stats_.generated / stats_.decode_s : 0.0, spark_memory_seq_length(ctx_, 0), spark_n_ctx(ctx_));
+                     stats_.decode_s > 0 ? stats_.generated / stats_.decode_s : 0.0, spark_memory_seq_length(ctx_, 0), spark_n_ctx(ctx_),
+                     load_s_);
         if (spec_) {
             spark_spec_stats s{};
             spark_spec_get_stats(spec_, &s);  // this turn's: reset when it began
@@ -337,6 +345,7 @@ private:
     std::vector<spark_token> cached_;  // tokens held by the KV cache (sequence 0); empty with --spec
     TurnStats                stats_;
     int64_t                  total_generated_ = 0;
+    double                   load_s_          = 0;  // the wall time of spark_model_load
 };
 
 bool read_line(const char * prompt, std::string & line, bool interactive) {
@@ -427,13 +436,38 @@ int main(int argc, char ** argv) {
         }
     }
 
+    // Ctrl-C cancels the load (the progress callback stops it) and later stops an answer; in between
+    // (context, --spec set-up) it ends the program as it always did.
+    struct sigaction sa {};
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, nullptr);
+
     spark_model_params mp = spark_model_default_params();
     mp.device             = o.device == "cuda" ? SPARK_DEVICE_CUDA : o.device == "auto" ? SPARK_DEVICE_AUTO : SPARK_DEVICE_CPU;
     mp.n_threads          = o.n_threads;
     spark_model * model   = nullptr;
-    if (spark_model_load(o.model.c_str(), mp, &model) != SPARK_OK) {
-        std::fprintf(stderr, "spark-chat: cannot load the model '%s': %s\n", o.model.c_str(), spark_last_error());
-        return 1;
+    double        load_s  = 0;
+    {
+        spark_cli::LoadProgress bar(isatty(STDERR_FILENO) != 0, &g_interrupted);  // a bar only on a terminal
+        g_loading = 1;
+        bar.attach(mp);
+        const auto         t0 = std::chrono::steady_clock::now();
+        const spark_status st = spark_model_load(o.model.c_str(), mp, &model);
+        load_s                = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        bar.finish();
+        std::signal(SIGINT, SIG_DFL);
+        g_loading = 0;
+        // Ctrl-C after the last progress call: the load went through, but the user asked to stop.
+        if (g_interrupted || st == SPARK_ERR_ABORTED) {
+            std::fprintf(stderr, "spark-chat: loading cancelled (Ctrl-C)\n");
+            spark_model_free(model);
+            return 130;
+        }
+        if (st != SPARK_OK) {
+            std::fprintf(stderr, "spark-chat: cannot load the model '%s': %s\n", o.model.c_str(), spark_last_error());
+            return 1;
+        }
     }
     const spark_tokenizer * tok = spark_model_get_tokenizer(model);
     if (!tok) {
@@ -474,9 +508,6 @@ int main(int argc, char ** argv) {
         }
     }
 
-    struct sigaction sa {};
-    sa.sa_handler = on_sigint;
-    sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, nullptr);
 #if SPARK_CHAT_HAS_LIBEDIT
     rl_catch_signals = 0;
@@ -485,6 +516,7 @@ int main(int argc, char ** argv) {
     int rc = 0;
     {
         Chat chat(model, ctx, o, spec, spec_opt.name.c_str());
+        chat.set_load_seconds(load_s);
         if (!o.prompt.empty()) {
             rc = chat.turn(o.prompt, stdout) ? 0 : 1;
             if (rc == 0) chat.print_stats(stderr);

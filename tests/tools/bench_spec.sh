@@ -42,8 +42,11 @@ for x in spec:
 assert all('spec' not in x for x in r if not x['test'].startswith('spec')), r
 PY
 
-# A source the model cannot use: the plain rows still run, the speculative one says why not.
+# A source the model cannot use: the plain rows still run, the speculative one says why not, and
+# the exit code says that something asked for did not run.
 "$bench" --device cpu --synthetic tiny-qwen3 --spec mtp -n 8 -p 0 -r 1 > "$tmp/out" 2> "$tmp/err"
+rc=$?
+[ $rc -eq 1 ] && echo "ok   mtp without a head: exit code 1" || { echo "FAIL mtp without a head: exit code $rc, not 1"; fails=$((fails + 1)); }
 check "mtp without a head: not run" "$tmp/out" "^\| tiny-qwen3 \| int4 \| spec \(mtp, k=3\) \| - \| not run"
 check "mtp without a head: tg still runs" "$tmp/out" "^\| tiny-qwen3 \| int4 \| tg8 \| 0 \| $num"
 check "mtp without a head: message" "$tmp/err" "no speculative decoding \(--spec mtp\): .*MTP"

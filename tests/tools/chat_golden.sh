@@ -31,6 +31,7 @@ if ! cmp -s "$tmp/got.txt" "$tmp/expected.txt"; then
     exit 1
 fi
 grep -q "tok/s" "$tmp/stderr.txt" || { echo "no statistics on stderr"; exit 1; }
+grep -Eq "; load [0-9]+\.[0-9]+ s$" "$tmp/stderr.txt" || { echo "no load time in the timings line"; cat "$tmp/stderr.txt"; exit 1; }
 # Piped stdin: every line is a user turn; both answers stream to stdout.
 printf '%s\n%s\n' "$user" "Write a Python function \`add(a, b)\`: Return the sum." \
     | "$build/examples/chat/spark-chat" -m "$model" --temp 0 -n 64 > "$tmp/pipe.txt" 2>/dev/null

@@ -22,18 +22,48 @@
 // --spec-sim-accept p1,p2,... replaces the acceptance by chance at those per-position rates (as
 // vLLM reports them), so a speed-up can be measured for a drafter that is not at hand: the work per
 // step is real, the tokens are not the model's (rows marked "simulated").
+//
+//   spark-bench -m /path/to/model --load [-r N] [--cold] [--device cuda]
+//
+// --load measures a start instead: N times, the wall time of spark_model_load (load s) and, from the
+// same start, the time until the first token is out (first token s: a context, a 1-token prompt
+// decoded, its greedy token sampled), then everything is freed. It reports the bytes of the
+// model's files (the safetensors shards or the spark file: what a load reads) over the load time,
+// the share of those files' pages in the page cache when the run began (mincore) and the
+// high-water mark of the process's resident memory during the run (VmHWM, reset before each run
+// through /proc/self/clear_refs): a load must not hold a second copy of the model in host memory.
+// --cold evicts the files from the page cache before each run, without root
+// (posix_fadvise(POSIX_FADV_DONTNEED) on each file of the model); pages another process maps or
+// that the kernel keeps anyway stay, which the cached % column shows. A cold start proper also needs,
+// as root: sync; echo 3 > /proc/sys/vm/drop_caches. Synthetic models have no files: --load refuses
+// them.
+//
+// The exit status is 0 when everything asked for ran, 1 when something failed (a model that did not
+// load, a run or a --spec row that could not be measured), 2 for bad options.
 #include <spark/spark.h>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
+#include "load_progress.h"
 #include "log_stderr.h"
 #include "spec_cli.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -286,6 +316,274 @@ private:
     std::vector<spark_token> chat_prompt_;
 };
 
+// ---- --load: the files of a model, the page cache, the process's memory ----
+
+struct ModelFiles {
+    std::vector<std::string> weights;  // what a load reads: the safetensors shards or the spark file
+    std::vector<std::string> all;      // evicted by --cold: every file of the model (config, tokenizer too)
+    uint64_t                 weight_bytes = 0;
+};
+
+// The files behind a model path (a directory as spark_model_load reads it, or one file). False with a
+// message when the path has none.
+bool model_files(const std::string & path, ModelFiles & out, std::string & error) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    out = ModelFiles{};
+    if (fs::is_directory(path, ec)) {
+        for (const fs::directory_entry & e : fs::directory_iterator(path, ec))
+            if (e.is_regular_file(ec)) out.all.push_back(e.path().string());
+        std::sort(out.all.begin(), out.all.end());
+        const fs::path index = fs::path(path) / "model.safetensors.index.json";
+        if (fs::exists(index, ec)) {
+            std::set<std::string> shards;
+            try {
+                std::ifstream        in(index);
+                const nlohmann::json j = nlohmann::json::parse(in);
+                for (const auto & [name, shard] : j.at("weight_map").items()) shards.insert(shard.get<std::string>());
+            } catch (const std::exception & e) {
+                error = index.string() + ": " + e.what();
+                return false;
+            }
+            for (const std::string & s : shards) out.weights.push_back((fs::path(path) / s).string());
+        } else {
+            out.weights.push_back((fs::path(path) / "model.safetensors").string());
+        }
+    } else if (fs::is_regular_file(path, ec)) {
+        out.weights.push_back(path);
+        out.all.push_back(path);
+    } else {
+        error = "'" + path + "' is neither a model directory nor a file";
+        return false;
+    }
+    for (const std::string & f : out.weights) {
+        const uint64_t n = fs::file_size(f, ec);
+        if (ec) {
+            error = f + ": " + ec.message();
+            return false;
+        }
+        out.weight_bytes += n;
+    }
+    return true;
+}
+
+// Asks the kernel to drop the files' pages from the page cache (no root needed; it may keep pages
+// that are mapped or dirty). False with a message when a file refused.
+bool evict_from_page_cache(const std::vector<std::string> & files, std::string & error) {
+    bool ok = true;
+    for (const std::string & f : files) {
+        const int fd = open(f.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            error += (error.empty() ? "" : "; ") + f + ": " + std::strerror(errno);
+            ok = false;
+            continue;
+        }
+        const int rc = posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);  // returns the error number
+        if (rc != 0) {
+            error += (error.empty() ? "" : "; ") + f + ": posix_fadvise: " + std::strerror(rc);
+            ok = false;
+        }
+        close(fd);
+    }
+    return ok;
+}
+
+// The fraction of the files' pages in the page cache (mincore on a mapping; reading nothing); < 0
+// when it cannot be told.
+double resident_fraction(const std::vector<std::string> & files) {
+    const size_t page = size_t(sysconf(_SC_PAGESIZE));
+    uint64_t     resident = 0, total = 0;
+    for (const std::string & f : files) {
+        const int fd = open(f.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0) return -1;
+        struct stat st {};
+        if (fstat(fd, &st) != 0) {
+            close(fd);
+            return -1;
+        }
+        const size_t len = size_t(st.st_size);
+        if (len == 0) {
+            close(fd);
+            continue;
+        }
+        void * p = mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, 0);
+        close(fd);
+        if (p == MAP_FAILED) return -1;
+        std::vector<unsigned char> vec((len + page - 1) / page);
+        const bool                 ok = mincore(p, len, vec.data()) == 0;
+        munmap(p, len);
+        if (!ok) return -1;
+        for (unsigned char v : vec) resident += v & 1;
+        total += vec.size();
+    }
+    return total ? double(resident) / double(total) : -1;
+}
+
+// A field of /proc/self/status in bytes (VmHWM, VmRSS); 0 when absent.
+uint64_t proc_status_bytes(const char * field) {
+    std::ifstream in("/proc/self/status");
+    std::string   line;
+    const size_t  n = std::strlen(field);
+    while (std::getline(in, line))
+        if (line.compare(0, n, field) == 0 && line.size() > n && line[n] == ':') return uint64_t(std::stoull(line.substr(n + 1))) * 1024;
+    return 0;
+}
+
+// Resets the resident-set high-water mark (Linux >= 4.0, own process, no root). False: it keeps
+// counting from the start of the process.
+bool reset_peak_rss() {
+    FILE * f = std::fopen("/proc/self/clear_refs", "w");
+    if (!f) return false;
+    const bool ok = std::fputs("5", f) >= 0;
+    return std::fclose(f) == 0 && ok;
+}
+
+uint64_t peak_rss_bytes() {
+    if (const uint64_t hwm = proc_status_bytes("VmHWM")) return hwm;
+    struct rusage ru {};
+    getrusage(RUSAGE_SELF, &ru);
+    return uint64_t(ru.ru_maxrss) * 1024;  // kilobytes on Linux
+}
+
+struct LoadRun {
+    std::string model;
+    int         run = 0;
+    bool        cold = false, ok = false;
+    double      cached = -1;  // fraction of the files' pages resident when the run began; < 0: unknown
+    double      load_s = 0, first_token_s = 0;
+    uint64_t    file_bytes = 0, peak_rss = 0;
+};
+
+// Loads the model, then (from the same start) creates a context, decodes a 1-token prompt and samples
+// its greedy token; frees everything. False with a message (the run's figures are then partial).
+bool time_load(const std::string & path, spark_device_kind device, LoadRun & r, std::string & error) {
+    spark_model_params mp = spark_model_default_params();
+    mp.device             = device;
+    spark_model * model   = nullptr;
+    spark_cli::LoadProgress bar;  // on a terminal only
+    bar.attach(mp);
+    const auto         t0 = Clock::now();
+    const spark_status st = spark_model_load(path.c_str(), mp, &model);
+    r.load_s              = std::chrono::duration<double>(Clock::now() - t0).count();
+    bar.finish();
+    if (st != SPARK_OK) {
+        error = std::string("cannot load: ") + spark_last_error();
+        return false;
+    }
+    spark_model_info info{};
+    spark_model_get_info(model, &info);
+    spark_context * ctx    = nullptr;
+    spark_sampler * greedy = nullptr;
+    spark_batch     batch{};
+    bool            ok     = false;
+    if (spark_context_init(model, spark_context_default_params(), &ctx) != SPARK_OK) {
+        error = std::string("context: ") + spark_last_error();
+    } else {
+        batch              = spark_batch_init(1, 1);
+        batch.n_tokens     = 1;
+        batch.token[0]     = prompt_token(0, info.n_vocab);
+        batch.pos[0]       = 0;
+        batch.n_seq_id[0]  = 1;
+        batch.seq_id[0][0] = 0;
+        batch.logits[0]    = 1;
+        greedy             = spark_sampler_init_greedy();
+        spark_token t      = -1;
+        if (spark_decode(ctx, &batch) != SPARK_OK) error = std::string("decode: ") + spark_last_error();
+        else if (spark_sampler_sample(greedy, ctx, -1, &t) != SPARK_OK || t < 0) error = std::string("sample: ") + spark_last_error();
+        else ok = true;  // the first token is out (sampling waits for the step)
+        r.first_token_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    }
+    r.peak_rss = peak_rss_bytes();
+    spark_sampler_free(greedy);
+    if (batch.token) spark_batch_free(batch);
+    spark_context_free(ctx);
+    spark_model_free(model);
+    return ok;
+}
+
+// --load: N timed starts of each model. Returns the exit status.
+int run_load_bench(const std::vector<std::string> & models, const std::string & device, int reps, bool cold, bool json) {
+    const spark_device_kind kind        = device == "cuda" ? SPARK_DEVICE_CUDA : SPARK_DEVICE_CPU;
+    std::string             device_name = device;
+    if (device == "cuda") {
+        spark_device_info di{};
+        if (spark_cuda_device_info(0, &di) == SPARK_OK) device_name = di.name;
+    }
+    const uint64_t rss_before = proc_status_bytes("VmRSS");
+    bool           hwm_reset  = true, failed = false;
+    std::vector<LoadRun> runs;
+    if (!json) {
+        std::printf("| model | run | cache | cached %% | load s | first token s | GB read | GB/s | peak RSS GB |\n"
+                    "|---|---:|---|---:|---:|---:|---:|---:|---:|\n");
+        std::fflush(stdout);
+    }
+    for (const std::string & path : models) {
+        ModelFiles  files;
+        std::string error;
+        if (!model_files(path, files, error)) {
+            std::fprintf(stderr, "spark-bench: %s: %s\n", path.c_str(), error.c_str());
+            if (!json) std::printf("| %s | - | %s | | | | | | not run (see stderr) |\n", path.c_str(), cold ? "cold" : "warm");
+            failed = true;
+            continue;
+        }
+        for (int i = 1; i <= reps; ++i) {
+            LoadRun r;
+            r.model = path, r.run = i, r.cold = cold, r.file_bytes = files.weight_bytes;
+            std::string evict_error;
+            if (cold && !evict_from_page_cache(files.all, evict_error))
+                std::fprintf(stderr, "spark-bench: %s: --cold: the page cache kept files (%s); as root: sync; echo 3 > /proc/sys/vm/drop_caches\n",
+                             path.c_str(), evict_error.c_str());
+            r.cached = resident_fraction(files.weights);
+            if (cold)
+                std::fprintf(stderr, "spark-bench: %s run %d: --cold: %s of the files' pages in the page cache after eviction\n", path.c_str(), i,
+                             r.cached < 0 ? "unknown share (mincore failed)" : (std::to_string(int(std::lround(100 * r.cached))) + "%").c_str());
+            hwm_reset = reset_peak_rss() && hwm_reset;
+            r.ok      = time_load(path, kind, r, error);
+            runs.push_back(r);
+            if (!r.ok) {
+                std::fprintf(stderr, "spark-bench: %s run %d: %s\n", path.c_str(), i, error.c_str());
+                if (!json) std::printf("| %s | %d | %s | | | | | | failed (see stderr) |\n", path.c_str(), i, cold ? "cold" : "warm");
+                failed = true;
+                break;  // the next runs would fail the same way
+            }
+            if (!json) {
+                char cached[16] = "?";
+                if (r.cached >= 0) std::snprintf(cached, sizeof cached, "%.0f", 100 * r.cached);
+                std::printf("| %s | %d | %s | %s | %.3f | %.3f | %.3f | %.2f | %.3f |\n", path.c_str(), i, cold ? "cold" : "warm", cached, r.load_s,
+                            r.first_token_s, double(r.file_bytes) / 1e9, r.load_s > 0 ? double(r.file_bytes) / 1e9 / r.load_s : 0.0,
+                            double(r.peak_rss) / 1e9);
+                std::fflush(stdout);
+            }
+        }
+    }
+    if (json) {
+        std::printf("{\"device\": \"%s\", \"rss_before_bytes\": %llu, \"peak_rss_per_run\": %s, \"load\": [\n", device_name.c_str(),
+                    (unsigned long long) rss_before, hwm_reset ? "true" : "false");
+        for (size_t i = 0; i < runs.size(); ++i) {
+            const LoadRun & r = runs[i];
+            std::printf("  {\"model\": \"%s\", \"run\": %d, \"cold\": %s, \"ok\": %s, \"cached_fraction\": %s, \"load_s\": %.4f, \"first_token_s\": %.4f, "
+                        "\"file_bytes\": %llu, \"gbs\": %.4f, \"peak_rss_bytes\": %llu}%s\n",
+                        r.model.c_str(), r.run, r.cold ? "true" : "false", r.ok ? "true" : "false",
+                        r.cached < 0 ? "null" : std::to_string(r.cached).c_str(), r.load_s, r.first_token_s, (unsigned long long) r.file_bytes,
+                        r.load_s > 0 ? double(r.file_bytes) / 1e9 / r.load_s : 0.0, (unsigned long long) r.peak_rss, i + 1 < runs.size() ? "," : "");
+        }
+        std::printf("]}\n");
+    } else {
+        std::printf("\ndevice: %s, build %s\n"
+                    "load s: wall time of spark_model_load; first token s: from the same start until the greedy token of a 1-token prompt is out "
+                    "(a context of %d tokens created, the prompt decoded); GB read: the model's weight files; GB/s: GB read / load s\n"
+                    "cache: %s; cached %%: the files' pages in the page cache when the run began (mincore)\n"
+                    "peak RSS GB: the process's resident-memory high-water mark %s (%.3f GB before the first load)\n",
+                    device_name.c_str(), spark_build_info(), spark_context_default_params().n_ctx,
+                    cold ? "cold: evicted before each run with posix_fadvise(DONTNEED) (a full cold start also needs, as root: sync; echo 3 > "
+                           "/proc/sys/vm/drop_caches)"
+                         : "warm: the page cache as it was (--cold evicts the files first)",
+                    hwm_reset ? "during the run (VmHWM, reset before it)" : "since the process started (/proc/self/clear_refs could not reset it)",
+                    double(rss_before) / 1e9);
+    }
+    return failed ? 1 : 0;
+}
+
 double step_bytes(const spark_model_info & i, double mean_depth) {
     return double(i.decode_weight_bytes) + double(i.kv_bytes_per_token) * mean_depth + 2.0 * double(i.recurrent_bytes);
 }
@@ -298,7 +596,7 @@ int main(int argc, char ** argv) {
     std::string synthetic, formats = "int4", depths_arg = "0", device = "cuda";
     std::string spec_arg, sim_arg, prompt_text;
     int         n_prompt = 512, n_gen = 128, reps = 3, draft_max = 3;
-    bool        json = false, matrix = false;
+    bool        json = false, matrix = false, load = false, cold = false;
     app.add_option("-m,--model", models, "model directory or spark file (repeatable)");
     app.add_option("--synthetic", synthetic, "synthetic shapes: qwen3-8b,qwen3-30b-a3b,qwen3-next-80b-a3b");
     app.add_option("--format", formats, "formats of the synthetic models: bf16,int4,nvfp4,fp8");
@@ -313,8 +611,40 @@ int main(int argc, char ** argv) {
     CLI::Option * draft_max_opt = app.add_option("--draft-max", draft_max, "--spec: tokens drafted per step (default 3, or the number of --spec-sim-accept values)");
     app.add_option("--prompt", prompt_text, "--spec: measure on this user message (rendered with the chat template) instead of pseudo-random tokens");
     app.add_option("--spec-sim-accept", sim_arg, "--spec: simulated acceptance at draft positions 1, 2, ... (e.g. 0.84,0.53; benchmark only)");
+    app.add_flag("--load", load,
+                 "measure loading instead: -r times the time of spark_model_load and to the first token, GB/s of the model's files and the "
+                 "peak resident memory (needs -m: synthetic models have no files and are refused)");
+    app.add_flag("--cold", cold,
+                 "--load: evict the model's files from the page cache before each run (posix_fadvise, no root; the share still cached is "
+                 "printed; a full cold start also needs, as root, echo 3 > /proc/sys/vm/drop_caches)");
     CLI11_PARSE(app, argc, argv);
     spark_cli::install_stderr_log();
+
+    if (cold && !load) {
+        std::fprintf(stderr, "spark-bench: --cold goes with --load\n");
+        return 2;
+    }
+    if (reps < 1) {
+        std::fprintf(stderr, "spark-bench: -r must be at least 1\n");
+        return 2;
+    }
+    if (load) {
+        if (!synthetic.empty() || std::any_of(models.begin(), models.end(), [](const std::string & m) { return m.rfind("synthetic:", 0) == 0; })) {
+            std::fprintf(stderr, "spark-bench: --load measures reading a model's files; a synthetic model has none (its weights are generated): give -m PATH\n");
+            return 2;
+        }
+        for (const char * opt : {"--format", "--depth", "--n-prompt", "--n-gen", "--context-matrix", "--spec", "--draft-max", "--prompt", "--spec-sim-accept"})
+            if (app.count(opt) > 0) {
+                std::fprintf(stderr, "spark-bench: %s does not apply to --load (it measures loading and the first token)\n",
+                             app.get_option(opt)->get_name(false, true).c_str());
+                return 2;
+            }
+        if (models.empty()) {
+            std::fprintf(stderr, "spark-bench: --load needs -m PATH\n");
+            return 2;
+        }
+        return run_load_bench(models, device, reps, cold, json);
+    }
 
     // --spec, --draft-max, --spec-sim-accept.
     spark_cli::SpecOption spec;
@@ -371,6 +701,7 @@ int main(int argc, char ** argv) {
     const std::vector<int> gens = matrix ? std::vector<int>{20, 150, 400} : std::vector<int>{n_gen};
 
     std::vector<Result> results;
+    bool                failed    = false;  // something asked for did not run: exit status 1
     double              bandwidth = 0;
     std::string         device_name = device;
     if (device == "cuda") {
@@ -390,13 +721,18 @@ int main(int argc, char ** argv) {
         mp.device             = device == "cuda" ? SPARK_DEVICE_CUDA : SPARK_DEVICE_CPU;
         mp.load_tokenizer     = !prompt_text.empty();  // --prompt renders a chat prompt
         spark_model * model   = nullptr;
-        const auto    t0      = Clock::now();
-        if (spark_model_load(path.c_str(), mp, &model) != SPARK_OK) {
+        spark_cli::LoadProgress bar;  // on a terminal only
+        bar.attach(mp);
+        const auto         t0 = Clock::now();
+        const spark_status st = spark_model_load(path.c_str(), mp, &model);
+        const double   load_s = std::chrono::duration<double>(Clock::now() - t0).count();
+        bar.finish();
+        if (st != SPARK_OK) {
             std::fprintf(stderr, "spark-bench: %s: %s (%s)\n", path.c_str(), spark_last_error(), "skipped");
             if (!json) std::printf("| %s | - | - | - | %s | | |%s\n", path.c_str(), "not run (see stderr)", no_spec_cells.c_str());
+            failed = true;
             continue;
         }
-        const double load_s = std::chrono::duration<double>(Clock::now() - t0).count();
         if (bandwidth == 0) spark_model_measure_bandwidth(model, &bandwidth);
         spark_model_info info{};
         spark_model_get_info(model, &info);
@@ -418,6 +754,7 @@ int main(int argc, char ** argv) {
                     if (!prompt_text.empty()) sb->set_chat_prompt(model, prompt_text);
                 } catch (const std::exception & e) {
                     std::fprintf(stderr, "spark-bench: %s: no speculative decoding (--spec %s): %s\n", path.c_str(), spec_arg.c_str(), e.what());
+                    failed = true;
                     if (!json) std::printf("| %s | %s | spec (%s) | - | not run (see stderr) | | | | | | |\n", name.c_str(), format.c_str(), spec_label.c_str());
                 }
             }
@@ -486,6 +823,7 @@ int main(int argc, char ** argv) {
             }
         } catch (const std::exception & e) {
             std::fprintf(stderr, "spark-bench: %s: %s\n", path.c_str(), e.what());
+            failed = true;
         }
         spark_model_free(model);
     }
@@ -552,5 +890,5 @@ int main(int argc, char ** argv) {
                             sim_arg.c_str());
         }
     }
-    return 0;
+    return failed ? 1 : 0;
 }
