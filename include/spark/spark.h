@@ -155,6 +155,15 @@ typedef struct spark_tokenizer spark_tokenizer;
  * SPARK_ERR_ABORTED). */
 typedef bool (*spark_progress_callback)(float progress, void * user_data);
 
+/* Called during loading with the bytes of weights moved into the backend so far out of
+ * `bytes_total`; return false to cancel (load then fails with SPARK_ERR_ABORTED). Called on the
+ * thread that called spark_model_load: first before any work with (0, 0) (the total is not known
+ * yet), then with (0, total) once every tensor is sized, often while the weights stream to a GPU
+ * (the CPU backend maps the file and has nothing to move), last with bytes_done == bytes_total.
+ * spark_progress_callback is called at the same moments, first, with bytes_done / bytes_total (0
+ * while the total is 0); when it cancels, this one is not called for that report. */
+typedef bool (*spark_load_progress_callback)(uint64_t bytes_done, uint64_t bytes_total, void * user_data);
+
 typedef struct spark_model_params {
     spark_device_kind       device;        /* default SPARK_DEVICE_CPU */
     int32_t                 device_index;  /* CUDA device ordinal, default 0 */
@@ -162,6 +171,8 @@ typedef struct spark_model_params {
     spark_progress_callback progress_callback;
     void *                  progress_callback_user_data;
     bool                    load_tokenizer;   /* default true: load tokenizer.json if present */
+    spark_load_progress_callback load_progress;  /* default NULL */
+    void *                       load_progress_user_data;
 } spark_model_params;
 
 SPARK_API spark_model_params spark_model_default_params(void);

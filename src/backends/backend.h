@@ -3,6 +3,7 @@
 // spark::Error (SPARK_ERR_OUT_OF_MEMORY, SPARK_ERR_DEVICE, ...).
 #pragma once
 
+#include "graph/error.h"
 #include "graph/graph.h"
 #include "quant/qweight.h"
 
@@ -54,6 +55,39 @@ public:
     std::function<bool()> should_abort;
 };
 
+// Reads the host bytes behind a pointer the loader handed out (QWeight pointers: inside a mapped
+// checkpoint file, or in host buffers). A backend that copies weights elsewhere reads through it
+// rather than touching the mapping: large reads from several threads are what let a cold start
+// run at the disk's speed, and they add nothing to the process's resident memory. Thread-safe.
+class HostReader {
+public:
+    virtual ~HostReader() = default;
+    // Copies [src, src + bytes) into dst. Throws SPARK_ERR_IO.
+    virtual void read(void * dst, const void * src, size_t bytes) const = 0;
+};
+
+// Reports bytes moved so far out of the total; returning false cancels (SPARK_ERR_ABORTED).
+using WeightProgress = std::function<bool(uint64_t done, uint64_t total)>;
+
+// The weights of one load, prepared together. add() returns each weight as the kernels will see it
+// (its memory is reserved, so pointers are final); commit() moves every byte, which lets a backend
+// size its memory once and stream the data with parallel reads. Until commit() returns the weights
+// hold no data. Destroying an uncommitted batch is allowed (a failed load).
+class WeightBatch {
+public:
+    virtual ~WeightBatch() = default;
+    // A weight (see Backend::prepare_weight); `host` must stay valid until commit() returns.
+    virtual QWeight add(const QWeight & host) = 0;
+    // Backend memory holding a copy of `bytes` host bytes (small parameters); the bytes are copied
+    // at once, so `host` may go away.
+    virtual void *  add_copy(const void * host, size_t bytes) = 0;
+    // Throws SPARK_ERR_OUT_OF_MEMORY, SPARK_ERR_IO, SPARK_ERR_ABORTED (progress said stop), and the
+    // format errors a weight's preparation can raise.
+    virtual void    commit(const HostReader & reader, const WeightProgress & progress) = 0;
+    // Bytes commit() moves in all (the progress total).
+    virtual uint64_t bytes() const = 0;
+};
+
 class Backend {
 public:
     virtual ~Backend() = default;
@@ -75,6 +109,10 @@ public:
     // checkpoint or converted buffers) that stays valid for the model's lifetime. The CPU backend
     // uses it as is; the CUDA backend uploads and repacks it into `storage` it allocates.
     virtual QWeight prepare_weight(const QWeight & host, std::vector<std::unique_ptr<Buffer>> & storage) = 0;
+
+    // A batch for the weights of one load, whose memory goes to `storage`. The default prepares each
+    // weight at once (prepare_weight) and has nothing left to move at commit.
+    virtual std::unique_ptr<WeightBatch> begin_weights(std::vector<std::unique_ptr<Buffer>> & storage);
 
     // A random weight in this backend's layout (see RandomWeightSpec); memory goes to `storage`.
     virtual QWeight random_weight(const RandomWeightSpec & spec, std::vector<std::unique_ptr<Buffer>> & storage) = 0;
@@ -104,6 +142,36 @@ public:
     // has its own thread pool).
     virtual std::mutex * exclusive() { return nullptr; }
 };
+
+// The default batch: each weight is prepared when it is added; commit() only reports.
+class ImmediateWeightBatch final : public WeightBatch {
+public:
+    ImmediateWeightBatch(Backend & backend, std::vector<std::unique_ptr<Buffer>> & storage) : backend_(backend), storage_(storage) {}
+    QWeight add(const QWeight & host) override {
+        bytes_ += qweight_bytes(host).total();
+        return backend_.prepare_weight(host, storage_);
+    }
+    void * add_copy(const void * host, size_t bytes) override {
+        storage_.push_back(backend_.alloc(bytes));
+        backend_.upload(storage_.back()->data(), host, bytes);
+        bytes_ += bytes;
+        return storage_.back()->data();
+    }
+    void commit(const HostReader &, const WeightProgress & progress) override {
+        backend_.synchronize();
+        if (progress && !progress(bytes_, bytes_)) fail(SPARK_ERR_ABORTED, "model loading was cancelled by the progress callback");
+    }
+    uint64_t bytes() const override { return bytes_; }
+
+private:
+    Backend &                              backend_;
+    std::vector<std::unique_ptr<Buffer>> & storage_;
+    uint64_t                               bytes_ = 0;
+};
+
+inline std::unique_ptr<WeightBatch> Backend::begin_weights(std::vector<std::unique_ptr<Buffer>> & storage) {
+    return std::make_unique<ImmediateWeightBatch>(*this, storage);
+}
 
 std::unique_ptr<Backend> make_cpu_backend(int n_threads);
 

@@ -154,9 +154,8 @@ std::unique_ptr<Model> load_model(const std::string & path, const spark_model_pa
 
     WeightResolver resolver(*m->source, m->quant, m->host_store);
     CheckpointLoader loader(*m, resolver, params);
-    loader.progress(0.0f);
     m->arch->load(*m, loader);
-    loader.progress(1.0f);
+    loader.finish();
     fill_info(*m, loader.n_params());
 
     m->meta["general.architecture"] = m->hparams.arch;

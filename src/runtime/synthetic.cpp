@@ -133,14 +133,115 @@ std::unique_ptr<Model> load_synthetic_model(const std::string & path, const spar
     m->arch    = make_architecture(m->hparams.arch);
     m->backend = make_backend(params, m->device);
     SyntheticLoader loader(*m, params, format);
-    loader.progress(0.0f);
+    loader.report(0, 0);  // the bytes are known once generated
     m->arch->load(*m, loader);
     m->backend->synchronize();
-    loader.progress(1.0f);
     m->meta["general.architecture"] = m->hparams.arch;
     m->meta["spark.synthetic"]      = shape + ":" + fmt;
     finish(*m, loader.n_params());
+    loader.report(m->info.weight_bytes, m->info.weight_bytes);
     return m;
+}
+
+}  // namespace spark
+
+// ---- The layout of a synthetic checkpoint (spark-convert --synthetic): the architecture's own load
+// run against a loader that records each request instead of making weights. The Model has no
+// backend: the architectures only name tensors and shapes while loading (nothing reads weight data).
+
+namespace spark {
+
+namespace {
+
+class RecordingLoader final : public ModelLoader {
+public:
+    RecordingLoader(Model & m, WeightFormat format, std::vector<SyntheticTensor> & out)
+        : ModelLoader(m, spark_model_params{}), format_(format), out_(out) {}
+
+    QWeight linear(const std::string & module, int64_t n, int64_t k, uint64_t * counter) override {
+        // The synthetic loader's rules (SyntheticLoader::linear above), so that a directory written
+        // from this layout loads into the same weights as "synthetic:<shape>:<format>".
+        const bool keep_dense = module == "lm_head" || ends_with(module, ".mlp.gate") || ends_with(module, "shared_expert_gate");
+        WeightFormat f = keep_dense ? WeightFormat::BF16 : format_;
+        if ((f == WeightFormat::NVFP4 && k % 16) || (f == WeightFormat::INT4 && (k % 8 || n % 8))) f = WeightFormat::BF16;
+        SyntheticTensor t;
+        t.kind   = SyntheticTensor::Kind::Linear;
+        t.name   = module;
+        t.n      = n;
+        t.k      = k;
+        t.format = f;
+        out_.push_back(std::move(t));
+        return stub(f, n, k, counter);
+    }
+    QWeight dense(const std::string & name, int64_t n, int64_t k, uint64_t * counter) override {
+        SyntheticTensor t;
+        t.kind = SyntheticTensor::Kind::Dense;
+        t.name = name;
+        t.n    = n;
+        t.k    = k;
+        out_.push_back(std::move(t));
+        return stub(WeightFormat::BF16, n, k, counter);
+    }
+    Param param(const std::string & name, std::initializer_list<int64_t> shape, uint64_t *) override {
+        SyntheticTensor t;
+        t.kind  = SyntheticTensor::Kind::Param;
+        t.name  = name;
+        t.shape = shape;
+        // As SyntheticLoader::param.
+        const bool zero_centred = model_.hparams.arch == "qwen3_next" && !ends_with(name, "linear_attn.norm.weight");
+        if (ends_with(name, "A_log")) t.init = SyntheticTensor::Init::ALog;
+        else if (ends_with(name, "dt_bias")) t.init = SyntheticTensor::Init::DtBias;
+        else if (ends_with(name, "conv1d.weight")) t.init = SyntheticTensor::Init::Conv;
+        else t.init = zero_centred ? SyntheticTensor::Init::NormZeroCentred : SyntheticTensor::Init::Norm;
+        out_.push_back(std::move(t));
+        // No data; the dims in ggml order, collapsed as ModelLoader::param_from does.
+        Param p;
+        for (auto it = shape.end(); it != shape.begin();) {
+            const int64_t d = *--it;
+            if (d != 1 || p.ne.empty()) p.ne.push_back(d);
+        }
+        return p;
+    }
+    bool has(const std::string &) const override { return true; }  // as the synthetic loader
+
+private:
+    QWeight stub(WeightFormat f, int64_t n, int64_t k, uint64_t * counter) {
+        QWeight w;
+        w.format = f;
+        w.n      = n;
+        w.k      = k;
+        return count(w, counter);
+    }
+    WeightFormat                   format_;
+    std::vector<SyntheticTensor> & out_;
+};
+
+}  // namespace
+
+std::vector<SyntheticTensor> synthetic_checkpoint_layout(const std::string & shape, WeightFormat format, json * config_out) {
+    const json config = preset(shape);
+    Model      m;
+    m.path    = "synthetic:" + shape;
+    m.hparams = parse_hparams(config);
+    m.layers.resize(size_t(m.hparams.n_layer));
+    m.arch = make_architecture(m.hparams.arch);
+    std::vector<SyntheticTensor> out;
+    RecordingLoader              loader(m, format, out);
+    m.arch->load(m, loader);
+    if (config_out) *config_out = config;
+    return out;
+}
+
+float synthetic_param_value(SyntheticTensor::Init init, float u) {
+    switch (init) {  // SyntheticLoader::param's values
+        case SyntheticTensor::Init::ALog: return std::log(1.0f + 15.0f * u);
+        case SyntheticTensor::Init::DtBias:
+        case SyntheticTensor::Init::Conv: return 0.5f * (u - 0.5f);
+        case SyntheticTensor::Init::NormZeroCentred: return 0.1f * (u - 0.5f);
+        case SyntheticTensor::Init::Norm:
+        case SyntheticTensor::Init::None: break;
+    }
+    return 1.0f + 0.1f * (u - 0.5f);
 }
 
 }  // namespace spark

@@ -13,6 +13,7 @@
 #include "backends/cuda/matmul/launch.h"
 #include "backends/cuda/matmul/tuning.h"
 #include "backends/cuda/ops.h"
+#include "backends/cuda/weight_batch.h"
 #include "graph/log.h"
 
 #include <algorithm>
@@ -241,6 +242,12 @@ public:
         activate();
         Owner owner{this, &storage};
         return remember(host, cuda::upload_weight(host, &Owner::alloc, &owner, stream_));
+    }
+
+    std::unique_ptr<WeightBatch> begin_weights(std::vector<std::unique_ptr<Buffer>> & storage) override {
+        activate();
+        return cuda::make_weight_batch(device_, size_t(total_memory_), storage,
+                                       [this](const QWeight & host, const DeviceWeight & dw) { return remember(host, dw); });
     }
 
     QWeight random_weight(const RandomWeightSpec & spec, std::vector<std::unique_ptr<Buffer>> & storage) override {
@@ -672,7 +679,7 @@ void cuda_device_describe(int index, spark_device_info & out) {
     SPARK_CUDA_CHECK(cudaGetDeviceProperties(&p, index));
     const int cc = p.major * 100 + p.minor * 10;
     out          = spark_device_info{};
-    std::snprintf(out.name, sizeof out.name, "%s", p.name);
+    std::snprintf(out.name, sizeof out.name, "%.*s", int(sizeof out.name - 1), p.name);  // a longer name is cut, on purpose
     out.compute_capability = p.major * 10 + p.minor;
     out.multiprocessors    = p.multiProcessorCount;
     out.total_memory       = p.totalGlobalMem;

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace spark::cuda {
 
@@ -62,8 +63,23 @@ void op_matmul_swiglu(const Tensor & swiglu, const OpContext & ctx);
 bool matmul_multi_supported(const Tensor * const * matmuls, int count, const OpContext & ctx);
 void op_matmul_multi(const Tensor * const * matmuls, int count, const OpContext & ctx);
 // Host-side upload and device repack of one weight (INT4 transpose, act-order sort, ...). Device
-// buffers are allocated with `alloc` (owned by the caller).
+// buffers are allocated with `alloc` (owned by the caller). Synchronises the stream.
 DeviceWeight upload_weight(const QWeight & host, void * (*alloc)(void * owner, size_t bytes), void * owner, cudaStream_t stream);
+
+// The same in steps, for uploads that stream many weights (matmul/upload.cu):
+struct WeightUploadPlan {
+    DeviceWeight         layout;         // device pointers set by place_weight_upload
+    QWeightBytes         host;           // bytes of each host buffer to move
+    QWeightBytes         device;         // bytes of each device buffer (g_idx: the act-order perm)
+    bool                 repack = false; // INT4: host words/scales/zeros go to scratch, then repack_int4
+    std::vector<int32_t> perm;           // INT4 act-order (uploaded to layout.perm); empty otherwise
+};
+// Validates the weight and sizes its device buffers. Throws like upload_weight.
+WeightUploadPlan plan_weight_upload(const QWeight & host);
+void             place_weight_upload(WeightUploadPlan & plan, void * (*alloc)(void * owner, size_t bytes), void * owner);
+// INT4: the host layout's words / scales / packed zeros (nullptr: symmetric), already on the device,
+// into d's layout (d.perm uploaded first when act-order).
+void repack_int4(const DeviceWeight & d, const void * words, const void * scales, const void * zeros, int32_t zero_offset, cudaStream_t stream);
 
 // A random weight generated on the device in the device layout (src/backends/cuda/random_weights.cu).
 DeviceWeight random_device_weight(const RandomWeightSpec & spec, void * (*alloc)(void * owner, size_t bytes), void * owner, cudaStream_t stream);

@@ -233,6 +233,7 @@ public:
     const TensorInfo *              find(const std::string & name) const override { return file_->find_tensor(name); }
     const std::vector<TensorInfo> & tensors() const override { return file_->tensors(); }
     std::string                     describe() const override { return file_->path(); }
+    std::vector<const MappedFile *> files() const override { return {&file_->mapping()}; }
 
     // Metadata (hyper-parameters, tokenizer, template, provenance).
     const GgufFile & file() const { return *file_; }

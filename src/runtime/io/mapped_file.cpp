@@ -2,6 +2,7 @@
 
 #include "graph/error.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fcntl.h>
@@ -33,12 +34,32 @@ std::shared_ptr<MappedFile> MappedFile::open(const std::string & path) {
         }
         f->data_ = static_cast<const uint8_t *>(p);
     }
-    ::close(fd);
+    f->fd_ = fd;
     return f;
 }
 
 MappedFile::~MappedFile() {
     if (data_) munmap(const_cast<uint8_t *>(data_), size_);
+    if (fd_ >= 0) ::close(fd_);
+}
+
+void MappedFile::read_at(void * dst, size_t offset, size_t bytes) const {
+    if (offset > size_ || bytes > size_ - offset)
+        fail(SPARK_ERR_INTERNAL, "read of [%zu, +%zu) outside '%s' (%zu bytes)", offset, bytes, path_.c_str(), size_);
+    auto * out = static_cast<uint8_t *>(dst);
+    while (bytes > 0) {
+        const ssize_t n = ::pread(fd_, out, bytes, off_t(offset));
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) fail(SPARK_ERR_IO, "cannot read '%s' at offset %zu: %s", path_.c_str(), offset, std::strerror(errno));
+        if (n == 0) fail(SPARK_ERR_IO, "cannot read '%s' at offset %zu: the file has become shorter", path_.c_str(), offset);
+        out += n;
+        offset += size_t(n);
+        bytes -= size_t(n);
+    }
+}
+
+void MappedFile::prefetch(size_t offset, size_t bytes) const {
+    if (fd_ >= 0 && offset < size_) (void) posix_fadvise(fd_, off_t(offset), off_t(std::min(bytes, size_ - offset)), POSIX_FADV_WILLNEED);
 }
 
 std::string read_text_file(const std::string & path) {

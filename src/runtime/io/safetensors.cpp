@@ -131,6 +131,12 @@ std::vector<std::string> SafetensorsSource::file_paths() const {
     return out;
 }
 
+std::vector<const MappedFile *> SafetensorsSource::files() const {
+    std::vector<const MappedFile *> out;
+    for (const auto & f : files_) out.push_back(&f->mapping());
+    return out;
+}
+
 void SafetensorsSource::add(std::unique_ptr<SafetensorsFile> f) {
     for (const TensorInfo & t : f->tensors()) {
         if (index_.count(t.name)) fail(SPARK_ERR_INVALID_FORMAT, "tensor '%s' appears in more than one shard (%s)", t.name.c_str(), f->path().c_str());

@@ -23,6 +23,7 @@ public:
     const std::vector<TensorInfo> &              tensors() const { return tensors_; }
     const std::map<std::string, std::string> &   metadata() const { return metadata_; }
     const std::string &                          path() const { return file_->path(); }
+    const MappedFile &                           mapping() const { return *file_; }
 
 private:
     std::shared_ptr<MappedFile>        file_;
@@ -40,6 +41,7 @@ public:
     const TensorInfo *              find(const std::string & name) const override;
     const std::vector<TensorInfo> & tensors() const override { return all_; }
     std::string                     describe() const override { return origin_; }
+    std::vector<const MappedFile *> files() const override;
     // The files the tensors are read from (the shards, or the one file).
     std::vector<std::string>        file_paths() const;
 

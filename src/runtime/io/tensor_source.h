@@ -11,6 +11,8 @@
 
 namespace spark::io {
 
+class MappedFile;
+
 struct TensorInfo {
     std::string          name;
     DType                dtype = DType::F32;
@@ -34,6 +36,8 @@ public:
     virtual const std::vector<TensorInfo> &  tensors() const = 0;
     // Human-readable origin for error messages.
     virtual std::string                      describe() const = 0;
+    // The mapped files every TensorInfo::data points into.
+    virtual std::vector<const MappedFile *>  files() const = 0;
 
     bool has(const std::string & name) const { return find(name) != nullptr; }
     // Throws Error(SPARK_ERR_MISSING_TENSOR).

@@ -1,6 +1,9 @@
 #include "runtime/models/arch.h"
 
 #include "graph/error.h"
+#include "runtime/io/mapped_file.h"
+
+#include <cstring>
 
 #include <algorithm>
 
@@ -23,18 +26,77 @@ QWeight ModelLoader::count(const QWeight & w, uint64_t * counter) {
     return w;
 }
 
+namespace {
+
+// Host bytes behind the loader's pointers: positioned reads of the checkpoint's files for pointers
+// into their mappings (nothing of the mapping is touched), plain copies for converted host buffers.
+class SourceReader final : public HostReader {
+public:
+    explicit SourceReader(const io::TensorSource & source) : files_(source.files()) {}
+    void read(void * dst, const void * src, size_t bytes) const override {
+        for (const io::MappedFile * f : files_)
+            if (f->contains(src)) {
+                const size_t offset = size_t(static_cast<const uint8_t *>(src) - f->data());
+                f->read_at(dst, offset, bytes);
+                return;
+            }
+        std::memcpy(dst, src, bytes);
+    }
+
+private:
+    std::vector<const io::MappedFile *> files_;
+};
+
+}  // namespace
+
+CheckpointLoader::CheckpointLoader(Model & model, WeightResolver & resolver, const spark_model_params & params)
+    : ModelLoader(model, params), resolver_(resolver), batch_(model.backend->begin_weights(model.storage)) {
+    report(0, 0);  // before any work: the total is known once every tensor is resolved
+    // The resolver reads some tensors on the host through the mapping: vectors (norms, g_idx to
+    // check) and the scales of FP8 / pack-quantized weights (converted). Ask for them all now, so that a cold start does
+    // not fault them in one at a time.
+    auto host_read = [](const io::TensorInfo & t) {
+        const auto ends = [&](const char * s) { return t.name.size() >= std::strlen(s) && t.name.compare(t.name.size() - std::strlen(s), std::string::npos, s) == 0; };
+        return t.shape.size() <= 1 || ends("weight_scale_inv") || (ends("weight_scale") && t.dtype != DType::F8_E4M3);
+    };
+    const auto files = model.source->files();
+    for (const io::TensorInfo & t : model.source->tensors())
+        if (host_read(t))
+            for (const io::MappedFile * f : files)
+                if (f->contains(t.data)) f->prefetch(size_t(t.data - f->data()), t.nbytes);
+}
+
+CheckpointLoader::~CheckpointLoader() = default;
+
 QWeight CheckpointLoader::linear(const std::string & module, int64_t n, int64_t k, uint64_t * counter) {
-    QWeight host = count(resolver_.linear(module, n, k), counter);
-    return model_.backend->prepare_weight(host, model_.storage);
+    return batch_->add(count(resolver_.linear(module, n, k), counter));
 }
 
 QWeight CheckpointLoader::dense(const std::string & name, int64_t n, int64_t k, uint64_t * counter) {
-    QWeight host = count(resolver_.dense(name, n, k), counter);
-    return model_.backend->prepare_weight(host, model_.storage);
+    return batch_->add(count(resolver_.dense(name, n, k), counter));
 }
 
 Param CheckpointLoader::param(const std::string & name, std::initializer_list<int64_t> hf_shape, uint64_t * counter) {
     return param_from(name, resolver_.f32(name, hf_shape), hf_shape, counter);
+}
+
+void * CheckpointLoader::store(const void * host, size_t bytes) { return batch_->add_copy(host, bytes); }
+
+void CheckpointLoader::finish() {
+    const uint64_t total = batch_->bytes();
+    report(0, total);
+    batch_->commit(SourceReader(*model_.source), [this](uint64_t done, uint64_t all) {
+        report(done, all);
+        return true;
+    });
+}
+
+void * ModelLoader::store(const void * host, size_t bytes) {
+    auto buf = model_.backend->alloc(bytes);
+    model_.backend->upload(buf->data(), host, bytes);
+    void * p = buf->data();
+    model_.storage.push_back(std::move(buf));
+    return p;
 }
 
 Param ModelLoader::param_from(const std::string & name, const std::vector<float> & values, std::initializer_list<int64_t> hf_shape,
@@ -46,12 +108,9 @@ Param ModelLoader::param_from(const std::string & name, const std::vector<float>
     for (int64_t d : ne)
         if (d != 1 || compact.empty()) compact.push_back(d);
     if (compact.size() > 2) fail(SPARK_ERR_INTERNAL, "parameter '%s' has more than 2 non-unit dims", name.c_str());
-    auto buf = model_.backend->alloc(values.size() * sizeof(float));
-    model_.backend->upload(buf->data(), values.data(), values.size() * sizeof(float));
-    Param p{buf->data(), std::move(compact)};
+    Param p{store(values.data(), values.size() * sizeof(float)), std::move(compact)};
     n_params_ += int64_t(values.size());
     if (counter) *counter += values.size() * sizeof(float);
-    model_.storage.push_back(std::move(buf));
     return p;
 }
 
@@ -59,8 +118,11 @@ Param ModelLoader::param_from(const std::string & name, const std::vector<float>
 
 namespace spark {
 
-void ModelLoader::progress(float fraction) {
+void ModelLoader::report(uint64_t done, uint64_t total) {
+    const float fraction = total ? float(double(done) / double(total)) : 0.0f;
     if (params_.progress_callback && !params_.progress_callback(fraction, params_.progress_callback_user_data))
+        fail(SPARK_ERR_ABORTED, "model loading was cancelled by the progress callback");
+    if (params_.load_progress && !params_.load_progress(done, total, params_.load_progress_user_data))
         fail(SPARK_ERR_ABORTED, "model loading was cancelled by the progress callback");
 }
 

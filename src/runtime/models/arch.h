@@ -31,13 +31,16 @@ public:
     // Whether the checkpoint has a tensor (optional parts: a Qwen3-Next MTP head).
     virtual bool    has(const std::string & name) const = 0;
 
-    // Reports loading progress in [0, 1]; throws SPARK_ERR_ABORTED when the callback says stop.
-    void    progress(float fraction);
+    // Reports loading progress (bytes of weights moved out of the total) to the callbacks of
+    // spark_model_params; throws SPARK_ERR_ABORTED when one says stop.
+    void    report(uint64_t done, uint64_t total);
     int64_t n_params() const { return n_params_; }
 
 protected:
     // Uploads host values as a parameter; `hf_shape` collapses to at most 2 ggml dims.
     Param param_from(const std::string & name, const std::vector<float> & values, std::initializer_list<int64_t> hf_shape, uint64_t * counter);
+    // Backend memory holding `bytes` host bytes (the default uploads them at once).
+    virtual void * store(const void * host, size_t bytes);
     QWeight count(const QWeight & w, uint64_t * counter);
 
     Model &            model_;
@@ -45,18 +48,26 @@ protected:
     int64_t            n_params_ = 0;
 };
 
-// Weights from checkpoint tensors (a safetensors directory or a spark file).
+// Weights from checkpoint tensors (a safetensors directory or a spark file). The architecture's
+// load() only resolves tensors and reserves their backend memory (a WeightBatch); finish() then moves
+// every byte at once, with the backend's parallel streaming where it has one.
 class CheckpointLoader final : public ModelLoader {
 public:
-    CheckpointLoader(Model & model, WeightResolver & resolver, const spark_model_params & params)
-        : ModelLoader(model, params), resolver_(resolver) {}
+    CheckpointLoader(Model & model, WeightResolver & resolver, const spark_model_params & params);
+    ~CheckpointLoader() override;
     QWeight linear(const std::string & module, int64_t n, int64_t k, uint64_t * counter) override;
     QWeight dense(const std::string & name, int64_t n, int64_t k, uint64_t * counter) override;
     Param   param(const std::string & name, std::initializer_list<int64_t> hf_shape, uint64_t * counter) override;
     bool    has(const std::string & name) const override { return resolver_.has(name) || resolver_.has_module(name); }
 
+    // Moves the weights' bytes into the backend, reporting progress. Call once, after load().
+    void finish();
+
 private:
-    WeightResolver & resolver_;
+    void * store(const void * host, size_t bytes) override;
+
+    WeightResolver &             resolver_;
+    std::unique_ptr<WeightBatch> batch_;
 };
 
 // Everything an architecture needs to build the graph of one step.

@@ -199,6 +199,7 @@ std::unique_ptr<Model> load_eagle3_head(const std::string & path, const Model & 
         fail(SPARK_ERR_MISSING_TENSOR, "%s: the draft vocabulary (%lld) is smaller than the target's (%lld) but there is no d2t map", path.c_str(),
              (long long) hp.n_vocab, (long long) hp.n_vocab_in);
     }
+    loader.finish();
     head->head = std::move(hw);
     head->backend->synchronize();
     head->info.n_params = ml.n_params();

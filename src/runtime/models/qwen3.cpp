@@ -24,7 +24,6 @@ void Qwen3::load(Model & m, ModelLoader & ml) {
         L.k_norm    = ml.param(p + ".self_attn.k_norm.weight", {hd}, a);
         L.ffn_norm  = ml.param(p + ".post_attention_layernorm.weight", {E}, &m.info.weight_bytes_ffn);
         load_ffn(m, ml, il);
-        ml.progress(float(il + 1) / float(hp.n_layer));
     }
     m.output_norm = ml.param("model.norm.weight", {E}, &m.info.weight_bytes_output);
     // As transformers: with tie_word_embeddings the embedding is the lm_head.

@@ -141,10 +141,8 @@ public:
     void load(Model & m, ModelLoader & ml) override {
         const HParams & hp = m.hparams;
         m.tok_embd = ml.dense("model.embed_tokens.weight", hp.n_vocab, hp.n_embd, &m.info.weight_bytes_embedding);
-        for (int64_t il = 0; il < hp.n_layer; ++il) {
+        for (int64_t il = 0; il < hp.n_layer; ++il)
             load_layer(m, ml, "model.layers." + std::to_string(il), m.layers[size_t(il)], hp.layer_kinds[size_t(il)], hp.is_moe_layer(il));
-            ml.progress(float(il + 1) / float(hp.n_layer));
-        }
         m.output_norm = ml.param("model.norm.weight", {hp.n_embd}, &m.info.weight_bytes_output);
         if (hp.tie_embeddings) m.output = m.tok_embd;
         else m.output = ml.linear("lm_head", hp.n_vocab, hp.n_embd, &m.info.weight_bytes_output);

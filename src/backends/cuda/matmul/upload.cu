@@ -10,7 +10,9 @@
 // gathered in that order and `perm` is uploaded for the kernels (which read x[perm[k']]). Groups of
 // unequal size cannot be expressed that way and are refused (SPARK_ERR_UNSUPPORTED).
 //
-// The function synchronises the stream before returning: the host buffers are not needed afterwards.
+// plan_weight_upload / place_weight_upload / repack_int4 are the steps; upload_weight runs them at once
+// for one weight and synchronises (the host buffers are not needed afterwards), the CUDA backend's
+// weight batch (weight_batch.cpp) runs them for a whole model with parallel reads.
 #include "backends/cuda/cuda_common.h"
 #include "backends/cuda/ops.h"
 #include "graph/error.h"
@@ -116,8 +118,9 @@ std::vector<int32_t> act_order_perm(const QWeight & w) {
 
 }  // namespace
 
-DeviceWeight upload_weight(const QWeight & host, void * (*alloc)(void * owner, size_t bytes), void * owner, cudaStream_t stream) {
-    DeviceWeight d;
+WeightUploadPlan plan_weight_upload(const QWeight & host) {
+    WeightUploadPlan p;
+    DeviceWeight &   d = p.layout;
     d.format       = host.format;
     d.n            = host.n;
     d.k            = host.k;
@@ -130,30 +133,19 @@ DeviceWeight upload_weight(const QWeight & host, void * (*alloc)(void * owner, s
     if (host.n <= 0 || host.k <= 0 || !host.data)
         fail(SPARK_ERR_INVALID_ARGUMENT, "upload_weight: empty %s weight [%lld, %lld]", weight_format_name(host.format),
              (long long) host.n, (long long) host.k);
-    const QWeightBytes bytes = qweight_bytes(host);
-
-    auto upload = [&](const void * src, size_t n) -> void * {
-        void * dst = alloc(owner, n);
-        SPARK_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream));
-        return dst;
-    };
-
+    p.host = qweight_bytes(host);
     switch (host.format) {
         case WeightFormat::F32:
         case WeightFormat::F16:
-        case WeightFormat::BF16: d.data = upload(host.data, bytes.data); break;
+        case WeightFormat::BF16: break;
         case WeightFormat::NVFP4:
             if (host.k % 16 != 0 || !host.scales)
                 fail(SPARK_ERR_UNSUPPORTED, "nvfp4 weight [%lld, %lld]: K must be a multiple of 16, with block scales",
                      (long long) host.n, (long long) host.k);
-            d.data   = upload(host.data, bytes.data);
-            d.scales = upload(host.scales, bytes.scales);
             break;
         case WeightFormat::FP8:
             if (host.block_n <= 0 || host.block_k <= 0 || !host.scales)
                 fail(SPARK_ERR_UNSUPPORTED, "fp8 weight [%lld, %lld]: missing block scales", (long long) host.n, (long long) host.k);
-            d.data   = upload(host.data, bytes.data);
-            d.scales = upload(host.scales, bytes.scales);
             break;
         case WeightFormat::INT4: {
             const int64_t N = host.n, K = host.k, G = host.n_groups, gs = host.group_size;
@@ -164,49 +156,72 @@ DeviceWeight upload_weight(const QWeight & host, void * (*alloc)(void * owner, s
                 fail(SPARK_ERR_UNSUPPORTED, "int4 weight [%lld, %lld]: packed zero points need N %% 8 == 0", (long long) N, (long long) K);
             if (host.zeros && (host.zero_offset < 0 || host.zero_offset > 16))
                 fail(SPARK_ERR_UNSUPPORTED, "int4 weight: zero_offset %d", host.zero_offset);
-
-            std::vector<int32_t> perm;
-            if (host.g_idx) perm = act_order_perm(host);
-
-            Staging  staging{stream, {}};
-            void *   src_words  = staging.get(bytes.data);
-            void *   src_scales = staging.get(bytes.scales);
-            SPARK_CUDA_CHECK(cudaMemcpyAsync(src_words, host.data, bytes.data, cudaMemcpyHostToDevice, stream));
-            SPARK_CUDA_CHECK(cudaMemcpyAsync(src_scales, host.scales, bytes.scales, cudaMemcpyHostToDevice, stream));
-            int32_t * dperm = nullptr;
-            if (!perm.empty()) dperm = static_cast<int32_t *>(upload(perm.data(), perm.size() * sizeof(int32_t)));
-
-            const int64_t K8    = K / 8;
-            auto *        words = static_cast<uint32_t *>(alloc(owner, bytes.data));
-            {
-                const dim3 grid(unsigned(ceil_div(N, kTile)), unsigned(ceil_div(K8, kTile)));
-                int4_words_kernel<<<grid, dim3(kTile, 8), 0, stream>>>(static_cast<const uint32_t *>(src_words), N, K8, dperm, words);
-                SPARK_CUDA_CHECK_LAUNCH();
-            }
-            auto * scales = static_cast<uint16_t *>(alloc(owner, bytes.scales));
-            {
-                const dim3 grid(unsigned(ceil_div(N, kTile)), unsigned(ceil_div(G, kTile)));
-                transpose_u16_kernel<<<grid, dim3(kTile, 8), 0, stream>>>(static_cast<const uint16_t *>(src_scales), G, N, scales);
-                SPARK_CUDA_CHECK_LAUNCH();
-            }
-            uint8_t * zeros = nullptr;
-            if (host.zeros) {
-                void * src_zeros = staging.get(bytes.zeros);
-                SPARK_CUDA_CHECK(cudaMemcpyAsync(src_zeros, host.zeros, bytes.zeros, cudaMemcpyHostToDevice, stream));
-                zeros = static_cast<uint8_t *>(alloc(owner, size_t(N * G)));
-                const int blocks = int(std::min<int64_t>(4096, ceil_div(N * G, 256)));
-                int4_zeros_kernel<<<blocks, 256, 0, stream>>>(static_cast<const uint32_t *>(src_zeros), N, G, host.zero_offset, zeros);
-                SPARK_CUDA_CHECK_LAUNCH();
-            }
-            d.data   = words;
-            d.scales = scales;
-            d.zeros  = zeros;
-            d.perm   = dperm;
-            SPARK_CUDA_CHECK(cudaStreamSynchronize(stream));
-            break;  // staging buffers are released (stream-ordered) here
+            if (host.g_idx) p.perm = act_order_perm(host);
+            p.repack = true;
+            break;
         }
     }
-    SPARK_CUDA_CHECK(cudaStreamSynchronize(stream));
+    p.device.data   = p.host.data;
+    p.device.scales = p.host.scales;
+    if (p.repack) {
+        p.device.zeros = host.zeros ? size_t(host.n * host.n_groups) : 0;  // u8 [N][G]
+        p.device.g_idx = p.perm.size() * sizeof(int32_t);
+    }
+    return p;
+}
+
+void place_weight_upload(WeightUploadPlan & p, void * (*alloc)(void * owner, size_t bytes), void * owner) {
+    DeviceWeight & d = p.layout;
+    d.data           = alloc(owner, p.device.data);
+    if (p.device.scales) d.scales = alloc(owner, p.device.scales);
+    if (p.device.zeros) d.zeros = static_cast<uint8_t *>(alloc(owner, p.device.zeros));
+    if (p.device.g_idx) d.perm = static_cast<int32_t *>(alloc(owner, p.device.g_idx));
+}
+
+void repack_int4(const DeviceWeight & d, const void * words, const void * scales, const void * zeros, int32_t zero_offset, cudaStream_t stream) {
+    const int64_t N = d.n, K8 = d.k / 8, G = d.n_groups;
+    {
+        const dim3 grid(unsigned(ceil_div(N, kTile)), unsigned(ceil_div(K8, kTile)));
+        int4_words_kernel<<<grid, dim3(kTile, 8), 0, stream>>>(static_cast<const uint32_t *>(words), N, K8, d.perm,
+                                                                static_cast<uint32_t *>(const_cast<void *>(d.data)));
+        SPARK_CUDA_CHECK_LAUNCH();
+    }
+    {
+        const dim3 grid(unsigned(ceil_div(N, kTile)), unsigned(ceil_div(G, kTile)));
+        transpose_u16_kernel<<<grid, dim3(kTile, 8), 0, stream>>>(static_cast<const uint16_t *>(scales), G, N,
+                                                                   static_cast<uint16_t *>(const_cast<void *>(d.scales)));
+        SPARK_CUDA_CHECK_LAUNCH();
+    }
+    if (d.zeros) {
+        const int blocks = int(std::min<int64_t>(4096, ceil_div(N * G, 256)));
+        int4_zeros_kernel<<<blocks, 256, 0, stream>>>(static_cast<const uint32_t *>(zeros), N, G, zero_offset, const_cast<uint8_t *>(d.zeros));
+        SPARK_CUDA_CHECK_LAUNCH();
+    }
+}
+
+DeviceWeight upload_weight(const QWeight & host, void * (*alloc)(void * owner, size_t bytes), void * owner, cudaStream_t stream) {
+    WeightUploadPlan p = plan_weight_upload(host);
+    place_weight_upload(p, alloc, owner);
+    const DeviceWeight & d = p.layout;
+    auto copy = [&](const void * dst, const void * src, size_t n) {
+        if (n) SPARK_CUDA_CHECK(cudaMemcpyAsync(const_cast<void *>(dst), src, n, cudaMemcpyHostToDevice, stream));
+    };
+    if (!p.repack) {
+        copy(d.data, host.data, p.host.data);
+        copy(d.scales, host.scales, p.host.scales);
+    } else {
+        Staging staging{stream, {}};
+        void *  words  = staging.get(p.host.data);
+        void *  scales = staging.get(p.host.scales);
+        void *  zeros  = p.host.zeros ? staging.get(p.host.zeros) : nullptr;
+        copy(words, host.data, p.host.data);
+        copy(scales, host.scales, p.host.scales);
+        copy(zeros, host.zeros, p.host.zeros);
+        copy(d.perm, p.perm.data(), p.device.g_idx);
+        repack_int4(d, words, scales, zeros, host.zero_offset, stream);
+        SPARK_CUDA_CHECK(cudaStreamSynchronize(stream));  // the staging buffers go (stream-ordered) here
+    }
+    SPARK_CUDA_CHECK(cudaStreamSynchronize(stream));  // the host buffers are not needed afterwards
     return d;
 }
 

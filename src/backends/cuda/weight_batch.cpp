@@ -1,0 +1,261 @@
+// Loading a model's weights at the speed of the disk (or of memory, when the file is cached).
+//
+// add() plans each weight (plan_weight_upload: validation, device sizes) and takes its final
+// addresses from the arena, so the architecture gets usable QWeights at once. commit() backs the
+// arena with memory and streams every byte with a few threads. Each thread owns a CUDA stream and two
+// pinned staging slots: it reads a piece of the file into one slot (HostReader: pread of the file
+// behind the mapping) while the copy of the other slot to the GPU runs; INT4 weights land in a
+// stream-ordered scratch buffer and are repacked into the kernels' layout on the GPU. Jobs are taken
+// in file order, so the threads read neighbouring ranges and the disk sees a few long sequential
+// streams. Host memory stays at the staging slots: nothing of the model is copied on the host.
+#include "backends/cuda/weight_batch.h"
+
+#include "backends/cuda/cuda_common.h"
+#include "backends/cuda/ops.h"
+#include "backends/cuda/weight_arena.h"
+#include "graph/error.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+namespace spark::cuda {
+
+namespace {
+
+constexpr size_t kSlotBytes    = size_t(16) << 20;  // one read and one copy to the GPU
+constexpr size_t kJobBytes     = size_t(64) << 20;  // plain weights are split into jobs of this size
+constexpr size_t kBytesPerWorker = size_t(64) << 20;  // no more threads than this many bytes each
+constexpr int    kMaxWorkers   = 8;                 // enough to saturate NVMe and PCIe; more only contend
+
+// A host range and where it goes: a device address, or an offset into the job's scratch buffer.
+struct Piece {
+    const void * src     = nullptr;
+    size_t       bytes   = 0;
+    void *       dst     = nullptr;
+    size_t       scratch = 0;  // when the job repacks
+};
+
+struct Job {
+    std::vector<Piece> pieces;
+    bool               repack = false;  // INT4: pieces go to scratch, then repack_int4 into layout
+    DeviceWeight       layout;
+    int32_t            zero_offset   = 0;
+    size_t             scratch_bytes = 0;
+    size_t             words = 0, scales = 0, zeros = 0;  // scratch offsets (zeros: 0 = none)
+    std::shared_ptr<std::vector<int32_t>> perm;          // keeps an act-order permutation's host copy alive
+    const void *       order() const { return pieces.front().src; }
+};
+
+// One thread's CUDA resources, released in its destructor.
+struct Lane {
+    int          device;
+    cudaStream_t stream = nullptr;
+    void *       slot[2]{};
+    cudaEvent_t  free[2]{};  // recorded after the copy out of the slot
+    Lane(int dev, size_t slot_bytes) : device(dev) {
+        SPARK_CUDA_CHECK(cudaSetDevice(device));
+        SPARK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+        for (int i = 0; i < 2; ++i) {
+            SPARK_CUDA_CHECK(cudaMallocHost(&slot[i], slot_bytes));
+            SPARK_CUDA_CHECK(cudaEventCreateWithFlags(&free[i], cudaEventDisableTiming));
+        }
+    }
+    ~Lane() {
+        if (stream) cudaStreamSynchronize(stream);
+        for (int i = 0; i < 2; ++i) {
+            if (free[i]) cudaEventDestroy(free[i]);
+            if (slot[i]) cudaFreeHost(slot[i]);
+        }
+        if (stream) cudaStreamDestroy(stream);
+    }
+};
+
+class CudaWeightBatch final : public WeightBatch {
+public:
+    CudaWeightBatch(int device, size_t device_memory, std::vector<std::unique_ptr<Buffer>> & storage,
+                    std::function<QWeight(const QWeight &, const DeviceWeight &)> remember)
+        : device_(device), remember_(std::move(remember)) {
+        auto arena = std::make_unique<WeightArena>(device, device_memory);
+        arena_     = arena.get();
+        storage.push_back(std::move(arena));  // owned by the model: freed with it, also after a failed load
+    }
+
+    QWeight add(const QWeight & host) override {
+        SPARK_CUDA_CHECK(cudaSetDevice(device_));  // the arena's fallback allocates as it goes
+        WeightUploadPlan plan = plan_weight_upload(host);
+        place_weight_upload(plan, &CudaWeightBatch::take, arena_);
+        const DeviceWeight & d = plan.layout;
+        if (!plan.repack) {
+            add_plain(host.data, plan.host.data, const_cast<void *>(d.data));
+            if (plan.host.scales) add_plain(host.scales, plan.host.scales, const_cast<void *>(d.scales));
+        } else {
+            Job j;
+            j.repack        = true;
+            j.layout        = d;
+            j.zero_offset   = host.zero_offset;
+            j.words         = 0;
+            j.scales        = round_up(plan.host.data);
+            j.zeros         = plan.host.zeros ? j.scales + round_up(plan.host.scales) : 0;
+            j.scratch_bytes = j.scales + round_up(plan.host.scales) + round_up(plan.host.zeros);
+            j.pieces.push_back({host.data, plan.host.data, nullptr, j.words});
+            j.pieces.push_back({host.scales, plan.host.scales, nullptr, j.scales});
+            if (plan.host.zeros) j.pieces.push_back({host.zeros, plan.host.zeros, nullptr, j.zeros});
+            if (!plan.perm.empty()) {
+                j.perm = std::make_shared<std::vector<int32_t>>(std::move(plan.perm));
+                j.pieces.push_back({j.perm->data(), j.perm->size() * sizeof(int32_t), const_cast<int32_t *>(d.perm), 0});
+            }
+            for (const Piece & p : j.pieces) bytes_ += p.bytes;
+            jobs_.push_back(std::move(j));
+        }
+        return remember_(host, d);
+    }
+
+    void * add_copy(const void * host, size_t bytes) override {
+        SPARK_CUDA_CHECK(cudaSetDevice(device_));
+        void * dst = arena_->take(bytes);
+        copies_.emplace_back(static_cast<const uint8_t *>(host), static_cast<const uint8_t *>(host) + bytes);
+        add_plain(copies_.back().data(), bytes, dst);
+        return dst;
+    }
+
+    uint64_t bytes() const override { return bytes_; }
+
+    void commit(const HostReader & reader, const WeightProgress & progress) override {
+        SPARK_CUDA_CHECK(cudaSetDevice(device_));
+        arena_->commit();
+        // File order (the jobs' first source addresses: one mapping per file, increasing offsets).
+        std::stable_sort(jobs_.begin(), jobs_.end(), [](const Job & a, const Job & b) { return std::less<const void *>()(a.order(), b.order()); });
+        size_t largest = 0;
+        for (const Job & j : jobs_)
+            for (const Piece & p : j.pieces) largest = std::max(largest, p.bytes);
+        const size_t slot_bytes = std::min(kSlotBytes, (largest + 4095) / 4096 * 4096);
+        const int    hw         = int(std::max(1u, std::thread::hardware_concurrency()));
+        const int    n_workers  = int(std::clamp<uint64_t>(bytes_ / kBytesPerWorker, 1, uint64_t(std::min(kMaxWorkers, hw))));
+
+        Shared sh;
+        sh.reader     = &reader;
+        sh.slot_bytes = slot_bytes;
+        std::vector<std::thread> workers;
+        auto stop_and_join = [&] {
+            sh.stop = true;
+            for (std::thread & t : workers)
+                if (t.joinable()) t.join();
+        };
+        try {
+            for (int i = 0; i < n_workers; ++i) workers.emplace_back([this, &sh] { work(sh); });
+            // Report each advance on this (the loading) thread until every worker has returned.
+            std::unique_lock<std::mutex> lock(sh.mutex);
+            uint64_t                     reported = 0;
+            for (;;) {
+                sh.changed.wait(lock, [&] { return sh.done != reported || sh.finished == n_workers; });
+                if (sh.done != reported && !sh.error && !sh.stop) {
+                    reported = sh.done;
+                    lock.unlock();
+                    const bool go_on = !progress || progress(reported, bytes_);
+                    lock.lock();
+                    if (!go_on) sh.stop = true;
+                } else if (sh.finished == n_workers) {
+                    break;
+                } else {
+                    reported = sh.done;  // after an error or a stop: nothing more is reported
+                }
+            }
+            lock.unlock();
+            stop_and_join();
+        } catch (...) {
+            stop_and_join();  // the progress callback threw (cancel) or a thread could not start
+            throw;
+        }
+        if (sh.error) std::rethrow_exception(sh.error);
+        if (sh.stop) fail(SPARK_ERR_ABORTED, "model loading was cancelled by the progress callback");
+        if (progress && sh.done != bytes_) fail(SPARK_ERR_INTERNAL, "weight upload moved %llu of %llu bytes", (unsigned long long) sh.done, (unsigned long long) bytes_);
+    }
+
+private:
+    struct Shared {
+        const HostReader *      reader = nullptr;
+        size_t                  slot_bytes = 0;
+        std::atomic<size_t>     next{0};
+        std::atomic<bool>       stop{false};
+        std::mutex              mutex;
+        std::condition_variable changed;
+        uint64_t                done     = 0;  // guarded by mutex
+        int                     finished = 0;  // threads that have returned
+        std::exception_ptr      error;         // the first failure
+    };
+
+    static size_t round_up(size_t v) { return (v + 255) / 256 * 256; }
+    static void * take(void * arena, size_t bytes) { return static_cast<WeightArena *>(arena)->take(bytes); }
+
+    // Plain bytes to a final address, split so that several threads share a large tensor.
+    void add_plain(const void * src, size_t bytes, void * dst) {
+        for (size_t off = 0; off < bytes; off += kJobBytes) {
+            Job j;
+            j.pieces.push_back({static_cast<const uint8_t *>(src) + off, std::min(kJobBytes, bytes - off), static_cast<uint8_t *>(dst) + off, 0});
+            jobs_.push_back(std::move(j));
+        }
+        bytes_ += bytes;
+    }
+
+    void work(Shared & sh) {
+        try {
+            Lane lane(device_, sh.slot_bytes);
+            int  turn = 0;
+            for (size_t i = sh.next++; i < jobs_.size() && !sh.stop; i = sh.next++) run(jobs_[i], lane, turn, sh);
+            SPARK_CUDA_CHECK(cudaStreamSynchronize(lane.stream));
+        } catch (...) {
+            std::lock_guard<std::mutex> lock(sh.mutex);
+            if (!sh.error) sh.error = std::current_exception();
+            sh.stop = true;
+        }
+        std::lock_guard<std::mutex> lock(sh.mutex);
+        ++sh.finished;
+        sh.changed.notify_all();
+    }
+
+    void run(const Job & job, Lane & lane, int & turn, Shared & sh) {
+        uint8_t * scratch = nullptr;
+        if (job.repack) SPARK_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void **>(&scratch), job.scratch_bytes, lane.stream));
+        for (const Piece & p : job.pieces) {
+            uint8_t * dst = job.repack && p.dst == nullptr ? scratch + p.scratch : static_cast<uint8_t *>(p.dst);
+            for (size_t off = 0; off < p.bytes && !sh.stop; off += sh.slot_bytes) {
+                const size_t n    = std::min(sh.slot_bytes, p.bytes - off);
+                const int    slot = turn++ & 1;
+                SPARK_CUDA_CHECK(cudaEventSynchronize(lane.free[slot]));  // its previous copy is done
+                sh.reader->read(lane.slot[slot], static_cast<const uint8_t *>(p.src) + off, n);
+                SPARK_CUDA_CHECK(cudaMemcpyAsync(dst + off, lane.slot[slot], n, cudaMemcpyHostToDevice, lane.stream));
+                SPARK_CUDA_CHECK(cudaEventRecord(lane.free[slot], lane.stream));
+                std::lock_guard<std::mutex> lock(sh.mutex);
+                sh.done += n;
+                sh.changed.notify_all();
+            }
+        }
+        if (job.repack) {
+            if (!sh.stop)
+                repack_int4(job.layout, scratch + job.words, scratch + job.scales, job.zeros ? scratch + job.zeros : nullptr, job.zero_offset, lane.stream);
+            SPARK_CUDA_CHECK(cudaFreeAsync(scratch, lane.stream));
+        }
+    }
+
+    int                                                           device_;
+    std::function<QWeight(const QWeight &, const DeviceWeight &)> remember_;
+    WeightArena *                                                 arena_ = nullptr;
+    std::vector<Job>                                              jobs_;
+    std::deque<std::vector<uint8_t>>                              copies_;  // add_copy's host bytes (stable addresses)
+    uint64_t                                                      bytes_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<WeightBatch> make_weight_batch(int device, size_t device_memory, std::vector<std::unique_ptr<Buffer>> & storage,
+                                               std::function<QWeight(const QWeight &, const DeviceWeight &)> remember) {
+    return std::make_unique<CudaWeightBatch>(device, device_memory, storage, std::move(remember));
+}
+
+}  // namespace spark::cuda
