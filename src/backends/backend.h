@@ -64,6 +64,8 @@ public:
     virtual ~HostReader() = default;
     // Copies [src, src + bytes) into dst. Throws SPARK_ERR_IO.
     virtual void read(void * dst, const void * src, size_t bytes) const = 0;
+    // A hint that [src, src + bytes) will be read soon: a file starts reading it in the background.
+    virtual void prefetch(const void * src, size_t bytes) const { (void) src, (void) bytes; }
 };
 
 // Reports bytes moved so far out of the total; returning false cancels (SPARK_ERR_ABORTED).

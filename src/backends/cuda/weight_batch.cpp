@@ -28,10 +28,11 @@ namespace spark::cuda {
 
 namespace {
 
-constexpr size_t kSlotBytes    = size_t(16) << 20;  // one read and one copy to the GPU
-constexpr size_t kJobBytes     = size_t(64) << 20;  // plain weights are split into jobs of this size
+constexpr size_t kSlotBytes      = size_t(16) << 20;  // one read and one copy to the GPU
+constexpr size_t kJobBytes       = size_t(16) << 20;  // plain weights are split into jobs of this size,
+constexpr size_t kGroupBytes     = size_t(16) << 20;  // and neighbouring jobs grouped up to this size
 constexpr size_t kBytesPerWorker = size_t(64) << 20;  // no more threads than this many bytes each
-constexpr int    kMaxWorkers   = 8;                 // enough to saturate NVMe and PCIe; more only contend
+constexpr int    kMaxWorkers     = 8;                 // enough to saturate NVMe and PCIe; more only contend
 
 // A host range and where it goes: a device address, or an offset into the job's scratch buffer.
 struct Piece {
@@ -131,6 +132,14 @@ public:
         arena_->commit();
         // File order (the jobs' first source addresses: one mapping per file, increasing offsets).
         std::stable_sort(jobs_.begin(), jobs_.end(), [](const Job & a, const Job & b) { return std::less<const void *>()(a.order(), b.order()); });
+        // A thread takes a group of neighbouring jobs and asks for the whole span at once, so that
+        // each thread reads one region of the file ahead of itself in large requests.
+        groups_.clear();
+        for (size_t i = 0, bytes = 0; i < jobs_.size(); ++i) {
+            if (groups_.empty() || bytes >= kGroupBytes) groups_.push_back({i, i}), bytes = 0;
+            groups_.back().second = i + 1;
+            for (const Piece & p : jobs_[i].pieces) bytes += p.bytes;
+        }
         size_t largest = 0;
         for (const Job & j : jobs_)
             for (const Piece & p : j.pieces) largest = std::max(largest, p.bytes);
@@ -207,7 +216,14 @@ private:
         try {
             Lane lane(device_, sh.slot_bytes);
             int  turn = 0;
-            for (size_t i = sh.next++; i < jobs_.size() && !sh.stop; i = sh.next++) run(jobs_[i], lane, turn, sh);
+            for (size_t g = sh.next++; g < groups_.size() && !sh.stop; g = sh.next++) {
+                const auto [first, last] = groups_[g];
+                const auto * begin = static_cast<const uint8_t *>(jobs_[first].order());
+                const Piece & tail = jobs_[last - 1].pieces.back();
+                const auto *  end  = static_cast<const uint8_t *>(tail.src) + tail.bytes;
+                if (end > begin && size_t(end - begin) <= 2 * kGroupBytes + kSlotBytes) sh.reader->prefetch(begin, size_t(end - begin));
+                for (size_t i = first; i < last && !sh.stop; ++i) run(jobs_[i], lane, turn, sh);
+            }
             SPARK_CUDA_CHECK(cudaStreamSynchronize(lane.stream));
         } catch (...) {
             std::lock_guard<std::mutex> lock(sh.mutex);
@@ -247,6 +263,7 @@ private:
     std::function<QWeight(const QWeight &, const DeviceWeight &)> remember_;
     WeightArena *                                                 arena_ = nullptr;
     std::vector<Job>                                              jobs_;
+    std::vector<std::pair<size_t, size_t>>                        groups_;  // [first, last) jobs, in file order
     std::deque<std::vector<uint8_t>>                              copies_;  // add_copy's host bytes (stable addresses)
     uint64_t                                                      bytes_ = 0;
 };

@@ -42,6 +42,13 @@ public:
             }
         std::memcpy(dst, src, bytes);
     }
+    void prefetch(const void * src, size_t bytes) const override {
+        for (const io::MappedFile * f : files_)
+            if (f->contains(src)) {
+                f->prefetch(size_t(static_cast<const uint8_t *>(src) - f->data()), bytes);
+                return;
+            }
+    }
 
 private:
     std::vector<const io::MappedFile *> files_;
