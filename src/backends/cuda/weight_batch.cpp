@@ -168,7 +168,7 @@ public:
                     lock.unlock();
                     const bool go_on = !progress || progress(reported, bytes_);
                     lock.lock();
-                    if (!go_on) sh.stop = true;
+                    if (!go_on) sh.cancelled = sh.stop = true;
                 } else if (sh.finished == n_workers) {
                     break;
                 } else {
@@ -182,8 +182,8 @@ public:
             throw;
         }
         if (sh.error) std::rethrow_exception(sh.error);
-        if (sh.stop) fail(SPARK_ERR_ABORTED, "model loading was cancelled by the progress callback");
-        if (progress && sh.done != bytes_) fail(SPARK_ERR_INTERNAL, "weight upload moved %llu of %llu bytes", (unsigned long long) sh.done, (unsigned long long) bytes_);
+        if (sh.cancelled) fail(SPARK_ERR_ABORTED, "model loading was cancelled by the progress callback");
+        if (sh.done != bytes_) fail(SPARK_ERR_INTERNAL, "weight upload moved %llu of %llu bytes", (unsigned long long) sh.done, (unsigned long long) bytes_);
     }
 
 private:
@@ -191,7 +191,8 @@ private:
         const HostReader *      reader = nullptr;
         size_t                  slot_bytes = 0;
         std::atomic<size_t>     next{0};
-        std::atomic<bool>       stop{false};
+        std::atomic<bool>       stop{false};       // every thread stops taking work
+        bool                    cancelled = false; // by the progress callback (loading thread only)
         std::mutex              mutex;
         std::condition_variable changed;
         uint64_t                done     = 0;  // guarded by mutex
