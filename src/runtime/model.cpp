@@ -13,6 +13,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <functional>
+
 namespace spark {
 
 using json = nlohmann::json;
@@ -130,6 +133,12 @@ std::unique_ptr<Model> load_model(const std::string & path, const spark_model_pa
 
     ModelSource src = open_model_source(path);
     m->source       = std::move(src.tensors);
+    // A cold start: let the disk start on the first weights while the backend initialises (a CUDA
+    // context takes a few hundred milliseconds) and the tensors are resolved. The CUDA loader takes
+    // weights in address order, so the first are in the lowest mapping.
+    if (const auto files = m->source->files(); !files.empty())
+        (*std::min_element(files.begin(), files.end(), [](auto * a, auto * b) { return std::less<const uint8_t *>()(a->data(), b->data()); }))
+            ->prefetch(0, size_t(256) << 20);
     m->meta         = std::move(src.meta);
     json config;
     try {

@@ -199,7 +199,18 @@ QWeight WeightResolver::int4_gptq(const std::string & m, int64_t n, int64_t k) {
         const TensorInfo & qz = get(m + ".qzeros");
         expect_dtype(qz, {DType::I32}, "GPTQ qzeros");
         expect_shape(qz, {groups, n / 8}, "GPTQ qzeros [groups, out/8]");
-        w.zeros = aligned(qz, 4);
+        // Symmetric checkpoints still store zero points (AutoRound and GPTQ write them always): when
+        // every one is 8 after the offset, the weight is symmetric and runs as such — the same values,
+        // without reading zero points in every decode step.
+        const uint32_t sym_word = 0x11111111u * uint32_t(8 - w.zero_offset);
+        bool           sym      = w.zero_offset >= 0 && w.zero_offset <= 8;
+        for (size_t i = 0; sym && i < qz.nbytes; i += 4) {
+            uint32_t word;
+            std::memcpy(&word, qz.data + i, 4);
+            sym = word == sym_word;
+        }
+        if (sym) w.zero_offset = 0;
+        else w.zeros = aligned(qz, 4);
     } else {
         w.zero_offset = 0;  // symmetric: implicit zero 8
     }

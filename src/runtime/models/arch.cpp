@@ -60,11 +60,12 @@ CheckpointLoader::CheckpointLoader(Model & model, WeightResolver & resolver, con
     : ModelLoader(model, params), resolver_(resolver), batch_(model.backend->begin_weights(model.storage)) {
     report(0, 0);  // before any work: the total is known once every tensor is resolved
     // The resolver reads some tensors on the host through the mapping: vectors (norms, g_idx to
-    // check) and the scales of FP8 / pack-quantized weights (converted). Ask for them all now, so that a cold start does
+    // check), GPTQ zero points (to recognise symmetric ones) and the scales of FP8 / pack-quantized
+    // weights (converted). Ask for them all now, so that a cold start does
     // not fault them in one at a time.
     auto host_read = [](const io::TensorInfo & t) {
         const auto ends = [&](const char * s) { return t.name.size() >= std::strlen(s) && t.name.compare(t.name.size() - std::strlen(s), std::string::npos, s) == 0; };
-        return t.shape.size() <= 1 || ends("weight_scale_inv") || (ends("weight_scale") && t.dtype != DType::F8_E4M3);
+        return t.shape.size() <= 1 || ends("qzeros") || ends("weight_scale_inv") || (ends("weight_scale") && t.dtype != DType::F8_E4M3);
     };
     const auto files = model.source->files();
     for (const io::TensorInfo & t : model.source->tensors())
