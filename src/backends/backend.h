@@ -112,9 +112,10 @@ public:
     // uses it as is; the CUDA backend uploads and repacks it into `storage` it allocates.
     virtual QWeight prepare_weight(const QWeight & host, std::vector<std::unique_ptr<Buffer>> & storage) = 0;
 
-    // A batch for the weights of one load, whose memory goes to `storage`. The default prepares each
-    // weight at once (prepare_weight) and has nothing left to move at commit.
-    virtual std::unique_ptr<WeightBatch> begin_weights(std::vector<std::unique_ptr<Buffer>> & storage);
+    // A batch for the weights of one load, whose memory goes to `storage`; commit() may use up to
+    // `n_threads` threads (<= 0: the machine's). The default prepares each weight at once
+    // (prepare_weight) and has nothing left to move at commit.
+    virtual std::unique_ptr<WeightBatch> begin_weights(std::vector<std::unique_ptr<Buffer>> & storage, int n_threads);
 
     // A random weight in this backend's layout (see RandomWeightSpec); memory goes to `storage`.
     virtual QWeight random_weight(const RandomWeightSpec & spec, std::vector<std::unique_ptr<Buffer>> & storage) = 0;
@@ -171,7 +172,7 @@ private:
     uint64_t                               bytes_ = 0;
 };
 
-inline std::unique_ptr<WeightBatch> Backend::begin_weights(std::vector<std::unique_ptr<Buffer>> & storage) {
+inline std::unique_ptr<WeightBatch> Backend::begin_weights(std::vector<std::unique_ptr<Buffer>> & storage, int) {
     return std::make_unique<ImmediateWeightBatch>(*this, storage);
 }
 

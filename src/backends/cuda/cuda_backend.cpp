@@ -244,9 +244,9 @@ public:
         return remember(host, cuda::upload_weight(host, &Owner::alloc, &owner, stream_));
     }
 
-    std::unique_ptr<WeightBatch> begin_weights(std::vector<std::unique_ptr<Buffer>> & storage) override {
+    std::unique_ptr<WeightBatch> begin_weights(std::vector<std::unique_ptr<Buffer>> & storage, int n_threads) override {
         activate();
-        return cuda::make_weight_batch(device_, size_t(total_memory_), storage,
+        return cuda::make_weight_batch(device_, size_t(total_memory_), n_threads, storage,
                                        [this](const QWeight & host, const DeviceWeight & dw) { return remember(host, dw); });
     }
 

@@ -4,8 +4,8 @@
 // addresses from the arena, so the architecture gets usable QWeights at once. commit() backs the
 // arena with memory and streams every byte with a few threads. Each thread owns a CUDA stream and two
 // pinned staging slots: it reads a piece of the file into one slot (HostReader: pread of the file
-// behind the mapping) while the copy of the other slot to the GPU runs; INT4 weights land in a
-// stream-ordered scratch buffer and are repacked into the kernels' layout on the GPU. Jobs are taken
+// behind the mapping) while the copy of the other slot to the GPU runs; INT4 weights land in the
+// thread's scratch buffer and are repacked into the kernels' layout on the GPU. Jobs are taken
 // in file order, so the threads read neighbouring ranges and the disk sees a few long sequential
 // streams. Host memory stays at the staging slots: nothing of the model is copied on the host.
 #include "backends/cuda/weight_batch.h"
@@ -32,7 +32,7 @@ constexpr size_t kSlotBytes      = size_t(16) << 20;  // one read and one copy t
 constexpr size_t kJobBytes       = size_t(16) << 20;  // plain weights are split into jobs of this size,
 constexpr size_t kGroupBytes     = size_t(16) << 20;  // and neighbouring jobs grouped up to this size
 constexpr size_t kBytesPerWorker = size_t(64) << 20;  // no more threads than this many bytes each
-constexpr int    kMaxWorkers     = 8;                 // enough to saturate NVMe and PCIe; more only contend
+constexpr int    kMaxWorkers     = 16;                // by default (n_threads <= 0): the machine's cores, up to this
 
 // A host range and where it goes: a device address, or an offset into the job's scratch buffer.
 struct Piece {
@@ -59,6 +59,8 @@ struct Lane {
     cudaStream_t stream = nullptr;
     void *       slot[2]{};
     cudaEvent_t  free[2]{};  // recorded after the copy out of the slot
+    void *       scratch       = nullptr;  // INT4 jobs' host-layout bytes, reused job after job
+    size_t       scratch_bytes = 0;        // (the stream orders each repack before the next copy in)
     Lane(int dev, size_t slot_bytes) : device(dev) {
         SPARK_CUDA_CHECK(cudaSetDevice(device));
         SPARK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -67,21 +69,33 @@ struct Lane {
             SPARK_CUDA_CHECK(cudaEventCreateWithFlags(&free[i], cudaEventDisableTiming));
         }
     }
+    uint8_t * scratch_for(size_t bytes) {
+        if (bytes > scratch_bytes) {
+            SPARK_CUDA_CHECK(cudaStreamSynchronize(stream));  // the old one may still be read
+            if (scratch) cudaFree(scratch);
+            scratch       = nullptr;
+            scratch_bytes = 0;
+            SPARK_CUDA_CHECK(cudaMalloc(&scratch, bytes));
+            scratch_bytes = bytes;
+        }
+        return static_cast<uint8_t *>(scratch);
+    }
     ~Lane() {
         if (stream) cudaStreamSynchronize(stream);
         for (int i = 0; i < 2; ++i) {
             if (free[i]) cudaEventDestroy(free[i]);
             if (slot[i]) cudaFreeHost(slot[i]);
         }
+        if (scratch) cudaFree(scratch);
         if (stream) cudaStreamDestroy(stream);
     }
 };
 
 class CudaWeightBatch final : public WeightBatch {
 public:
-    CudaWeightBatch(int device, size_t device_memory, std::vector<std::unique_ptr<Buffer>> & storage,
+    CudaWeightBatch(int device, size_t device_memory, int n_threads, std::vector<std::unique_ptr<Buffer>> & storage,
                     std::function<QWeight(const QWeight &, const DeviceWeight &)> remember)
-        : device_(device), remember_(std::move(remember)) {
+        : device_(device), n_threads_(n_threads), remember_(std::move(remember)) {
         auto arena = std::make_unique<WeightArena>(device, device_memory);
         arena_     = arena.get();
         storage.push_back(std::move(arena));  // owned by the model: freed with it, also after a failed load
@@ -145,7 +159,8 @@ public:
             for (const Piece & p : j.pieces) largest = std::max(largest, p.bytes);
         const size_t slot_bytes = std::min(kSlotBytes, (largest + 4095) / 4096 * 4096);
         const int    hw         = int(std::max(1u, std::thread::hardware_concurrency()));
-        const int    n_workers  = int(std::clamp<uint64_t>(bytes_ / kBytesPerWorker, 1, uint64_t(std::min(kMaxWorkers, hw))));
+        const int    threads    = n_threads_ > 0 ? n_threads_ : std::min(kMaxWorkers, hw);
+        const int    n_workers  = int(std::clamp<uint64_t>(bytes_ / kBytesPerWorker, 1, uint64_t(threads)));
 
         Shared sh;
         sh.reader     = &reader;
@@ -237,8 +252,7 @@ private:
     }
 
     void run(const Job & job, Lane & lane, int & turn, Shared & sh) {
-        uint8_t * scratch = nullptr;
-        if (job.repack) SPARK_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void **>(&scratch), job.scratch_bytes, lane.stream));
+        uint8_t * scratch = job.repack ? lane.scratch_for(job.scratch_bytes) : nullptr;
         for (const Piece & p : job.pieces) {
             uint8_t * dst = job.repack && p.dst == nullptr ? scratch + p.scratch : static_cast<uint8_t *>(p.dst);
             for (size_t off = 0; off < p.bytes && !sh.stop; off += sh.slot_bytes) {
@@ -253,14 +267,12 @@ private:
                 sh.changed.notify_all();
             }
         }
-        if (job.repack) {
-            if (!sh.stop)
-                repack_int4(job.layout, scratch + job.words, scratch + job.scales, job.zeros ? scratch + job.zeros : nullptr, job.zero_offset, lane.stream);
-            SPARK_CUDA_CHECK(cudaFreeAsync(scratch, lane.stream));
-        }
+        if (job.repack && !sh.stop)
+            repack_int4(job.layout, scratch + job.words, scratch + job.scales, job.zeros ? scratch + job.zeros : nullptr, job.zero_offset, lane.stream);
     }
 
     int                                                           device_;
+    int                                                           n_threads_;
     std::function<QWeight(const QWeight &, const DeviceWeight &)> remember_;
     WeightArena *                                                 arena_ = nullptr;
     std::vector<Job>                                              jobs_;
@@ -271,9 +283,9 @@ private:
 
 }  // namespace
 
-std::unique_ptr<WeightBatch> make_weight_batch(int device, size_t device_memory, std::vector<std::unique_ptr<Buffer>> & storage,
+std::unique_ptr<WeightBatch> make_weight_batch(int device, size_t device_memory, int n_threads, std::vector<std::unique_ptr<Buffer>> & storage,
                                                std::function<QWeight(const QWeight &, const DeviceWeight &)> remember) {
-    return std::make_unique<CudaWeightBatch>(device, device_memory, storage, std::move(remember));
+    return std::make_unique<CudaWeightBatch>(device, device_memory, n_threads, storage, std::move(remember));
 }
 
 }  // namespace spark::cuda

@@ -57,7 +57,7 @@ private:
 }  // namespace
 
 CheckpointLoader::CheckpointLoader(Model & model, WeightResolver & resolver, const spark_model_params & params)
-    : ModelLoader(model, params), resolver_(resolver), batch_(model.backend->begin_weights(model.storage)) {
+    : ModelLoader(model, params), resolver_(resolver), batch_(model.backend->begin_weights(model.storage, params.n_threads)) {
     report(0, 0);  // before any work: the total is known once every tensor is resolved
     // The resolver reads some tensors on the host through the mapping: vectors (norms, g_idx to
     // check), GPTQ zero points (to recognise symmetric ones) and the scales of FP8 / pack-quantized
