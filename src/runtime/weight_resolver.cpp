@@ -3,6 +3,7 @@
 #include "graph/error.h"
 #include "quant/formats.h"
 #include "quant/repack.h"
+#include "runtime/io/mapped_file.h"
 
 #include <cstring>
 
@@ -64,6 +65,21 @@ void * HostStore::alloc(size_t bytes) {
     blobs_.push_back(std::unique_ptr<uint8_t[]>(new uint8_t[std::max<size_t>(bytes, 1)]));
     bytes_ += bytes;
     return blobs_.back().get();
+}
+
+// Reads a tensor the resolver only inspects with a positioned read instead of through the mapping:
+// faulting the mapping in maps whole neighbourhoods of the file (large page-cache folios), which for
+// a MoE's ~100K small tensors made the process's resident set grow to the model's size.
+const std::vector<uint8_t> & WeightResolver::read_small(const TensorInfo & t) {
+    scratch_.resize(t.nbytes);
+    if (files_.empty()) files_ = src_.files();
+    for (const io::MappedFile * f : files_)
+        if (f->contains(t.data)) {
+            f->read_at(scratch_.data(), size_t(t.data - f->data()), t.nbytes);
+            return scratch_;
+        }
+    std::memcpy(scratch_.data(), t.data, t.nbytes);
+    return scratch_;
 }
 
 const TensorInfo & WeightResolver::get(const std::string & name) {
@@ -202,11 +218,12 @@ QWeight WeightResolver::int4_gptq(const std::string & m, int64_t n, int64_t k) {
         // Symmetric checkpoints still store zero points (AutoRound and GPTQ write them always): when
         // every one is 8 after the offset, the weight is symmetric and runs as such — the same values,
         // without reading zero points in every decode step.
-        const uint32_t sym_word = 0x11111111u * uint32_t(8 - w.zero_offset);
-        bool           sym      = w.zero_offset >= 0 && w.zero_offset <= 8;
-        for (size_t i = 0; sym && i < qz.nbytes; i += 4) {
+        const uint32_t              sym_word = 0x11111111u * uint32_t(8 - w.zero_offset);
+        const std::vector<uint8_t> & zp      = read_small(qz);
+        bool                         sym     = w.zero_offset >= 0 && w.zero_offset <= 8;
+        for (size_t i = 0; sym && i < zp.size(); i += 4) {
             uint32_t word;
-            std::memcpy(&word, qz.data + i, 4);
+            std::memcpy(&word, zp.data() + i, 4);
             sym = word == sym_word;
         }
         if (sym) w.zero_offset = 0;
@@ -216,12 +233,13 @@ QWeight WeightResolver::int4_gptq(const std::string & m, int64_t n, int64_t k) {
     }
     if (src_.has(m + ".g_idx")) {
         const TensorInfo & gi = get(m + ".g_idx");
+        const std::vector<uint8_t> & gidx = read_small(gi);
         expect_dtype(gi, {DType::I32}, "g_idx");
         expect_shape(gi, {k}, "g_idx [in]");
         bool trivial = true;
         for (int64_t i = 0; i < k; ++i) {
             int32_t g;
-            std::memcpy(&g, gi.data + 4 * i, 4);
+            std::memcpy(&g, gidx.data() + 4 * i, 4);
             if (g < 0 || g >= groups) fail(SPARK_ERR_INVALID_FORMAT, "'%s': g_idx[%lld] = %d is outside [0, %lld)", gi.name.c_str(), (long long) i, g, (long long) groups);
             trivial &= g == i / gs;
         }

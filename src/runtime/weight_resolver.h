@@ -59,11 +59,14 @@ private:
     QWeight int4_ct_packed(const std::string & m, int64_t n, int64_t k);
     QWeight fp8(const std::string & m, const io::TensorInfo & w, const io::TensorInfo & scale, int64_t n, int64_t k);
     float   scalar_f32(const io::TensorInfo & t);
+    const std::vector<uint8_t> & read_small(const io::TensorInfo & t);  // valid until the next call
 
     const io::TensorSource &  src_;
     const QuantConfig &       qc_;
     HostStore &               store_;
     std::vector<std::string>  used_;
+    std::vector<const io::MappedFile *> files_;
+    std::vector<uint8_t>      scratch_;
 };
 
 }  // namespace spark

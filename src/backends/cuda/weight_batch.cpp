@@ -32,7 +32,7 @@ constexpr size_t kSlotBytes      = size_t(16) << 20;  // one read and one copy t
 constexpr size_t kJobBytes       = size_t(16) << 20;  // plain weights are split into jobs of this size,
 constexpr size_t kGroupBytes     = size_t(16) << 20;  // and neighbouring jobs grouped up to this size
 constexpr size_t kBytesPerWorker = size_t(64) << 20;  // no more threads than this many bytes each
-constexpr int    kMaxWorkers     = 16;                // by default (n_threads <= 0): the machine's cores, up to this
+constexpr int    kMaxWorkers     = 8;                 // by default (n_threads <= 0): the machine's cores, up to this
 
 // A host range and where it goes: a device address, or an offset into the job's scratch buffer.
 struct Piece {
