@@ -157,8 +157,8 @@ typedef bool (*spark_progress_callback)(float progress, void * user_data);
 
 /* Called during loading with the bytes of weights moved into the backend so far out of
  * `bytes_total`; return false to cancel (load then fails with SPARK_ERR_ABORTED). Called on the
- * thread that called spark_model_load: first before any work with (0, 0) (the total is not known
- * yet), then with (0, total) once every tensor is sized, often while the weights stream to a GPU
+ * thread that called spark_model_load: first with (0, 0) once the files are open, before any
+ * weight is read (the total is not known yet), then with (0, total) once every tensor is sized, often while the weights stream to a GPU
  * (the CPU backend maps the file and has nothing to move), last with bytes_done == bytes_total.
  * spark_progress_callback is called at the same moments, first, with bytes_done / bytes_total (0
  * while the total is 0); when it cancels, this one is not called for that report. */
