@@ -174,8 +174,11 @@ TEST_CASE("synthetic checkpoints are the same bytes on every run, whatever the n
 TEST_CASE("synthetic checkpoints have the layout of the real producers' checkpoints") {
     const std::map<std::string, std::string> fixture_of = {
         {"bf16", "bf16"}, {"int4", "int4-autoround"}, {"nvfp4", "nvfp4-modelopt"}, {"fp8", "fp8-block"}};
-    for (const auto & [shape, arch] : std::map<std::string, std::string>{{"tiny-qwen3", "qwen3"}, {"tiny-qwen3-moe", "qwen3_moe"}})
+    for (const auto & shape_arch : std::map<std::string, std::string>{{"tiny-qwen3", "qwen3"}, {"tiny-qwen3-moe", "qwen3_moe"}})
         for (const char * format : kFormats) {
+            // Named copies, not structured bindings: clang 14 cannot capture those in CAPTURE.
+            const std::string & shape = shape_arch.first;
+            const std::string & arch  = shape_arch.second;
             CAPTURE(shape);
             CAPTURE(format);
             TempDir tmp;
