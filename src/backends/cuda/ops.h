@@ -80,6 +80,22 @@ void             place_weight_upload(WeightUploadPlan & plan, void * (*alloc)(vo
 // INT4: the host layout's words / scales / packed zeros (nullptr: symmetric), already on the device,
 // into d's layout (d.perm uploaded first when act-order).
 void repack_int4(const DeviceWeight & d, const void * words, const void * scales, const void * zeros, int32_t zero_offset, cudaStream_t stream);
+// Several INT4 weights without act-order repacked in one launch (small weights streamed together).
+// `items` is a device array; first_block: the item's first block, the running sum of
+// int4_repack_blocks over the items before it.
+struct Int4RepackItem {
+    const uint32_t * words  = nullptr;  // host layout, on the device
+    const uint16_t * scales = nullptr;
+    const uint32_t * zeros  = nullptr;  // nullptr: symmetric
+    uint32_t *       dst_words  = nullptr;
+    uint16_t *       dst_scales = nullptr;
+    uint8_t *        dst_zeros  = nullptr;
+    int64_t          n = 0, k8 = 0, groups = 0;
+    int32_t          zero_offset = 0;
+    int64_t          first_block = 0;
+};
+int64_t int4_repack_blocks(const Int4RepackItem & item);
+void    repack_int4_many(const Int4RepackItem * items, int count, int64_t blocks, cudaStream_t stream);
 
 // A random weight generated on the device in the device layout (src/backends/cuda/random_weights.cu).
 DeviceWeight random_device_weight(const RandomWeightSpec & spec, void * (*alloc)(void * owner, size_t bytes), void * owner, cudaStream_t stream);

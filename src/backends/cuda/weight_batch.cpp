@@ -61,11 +61,23 @@ struct Lane {
     cudaEvent_t  free[2]{};  // recorded after the copy out of the slot
     void *       scratch       = nullptr;  // INT4 jobs' host-layout bytes, reused job after job
     size_t       scratch_bytes = 0;        // (the stream orders each repack before the next copy in)
+    void *       stage[2]{};               // device copies of packed slots (small INT4 weights)
+
+    // Small INT4 weights packed into one slot: items at the start, their bytes after; one copy and
+    // one repack launch for all of them.
+    struct Pack {
+        int                         slot = -1;  // -1: none open
+        size_t                      used = 0;
+        std::vector<Int4RepackItem> items;
+        int64_t                     blocks = 0;
+    } pack;
+
     Lane(int dev, size_t slot_bytes) : device(dev) {
         SPARK_CUDA_CHECK(cudaSetDevice(device));
         SPARK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
         for (int i = 0; i < 2; ++i) {
             SPARK_CUDA_CHECK(cudaMallocHost(&slot[i], slot_bytes));
+            SPARK_CUDA_CHECK(cudaMalloc(&stage[i], slot_bytes));
             SPARK_CUDA_CHECK(cudaEventCreateWithFlags(&free[i], cudaEventDisableTiming));
         }
     }
@@ -85,6 +97,7 @@ struct Lane {
         for (int i = 0; i < 2; ++i) {
             if (free[i]) cudaEventDestroy(free[i]);
             if (slot[i]) cudaFreeHost(slot[i]);
+            if (stage[i]) cudaFree(stage[i]);
         }
         if (scratch) cudaFree(scratch);
         if (stream) cudaStreamDestroy(stream);
@@ -238,7 +251,15 @@ private:
                 const Piece & tail = jobs_[last - 1].pieces.back();
                 const auto *  end  = static_cast<const uint8_t *>(tail.src) + tail.bytes;
                 if (end > begin && size_t(end - begin) <= 2 * kGroupBytes + kSlotBytes) sh.reader->prefetch(begin, size_t(end - begin));
-                for (size_t i = first; i < last && !sh.stop; ++i) run(jobs_[i], lane, turn, sh);
+                for (size_t i = first; i < last && !sh.stop; ++i) {
+                    if (packable(jobs_[i], sh.slot_bytes)) {
+                        pack(jobs_[i], lane, turn, sh);
+                    } else {
+                        flush(lane);  // run() takes the next slot, which may be the open pack's
+                        run(jobs_[i], lane, turn, sh);
+                    }
+                }
+                flush(lane);
             }
             SPARK_CUDA_CHECK(cudaStreamSynchronize(lane.stream));
         } catch (...) {
@@ -249,6 +270,58 @@ private:
         std::lock_guard<std::mutex> lock(sh.mutex);
         ++sh.finished;
         sh.changed.notify_all();
+    }
+
+    static constexpr size_t kPackItems  = 128;
+    static constexpr size_t kPackHeader = (kPackItems * sizeof(Int4RepackItem) + 255) / 256 * 256;
+
+    static bool packable(const Job & job, size_t slot_bytes) {
+        return job.repack && !job.perm && kPackHeader + job.scratch_bytes <= slot_bytes;
+    }
+
+    // Reads a small INT4 weight into the lane's open pack (opening or flushing one as needed).
+    void pack(const Job & job, Lane & lane, int & turn, Shared & sh) {
+        Lane::Pack & p = lane.pack;
+        if (p.slot >= 0 && (p.used + job.scratch_bytes > sh.slot_bytes || p.items.size() == kPackItems)) flush(lane);
+        if (p.slot < 0) {
+            p.slot = turn++ & 1;
+            SPARK_CUDA_CHECK(cudaEventSynchronize(lane.free[p.slot]));  // its previous copy is done
+            p.used = kPackHeader;
+        }
+        auto * host  = static_cast<uint8_t *>(lane.slot[p.slot]) + p.used;
+        auto * stage = static_cast<uint8_t *>(lane.stage[p.slot]) + p.used;
+        for (const Piece & piece : job.pieces) {
+            sh.reader->read(host + piece.scratch, piece.src, piece.bytes);
+            std::lock_guard<std::mutex> lock(sh.mutex);
+            sh.done += piece.bytes;
+            sh.changed.notify_all();
+        }
+        Int4RepackItem it;
+        it.words       = reinterpret_cast<const uint32_t *>(stage + job.words);
+        it.scales      = reinterpret_cast<const uint16_t *>(stage + job.scales);
+        it.zeros       = job.zeros ? reinterpret_cast<const uint32_t *>(stage + job.zeros) : nullptr;
+        it.dst_words   = static_cast<uint32_t *>(const_cast<void *>(job.layout.data));
+        it.dst_scales  = static_cast<uint16_t *>(const_cast<void *>(job.layout.scales));
+        it.dst_zeros   = const_cast<uint8_t *>(job.layout.zeros);
+        it.n           = job.layout.n;
+        it.k8          = job.layout.k / 8;
+        it.groups      = job.layout.n_groups;
+        it.zero_offset = job.zero_offset;
+        it.first_block = p.blocks;
+        p.blocks += int4_repack_blocks(it);
+        p.items.push_back(it);
+        p.used += round_up(job.scratch_bytes);
+    }
+
+    // Copies the open pack to the GPU and repacks every weight in it with one launch.
+    void flush(Lane & lane) {
+        Lane::Pack & p = lane.pack;
+        if (p.slot < 0) return;
+        std::memcpy(lane.slot[p.slot], p.items.data(), p.items.size() * sizeof(Int4RepackItem));
+        SPARK_CUDA_CHECK(cudaMemcpyAsync(lane.stage[p.slot], lane.slot[p.slot], p.used, cudaMemcpyHostToDevice, lane.stream));
+        repack_int4_many(static_cast<const Int4RepackItem *>(lane.stage[p.slot]), int(p.items.size()), p.blocks, lane.stream);
+        SPARK_CUDA_CHECK(cudaEventRecord(lane.free[p.slot], lane.stream));
+        p = Lane::Pack{};
     }
 
     void run(const Job & job, Lane & lane, int & turn, Shared & sh) {

@@ -27,11 +27,11 @@ namespace {
 
 constexpr int kTile = 32;
 
-// dst[n][w] = word w of row n in the device layout; src[w][n] GPTQ words. With perm, nibble j of the
-// output word is input channel perm[8w + j].
-__global__ void int4_words_kernel(const uint32_t * src, int64_t n, int64_t k8, const int32_t * perm, uint32_t * dst) {
+// One 32x32 tile (bx over N, by over K/8) of dst[n][w] = word w of row n in the device layout;
+// src[w][n] GPTQ words. With perm, nibble j of the output word is input channel perm[8w + j].
+__device__ void int4_words_tile(const uint32_t * src, int64_t n, int64_t k8, const int32_t * perm, uint32_t * dst, int64_t bx, int64_t by) {
     __shared__ uint32_t tile[kTile][kTile + 1];
-    const int64_t n0 = int64_t(blockIdx.x) * kTile, w0 = int64_t(blockIdx.y) * kTile;
+    const int64_t n0 = bx * kTile, w0 = by * kTile;
     for (int i = int(threadIdx.y); i < kTile; i += int(blockDim.y)) {
         const int64_t w = w0 + i, nn = n0 + threadIdx.x;
         if (w < k8 && nn < n) {
@@ -54,10 +54,10 @@ __global__ void int4_words_kernel(const uint32_t * src, int64_t n, int64_t k8, c
     }
 }
 
-// [rows][cols] u16 -> [cols][rows].
-__global__ void transpose_u16_kernel(const uint16_t * src, int64_t rows, int64_t cols, uint16_t * dst) {
+// One 32x32 tile (bx over cols, by over rows) of [rows][cols] u16 -> [cols][rows].
+__device__ void transpose_u16_tile(const uint16_t * src, int64_t rows, int64_t cols, uint16_t * dst, int64_t bx, int64_t by) {
     __shared__ uint16_t tile[kTile][kTile + 1];
-    const int64_t c0 = int64_t(blockIdx.x) * kTile, r0 = int64_t(blockIdx.y) * kTile;
+    const int64_t c0 = bx * kTile, r0 = by * kTile;
     for (int i = int(threadIdx.y); i < kTile; i += int(blockDim.y)) {
         const int64_t r = r0 + i, c = c0 + threadIdx.x;
         if (r < rows && c < cols) tile[i][threadIdx.x] = src[r * cols + c];
@@ -69,14 +69,51 @@ __global__ void transpose_u16_kernel(const uint16_t * src, int64_t rows, int64_t
     }
 }
 
-// packed zeros [G][N/8] -> u8 [N][G] (+ offset).
-__global__ void int4_zeros_kernel(const uint32_t * src, int64_t n, int64_t groups, int32_t offset, uint8_t * dst) {
+// packed zeros [G][N/8] -> u8 [N][G] (+ offset), elements [first, first + stride * ...) of a grid-stride loop.
+__device__ void int4_zeros_range(const uint32_t * src, int64_t n, int64_t groups, int32_t offset, uint8_t * dst, int64_t first, int64_t stride) {
     const int64_t count = n * groups;
-    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
+    for (int64_t i = first; i < count; i += stride) {
         const int64_t nn = i / groups, g = i % groups;
         const int32_t z  = int32_t((src[g * (n / 8) + nn / 8] >> (4 * (nn % 8))) & 0xFu) + offset;
         dst[i]           = uint8_t(z);
     }
+}
+
+__global__ void int4_words_kernel(const uint32_t * src, int64_t n, int64_t k8, const int32_t * perm, uint32_t * dst) {
+    int4_words_tile(src, n, k8, perm, dst, blockIdx.x, blockIdx.y);
+}
+
+__global__ void transpose_u16_kernel(const uint16_t * src, int64_t rows, int64_t cols, uint16_t * dst) {
+    transpose_u16_tile(src, rows, cols, dst, blockIdx.x, blockIdx.y);
+}
+
+__global__ void int4_zeros_kernel(const uint32_t * src, int64_t n, int64_t groups, int32_t offset, uint8_t * dst) {
+    const int64_t tid = int64_t(threadIdx.y) * blockDim.x + threadIdx.x, threads = int64_t(blockDim.x) * blockDim.y;
+    int4_zeros_range(src, n, groups, offset, dst, int64_t(blockIdx.x) * threads + tid, int64_t(gridDim.x) * threads);
+}
+
+// Many weights, one launch: block b belongs to the item whose block range holds it (binary search
+// over first_block), and is a words tile, a scales tile or a chunk of zero points of that item.
+__device__ int64_t tiles_of(int64_t v) { return (v + kTile - 1) / kTile; }
+
+__global__ void int4_repack_many_kernel(const Int4RepackItem * items, int count) {
+    const int64_t b  = blockIdx.x;
+    int           lo = 0, hi = count - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (items[mid].first_block <= b) lo = mid;
+        else hi = mid - 1;
+    }
+    const Int4RepackItem & it = items[lo];
+    int64_t               t  = b - it.first_block;
+    const int64_t         wx = tiles_of(it.n), wt = wx * tiles_of(it.k8);
+    if (t < wt) return int4_words_tile(it.words, it.n, it.k8, nullptr, it.dst_words, t % wx, t / wx);
+    t -= wt;
+    const int64_t sx = tiles_of(it.n), st = sx * tiles_of(it.groups);
+    if (t < st) return transpose_u16_tile(it.scales, it.groups, it.n, it.dst_scales, t % sx, t / sx);
+    t -= st;
+    const int64_t tid = int64_t(threadIdx.y) * blockDim.x + threadIdx.x, threads = int64_t(blockDim.x) * blockDim.y;
+    if (it.zeros) int4_zeros_range(it.zeros, it.n, it.groups, it.zero_offset, it.dst_zeros, t * threads + tid, int64_t(1) << 62);
 }
 
 struct Staging {
@@ -197,6 +234,17 @@ void repack_int4(const DeviceWeight & d, const void * words, const void * scales
         int4_zeros_kernel<<<blocks, 256, 0, stream>>>(static_cast<const uint32_t *>(zeros), N, G, zero_offset, const_cast<uint8_t *>(d.zeros));
         SPARK_CUDA_CHECK_LAUNCH();
     }
+}
+
+int64_t int4_repack_blocks(const Int4RepackItem & it) {
+    const int64_t tiles = ceil_div(it.n, kTile) * (ceil_div(it.k8, kTile) + ceil_div(it.groups, kTile));
+    return tiles + (it.zeros ? ceil_div(it.n * it.groups, kTile * 8) : 0);
+}
+
+void repack_int4_many(const Int4RepackItem * items, int count, int64_t blocks, cudaStream_t stream) {
+    if (count <= 0 || blocks <= 0) return;
+    int4_repack_many_kernel<<<unsigned(blocks), dim3(kTile, 8), 0, stream>>>(items, count);
+    SPARK_CUDA_CHECK_LAUNCH();
 }
 
 DeviceWeight upload_weight(const QWeight & host, void * (*alloc)(void * owner, size_t bytes), void * owner, cudaStream_t stream) {
