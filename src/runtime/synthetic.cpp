@@ -62,16 +62,30 @@ bool ends_with(const std::string & s, const char * suffix) {
     return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
 }
 
+// The format a synthetic Linear weight gets: routers and the shared-expert gate stay bf16 (every
+// producer excludes them), and so does a shape the format cannot hold.
+WeightFormat synthetic_linear_format(const std::string & module, int64_t n, int64_t k, WeightFormat format) {
+    const bool keep_dense = module == "lm_head" || ends_with(module, ".mlp.gate") || ends_with(module, "shared_expert_gate");
+    const WeightFormat f  = keep_dense ? WeightFormat::BF16 : format;
+    if ((f == WeightFormat::NVFP4 && k % 16) || (f == WeightFormat::INT4 && (k % 8 || n % 8))) return WeightFormat::BF16;
+    return f;
+}
+
+// How a synthetic parameter's values are made (synthetic_param_value).
+SyntheticTensor::Init synthetic_param_init(const std::string & arch, const std::string & name) {
+    if (ends_with(name, "A_log")) return SyntheticTensor::Init::ALog;
+    if (ends_with(name, "dt_bias")) return SyntheticTensor::Init::DtBias;
+    if (ends_with(name, "conv1d.weight")) return SyntheticTensor::Init::Conv;
+    const bool zero_centred = arch == "qwen3_next" && !ends_with(name, "linear_attn.norm.weight");
+    return zero_centred ? SyntheticTensor::Init::NormZeroCentred : SyntheticTensor::Init::Norm;
+}
+
 class SyntheticLoader final : public ModelLoader {
 public:
     SyntheticLoader(Model & m, const spark_model_params & p, WeightFormat format) : ModelLoader(m, p), format_(format) {}
 
     QWeight linear(const std::string & module, int64_t n, int64_t k, uint64_t * counter) override {
-        // Routers and the shared-expert gate stay bf16 (they are excluded by every producer).
-        const bool keep_dense = module == "lm_head" || ends_with(module, ".mlp.gate") || ends_with(module, "shared_expert_gate");
-        WeightFormat f = keep_dense ? WeightFormat::BF16 : format_;
-        if ((f == WeightFormat::NVFP4 && k % 16) || (f == WeightFormat::INT4 && (k % 8 || n % 8))) f = WeightFormat::BF16;
-        return make(module, f, n, k, counter);
+        return make(module, synthetic_linear_format(module, n, k, format_), n, k, counter);
     }
     QWeight dense(const std::string & name, int64_t n, int64_t k, uint64_t * counter) override {
         return make(name, WeightFormat::BF16, n, k, counter);
@@ -79,15 +93,12 @@ public:
     Param param(const std::string & name, std::initializer_list<int64_t> shape, uint64_t * counter) override {
         int64_t numel = 1;
         for (int64_t d : shape) numel *= d;
-        std::vector<float> v(static_cast<size_t>(numel));
-        const uint64_t     seed = std::hash<std::string>{}(name);
-        const bool zero_centred = model_.hparams.arch == "qwen3_next" && !ends_with(name, "linear_attn.norm.weight");
+        std::vector<float>          v(static_cast<size_t>(numel));
+        const uint64_t              seed = std::hash<std::string>{}(name);
+        const SyntheticTensor::Init init = synthetic_param_init(model_.hparams.arch, name);
         for (int64_t i = 0; i < numel; ++i) {
             const float u = float((seed * 6364136223846793005ull + uint64_t(i) * 1442695040888963407ull) >> 40) / 16777216.0f;  // [0, 1)
-            if (ends_with(name, "A_log")) v[size_t(i)] = std::log(1.0f + 15.0f * u);
-            else if (ends_with(name, "dt_bias")) v[size_t(i)] = 0.5f * (u - 0.5f);
-            else if (ends_with(name, "conv1d.weight")) v[size_t(i)] = 0.5f * (u - 0.5f);
-            else v[size_t(i)] = zero_centred ? 0.1f * (u - 0.5f) : 1.0f + 0.1f * (u - 0.5f);  // norms
+            v[size_t(i)]  = synthetic_param_value(init, u);
         }
         return param_from(name, v, shape, counter);
     }
@@ -159,19 +170,17 @@ public:
         : ModelLoader(m, spark_model_params{}), format_(format), out_(out) {}
 
     QWeight linear(const std::string & module, int64_t n, int64_t k, uint64_t * counter) override {
-        // The synthetic loader's rules (SyntheticLoader::linear above), so that a directory written
-        // from this layout loads into the same weights as "synthetic:<shape>:<format>".
-        const bool keep_dense = module == "lm_head" || ends_with(module, ".mlp.gate") || ends_with(module, "shared_expert_gate");
-        WeightFormat f = keep_dense ? WeightFormat::BF16 : format_;
-        if ((f == WeightFormat::NVFP4 && k % 16) || (f == WeightFormat::INT4 && (k % 8 || n % 8))) f = WeightFormat::BF16;
-        SyntheticTensor t;
+        // The synthetic loader's format, so that a directory written from this layout loads into the
+        // same weights as "synthetic:<shape>:<format>".
+        const WeightFormat f = synthetic_linear_format(module, n, k, format_);
+        SyntheticTensor    t;
         t.kind   = SyntheticTensor::Kind::Linear;
         t.name   = module;
         t.n      = n;
         t.k      = k;
         t.format = f;
         out_.push_back(std::move(t));
-        return stub(f, n, k, counter);
+        return shape_only(f, n, k, counter);
     }
     QWeight dense(const std::string & name, int64_t n, int64_t k, uint64_t * counter) override {
         SyntheticTensor t;
@@ -180,32 +189,22 @@ public:
         t.n    = n;
         t.k    = k;
         out_.push_back(std::move(t));
-        return stub(WeightFormat::BF16, n, k, counter);
+        return shape_only(WeightFormat::BF16, n, k, counter);
     }
     Param param(const std::string & name, std::initializer_list<int64_t> shape, uint64_t *) override {
         SyntheticTensor t;
         t.kind  = SyntheticTensor::Kind::Param;
         t.name  = name;
         t.shape = shape;
-        // As SyntheticLoader::param.
-        const bool zero_centred = model_.hparams.arch == "qwen3_next" && !ends_with(name, "linear_attn.norm.weight");
-        if (ends_with(name, "A_log")) t.init = SyntheticTensor::Init::ALog;
-        else if (ends_with(name, "dt_bias")) t.init = SyntheticTensor::Init::DtBias;
-        else if (ends_with(name, "conv1d.weight")) t.init = SyntheticTensor::Init::Conv;
-        else t.init = zero_centred ? SyntheticTensor::Init::NormZeroCentred : SyntheticTensor::Init::Norm;
+        t.init  = synthetic_param_init(model_.hparams.arch, name);
         out_.push_back(std::move(t));
-        // No data; the dims in ggml order, collapsed as ModelLoader::param_from does.
-        Param p;
-        for (auto it = shape.end(); it != shape.begin();) {
-            const int64_t d = *--it;
-            if (d != 1 || p.ne.empty()) p.ne.push_back(d);
-        }
-        return p;
+        return Param{nullptr, ggml_dims(name, shape)};  // no data
     }
     bool has(const std::string &) const override { return true; }  // as the synthetic loader
 
 private:
-    QWeight stub(WeightFormat f, int64_t n, int64_t k, uint64_t * counter) {
+    // The weight's shape and format without data (the layout is all that is recorded).
+    QWeight shape_only(WeightFormat f, int64_t n, int64_t k, uint64_t * counter) {
         QWeight w;
         w.format = f;
         w.n      = n;

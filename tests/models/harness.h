@@ -9,14 +9,34 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace test {
 
 inline std::string data_dir() { return SPARK_TEST_DATA; }
+
+// A fresh directory under $TMPDIR (unique across processes: ctest runs tests in parallel), removed
+// with everything in it.
+struct TempDir {
+    std::filesystem::path path;
+    TempDir() {
+        std::string tmpl = (std::filesystem::temp_directory_path() / "spark-test-XXXXXX").string();
+        if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
+        path = tmpl;
+    }
+    ~TempDir() {
+        std::error_code ec;
+        std::filesystem::remove_all(path, ec);
+    }
+    TempDir(const TempDir &)             = delete;
+    TempDir & operator=(const TempDir &) = delete;
+};
 inline std::string model_dir(const std::string & name) { return data_dir() + "/models/" + name; }
 
 struct Golden {

@@ -27,16 +27,6 @@ const char * kAllFixtures[] = {
     "qwen3_next-bf16", "qwen3_next-nvfp4-modelopt", "qwen3_next-int4-autoround", "qwen3_next-fp8-block",
 };
 
-struct TempDir {
-    fs::path path;
-    TempDir() {
-        static int n = 0;
-        path = fs::temp_directory_path() / ("spark-formats-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
-        fs::create_directories(path);
-    }
-    ~TempDir() { fs::remove_all(path); }
-};
-
 struct RunResult {
     std::vector<float>   logits;
     std::vector<int32_t> greedy;

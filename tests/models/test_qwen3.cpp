@@ -118,19 +118,6 @@ TEST_CASE("qwen3-bf16: two sequences decoded in one batch match each decoded alo
 
 namespace {
 
-struct TempDir {
-    fs::path path;
-    TempDir() {
-        path = fs::temp_directory_path() / ("spark-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter()++));
-        fs::create_directories(path);
-    }
-    ~TempDir() { fs::remove_all(path); }
-    static int & counter() {
-        static int c = 0;
-        return c;
-    }
-};
-
 std::string read_file(const fs::path & p) {
     std::ifstream in(p, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(in), {});

@@ -28,16 +28,6 @@ namespace {
 const char * kShapes[]  = {"tiny-qwen3", "tiny-qwen3-moe", "tiny-qwen3-next"};
 const char * kFormats[] = {"bf16", "int4", "nvfp4", "fp8"};
 
-struct TempDir {
-    fs::path path;
-    TempDir() {
-        static int n = 0;
-        path = fs::temp_directory_path() / ("spark-synckpt-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
-        fs::create_directories(path);
-    }
-    ~TempDir() { fs::remove_all(path); }
-};
-
 spark::convert::SyntheticStats write(const std::string & shape, const std::string & format, const fs::path & dir, uint64_t shard_bytes = 5000000000ull,
                                      int threads = 2, bool overwrite = false) {
     spark::convert::SyntheticOptions o;

@@ -107,16 +107,19 @@ void * ModelLoader::store(const void * host, size_t bytes) {
     return p;
 }
 
-Param ModelLoader::param_from(const std::string & name, const std::vector<float> & values, std::initializer_list<int64_t> hf_shape,
-                              uint64_t * counter) {
+std::vector<int64_t> ModelLoader::ggml_dims(const std::string & name, std::initializer_list<int64_t> hf_shape) {
     std::vector<int64_t> ne(hf_shape.begin(), hf_shape.end());
     std::reverse(ne.begin(), ne.end());
-    // Collapse to at most 2 dims (conv1d's [C, 1, K] becomes ne = {K, C}).
     std::vector<int64_t> compact;
     for (int64_t d : ne)
         if (d != 1 || compact.empty()) compact.push_back(d);
     if (compact.size() > 2) fail(SPARK_ERR_INTERNAL, "parameter '%s' has more than 2 non-unit dims", name.c_str());
-    Param p{store(values.data(), values.size() * sizeof(float)), std::move(compact)};
+    return compact;
+}
+
+Param ModelLoader::param_from(const std::string & name, const std::vector<float> & values, std::initializer_list<int64_t> hf_shape,
+                              uint64_t * counter) {
+    Param p{store(values.data(), values.size() * sizeof(float)), ggml_dims(name, hf_shape)};
     n_params_ += int64_t(values.size());
     if (counter) *counter += values.size() * sizeof(float);
     return p;

@@ -37,6 +37,8 @@ public:
     int64_t n_params() const { return n_params_; }
 
 protected:
+    // A parameter's dims in ggml order, collapsed to at most 2 (conv1d's [C, 1, K] becomes {K, C}).
+    static std::vector<int64_t> ggml_dims(const std::string & name, std::initializer_list<int64_t> hf_shape);
     // Uploads host values as a parameter; `hf_shape` collapses to at most 2 ggml dims.
     Param param_from(const std::string & name, const std::vector<float> & values, std::initializer_list<int64_t> hf_shape, uint64_t * counter);
     // Backend memory holding `bytes` host bytes (the default uploads them at once).
