@@ -167,7 +167,7 @@ typedef bool (*spark_load_progress_callback)(uint64_t bytes_done, uint64_t bytes
 typedef struct spark_model_params {
     spark_device_kind       device;        /* default SPARK_DEVICE_CPU */
     int32_t                 device_index;  /* CUDA device ordinal, default 0 */
-    int32_t                 n_threads;     /* CPU threads used while loading/repacking; <= 0: all */
+    int32_t                 n_threads;     /* CPU threads used while loading; <= 0: the hardware threads, at most 16 */
     spark_progress_callback progress_callback;
     void *                  progress_callback_user_data;
     bool                    load_tokenizer;   /* default true: load tokenizer.json if present */

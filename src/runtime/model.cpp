@@ -3,6 +3,7 @@
 #include "graph/checked.h"
 #include "graph/error.h"
 #include "graph/hash.h"
+#include "graph/log.h"
 #include "runtime/device.h"
 #include "runtime/io/mapped_file.h"
 #include "runtime/io/safetensors.h"
@@ -14,7 +15,10 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <functional>
+#include <future>
 
 namespace spark {
 
@@ -128,17 +132,25 @@ void fill_info(Model & m, int64_t n_params) {
 std::unique_ptr<Model> load_model(const std::string & path, const spark_model_params & params, std::shared_ptr<Backend> backend) {
     if (path.empty()) fail(SPARK_ERR_INVALID_ARGUMENT, "empty model path");
     if (is_synthetic_path(path)) return load_synthetic_model(path, params, fill_info);
-    auto m  = std::make_unique<Model>();
-    m->path = path;
+    using Clock   = std::chrono::steady_clock;
+    const auto t0 = Clock::now();
+    auto       m  = std::make_unique<Model>();
+    m->path       = path;
+
+    // The backend starts (a CUDA context takes a few hundred milliseconds) while the checkpoint's
+    // headers are read; it activates its device in every call, so any thread may then use it.
+    spark_device_kind                     kind = SPARK_DEVICE_CPU;
+    std::future<std::unique_ptr<Backend>> backend_start;
+    if (!backend) backend_start = std::async(std::launch::async, [&params, &kind] { return make_backend(params, kind); });
 
     ModelSource src = open_model_source(path);
     m->source       = std::move(src.tensors);
-    // A cold start: let the disk start on the first weights while the backend initialises (a CUDA
-    // context takes a few hundred milliseconds) and the tensors are resolved. The CUDA loader takes
-    // weights in address order, so the first are in the lowest mapping.
+    // A cold start: let the disk start on the first weights while the tensors are resolved. The
+    // CUDA loader takes weights in address order, so the first are in the lowest mapping.
     if (const auto files = m->source->files(); !files.empty())
         (*std::min_element(files.begin(), files.end(), [](auto * a, auto * b) { return std::less<const uint8_t *>()(a->data(), b->data()); }))
             ->prefetch(0, size_t(256) << 20);
+    const auto t_open = Clock::now();
     m->meta         = std::move(src.meta);
     json config;
     try {
@@ -158,29 +170,52 @@ std::unique_ptr<Model> load_model(const std::string & path, const spark_model_pa
     m->quant   = parse_quant_config(config, hf_quant, src.config_origin);
     m->layers.resize(size_t(m->hparams.n_layer));
     m->arch    = make_architecture(m->hparams.arch);
-    if (backend) m->backend = std::move(backend);
-    else m->backend = make_backend(params, m->device);
+
+    // The tokenizer is read while the weights load (Qwen3's tokenizer.json: 7 MB of JSON).
+    std::future<std::unique_ptr<spark_tokenizer>> tokenizer;
+    if (params.load_tokenizer && !src.tokenizer_json.empty())
+        tokenizer = std::async(std::launch::async, [&path, &src] {
+            // A directory may keep its template in chat_template.jinja: from_directory reads it too.
+            try {
+                return std::make_unique<spark_tokenizer>(spark_tokenizer{
+                    io::is_directory(path) ? Tokenizer::from_directory(path)
+                                           : Tokenizer::from_json_strings(src.tokenizer_json, src.tokenizer_config_json, src.generation_config_json)});
+            } catch (const Error & e) {
+                throw Error(e.status(), path + ": " + e.what());  // its messages name the file within the model
+            }
+        });
+
+    const auto t_wait = Clock::now();
+    if (backend) {
+        m->backend = std::move(backend);
+    } else {
+        m->backend = backend_start.get();
+        m->device  = kind;
+    }
+    const auto t_backend = Clock::now();
 
     WeightResolver resolver(*m->source, m->quant, m->host_store);
     CheckpointLoader loader(*m, resolver, params);
     m->arch->load(*m, loader);
+    const auto t_resolved = Clock::now();
     loader.finish();
+    const auto t_weights = Clock::now();
     fill_info(*m, loader.n_params());
 
     m->meta["general.architecture"] = m->hparams.arch;
     m->meta["spark.weight_format"]  = m->info.weight_format;
     m->meta["spark.quantization"]   = m->quant.describe();
     m->meta["spark.backend"]        = m->backend->name();
-    if (params.load_tokenizer && !src.tokenizer_json.empty()) {
-        // A directory may keep its template in chat_template.jinja: from_directory reads it too.
-        try {
-            m->tokenizer = std::make_unique<spark_tokenizer>(spark_tokenizer{
-                io::is_directory(path) ? Tokenizer::from_directory(path)
-                                       : Tokenizer::from_json_strings(src.tokenizer_json, src.tokenizer_config_json, src.generation_config_json)});
-        } catch (const Error & e) {
-            throw Error(e.status(), path + ": " + e.what());  // its messages name the file within the model
-        }
-    }
+    if (tokenizer.valid()) m->tokenizer = tokenizer.get();
+
+    const auto seconds = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+    const double weights_s = seconds(t_resolved, t_weights);
+    // The rate only where bytes moved (the CPU backend uses the mapping in place).
+    const std::string rate = weights_s >= 0.05 ? strfmt(" (%.1f GB/s)", double(m->info.weight_bytes) / 1e9 / weights_s) : std::string();
+    if (const char * p = std::getenv("SPARK_PROFILE"); p && *p && *p != '0')
+        log(SPARK_LOG_INFO, "spark: loaded %s in %.2f s: headers %.2f s, waiting for the backend %.2f s, resolving %.2f s, weights %.2f s%s, waiting for the tokenizer %.2f s\n",
+            path.c_str(), seconds(t0, Clock::now()), seconds(t0, t_open), seconds(t_wait, t_backend), seconds(t_backend, t_resolved), weights_s,
+            rate.c_str(), seconds(t_weights, Clock::now()));
     return m;
 }
 

@@ -62,6 +62,7 @@ float to_f32(const TensorInfo & t, int64_t i) {
 }  // namespace
 
 void * HostStore::alloc(size_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
     blobs_.push_back(std::unique_ptr<uint8_t[]>(new uint8_t[std::max<size_t>(bytes, 1)]));
     bytes_ += bytes;
     return blobs_.back().get();
@@ -70,22 +71,15 @@ void * HostStore::alloc(size_t bytes) {
 // Reads a tensor the resolver only inspects with a positioned read instead of through the mapping:
 // faulting the mapping in maps whole neighbourhoods of the file (large page-cache folios), which for
 // a MoE's ~100K small tensors made the process's resident set grow to the model's size.
-const std::vector<uint8_t> & WeightResolver::read_small(const TensorInfo & t) {
-    scratch_.resize(t.nbytes);
-    if (files_.empty()) files_ = src_.files();
+std::vector<uint8_t> WeightResolver::read_small(const TensorInfo & t) const {
+    std::vector<uint8_t> bytes(t.nbytes);
     for (const io::MappedFile * f : files_)
         if (f->contains(t.data)) {
-            f->read_at(scratch_.data(), size_t(t.data - f->data()), t.nbytes);
-            return scratch_;
+            f->read_at(bytes.data(), size_t(t.data - f->data()), t.nbytes);
+            return bytes;
         }
-    std::memcpy(scratch_.data(), t.data, t.nbytes);
-    return scratch_;
-}
-
-const TensorInfo & WeightResolver::get(const std::string & name) {
-    const TensorInfo & t = src_.get(name);
-    used_.push_back(name);
-    return t;
+    std::memcpy(bytes.data(), t.data, t.nbytes);
+    return bytes;
 }
 
 bool WeightResolver::has_module(const std::string & m) const {
@@ -109,7 +103,7 @@ float WeightResolver::scalar_f32(const TensorInfo & t) {
 }
 
 QWeight WeightResolver::dense(const std::string & name, int64_t n, int64_t k) {
-    const TensorInfo & t = get(name);
+    const TensorInfo & t = src_.get(name);
     expect_dtype(t, {DType::F32, DType::F16, DType::BF16}, "a dense weight");
     expect_shape(t, {n, k}, "dense weight");
     QWeight w;
@@ -121,7 +115,7 @@ QWeight WeightResolver::dense(const std::string & name, int64_t n, int64_t k) {
 }
 
 std::vector<float> WeightResolver::f32(const std::string & name, std::initializer_list<int64_t> shape) {
-    const TensorInfo & t = get(name);
+    const TensorInfo & t = src_.get(name);
     int64_t            numel = 1;
     for (int64_t d : shape) numel *= d;
     if (t.numel() != numel) fail(SPARK_ERR_SHAPE_MISMATCH, "tensor '%s' has shape %s, expected %s", name.c_str(), t.shape_str().c_str(), shape_of(shape).c_str());
@@ -136,11 +130,11 @@ QWeight WeightResolver::linear(const std::string & m, int64_t n, int64_t k) {
     if (const TensorInfo * wp = src_.find(m + ".weight_packed")) {
         if (wp->dtype == DType::I32) return int4_ct_packed(m, n, k);
         // compressed-tensors NVFP4: the global scale is a divisor.
-        const TensorInfo & packed = get(m + ".weight_packed");
-        const TensorInfo & gs     = get(m + ".weight_global_scale");
+        const TensorInfo & packed = src_.get(m + ".weight_packed");
+        const TensorInfo & gs     = src_.get(m + ".weight_global_scale");
         const float        div    = scalar_f32(gs);
         if (!(div > 0.0f)) fail(SPARK_ERR_INVALID_FORMAT, "tensor '%s' must be positive", gs.name.c_str());
-        return nvfp4(m, packed, get(m + ".weight_scale"), 1.0f / div, n, k);
+        return nvfp4(m, packed, src_.get(m + ".weight_scale"), 1.0f / div, n, k);
     }
     const TensorInfo * w = src_.find(m + ".weight");
     if (!w) fail(SPARK_ERR_MISSING_TENSOR, "no weight for '%s' in %s (looked for .weight, .qweight, .weight_packed)", m.c_str(), src_.describe().c_str());
@@ -149,14 +143,14 @@ QWeight WeightResolver::linear(const std::string & m, int64_t n, int64_t k) {
         case DType::F16:
         case DType::BF16: return dense(m + ".weight", n, k);
         case DType::U8: {  // ModelOpt NVFP4: the global scale (weight_scale_2) is a multiplier
-            const TensorInfo & packed = get(m + ".weight");
-            const TensorInfo & s2     = get(m + ".weight_scale_2");
-            return nvfp4(m, packed, get(m + ".weight_scale"), scalar_f32(s2), n, k);
+            const TensorInfo & packed = src_.get(m + ".weight");
+            const TensorInfo & s2     = src_.get(m + ".weight_scale_2");
+            return nvfp4(m, packed, src_.get(m + ".weight_scale"), scalar_f32(s2), n, k);
         }
         case DType::F8_E4M3: {
-            const TensorInfo & wt = get(m + ".weight");
-            if (src_.has(m + ".weight_scale_inv")) return fp8(m, wt, get(m + ".weight_scale_inv"), n, k);
-            if (src_.has(m + ".weight_scale")) return fp8(m, wt, get(m + ".weight_scale"), n, k);
+            const TensorInfo & wt = src_.get(m + ".weight");
+            if (src_.has(m + ".weight_scale_inv")) return fp8(m, wt, src_.get(m + ".weight_scale_inv"), n, k);
+            if (src_.has(m + ".weight_scale")) return fp8(m, wt, src_.get(m + ".weight_scale"), n, k);
             fail(SPARK_ERR_MISSING_TENSOR, "FP8 weight '%s' has no weight_scale_inv or weight_scale", wt.name.c_str());
         }
         default:
@@ -186,10 +180,10 @@ QWeight WeightResolver::int4_gptq(const std::string & m, int64_t n, int64_t k) {
     const int bits = qc_.bits_for(m);
     if (bits != 0 && bits != 4) fail(SPARK_ERR_UNSUPPORTED, "'%s' is %d-bit; spark runs 4-bit GPTQ/AutoRound weights", m.c_str(), bits);
     if (k % 8 || n % 8) fail(SPARK_ERR_SHAPE_MISMATCH, "INT4 weight '%s': [%lld, %lld] is not a multiple of 8", m.c_str(), (long long) n, (long long) k);
-    const TensorInfo & qw = get(m + ".qweight");
+    const TensorInfo & qw = src_.get(m + ".qweight");
     expect_dtype(qw, {DType::I32}, "a GPTQ qweight");
     expect_shape(qw, {k / 8, n}, "GPTQ qweight [in/8, out]");
-    const TensorInfo & sc = get(m + ".scales");
+    const TensorInfo & sc = src_.get(m + ".scales");
     expect_dtype(sc, {DType::F16, DType::BF16}, "INT4 scales");
     if (sc.shape.size() != 2 || sc.shape[1] != n || sc.shape[0] < 1 || sc.shape[0] > k)
         fail(SPARK_ERR_SHAPE_MISMATCH, "INT4 scales '%s' has shape %s, expected [groups, %lld] for qweight %s", sc.name.c_str(),
@@ -212,14 +206,14 @@ QWeight WeightResolver::int4_gptq(const std::string & m, int64_t n, int64_t k) {
     w.n_groups    = int32_t(groups);
     w.zero_offset = qc_.int4_zero_offset();
     if (src_.has(m + ".qzeros")) {
-        const TensorInfo & qz = get(m + ".qzeros");
+        const TensorInfo & qz = src_.get(m + ".qzeros");
         expect_dtype(qz, {DType::I32}, "GPTQ qzeros");
         expect_shape(qz, {groups, n / 8}, "GPTQ qzeros [groups, out/8]");
         // Symmetric checkpoints still store zero points (AutoRound and GPTQ write them always): when
         // every one is 8 after the offset, the weight is symmetric and runs as such — the same values,
         // without reading zero points in every decode step.
         const uint32_t              sym_word = 0x11111111u * uint32_t(8 - w.zero_offset);
-        const std::vector<uint8_t> & zp      = read_small(qz);
+        const std::vector<uint8_t>  zp      = read_small(qz);
         bool                         sym     = w.zero_offset >= 0 && w.zero_offset <= 8;
         for (size_t i = 0; sym && i < zp.size(); i += 4) {
             uint32_t word;
@@ -232,8 +226,8 @@ QWeight WeightResolver::int4_gptq(const std::string & m, int64_t n, int64_t k) {
         w.zero_offset = 0;  // symmetric: implicit zero 8
     }
     if (src_.has(m + ".g_idx")) {
-        const TensorInfo & gi = get(m + ".g_idx");
-        const std::vector<uint8_t> & gidx = read_small(gi);
+        const TensorInfo & gi = src_.get(m + ".g_idx");
+        const std::vector<uint8_t> gidx = read_small(gi);
         expect_dtype(gi, {DType::I32}, "g_idx");
         expect_shape(gi, {k}, "g_idx [in]");
         bool trivial = true;
@@ -252,15 +246,15 @@ QWeight WeightResolver::int4_awq(const std::string & m, int64_t n, int64_t k) {
     const int bits = qc_.bits_for(m);
     if (bits != 0 && bits != 4) fail(SPARK_ERR_UNSUPPORTED, "'%s' is %d-bit; spark runs 4-bit AWQ weights", m.c_str(), bits);
     if (k % 8 || n % 8) fail(SPARK_ERR_SHAPE_MISMATCH, "AWQ weight '%s': [%lld, %lld] is not a multiple of 8", m.c_str(), (long long) n, (long long) k);
-    const TensorInfo & qw = get(m + ".qweight");
+    const TensorInfo & qw = src_.get(m + ".qweight");
     expect_dtype(qw, {DType::I32}, "an AWQ qweight");
     expect_shape(qw, {k, n / 8}, "AWQ qweight [in, out/8]");
-    const TensorInfo & sc = get(m + ".scales");
+    const TensorInfo & sc = src_.get(m + ".scales");
     expect_dtype(sc, {DType::F16, DType::BF16}, "AWQ scales");
     if (sc.shape.size() != 2 || sc.shape[1] != n || sc.shape[0] < 1 || k % sc.shape[0])
         fail(SPARK_ERR_SHAPE_MISMATCH, "AWQ scales '%s' has shape %s, expected [groups, %lld]", sc.name.c_str(), sc.shape_str().c_str(), (long long) n);
     const int64_t      groups = sc.shape[0];
-    const TensorInfo & qz     = get(m + ".qzeros");
+    const TensorInfo & qz     = src_.get(m + ".qzeros");
     expect_dtype(qz, {DType::I32}, "AWQ qzeros");
     expect_shape(qz, {groups, n / 8}, "AWQ qzeros [groups, out/8]");
     QWeight w;
@@ -284,16 +278,15 @@ QWeight WeightResolver::int4_awq(const std::string & m, int64_t n, int64_t k) {
 QWeight WeightResolver::int4_ct_packed(const std::string & m, int64_t n, int64_t k) {
     if (qc_.bits != 0 && qc_.bits != 4) fail(SPARK_ERR_UNSUPPORTED, "'%s' is %d-bit; spark runs 4-bit pack-quantized weights", m.c_str(), qc_.bits);
     if (k % 8 || n % 8) fail(SPARK_ERR_SHAPE_MISMATCH, "pack-quantized weight '%s': [%lld, %lld] is not a multiple of 8", m.c_str(), (long long) n, (long long) k);
-    const TensorInfo & wp = get(m + ".weight_packed");
+    const TensorInfo & wp = src_.get(m + ".weight_packed");
     expect_shape(wp, {n, k / 8}, "pack-quantized weight_packed [out, in/8]");
-    const TensorInfo & sc = get(m + ".weight_scale");
+    const TensorInfo & sc = src_.get(m + ".weight_scale");
     expect_dtype(sc, {DType::F16, DType::BF16}, "pack-quantized scales");
     if (sc.shape.size() != 2 || sc.shape[0] != n || sc.shape[1] < 1 || k % sc.shape[1])
         fail(SPARK_ERR_SHAPE_MISMATCH, "pack-quantized scales '%s' has shape %s, expected [%lld, groups]", sc.name.c_str(), sc.shape_str().c_str(), (long long) n);
     const int64_t      groups = sc.shape[1];
     const TensorInfo * zp     = src_.find(m + ".weight_zero_point");
     if (zp) {
-        get(zp->name);
         expect_dtype(*zp, {DType::I32}, "pack-quantized zero points");
         expect_shape(*zp, {n / 8, groups}, "pack-quantized zero points [out/8, groups]");
     }

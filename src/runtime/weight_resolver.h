@@ -12,26 +12,31 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 namespace spark {
 
-// Owned host buffers backing converted weights; lives as long as the model.
+// Owned host buffers backing converted weights; lives as long as the model. alloc() may be called
+// from several threads.
 class HostStore {
 public:
     void * alloc(size_t bytes);
     size_t bytes() const { return bytes_; }
 
 private:
+    std::mutex                              mutex_;
     std::vector<std::unique_ptr<uint8_t[]>> blobs_;
     size_t                                  bytes_ = 0;
 };
 
+// Resolution only reads the source and allocates from the store: every method may be called from
+// several threads at once (a MoE layer's experts are resolved in parallel).
 class WeightResolver {
 public:
     WeightResolver(const io::TensorSource & src, const QuantConfig & qc, HostStore & store)
-        : src_(src), qc_(qc), store_(store) {}
+        : src_(src), qc_(qc), store_(store), files_(src.files()) {}
 
     // The Linear weight of `module` with logical shape [n, k]. Throws SPARK_ERR_MISSING_TENSOR,
     // SPARK_ERR_SHAPE_MISMATCH, SPARK_ERR_INVALID_FORMAT (wrong dtypes), SPARK_ERR_UNSUPPORTED.
@@ -47,11 +52,7 @@ public:
     bool has(const std::string & name) const { return src_.has(name); }
     bool has_module(const std::string & module) const;
 
-    // Names of every tensor read so far (to report unused ones).
-    const std::vector<std::string> & used() const { return used_; }
-
 private:
-    const io::TensorInfo & get(const std::string & name);
     const void * aligned(const io::TensorInfo & t, size_t alignment);
     QWeight nvfp4(const std::string & m, const io::TensorInfo & packed, const io::TensorInfo & scale, float global, int64_t n, int64_t k);
     QWeight int4_gptq(const std::string & m, int64_t n, int64_t k);
@@ -59,14 +60,12 @@ private:
     QWeight int4_ct_packed(const std::string & m, int64_t n, int64_t k);
     QWeight fp8(const std::string & m, const io::TensorInfo & w, const io::TensorInfo & scale, int64_t n, int64_t k);
     float   scalar_f32(const io::TensorInfo & t);
-    const std::vector<uint8_t> & read_small(const io::TensorInfo & t);  // valid until the next call
+    std::vector<uint8_t> read_small(const io::TensorInfo & t) const;
 
-    const io::TensorSource &  src_;
-    const QuantConfig &       qc_;
-    HostStore &               store_;
-    std::vector<std::string>  used_;
-    std::vector<const io::MappedFile *> files_;
-    std::vector<uint8_t>      scratch_;
+    const io::TensorSource &                  src_;
+    const QuantConfig &                       qc_;
+    HostStore &                               store_;
+    const std::vector<const io::MappedFile *> files_;
 };
 
 }  // namespace spark

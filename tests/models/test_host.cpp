@@ -28,7 +28,8 @@ int32_t n_vocab(const spark_model * m) {
 }  // namespace
 
 TEST_CASE("library messages go to the host's log callback, and nowhere once it is removed") {
-    // SPARK_PROFILE makes every context report its step timings when it is freed.
+    // SPARK_PROFILE makes every model load report its phases, and every context its step timings
+    // when it is freed.
     ::setenv("SPARK_PROFILE", "1", 1);
     Captured captured;
     spark_log_set(&capture, &captured);
@@ -46,9 +47,11 @@ TEST_CASE("library messages go to the host's log callback, and nowhere once it i
         REQUIRE(decode_range(ctx.get(), {1, 2, 3}, 0, 3, 0, n_vocab(m.get()), out) == SPARK_OK);
     }
     ::unsetenv("SPARK_PROFILE");
-    REQUIRE(captured.messages.size() == 1);  // the first context's report only
+    REQUIRE(captured.messages.size() == 2);  // the first load's and the first context's reports only
     CHECK(captured.messages[0].first == SPARK_LOG_INFO);
-    CHECK(captured.messages[0].second.find("1 steps, per step") != std::string::npos);
+    CHECK(captured.messages[0].second.find("resolving") != std::string::npos);
+    CHECK(captured.messages[1].first == SPARK_LOG_INFO);
+    CHECK(captured.messages[1].second.find("1 steps, per step") != std::string::npos);
 }
 
 namespace {

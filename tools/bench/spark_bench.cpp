@@ -116,9 +116,10 @@ int32_t prompt_token(int p, int32_t n_vocab) { return int32_t((uint64_t(p) * 265
 
 class Bench {
 public:
-    Bench(spark_model * m, int32_t n_ctx, int32_t n_batch) {
+    Bench(spark_model * m, int32_t n_ctx, int32_t n_batch, int32_t n_threads) {
         spark_model_get_info(m, &info_);
         spark_context_params cp = spark_context_default_params();
+        cp.n_threads            = n_threads;
         cp.n_ctx                = n_ctx;
         cp.n_batch              = n_batch;
         cp.n_snapshots          = 1;
@@ -237,9 +238,10 @@ private:
 // states and keep recurrent states for rollback: the plain figures stay those of plain decoding).
 class SpecBench {
 public:
-    SpecBench(spark_model * m, int32_t n_ctx, const spark_spec_params & sp) {
+    SpecBench(spark_model * m, int32_t n_ctx, int32_t n_threads, const spark_spec_params & sp) {
         spark_model_get_info(m, &info_);
         spark_context_params cp = spark_context_default_params();
+        cp.n_threads            = n_threads;
         cp.n_ctx                = n_ctx;
         cp.n_snapshots          = 0;
         if (spark_context_init(m, cp, &ctx_) != SPARK_OK) throw std::runtime_error(std::string("context: ") + spark_last_error());
@@ -456,9 +458,10 @@ struct LoadRun {
 
 // Loads the model, then (from the same start) creates a context, decodes a 1-token prompt and samples
 // its greedy token; frees everything. False with a message (the run's figures are then partial).
-bool time_load(const std::string & path, spark_device_kind device, LoadRun & r, std::string & error) {
+bool time_load(const std::string & path, spark_device_kind device, int32_t n_threads, LoadRun & r, std::string & error) {
     spark_model_params mp = spark_model_default_params();
     mp.device             = device;
+    mp.n_threads          = n_threads;
     spark_model * model   = nullptr;
     spark_cli::LoadProgress bar;  // on a terminal only
     bar.attach(mp);
@@ -476,7 +479,9 @@ bool time_load(const std::string & path, spark_device_kind device, LoadRun & r, 
     spark_sampler * greedy = nullptr;
     spark_batch     batch{};
     bool            ok     = false;
-    if (spark_context_init(model, spark_context_default_params(), &ctx) != SPARK_OK) {
+    spark_context_params cp = spark_context_default_params();
+    cp.n_threads            = n_threads;
+    if (spark_context_init(model, cp, &ctx) != SPARK_OK) {
         error = std::string("context: ") + spark_last_error();
     } else {
         batch              = spark_batch_init(1, 1);
@@ -502,7 +507,7 @@ bool time_load(const std::string & path, spark_device_kind device, LoadRun & r, 
 }
 
 // --load: N timed starts of each model. Returns the exit status.
-int run_load_bench(const std::vector<std::string> & models, const std::string & device, int reps, bool cold, bool json) {
+int run_load_bench(const std::vector<std::string> & models, const std::string & device, int32_t n_threads, int reps, bool cold, bool json) {
     const spark_device_kind kind        = device == "cuda" ? SPARK_DEVICE_CUDA : SPARK_DEVICE_CPU;
     std::string             device_name = device;
     if (device == "cuda") {
@@ -538,7 +543,7 @@ int run_load_bench(const std::vector<std::string> & models, const std::string & 
                 std::fprintf(stderr, "spark-bench: %s run %d: --cold: %s of the files' pages in the page cache after eviction\n", path.c_str(), i,
                              r.cached < 0 ? "unknown share (mincore failed)" : (std::to_string(int(std::lround(100 * r.cached))) + "%").c_str());
             hwm_reset = reset_peak_rss() && hwm_reset;
-            r.ok      = time_load(path, kind, r, error);
+            r.ok      = time_load(path, kind, n_threads, r, error);
             runs.push_back(r);
             if (!r.ok) {
                 std::fprintf(stderr, "spark-bench: %s run %d: %s\n", path.c_str(), i, error.c_str());
@@ -596,6 +601,7 @@ int main(int argc, char ** argv) {
     std::string synthetic, formats = "int4", depths_arg = "0", device = "cuda";
     std::string spec_arg, sim_arg, prompt_text;
     int         n_prompt = 512, n_gen = 128, reps = 3, draft_max = 3;
+    int32_t     n_threads = 0;
     bool        json = false, matrix = false, load = false, cold = false;
     app.add_option("-m,--model", models, "model directory or spark file (repeatable)");
     app.add_option("--synthetic", synthetic, "synthetic shapes: qwen3-8b,qwen3-30b-a3b,qwen3-next-80b-a3b");
@@ -605,6 +611,8 @@ int main(int argc, char ** argv) {
     app.add_option("-n,--n-gen", n_gen, "decode length (0: skip)");
     app.add_option("-r,--repetitions", reps, "runs per figure (median)");
     app.add_option("--device", device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+    app.add_option("-t,--threads", n_threads, "CPU threads: for loading (reading and staging the weights) and for the CPU backend's compute; 0: the library's default")
+        ->check(CLI::NonNegativeNumber);
     app.add_flag("--json", json, "print JSON instead of a table");
     app.add_flag("--context-matrix", matrix, "decode speed for generations of 20/150/400 tokens at depths 0/512/2K/8K/16K");
     app.add_option("--spec", spec_arg, "also speculative decoding: draft:PATH, eagle3:PATH, mtp or ngram");
@@ -643,7 +651,7 @@ int main(int argc, char ** argv) {
             std::fprintf(stderr, "spark-bench: --load needs -m PATH\n");
             return 2;
         }
-        return run_load_bench(models, device, reps, cold, json);
+        return run_load_bench(models, device, n_threads, reps, cold, json);
     }
 
     // --spec, --draft-max, --spec-sim-accept.
@@ -719,6 +727,7 @@ int main(int argc, char ** argv) {
     for (const std::string & path : models) {
         spark_model_params mp = spark_model_default_params();
         mp.device             = device == "cuda" ? SPARK_DEVICE_CUDA : SPARK_DEVICE_CPU;
+        mp.n_threads          = n_threads;
         mp.load_tokenizer     = !prompt_text.empty();  // --prompt renders a chat prompt
         spark_model * model   = nullptr;
         spark_cli::LoadProgress bar;  // on a terminal only
@@ -744,13 +753,13 @@ int main(int argc, char ** argv) {
             const int max_depth = *std::max_element(depths.begin(), depths.end());
             const int max_gen   = *std::max_element(gens.begin(), gens.end());
             const int verify_rows = spec_arg.empty() ? 0 : draft_max + 1;  // the verify-cost step
-            Bench     b(model, max_depth + std::max({n_prompt, max_gen + 1, verify_rows}) + 8, 512);
+            Bench     b(model, max_depth + std::max({n_prompt, max_gen + 1, verify_rows}) + 8, 512, n_threads);
             // The speculative loop: a prompt of depth + 1 tokens, max_gen tokens and the last step's
             // surplus (up to draft_max + 1).
             std::unique_ptr<SpecBench> sb;
             if (!spec_arg.empty() && max_gen > 0) {
                 try {
-                    sb = std::make_unique<SpecBench>(model, max_depth + 1 + max_gen + draft_max + 8 + 4096 * !prompt_text.empty(), spec_params);
+                    sb = std::make_unique<SpecBench>(model, max_depth + 1 + max_gen + draft_max + 8 + 4096 * !prompt_text.empty(), n_threads, spec_params);
                     if (!prompt_text.empty()) sb->set_chat_prompt(model, prompt_text);
                 } catch (const std::exception & e) {
                     std::fprintf(stderr, "spark-bench: %s: no speculative decoding (--spec %s): %s\n", path.c_str(), spec_arg.c_str(), e.what());

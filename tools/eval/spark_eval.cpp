@@ -52,8 +52,12 @@ bool write_safetensors(const std::string & path, const std::vector<OutTensor> & 
     size_t      offset = 0;
     for (size_t i = 0; i < tensors.size(); ++i) {
         const OutTensor & t = tensors[i];
-        header += (i ? "," : "") + std::string("\"") + t.name + "\":{\"dtype\":\"" + t.dtype + "\",\"shape\":[";
-        for (size_t d = 0; d < t.shape.size(); ++d) header += (d ? "," : "") + std::to_string(t.shape[d]);
+        if (i) header += ',';
+        header += '"' + t.name + "\":{\"dtype\":\"" + t.dtype + "\",\"shape\":[";
+        for (size_t d = 0; d < t.shape.size(); ++d) {
+            if (d) header += ',';
+            header += std::to_string(t.shape[d]);
+        }
         header += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + t.bytes.size()) + "]}";
         offset += t.bytes.size();
     }

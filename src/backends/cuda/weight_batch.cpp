@@ -14,6 +14,7 @@
 #include "backends/cuda/ops.h"
 #include "backends/cuda/weight_arena.h"
 #include "graph/error.h"
+#include "graph/parallel.h"
 
 #include <algorithm>
 #include <atomic>
@@ -32,7 +33,7 @@ constexpr size_t kSlotBytes      = size_t(16) << 20;  // one read and one copy t
 constexpr size_t kJobBytes       = size_t(16) << 20;  // plain weights are split into jobs of this size,
 constexpr size_t kGroupBytes     = size_t(16) << 20;  // and neighbouring jobs grouped up to this size
 constexpr size_t kBytesPerWorker = size_t(64) << 20;  // no more threads than this many bytes each
-constexpr int    kMaxWorkers     = 8;                 // by default (n_threads <= 0): the machine's cores, up to this
+constexpr size_t kProgressStep   = size_t(64) << 20;  // progress is reported in steps of this many bytes
 
 // A host range and where it goes: a device address, or an offset into the job's scratch buffer.
 struct Piece {
@@ -171,13 +172,12 @@ public:
         for (const Job & j : jobs_)
             for (const Piece & p : j.pieces) largest = std::max(largest, p.bytes);
         const size_t slot_bytes = std::min(kSlotBytes, (largest + 4095) / 4096 * 4096);
-        const int    hw         = int(std::max(1u, std::thread::hardware_concurrency()));
-        const int    threads    = n_threads_ > 0 ? n_threads_ : std::min(kMaxWorkers, hw);
-        const int    n_workers  = int(std::clamp<uint64_t>(bytes_ / kBytesPerWorker, 1, uint64_t(threads)));
+        const int    n_workers  = int(std::clamp<uint64_t>(bytes_ / kBytesPerWorker, 1, uint64_t(load_threads(n_threads_))));
 
         Shared sh;
         sh.reader     = &reader;
         sh.slot_bytes = slot_bytes;
+        sh.total      = bytes_;
         std::vector<std::thread> workers;
         auto stop_and_join = [&] {
             sh.stop = true;
@@ -223,9 +223,19 @@ private:
         bool                    cancelled = false; // by the progress callback (loading thread only)
         std::mutex              mutex;
         std::condition_variable changed;
-        uint64_t                done     = 0;  // guarded by mutex
-        int                     finished = 0;  // threads that have returned
-        std::exception_ptr      error;         // the first failure
+        std::atomic<uint64_t>   done{0};       // bytes moved
+        uint64_t                total    = 0;
+        int                     finished = 0;  // threads that have returned (guarded by mutex)
+        std::exception_ptr      error;         // the first failure (guarded by mutex)
+
+        // Counts moved bytes; wakes the loading thread every kProgressStep and at the end (waking it
+        // for each of Qwen3-Next's 300K pieces cost more than the copies).
+        void advance(uint64_t n) {
+            const uint64_t before = done.fetch_add(n);
+            if ((before + n) / kProgressStep == before / kProgressStep && before + n != total) return;
+            std::lock_guard<std::mutex> lock(mutex);
+            changed.notify_all();
+        }
     };
 
     static size_t round_up(size_t v) { return (v + 255) / 256 * 256; }
@@ -292,9 +302,7 @@ private:
         auto * stage = static_cast<uint8_t *>(lane.stage[p.slot]) + p.used;
         for (const Piece & piece : job.pieces) {
             sh.reader->read(host + piece.scratch, piece.src, piece.bytes);
-            std::lock_guard<std::mutex> lock(sh.mutex);
-            sh.done += piece.bytes;
-            sh.changed.notify_all();
+            sh.advance(piece.bytes);
         }
         Int4RepackItem it;
         it.words       = reinterpret_cast<const uint32_t *>(stage + job.words);
@@ -335,9 +343,7 @@ private:
                 sh.reader->read(lane.slot[slot], static_cast<const uint8_t *>(p.src) + off, n);
                 SPARK_CUDA_CHECK(cudaMemcpyAsync(dst + off, lane.slot[slot], n, cudaMemcpyHostToDevice, lane.stream));
                 SPARK_CUDA_CHECK(cudaEventRecord(lane.free[slot], lane.stream));
-                std::lock_guard<std::mutex> lock(sh.mutex);
-                sh.done += n;
-                sh.changed.notify_all();
+                sh.advance(n);
             }
         }
         if (job.repack && !sh.stop)

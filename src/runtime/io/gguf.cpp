@@ -493,7 +493,6 @@ void GgufFile::parse() {
         const uint64_t at = c.pos();
         t.name            = c.read_string({"tensor name"});
         if (t.name.empty()) fail(SPARK_ERR_INVALID_FORMAT, "%s: tensor %llu at offset %llu has an empty name", what, ull(i), ull(at));
-        if (tensor_index_.count(t.name)) fail(SPARK_ERR_INVALID_FORMAT, "%s: duplicate tensor name '%s'", what, t.name.c_str());
         const char *   name   = t.name.c_str();
         const Where    where{"info of tensor", &t.name};
         const uint32_t n_dims = c.read<uint32_t>(where);
@@ -516,9 +515,13 @@ void GgufFile::parse() {
                 fail(SPARK_ERR_INVALID_FORMAT, "%s: tensor '%s': the byte size of its dimensions overflows", what, name);
         t.nbytes = nbytes;
         t.offset = c.read<uint64_t>(where);
-        tensor_index_.emplace(t.name, raw_tensors_.size());
         raw_tensors_.push_back(std::move(t));
     }
+    // Indexed once the names have their final addresses (views, not a third copy of 300K names).
+    tensor_index_.reserve(raw_tensors_.size());
+    for (size_t i = 0; i < raw_tensors_.size(); ++i)
+        if (!tensor_index_.try_emplace(raw_tensors_[i].name, i).second)
+            fail(SPARK_ERR_INVALID_FORMAT, "%s: duplicate tensor name '%s'", what, raw_tensors_[i].name.c_str());
 
     data_offset_ = align_up(c.pos(), alignment_);  // pos <= size < 2^63, alignment <= 2^31: no overflow
     if (n_tensors > 0 && data_offset_ > size)
@@ -648,7 +651,7 @@ const GgufValue * GgufFile::find(const std::string & key) const {
 }
 
 const TensorInfo * GgufFile::find_tensor(const std::string & name) const {
-    auto it = tensor_index_.find(name);
+    auto it = tensor_index_.find(std::string_view(name));
     return it == tensor_index_.end() ? nullptr : &tensors_[it->second];
 }
 

@@ -22,6 +22,7 @@
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <string_view>
 #include <unordered_map>
 #include <variant>
 #include <vector>
@@ -172,6 +173,8 @@ class GgufFile {
 public:
     // Validates the whole header (docs/FORMAT.md "Validation") before returning.
     static std::unique_ptr<GgufFile> open(const std::string & path);
+    GgufFile(const GgufFile &)             = delete;  // the index views the names
+    GgufFile & operator=(const GgufFile &) = delete;
 
     const std::string & path() const { return file_->path(); }
     uint32_t            version() const { return version_; }
@@ -221,7 +224,7 @@ private:
     std::unordered_map<std::string, size_t>        kv_index_;
     std::vector<GgufTensorInfo>                    raw_tensors_;
     std::vector<TensorInfo>                        tensors_;
-    std::unordered_map<std::string, size_t>        tensor_index_;
+    std::unordered_map<std::string_view, size_t>   tensor_index_;  // views of raw_tensors_'s names
 };
 
 // The tensors of a spark (or plain GGUF) file for the loaders.

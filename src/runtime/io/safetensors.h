@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -26,6 +27,7 @@ public:
     const MappedFile &                           mapping() const { return *file_; }
 
 private:
+    friend class SafetensorsSource;  // takes the tensors over
     std::shared_ptr<MappedFile>        file_;
     std::vector<TensorInfo>            tensors_;
     std::map<std::string, std::string> metadata_;
@@ -37,6 +39,8 @@ class SafetensorsSource final : public TensorSource {
 public:
     static std::unique_ptr<SafetensorsSource> open_dir(const std::string & dir);
     static std::unique_ptr<SafetensorsSource> open_file(const std::string & path);
+    SafetensorsSource(const SafetensorsSource &)             = delete;  // the index views the names
+    SafetensorsSource & operator=(const SafetensorsSource &) = delete;
 
     const TensorInfo *              find(const std::string & name) const override;
     const std::vector<TensorInfo> & tensors() const override { return all_; }
@@ -46,10 +50,11 @@ public:
     std::vector<std::string>        file_paths() const;
 
 private:
-    void add(std::unique_ptr<SafetensorsFile> f);
-    std::vector<std::unique_ptr<SafetensorsFile>> files_;
-    std::vector<TensorInfo>                       all_;
-    std::unordered_map<std::string, size_t>       index_;
+    SafetensorsSource() = default;
+    void take(std::vector<std::unique_ptr<SafetensorsFile>> files);
+    std::vector<std::unique_ptr<SafetensorsFile>>    files_;  // their tensors moved to all_
+    std::vector<TensorInfo>                          all_;
+    std::unordered_map<std::string_view, size_t>     index_;  // views of all_'s names
     std::string                                   origin_;
 };
 

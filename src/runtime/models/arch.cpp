@@ -1,6 +1,7 @@
 #include "runtime/models/arch.h"
 
 #include "graph/error.h"
+#include "graph/parallel.h"
 #include "runtime/io/mapped_file.h"
 
 #include <cstring>
@@ -80,6 +81,15 @@ QWeight CheckpointLoader::linear(const std::string & module, int64_t n, int64_t 
     return batch_->add(count(resolver_.linear(module, n, k), counter));
 }
 
+// Resolution only reads the checkpoint (shapes, dtypes, zero points, g_idx), so the specs resolve on
+// several threads; the backend takes them in order, as from linear() one by one.
+std::vector<QWeight> CheckpointLoader::linears(const std::vector<LinearSpec> & specs, uint64_t * counter) {
+    std::vector<QWeight> out(specs.size());
+    parallel_for(specs.size(), load_threads(params_.n_threads), [&](size_t i) { out[i] = resolver_.linear(specs[i].module, specs[i].n, specs[i].k); });
+    for (QWeight & w : out) w = batch_->add(count(w, counter));
+    return out;
+}
+
 QWeight CheckpointLoader::dense(const std::string & name, int64_t n, int64_t k, uint64_t * counter) {
     return batch_->add(count(resolver_.dense(name, n, k), counter));
 }
@@ -97,6 +107,12 @@ void CheckpointLoader::finish() {
         report(done, all);
         return true;
     });
+}
+
+std::vector<QWeight> ModelLoader::linears(const std::vector<LinearSpec> & specs, uint64_t * counter) {
+    std::vector<QWeight> out;
+    for (const LinearSpec & s : specs) out.push_back(linear(s.module, s.n, s.k, counter));
+    return out;
 }
 
 void * ModelLoader::store(const void * host, size_t bytes) {

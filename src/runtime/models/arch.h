@@ -17,6 +17,11 @@ struct HiddenCapture;
 // How an architecture gets its weights: from a checkpoint (CheckpointLoader) or random of the same
 // shapes for benchmarks (SyntheticLoader, src/runtime/synthetic.cpp). Architectures only name the
 // tensors and their logical shapes.
+struct LinearSpec {
+    std::string module;
+    int64_t     n = 0, k = 0;
+};
+
 class ModelLoader {
 public:
     ModelLoader(Model & model, const spark_model_params & params) : model_(model), params_(params) {}
@@ -24,6 +29,8 @@ public:
 
     // A Linear weight [n, k] of `module` in whatever format the checkpoint holds.
     virtual QWeight linear(const std::string & module, int64_t n, int64_t k, uint64_t * bytes_counter = nullptr) = 0;
+    // Several at once, in order: a loader may resolve them in parallel (a MoE layer's experts).
+    virtual std::vector<QWeight> linears(const std::vector<LinearSpec> & specs, uint64_t * bytes_counter = nullptr);
     // A dense matrix [n, k] (the token embedding).
     virtual QWeight dense(const std::string & name, int64_t n, int64_t k, uint64_t * bytes_counter = nullptr) = 0;
     // A float32 parameter; `hf_shape` is the checkpoint's shape (uploaded in ggml order).
@@ -58,6 +65,7 @@ public:
     CheckpointLoader(Model & model, WeightResolver & resolver, const spark_model_params & params);
     ~CheckpointLoader() override;
     QWeight linear(const std::string & module, int64_t n, int64_t k, uint64_t * counter) override;
+    std::vector<QWeight> linears(const std::vector<LinearSpec> & specs, uint64_t * counter) override;
     QWeight dense(const std::string & name, int64_t n, int64_t k, uint64_t * counter) override;
     Param   param(const std::string & name, std::initializer_list<int64_t> hf_shape, uint64_t * counter) override;
     bool    has(const std::string & name) const override { return resolver_.has(name) || resolver_.has_module(name); }

@@ -12,14 +12,21 @@ void load_experts(Model & m, ModelLoader & ml, const std::string & mlp, LayerWei
     const HParams & hp = m.hparams;
     uint64_t *      f  = &m.info.weight_bytes_ffn;
     L.router           = ml.linear(mlp + ".gate", hp.n_expert, hp.n_embd, f);
-    L.exp_gate.resize(size_t(hp.n_expert));
-    L.exp_up.resize(size_t(hp.n_expert));
-    L.exp_down.resize(size_t(hp.n_expert));
+    std::vector<LinearSpec> specs;
     for (int64_t e = 0; e < hp.n_expert; ++e) {
         const std::string x = mlp + ".experts." + std::to_string(e);
-        L.exp_gate[size_t(e)] = ml.linear(x + ".gate_proj", hp.n_ff_expert, hp.n_embd, f);
-        L.exp_up[size_t(e)]   = ml.linear(x + ".up_proj", hp.n_ff_expert, hp.n_embd, f);
-        L.exp_down[size_t(e)] = ml.linear(x + ".down_proj", hp.n_embd, hp.n_ff_expert, f);
+        specs.push_back({x + ".gate_proj", hp.n_ff_expert, hp.n_embd});
+        specs.push_back({x + ".up_proj", hp.n_ff_expert, hp.n_embd});
+        specs.push_back({x + ".down_proj", hp.n_embd, hp.n_ff_expert});
+    }
+    const std::vector<QWeight> w = ml.linears(specs, f);
+    L.exp_gate.clear();
+    L.exp_up.clear();
+    L.exp_down.clear();
+    for (size_t e = 0; e < size_t(hp.n_expert); ++e) {
+        L.exp_gate.push_back(w[3 * e]);
+        L.exp_up.push_back(w[3 * e + 1]);
+        L.exp_down.push_back(w[3 * e + 2]);
     }
 }
 
