@@ -112,7 +112,7 @@ typedef enum spark_log_level {
 typedef void (*spark_log_callback)(spark_log_level level, const char * text, void * user_data);
 SPARK_API void spark_log_set(spark_log_callback callback, void * user_data);
 
-/* A human-readable description of the build: version, compiled backends, CUDA archs. */
+/* A human-readable description of the build: version, the commit built, compiled backends, CUDA archs. */
 SPARK_API const char * spark_build_info(void);
 
 /* ------------------------------------------------------------------------------------------ */

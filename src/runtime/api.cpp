@@ -2,6 +2,7 @@
 #include "graph/error.h"
 #include "runtime/context.h"
 #include "runtime/model.h"
+#include "spark_commit.h"  // generated: SPARK_GIT_COMMIT
 
 #include <spark/spark.h>
 
@@ -30,7 +31,7 @@ SPARK_API const char * spark_version(void) { return kVersion; }
 SPARK_API spark_status spark_init(void) { return SPARK_OK; }
 
 SPARK_API const char * spark_build_info(void) {
-    static const std::string info = std::string("spark ") + kVersion + " backends: cpu"
+    static const std::string info = std::string("spark ") + kVersion + " (commit " SPARK_GIT_COMMIT ") backends: cpu"
 #if SPARK_HAS_CUDA
                                     + " cuda (targets " SPARK_CUDA_TARGETS ")"
 #endif
