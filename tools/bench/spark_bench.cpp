@@ -2,8 +2,8 @@
 // file or directory, or for synthetic models with the exact shapes of Qwen3-8B, Qwen3-30B-A3B and
 // Qwen3-Next-80B-A3B in each weight format (random weights generated on the device).
 //
-//   spark-bench --synthetic qwen3-30b-a3b --format int4,nvfp4 -d 0,2048 [-p 512] [-n 128] [-r 5] [--json]
-//   spark-bench -m /path/to/model --device cuda
+//   spark-bench --synthetic qwen3-30b-a3b --format int4,nvfp4 -d 0,2048 [-p 512] [-n 128] [-r 5] [-o md|csv|json]
+//   spark-bench -m /path/to/model [--device cuda]
 //   spark-bench --synthetic qwen3-8b --format int4 --context-matrix
 //   spark-bench -m /path/to/model --spec draft:/path/to/draft [--draft-max 3]
 //   spark-bench --synthetic qwen3-8b --spec ngram --spec-sim-accept 0.84,0.53
@@ -38,16 +38,24 @@
 // as root: sync; echo 3 > /proc/sys/vm/drop_caches. Synthetic models have no files: --load refuses
 // them.
 //
+// --device defaults to cuda when a CUDA device is visible (spark_cuda_device_count), else cpu. -o
+// picks the output: md (a Markdown table, the default), csv (one header line, one line per figure,
+// RFC 4180 quoting) or json (--json is -o json); the messages go to stderr.
+//
 // The exit status is 0 when everything asked for ran, 1 when something failed (a model that did not
-// load, a run or a --spec row that could not be measured), 2 for bad options.
+// load: a missing path, an unknown synthetic shape or format; --device cuda without a CUDA device; a
+// run or a --spec row that could not be measured), 2 for bad options (a value that is not a number,
+// options that do not go together).
 #include <spark/spark.h>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "../convert/synthetic_shapes.h"
 #include "load_progress.h"
 #include "log_stderr.h"
 #include "spec_cli.h"
+#include "version.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -56,7 +64,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -79,6 +89,60 @@ std::vector<std::string> split(const std::string & s) {
     while (std::getline(ss, item, ','))
         if (!item.empty()) out.push_back(item);
     return out;
+}
+
+// A comma list of non-negative integers (-d/--depth: "0,512,2048"); empty items are skipped. False
+// with a message naming the flag and the bad value otherwise.
+bool parse_count_list(const char * flag, const std::string & text, std::vector<int> & out, std::string & error) {
+    out.clear();
+    for (const std::string & item : split(text)) {
+        int                          v   = 0;
+        const char *                 end = item.data() + item.size();
+        const std::from_chars_result r   = std::from_chars(item.data(), end, v);
+        if (r.ec != std::errc() || r.ptr != end || v < 0) {
+            error = std::string(flag) + ": '" + item + "' is " + (r.ec == std::errc::result_out_of_range ? "out of range" : "not a non-negative integer") +
+                    " (expected e.g. 0,512,2048)";
+            return false;
+        }
+        out.push_back(v);
+    }
+    if (out.empty()) {
+        error = std::string(flag) + ": no value in '" + text + "' (expected e.g. 0,512,2048)";
+        return false;
+    }
+    return true;
+}
+
+enum class Output { Md, Csv, Json };
+
+// A string as a JSON string literal's contents.
+std::string json_escape(const std::string & s) {
+    std::string out;
+    for (const char c : s) {
+        if (c == '"' || c == '\\') {
+            out += '\\';
+            out += c;
+        } else if (static_cast<unsigned char>(c) < 0x20) {
+            char buf[8];
+            std::snprintf(buf, sizeof buf, "\\u%04x", unsigned(static_cast<unsigned char>(c)));
+            out += buf;
+        } else out += c;
+    }
+    return out;
+}
+
+// A CSV field (RFC 4180): quoted when it holds a comma, a quote or a line break.
+std::string csv_field(const std::string & s) {
+    if (s.find_first_of(",\"\r\n") == std::string::npos) return s;
+    std::string out = "\"";
+    for (const char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+    return out + "\"";
+}
+
+std::string fmt(const char * format, double v) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, format, v);
+    return buf;
 }
 
 struct Stat {
@@ -507,7 +571,8 @@ bool time_load(const std::string & path, spark_device_kind device, int32_t n_thr
 }
 
 // --load: N timed starts of each model. Returns the exit status.
-int run_load_bench(const std::vector<std::string> & models, const std::string & device, int32_t n_threads, int reps, bool cold, bool json) {
+int run_load_bench(const std::vector<std::string> & models, const std::string & device, int32_t n_threads, int reps, bool cold, Output out) {
+    const bool json = out == Output::Json, csv = out == Output::Csv;
     const spark_device_kind kind        = device == "cuda" ? SPARK_DEVICE_CUDA : SPARK_DEVICE_CPU;
     std::string             device_name = device;
     if (device == "cuda") {
@@ -517,17 +582,17 @@ int run_load_bench(const std::vector<std::string> & models, const std::string & 
     const uint64_t rss_before = proc_status_bytes("VmRSS");
     bool           hwm_reset  = true, failed = false;
     std::vector<LoadRun> runs;
-    if (!json) {
+    if (csv) std::printf("device,model,run,cache,ok,cached_fraction,load_s,first_token_s,file_bytes,gbs,peak_rss_bytes\n");
+    if (out == Output::Md)
         std::printf("| model | run | cache | cached %% | load s | first token s | GB read | GB/s | peak RSS GB |\n"
                     "|---|---:|---|---:|---:|---:|---:|---:|---:|\n");
-        std::fflush(stdout);
-    }
+    std::fflush(stdout);
     for (const std::string & path : models) {
         ModelFiles  files;
         std::string error;
         if (!model_files(path, files, error)) {
             std::fprintf(stderr, "spark-bench: %s: %s\n", path.c_str(), error.c_str());
-            if (!json) std::printf("| %s | - | %s | | | | | | not run (see stderr) |\n", path.c_str(), cold ? "cold" : "warm");
+            if (out == Output::Md) std::printf("| %s | - | %s | | | | | | not run (see stderr) |\n", path.c_str(), cold ? "cold" : "warm");
             failed = true;
             continue;
         }
@@ -547,11 +612,18 @@ int run_load_bench(const std::vector<std::string> & models, const std::string & 
             runs.push_back(r);
             if (!r.ok) {
                 std::fprintf(stderr, "spark-bench: %s run %d: %s\n", path.c_str(), i, error.c_str());
-                if (!json) std::printf("| %s | %d | %s | | | | | | failed (see stderr) |\n", path.c_str(), i, cold ? "cold" : "warm");
+                if (out == Output::Md) std::printf("| %s | %d | %s | | | | | | failed (see stderr) |\n", path.c_str(), i, cold ? "cold" : "warm");
                 failed = true;
                 break;  // the next runs would fail the same way
             }
-            if (!json) {
+            if (csv) {
+                std::printf("%s,%s,%d,%s,%s,%s,%.4f,%.4f,%llu,%.4f,%llu\n", csv_field(device_name).c_str(), csv_field(path).c_str(), i,
+                            cold ? "cold" : "warm", r.ok ? "true" : "false", r.cached < 0 ? "" : fmt("%.4f", r.cached).c_str(), r.load_s,
+                            r.first_token_s, (unsigned long long) r.file_bytes, r.load_s > 0 ? double(r.file_bytes) / 1e9 / r.load_s : 0.0,
+                            (unsigned long long) r.peak_rss);
+                std::fflush(stdout);
+            }
+            if (out == Output::Md) {
                 char cached[16] = "?";
                 if (r.cached >= 0) std::snprintf(cached, sizeof cached, "%.0f", 100 * r.cached);
                 std::printf("| %s | %d | %s | %s | %.3f | %.3f | %.3f | %.2f | %.3f |\n", path.c_str(), i, cold ? "cold" : "warm", cached, r.load_s,
@@ -562,18 +634,18 @@ int run_load_bench(const std::vector<std::string> & models, const std::string & 
         }
     }
     if (json) {
-        std::printf("{\"device\": \"%s\", \"rss_before_bytes\": %llu, \"peak_rss_per_run\": %s, \"load\": [\n", device_name.c_str(),
+        std::printf("{\"device\": \"%s\", \"rss_before_bytes\": %llu, \"peak_rss_per_run\": %s, \"load\": [\n", json_escape(device_name).c_str(),
                     (unsigned long long) rss_before, hwm_reset ? "true" : "false");
         for (size_t i = 0; i < runs.size(); ++i) {
             const LoadRun & r = runs[i];
             std::printf("  {\"model\": \"%s\", \"run\": %d, \"cold\": %s, \"ok\": %s, \"cached_fraction\": %s, \"load_s\": %.4f, \"first_token_s\": %.4f, "
                         "\"file_bytes\": %llu, \"gbs\": %.4f, \"peak_rss_bytes\": %llu}%s\n",
-                        r.model.c_str(), r.run, r.cold ? "true" : "false", r.ok ? "true" : "false",
+                        json_escape(r.model).c_str(), r.run, r.cold ? "true" : "false", r.ok ? "true" : "false",
                         r.cached < 0 ? "null" : std::to_string(r.cached).c_str(), r.load_s, r.first_token_s, (unsigned long long) r.file_bytes,
                         r.load_s > 0 ? double(r.file_bytes) / 1e9 / r.load_s : 0.0, (unsigned long long) r.peak_rss, i + 1 < runs.size() ? "," : "");
         }
         std::printf("]}\n");
-    } else {
+    } else if (out == Output::Md) {
         std::printf("\ndevice: %s, build %s\n"
                     "load s: wall time of spark_model_load; first token s: from the same start until the greedy token of a 1-token prompt is out "
                     "(a context of %d tokens created, the prompt decoded); GB read: the model's weight files; GB/s: GB read / load s\n"
@@ -597,26 +669,33 @@ double step_bytes(const spark_model_info & i, double mean_depth) {
 
 int main(int argc, char ** argv) {
     CLI::App    app{"spark-bench: prefill (pp) and decode (tg) tokens/s, with the roofline fraction"};
+    app.option_defaults()->always_capture_default();  // --help shows the defaults
+    spark_cli::add_version_flag(app, "spark-bench");
+    const CLI::Range nonnegative(0, INT_MAX, "NONNEGATIVE"), positive(1, INT_MAX, "POSITIVE");  // ints: the message names the value
     std::vector<std::string> models;
-    std::string synthetic, formats = "int4", depths_arg = "0", device = "cuda";
+    std::string synthetic, formats = "int4", depths_arg = "0", device = "auto", output = "md";
     std::string spec_arg, sim_arg, prompt_text;
     int         n_prompt = 512, n_gen = 128, reps = 3, draft_max = 3;
     int32_t     n_threads = 0;
     bool        json = false, matrix = false, load = false, cold = false;
     app.add_option("-m,--model", models, "model directory or spark file (repeatable)");
-    app.add_option("--synthetic", synthetic, "synthetic shapes: qwen3-8b,qwen3-30b-a3b,qwen3-next-80b-a3b");
-    app.add_option("--format", formats, "formats of the synthetic models: bf16,int4,nvfp4,fp8");
+    app.add_option("--synthetic", synthetic, std::string("synthetic models of these shapes, comma separated: ") + spark_cli::kSyntheticShapes);
+    app.add_option("--format", formats, "weight formats of the synthetic models, comma separated: bf16, f16, int4, nvfp4, fp8");
     app.add_option("-d,--depth", depths_arg, "context depths, comma separated");
-    app.add_option("-p,--n-prompt", n_prompt, "prefill length (0: skip)");
-    app.add_option("-n,--n-gen", n_gen, "decode length (0: skip)");
-    app.add_option("-r,--repetitions", reps, "runs per figure (median)");
-    app.add_option("--device", device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+    app.add_option("-p,--n-prompt", n_prompt, "prefill length (0: skip)")->check(nonnegative);
+    app.add_option("-n,--n-gen", n_gen, "decode length (0: skip)")->check(nonnegative);
+    app.add_option("-r,--repetitions", reps, "runs per figure (median)")->check(positive);
+    app.add_option("--device", device, "cpu, cuda, or auto: cuda when a CUDA device is visible, else cpu")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
     app.add_option("-t,--threads", n_threads, "CPU threads: for loading (reading and staging the weights) and for the CPU backend's compute; 0: the library's default")
-        ->check(CLI::NonNegativeNumber);
-    app.add_flag("--json", json, "print JSON instead of a table");
+        ->check(nonnegative);
+    CLI::Option * output_opt =
+        app.add_option("-o,--output", output, "output format: md (a Markdown table), csv or json")->check(CLI::IsMember({"md", "csv", "json"}));
+    app.add_flag("--json", json, "the same as -o json");
     app.add_flag("--context-matrix", matrix, "decode speed for generations of 20/150/400 tokens at depths 0/512/2K/8K/16K");
     app.add_option("--spec", spec_arg, "also speculative decoding: draft:PATH, eagle3:PATH, mtp or ngram");
-    CLI::Option * draft_max_opt = app.add_option("--draft-max", draft_max, "--spec: tokens drafted per step (default 3, or the number of --spec-sim-accept values)");
+    CLI::Option * draft_max_opt =
+        app.add_option("--draft-max", draft_max, "--spec: tokens drafted per step (default 3, or the number of --spec-sim-accept values)")
+            ->check(positive);
     app.add_option("--prompt", prompt_text, "--spec: measure on this user message (rendered with the chat template) instead of pseudo-random tokens");
     app.add_option("--spec-sim-accept", sim_arg, "--spec: simulated acceptance at draft positions 1, 2, ... (e.g. 0.84,0.53; benchmark only)");
     app.add_flag("--load", load,
@@ -625,17 +704,33 @@ int main(int argc, char ** argv) {
     app.add_flag("--cold", cold,
                  "--load: evict the model's files from the page cache before each run (posix_fadvise, no root; the share still cached is "
                  "printed; a full cold start also needs, as root, echo 3 > /proc/sys/vm/drop_caches)");
-    CLI11_PARSE(app, argc, argv);
+    app.footer("Exit status: 0 when every figure asked for ran, 1 when one could not (a model that does not load, --device cuda without a\n"
+               "CUDA device, a failed run), 2 for bad options.");
+    // A parse error (a value that is not a number, an unknown option) exits 2 with a message naming the option.
+    app.failure_message([](const CLI::App *, const CLI::Error & e) { return std::string("spark-bench: ") + e.what() + "\nRun with --help for more information.\n"; });
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError & e) {
+        return app.exit(e) == 0 ? 0 : 2;  // --help and --version exit 0
+    }
     spark_cli::install_stderr_log();
 
+    if (json && output_opt->count() > 0 && output != "json") {
+        std::fprintf(stderr, "spark-bench: --json is -o json; it contradicts -o %s\n", output.c_str());
+        return 2;
+    }
+    const Output out = json || output == "json" ? Output::Json : output == "csv" ? Output::Csv : Output::Md;
+    json             = out == Output::Json;
+    std::vector<int> depths;
+    if (std::string err; !matrix && !parse_count_list("-d/--depth", depths_arg, depths, err)) {
+        std::fprintf(stderr, "spark-bench: %s\n", err.c_str());
+        return 2;
+    }
     if (cold && !load) {
         std::fprintf(stderr, "spark-bench: --cold goes with --load\n");
         return 2;
     }
-    if (reps < 1) {
-        std::fprintf(stderr, "spark-bench: -r must be at least 1\n");
-        return 2;
-    }
+    if (device == "auto") device = spark_cuda_device_count() > 0 ? "cuda" : "cpu";
     if (load) {
         if (!synthetic.empty() || std::any_of(models.begin(), models.end(), [](const std::string & m) { return m.rfind("synthetic:", 0) == 0; })) {
             std::fprintf(stderr, "spark-bench: --load measures reading a model's files; a synthetic model has none (its weights are generated): give -m PATH\n");
@@ -651,8 +746,13 @@ int main(int argc, char ** argv) {
             std::fprintf(stderr, "spark-bench: --load needs -m PATH\n");
             return 2;
         }
-        return run_load_bench(models, device, n_threads, reps, cold, json);
     }
+    // Nothing can run on a device that is not there: say so once, before loading anything.
+    if (device == "cuda" && spark_cuda_device_count() == 0) {
+        std::fprintf(stderr, "spark-bench: --device cuda: no CUDA device is visible (%s); --device cpu runs on the CPU\n", spark_build_info());
+        return 1;
+    }
+    if (load) return run_load_bench(models, device, n_threads, reps, cold, out);
 
     // --spec, --draft-max, --spec-sim-accept.
     spark_cli::SpecOption spec;
@@ -704,8 +804,7 @@ int main(int argc, char ** argv) {
         std::fprintf(stderr, "spark-bench: nothing to run (give -m or --synthetic)\n");
         return 2;
     }
-    std::vector<int> depths;
-    for (const std::string & d : split(matrix ? "0,512,2048,8192,16384" : depths_arg)) depths.push_back(std::stoi(d));
+    if (matrix) depths = {0, 512, 2048, 8192, 16384};
     const std::vector<int> gens = matrix ? std::vector<int>{20, 150, 400} : std::vector<int>{n_gen};
 
     std::vector<Result> results;
@@ -718,12 +817,29 @@ int main(int argc, char ** argv) {
     }
     // With --spec the table has four more columns (empty in the pp/tg rows).
     const std::string no_spec_cells = spec_arg.empty() ? "" : " | | | |";
-    if (!json) {
+    if (out == Output::Md)
         std::printf("| model | format | test | depth | t/s | step MB | %% of copy BW |%s\n|---|---|---|---:|---:|---:|---:|%s\n",
                     spec_arg.empty() ? "" : " speedup | tok/step | verify k+1 / 1 row | acceptance by draft position |",
                     spec_arg.empty() ? "" : "---:|---:|---:|---|");
+    // CSV: the fields of the JSON rows; with --spec the speculative ones too (empty in the pp/tg rows).
+    if (out == Output::Csv)
+        std::printf("device,model,format,test,depth,tps,tps_stdev,step_bytes,bw_fraction%s\n",
+                    spec_arg.empty() ? "" : ",spec,n_draft_max,simulated,speedup,tokens_per_step,verify_cost_ratio,acceptance");
+    std::fflush(stdout);
+    auto csv_row = [&](const Result & r) {
+        std::printf("%s,%s,%s,%s,%d,%.2f,%.2f,%.0f,%.4f", csv_field(device_name).c_str(), csv_field(r.model).c_str(), csv_field(r.format).c_str(),
+                    csv_field(r.test).c_str(), r.depth, r.tps.median, r.tps.stdev, r.step_bytes, r.bw_fraction);
+        if (r.spec) {
+            std::string acceptance;  // per draft position, space separated; - where nothing was drafted
+            for (size_t j = 0; j < r.acceptance.size(); ++j) acceptance += (j ? " " : "") + (r.acceptance[j] < 0 ? "-" : fmt("%.4f", r.acceptance[j]));
+            std::printf(",%s,%d,%s,%.4f,%.4f,%.4f,%s", r.spec_kind.c_str(), r.n_draft_max, r.simulated ? "true" : "false", r.speedup,
+                        r.tokens_per_step, r.verify_ratio, acceptance.c_str());
+        } else if (!spec_arg.empty()) {
+            std::printf(",,,,,,,");
+        }
+        std::printf("\n");
         std::fflush(stdout);
-    }
+    };
     for (const std::string & path : models) {
         spark_model_params mp = spark_model_default_params();
         mp.device             = device == "cuda" ? SPARK_DEVICE_CUDA : SPARK_DEVICE_CPU;
@@ -738,7 +854,7 @@ int main(int argc, char ** argv) {
         bar.finish();
         if (st != SPARK_OK) {
             std::fprintf(stderr, "spark-bench: %s: %s (%s)\n", path.c_str(), spark_last_error(), "skipped");
-            if (!json) std::printf("| %s | - | - | - | %s | | |%s\n", path.c_str(), "not run (see stderr)", no_spec_cells.c_str());
+            if (out == Output::Md) std::printf("| %s | - | - | - | %s | | |%s\n", path.c_str(), "not run (see stderr)", no_spec_cells.c_str());
             failed = true;
             continue;
         }
@@ -764,7 +880,8 @@ int main(int argc, char ** argv) {
                 } catch (const std::exception & e) {
                     std::fprintf(stderr, "spark-bench: %s: no speculative decoding (--spec %s): %s\n", path.c_str(), spec_arg.c_str(), e.what());
                     failed = true;
-                    if (!json) std::printf("| %s | %s | spec (%s) | - | not run (see stderr) | | | | | | |\n", name.c_str(), format.c_str(), spec_label.c_str());
+                    if (out == Output::Md)
+                        std::printf("| %s | %s | spec (%s) | - | not run (see stderr) | | | | | | |\n", name.c_str(), format.c_str(), spec_label.c_str());
                 }
             }
             for (int depth : depths) {
@@ -774,7 +891,8 @@ int main(int argc, char ** argv) {
                     r.model = name, r.format = format, r.test = test, r.depth = depth, r.tps = stat_of(v), r.step_bytes = bytes;
                     if (bytes > 0 && bandwidth > 0) r.bw_fraction = bytes * r.tps.median / bandwidth;
                     results.push_back(r);
-                    if (!json) {
+                    if (out == Output::Csv) csv_row(r);
+                    if (out == Output::Md) {
                         std::printf("| %s | %s | %s | %d | %.1f ± %.1f | %s | %s |%s\n", r.model.c_str(), r.format.c_str(), r.test.c_str(), r.depth,
                                     r.tps.median, r.tps.stdev, bytes > 0 ? std::to_string(bytes / 1e6).substr(0, std::to_string(bytes / 1e6).find(".") + 2).c_str() : "",
                                     bytes > 0 ? (std::to_string(int(100 * r.bw_fraction + 0.5)) + "%").c_str() : "", no_spec_cells.c_str());
@@ -802,7 +920,8 @@ int main(int argc, char ** argv) {
                     results.push_back(r);
                     std::fprintf(stderr, "spark-bench: %s depth %d, speculative (%s): %s\n", name.c_str(), depth, spec_label.c_str(),
                                  spark_cli::describe_spec_stats(s, draft_max).c_str());
-                    if (!json) {
+                    if (out == Output::Csv) csv_row(r);
+                    if (out == Output::Md) {
                         std::printf("| %s | %s | %s | %d | %.1f ± %.1f | | | %.2fx | %.2f | %.2f | %s |\n", r.model.c_str(), r.format.c_str(), r.test.c_str(),
                                     r.depth, r.tps.median, r.tps.stdev, r.speedup, r.tokens_per_step, r.verify_ratio,
                                     spark_cli::acceptance_by_position(s, draft_max).c_str());
@@ -836,7 +955,7 @@ int main(int argc, char ** argv) {
         }
         spark_model_free(model);
     }
-    if (matrix && !json) {
+    if (matrix && out == Output::Md) {
         // Depth x generation length, decode tokens/s (end-to-end style tables users publish).
         std::string last;
         for (const Result & r : results) {
@@ -856,7 +975,7 @@ int main(int argc, char ** argv) {
         }
     }
     if (json) {
-        std::printf("{\"device\": \"%s\", \"copy_bandwidth_gbs\": %.1f, \"results\": [\n", device_name.c_str(), bandwidth / 1e9);
+        std::printf("{\"device\": \"%s\", \"copy_bandwidth_gbs\": %.1f, \"results\": [\n", json_escape(device_name).c_str(), bandwidth / 1e9);
         for (size_t i = 0; i < results.size(); ++i) {
             const Result & r = results[i];
             std::string extra;  // speculative rows
@@ -882,11 +1001,12 @@ int main(int argc, char ** argv) {
             }
             std::printf("  {\"model\": \"%s\", \"format\": \"%s\", \"test\": \"%s\", \"depth\": %d, \"tps\": %.2f, \"tps_stdev\": %.2f, "
                         "\"step_bytes\": %.0f, \"bw_fraction\": %.4f%s}%s\n",
-                        r.model.c_str(), r.format.c_str(), r.test.c_str(), r.depth, r.tps.median, r.tps.stdev, r.step_bytes, r.bw_fraction,
+                        json_escape(r.model).c_str(), json_escape(r.format).c_str(), json_escape(r.test).c_str(), r.depth, r.tps.median, r.tps.stdev,
+                        r.step_bytes, r.bw_fraction,
                         extra.c_str(), i + 1 < results.size() ? "," : "");
         }
         std::printf("]}\n");
-    } else {
+    } else if (out == Output::Md) {
         std::printf("\ndevice: %s, measured copy bandwidth %.0f GB/s (bytes read + written), build %s\n", device_name.c_str(), bandwidth / 1e9,
                     spark_build_info());
         if (!spec_arg.empty()) {

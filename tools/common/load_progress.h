@@ -7,7 +7,8 @@
 // waits), on stderr and only when stderr is a terminal; finish() erases it. A cancel flag (set by a
 // SIGINT handler) makes the callback return false, so the load fails with SPARK_ERR_ABORTED. While
 // the bar is up, the library's log lines go through it (the bar is erased first), so a warning does
-// not land in the middle of the bar. Header-only: each program links only libspark.
+// not land in the middle of the bar. spark-convert draws its bar with render() too (with an ETA).
+// Header-only: each program links only libspark.
 #pragma once
 
 #include <spark/spark.h>
@@ -15,6 +16,7 @@
 #include "log_stderr.h"
 
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
@@ -66,8 +68,10 @@ public:
     uint64_t calls() const { return calls_; }          // times the runtime called it
     uint64_t bytes_total() const { return total_; }    // the last total it reported
 
-    // The bar's text for `done` of `total` bytes after `seconds` (no '\r'); total 0: unknown.
-    static std::string render(uint64_t done, uint64_t total, double seconds, const char * label = "loading", int width = 24) {
+    // The bar's text for `done` of `total` bytes after `seconds` (no '\r'); total 0: unknown. `eta`:
+    // also the time left at the speed so far ("  ETA 42s"), while something is left (spark-convert).
+    static std::string render(uint64_t done, uint64_t total, double seconds, const char * label = "loading", int width = 24,
+                              bool eta = false) {
         const double unit  = total >= 1000000000ull ? 1e9 : 1e6;
         const char * uname = total >= 1000000000ull ? "GB" : "MB";
         std::string  bar(size_t(width), '.');
@@ -81,7 +85,13 @@ public:
         if (n < 0) n = 0;
         if (seconds > 0.05 && done > 0 && size_t(n) < sizeof buf) {
             const double rate = double(done) / seconds;
-            std::snprintf(buf + n, sizeof buf - size_t(n), "  %.1f %s", rate >= 1e9 ? rate / 1e9 : rate / 1e6, rate >= 1e9 ? "GB/s" : "MB/s");
+            const int m = std::snprintf(buf + n, sizeof buf - size_t(n), "  %.1f %s", rate >= 1e9 ? rate / 1e9 : rate / 1e6, rate >= 1e9 ? "GB/s" : "MB/s");
+            if (eta && total > done && m > 0 && size_t(n + m) < sizeof buf) {
+                const long left = std::lround(double(total - done) / rate);
+                if (left < 100) std::snprintf(buf + n + m, sizeof buf - size_t(n + m), "  ETA %lds", left);
+                else if (left < 3600) std::snprintf(buf + n + m, sizeof buf - size_t(n + m), "  ETA %ldm%02lds", left / 60, left % 60);
+                else std::snprintf(buf + n + m, sizeof buf - size_t(n + m), "  ETA %ldh%02ldm", left / 3600, left % 3600 / 60);
+            }
         }
         return buf;
     }

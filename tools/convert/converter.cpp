@@ -101,11 +101,15 @@ public:
 
         for (size_t i = 0; i < outputs_.size(); ++i) w.add_tensor(outputs_[i].name, outputs_[i].dtype, outputs_[i].shape, outputs_[i].nbytes);
         stats_.tensors_out = outputs_.size();
+        uint64_t total_bytes = 0;
+        for (const Out & o : outputs_) total_bytes += o.nbytes;
+        if (opt_.progress_bytes) opt_.progress_bytes(0, total_bytes);
         w.write(opt_.output, [&](size_t index, const io::GgufWriter::Tensor & t, io::GgufWriter::Sink & sink) {
             if (opt_.cancel && opt_.cancel->load()) return false;
             write_piece(pieces_[index], t, sink);
             stats_.bytes_out += t.nbytes;
             if (opt_.progress) opt_.progress(index + 1, outputs_.size(), t.name);
+            if (opt_.progress_bytes) opt_.progress_bytes(stats_.bytes_out, total_bytes);
             return true;
         }, opt_.overwrite);
         return stats_;

@@ -26,6 +26,9 @@ struct Options {
 
     // Progress over tensors written; called from the writing thread.
     std::function<void(size_t done, size_t total, const std::string & tensor)> progress;
+    // Progress in bytes of tensor data written of the total (0 of the total before the first
+    // tensor, then after each one); called from the writing thread.
+    std::function<void(uint64_t done, uint64_t total)> progress_bytes;
     // Relative error ||W - dequant(Q)|| / ||W|| of each tensor the converter quantized.
     std::function<void(const std::string & tensor, double rel_error)> report;
     const std::atomic<bool> * cancel = nullptr;  // set to stop (the output is not written)

@@ -747,7 +747,7 @@ SyntheticStats write_synthetic_checkpoint(const SyntheticOptions & o) {
         std::error_code ec;
         const bool      empty = fs::is_empty(out, ec);
         if (ec) fail(SPARK_ERR_IO, "cannot read '%s': %s", out.c_str(), ec.message().c_str());
-        if (!empty && !o.overwrite) fail(SPARK_ERR_IO, "'%s' exists and is not empty (pass --force to replace it)", out.c_str());
+        if (!empty && !o.overwrite) fail(SPARK_ERR_IO, "'%s' exists and is not empty (pass -f/--force to replace it)", out.c_str());
         if (!empty && !is_model_directory(out))
             fail(SPARK_ERR_IO, "'%s' is not empty and is not a model directory (no config.json or safetensors): not replacing it", out.c_str());
     }

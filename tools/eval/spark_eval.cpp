@@ -5,7 +5,8 @@
 //              [--spec draft:PATH|eagle3:PATH|mtp|ngram [--draft-max K]]
 //
 // OUT.safetensors holds `logits` (F32 [n_tokens, n_vocab], every prompt position) and `greedy`
-// (I32 [N], the greedy continuation after the prompt). Exit code 0 on success; errors go to stderr.
+// (I32 [N], the greedy continuation after the prompt). Exit code 0 on success, 2 for bad options (a
+// value that is not a number, e.g. a token id), 1 for other errors; errors go to stderr.
 // With --spec the greedy continuation comes from the speculative loop (spark_spec_*, in a context of
 // its own; the logits are still the plain prompt decode's), so comparing it with a run without
 // --spec checks that speculation changes no token; the acceptance figures go to stderr.
@@ -15,8 +16,11 @@
 
 #include "log_stderr.h"
 #include "spec_cli.h"
+#include "version.h"
 
 #include <algorithm>
+#include <charconv>
+#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -26,16 +30,20 @@
 
 namespace {
 
+// "1,2,3" (empty items skipped). Throws std::invalid_argument naming the bad item.
 std::vector<int32_t> parse_ids(const std::string & s) {
     std::vector<int32_t> ids;
     std::stringstream    ss(s);
     std::string          item;
     while (std::getline(ss, item, ',')) {
         if (item.empty()) continue;
-        size_t pos = 0;
-        long   v   = std::stol(item, &pos);
-        if (pos != item.size() || v < INT32_MIN || v > INT32_MAX) throw std::invalid_argument("bad token id '" + item + "'");
-        ids.push_back(int32_t(v));
+        int32_t                      v   = 0;
+        const char *                 end = item.data() + item.size();
+        const std::from_chars_result r   = std::from_chars(item.data(), end, v);
+        if (r.ec != std::errc() || r.ptr != end || v < 0)
+            throw std::invalid_argument("'" + item + "' is not a token id (a non-negative integer" +
+                                        (r.ec == std::errc::result_out_of_range ? " that fits in 32 bits)" : ")"));
+        ids.push_back(v);
     }
     return ids;
 }
@@ -124,6 +132,8 @@ int spec_greedy(spark_model * model, const std::vector<int32_t> & prompt, int n,
 
 int main(int argc, char ** argv) {
     CLI::App    app{"spark-eval: logits and greedy continuation of a prompt, for checks against a reference"};
+    app.option_defaults()->always_capture_default();  // --help shows the defaults
+    spark_cli::add_version_flag(app, "spark-eval");
     std::string model_path, tokens_arg, out_path, device = "cpu";
     std::string spec_arg;
     int         n_greedy = 0, n_threads = 0, draft_max = 3;
@@ -131,11 +141,17 @@ int main(int argc, char ** argv) {
     app.add_option("--tokens", tokens_arg, "prompt token ids, comma separated")->required();
     app.add_option("--logits-out", out_path, "output .safetensors (logits, greedy)")->required();
     app.add_option("--greedy", n_greedy, "tokens of greedy continuation")->check(CLI::Range(0, 1 << 20));
-    app.add_option("--device", device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-    app.add_option("-t,--threads", n_threads, "CPU threads (0: all)");
+    app.add_option("--device", device, "cpu, cuda, or auto: cuda when a usable CUDA device is there, else cpu")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+    app.add_option("-t,--threads", n_threads, "CPU threads (0: all)")->check(CLI::Range(0, INT_MAX, "NONNEGATIVE"));
     app.add_option("--spec", spec_arg, "greedy continuation by speculative decoding: draft:PATH, eagle3:PATH, mtp or ngram");
-    app.add_option("--draft-max", draft_max, "--spec: tokens drafted per step (1 .. 16)");
-    CLI11_PARSE(app, argc, argv);
+    app.add_option("--draft-max", draft_max, "--spec: tokens drafted per step")->check(CLI::Range(1, SPARK_SPEC_MAX_DRAFT));
+    // A parse error (a value that is not a number, an unknown option) exits 2 with a message naming the option.
+    app.failure_message([](const CLI::App *, const CLI::Error & e) { return std::string("spark-eval: ") + e.what() + "\nRun with --help for more information.\n"; });
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError & e) {
+        return app.exit(e) == 0 ? 0 : 2;  // --help and --version exit 0
+    }
     spark_cli::install_stderr_log();
 
     spark_cli::SpecOption spec;
@@ -152,11 +168,11 @@ int main(int argc, char ** argv) {
         prompt = parse_ids(tokens_arg);
     } catch (const std::exception & e) {
         std::fprintf(stderr, "spark-eval: --tokens: %s\n", e.what());
-        return 1;
+        return 2;
     }
     if (prompt.empty()) {
         std::fprintf(stderr, "spark-eval: --tokens is empty\n");
-        return 1;
+        return 2;
     }
 
     spark_model_params mp = spark_model_default_params();

@@ -1,7 +1,10 @@
-// spark-tokenize: prints the token ids of a UTF-8 text file as a JSON array, or (--decode) the text
-// of a JSON array of ids. Errors go to stderr with a non-zero exit status.
+// spark-tokenize: prints the token ids of a UTF-8 text as a JSON array, or (--decode) the text of a
+// JSON array of ids. The input is the TEXT argument or a file. Errors go to stderr with a non-zero
+// exit status (2 for bad options, 1 for other errors).
 //
+//   spark-tokenize --tokenizer PATH "TEXT" [--no-special]
 //   spark-tokenize --tokenizer PATH --in FILE [--no-special]
+//   spark-tokenize --tokenizer PATH --decode "[1, 2, 3]" [--skip-special]
 //   spark-tokenize --tokenizer PATH --in FILE --decode [--skip-special]
 //
 // PATH is a tokenizer.json, a model directory or a spark file. FILE "-" reads standard input.
@@ -84,17 +87,38 @@ int decode(const spark_tokenizer * tok, const std::string & json_text, bool skip
 
 int main(int argc, char ** argv) {
     CLI::App app{"spark-tokenize: text to token ids (JSON array) and back"};
-    std::string tokenizer_path, input_path;
+    app.option_defaults()->always_capture_default();  // --help shows the defaults
+    std::string tokenizer_path, input_path, text;
     bool no_special = false, do_decode = false, skip_special = false;
     app.add_option("--tokenizer", tokenizer_path, "tokenizer.json, model directory or spark file")->required();
-    app.add_option("--in", input_path, "input file (UTF-8 text, or a JSON array with --decode); - for stdin")->required();
+    CLI::Option * text_opt = app.add_option("text", text, "the text (with --decode: a JSON array of ids); after -- when it starts with -");
+    CLI::Option * in_opt   = app.add_option("--in", input_path, "read the input from this file instead (UTF-8 text, or a JSON array with --decode); - for stdin");
+    text_opt->excludes(in_opt);
     app.add_flag("--no-special", no_special, "treat special tokens in the text as plain text");
     app.add_flag("--decode", do_decode, "read a JSON array of ids and print the text");
     app.add_flag("--skip-special", skip_special, "with --decode: drop special tokens");
-    CLI11_PARSE(app, argc, argv);
+    // A parse error (an unknown option, TEXT and --in both given) exits 2 with a message naming the option.
+    app.failure_message([](const CLI::App *, const CLI::Error & e) { return std::string("spark-tokenize: ") + e.what() + "\nRun with --help for more information.\n"; });
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError & e) {
+        return app.exit(e) == 0 ? 0 : 2;  // --help exits 0
+    }
+    if (text_opt->count() == 0 && in_opt->count() == 0) {
+        std::fprintf(stderr, "spark-tokenize: give the TEXT to %s, or --in FILE (--in - reads standard input)\n", do_decode ? "decode" : "tokenize");
+        return 2;
+    }
+    if (skip_special && !do_decode) {
+        std::fprintf(stderr, "spark-tokenize: --skip-special goes with --decode\n");
+        return 2;
+    }
+    if (no_special && do_decode) {
+        std::fprintf(stderr, "spark-tokenize: --no-special applies to tokenizing, not to --decode (--skip-special drops special tokens)\n");
+        return 2;
+    }
 
-    std::string input;
-    if (!read_input(input_path, input)) {
+    std::string input = text;
+    if (in_opt->count() > 0 && !read_input(input_path, input)) {
         std::fprintf(stderr, "spark-tokenize: cannot read %s\n", input_path.c_str());
         return 1;
     }
