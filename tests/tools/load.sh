@@ -108,7 +108,7 @@ rc=$?
 prompt='Write a Python function `add(a, b)`: Return the sum.'
 "$chat" -m "$demo" -p "$prompt" --temp 0 -n 16 -t 1 > "$tmp/out" 2> "$tmp/err" || fail "chat: exit code $?"
 check "chat: timings line with the load time" "$tmp/err" \
-    "^prompt [0-9]+ tokens \([0-9]+ new\) in $num s = $num tok/s; answer [0-9]+ tokens in $num s = $num tok/s; context [0-9]+/[0-9]+; load $num s$"
+    "^prompt [0-9]+ tokens \([0-9]+ new\) in $num s = $num tok/s; answer [0-9]+ tokens in $num s = $num tok/s; context [0-9]+/[0-9]+; (greedy|seed [0-9]+); load $num s$"
 if grep -q 'loading  \[' "$tmp/err" || grep -q $'\r' "$tmp/err"; then fail "chat: a progress bar on a non-terminal"; else echo "ok   chat: no progress bar into a file"; fi
 printf '%s\n/stats\n' "$prompt" | "$chat" -m "$demo" --temp 0 -n 16 -t 1 2>&1 > /dev/null | cat > "$tmp/err"
 check "chat: /stats has the load time (piped)" "$tmp/err" "; load $num s$"
