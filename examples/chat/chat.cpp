@@ -37,6 +37,7 @@
 #include <CLI/CLI.hpp>
 
 #include "load_progress.h"
+#include "parse_args.h"
 #include "log_stderr.h"
 #include "spec_cli.h"
 #include "version.h"
@@ -575,13 +576,7 @@ int main(int argc, char ** argv) {
     app.add_option("--draft-max", o.draft_max, "--spec: tokens drafted per step (1 .. 16)");
     app.add_option("--draft-min", o.draft_min, "--spec: drafts shorter than this are not verified (0: all are)");
     app.add_option("--draft-p-min", o.draft_p_min, "--spec: model drafters stop at a token they give less probability (0: off)");
-    app.failure_message([](const CLI::App *, const CLI::Error & e) { return std::string("spark-chat: ") + e.what() + "\nRun with --help for more information.\n"; });
-    try {
-        app.parse(int(args.size()), args.data());
-    } catch (const CLI::ParseError & e) {
-        const int rc = app.exit(e);  // --help, --version: 0
-        return rc == 0 ? 0 : 2;
-    }
+    if (const auto stop = spark_cli::parse_args(app, int(args.size()), args.data(), "spark-chat")) return *stop;
     spark_cli::install_stderr_log();
 
     // Values out of range: refused before the model loads.

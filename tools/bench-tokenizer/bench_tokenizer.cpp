@@ -5,6 +5,7 @@
 //   spark-bench-tokenizer [--tokenizer DIR_OR_JSON] [--mb 8] [--loads 7]
 //
 // Exit status: 0 when the round trip is exact, 1 when it is not or something failed, 2 for bad options.
+#include "../common/parse_args.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 #include "runtime/tokenizer/unicode.h"
@@ -82,15 +83,7 @@ int main(int argc, char ** argv) {
     app.add_option("--tokenizer", tokenizer_path, "model directory or tokenizer.json (default: the Qwen3 test tokenizer)");
     app.add_option("--mb", mb, "size of the encoded text in MB")->check(CLI::Range(1e-3, 1e6, "POSITIVE"));
     app.add_option("--loads", loads, "number of loads for the median load time")->check(CLI::Range(1, 1000000, "POSITIVE"));
-    // A parse error (a value that is not a number, an unknown option) exits 2 with a message naming the option.
-    app.failure_message([](const CLI::App *, const CLI::Error & e) {
-        return std::string("spark-bench-tokenizer: ") + e.what() + "\nRun with --help for more information.\n";
-    });
-    try {
-        app.parse(argc, argv);
-    } catch (const CLI::ParseError & e) {
-        return app.exit(e) == 0 ? 0 : 2;  // --help exits 0
-    }
+    if (const auto stop = spark_cli::parse_args(app, argc, argv, "spark-bench-tokenizer")) return *stop;
 
     try {
         auto load = [&] {

@@ -51,6 +51,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "parse_args.h"
 #include "../convert/synthetic_shapes.h"
 #include "load_progress.h"
 #include "log_stderr.h"
@@ -706,13 +707,7 @@ int main(int argc, char ** argv) {
                  "printed; a full cold start also needs, as root, echo 3 > /proc/sys/vm/drop_caches)");
     app.footer("Exit status: 0 when every figure asked for ran, 1 when one could not (a model that does not load, --device cuda without a\n"
                "CUDA device, a failed run), 2 for bad options.");
-    // A parse error (a value that is not a number, an unknown option) exits 2 with a message naming the option.
-    app.failure_message([](const CLI::App *, const CLI::Error & e) { return std::string("spark-bench: ") + e.what() + "\nRun with --help for more information.\n"; });
-    try {
-        app.parse(argc, argv);
-    } catch (const CLI::ParseError & e) {
-        return app.exit(e) == 0 ? 0 : 2;  // --help and --version exit 0
-    }
+    if (const auto stop = spark_cli::parse_args(app, argc, argv, "spark-bench")) return *stop;
     spark_cli::install_stderr_log();
 
     if (json && output_opt->count() > 0 && output != "json") {

@@ -12,6 +12,7 @@
 // the programs' loads (load_progress.h) redrawn in place on a terminal, plain lines otherwise. Exit
 // status: 0 done, 1 a conversion that failed, 2 bad options (a value that does not parse, an option
 // that does nothing with the others given, e.g. --group-size without --quantize int4).
+#include "../common/parse_args.h"
 #include "converter.h"
 #include "synthetic_checkpoint.h"
 #include "synthetic_shapes.h"
@@ -197,13 +198,7 @@ int main(int argc, char ** argv) {
         "e.g. spark-convert --synthetic qwen3-30b-a3b:int4 -o /tmp/q30b && spark-bench -m /tmp/q30b -p 0 -n 4\n"
         "\n"
         "Exit status: 0 done, 1 the conversion failed, 2 bad options.");
-    // A parse error (a value that does not parse, an unknown option) exits 2 with a message naming the option.
-    app.failure_message([](const CLI::App *, const CLI::Error & e) { return std::string("spark-convert: ") + e.what() + "\nRun with --help for more information.\n"; });
-    try {
-        app.parse(argc, argv);
-    } catch (const CLI::ParseError & e) {
-        return app.exit(e) == 0 ? 0 : 2;  // --help and --version exit 0
-    }
+    if (const auto stop = spark_cli::parse_args(app, argc, argv, "spark-convert")) return *stop;
     auto usage_error = [](const std::string & message) {
         std::fprintf(stderr, "spark-convert: %s\n", message.c_str());
         return 2;

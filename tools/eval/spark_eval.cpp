@@ -14,6 +14,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "../common/parse_args.h"
 #include "log_stderr.h"
 #include "spec_cli.h"
 #include "version.h"
@@ -145,13 +146,7 @@ int main(int argc, char ** argv) {
     app.add_option("-t,--threads", n_threads, "CPU threads (0: all)")->check(CLI::Range(0, INT_MAX, "NONNEGATIVE"));
     app.add_option("--spec", spec_arg, "greedy continuation by speculative decoding: draft:PATH, eagle3:PATH, mtp or ngram");
     app.add_option("--draft-max", draft_max, "--spec: tokens drafted per step")->check(CLI::Range(1, SPARK_SPEC_MAX_DRAFT));
-    // A parse error (a value that is not a number, an unknown option) exits 2 with a message naming the option.
-    app.failure_message([](const CLI::App *, const CLI::Error & e) { return std::string("spark-eval: ") + e.what() + "\nRun with --help for more information.\n"; });
-    try {
-        app.parse(argc, argv);
-    } catch (const CLI::ParseError & e) {
-        return app.exit(e) == 0 ? 0 : 2;  // --help and --version exit 0
-    }
+    if (const auto stop = spark_cli::parse_args(app, argc, argv, "spark-eval")) return *stop;
     spark_cli::install_stderr_log();
 
     spark_cli::SpecOption spec;

@@ -11,6 +11,8 @@
 #include <spark/spark.h>
 
 #include <CLI/CLI.hpp>
+
+#include "../common/parse_args.h"
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
@@ -97,13 +99,7 @@ int main(int argc, char ** argv) {
     app.add_flag("--no-special", no_special, "treat special tokens in the text as plain text");
     app.add_flag("--decode", do_decode, "read a JSON array of ids and print the text");
     app.add_flag("--skip-special", skip_special, "with --decode: drop special tokens");
-    // A parse error (an unknown option, TEXT and --in both given) exits 2 with a message naming the option.
-    app.failure_message([](const CLI::App *, const CLI::Error & e) { return std::string("spark-tokenize: ") + e.what() + "\nRun with --help for more information.\n"; });
-    try {
-        app.parse(argc, argv);
-    } catch (const CLI::ParseError & e) {
-        return app.exit(e) == 0 ? 0 : 2;  // --help exits 0
-    }
+    if (const auto stop = spark_cli::parse_args(app, argc, argv, "spark-tokenize")) return *stop;
     if (text_opt->count() == 0 && in_opt->count() == 0) {
         std::fprintf(stderr, "spark-tokenize: give the TEXT to %s, or --in FILE (--in - reads standard input)\n", do_decode ? "decode" : "tokenize");
         return 2;
