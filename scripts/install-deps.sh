@@ -10,7 +10,6 @@ packages=(
     doctest-dev            # unit tests
     libcli11-dev           # command lines
     libedit-dev            # spark-chat line editing
-    tmux                   # the interactive spark-chat test
     python3                # small test scripts
     clang libclang-rt-14-dev   # sanitizer and libFuzzer builds (scripts/check.sh, scripts/fuzz.sh)
 )

@@ -2,7 +2,6 @@
 #include "graph/error.h"
 #include "runtime/context.h"
 #include "runtime/model.h"
-#include "spark_commit.h"  // generated: SPARK_GIT_COMMIT
 
 #include <spark/spark.h>
 
@@ -14,10 +13,6 @@ using namespace spark;
 
 namespace {
 
-#define SPARK_STR2(x) #x
-#define SPARK_STR(x) SPARK_STR2(x)
-const char * kVersion = SPARK_STR(SPARK_VERSION_MAJOR) "." SPARK_STR(SPARK_VERSION_MINOR) "." SPARK_STR(SPARK_VERSION_PATCH);
-
 void require(bool cond, const char * what) {
     if (!cond) fail(SPARK_ERR_INVALID_ARGUMENT, "%s", what);
 }
@@ -26,18 +21,7 @@ void require(bool cond, const char * what) {
 
 extern "C" {
 
-SPARK_API const char * spark_version(void) { return kVersion; }
-
 SPARK_API spark_status spark_init(void) { return SPARK_OK; }
-
-SPARK_API const char * spark_build_info(void) {
-    static const std::string info = std::string("spark ") + kVersion + " (commit " SPARK_GIT_COMMIT ") backends: cpu"
-#if SPARK_HAS_CUDA
-                                    + " cuda (targets " SPARK_CUDA_TARGETS ")"
-#endif
-        ;
-    return info.c_str();
-}
 
 SPARK_API spark_model_params spark_model_default_params(void) {
     spark_model_params p{};

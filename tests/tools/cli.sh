@@ -10,8 +10,6 @@
 #   existing output names -f/--force; plain progress lines when stderr is not a terminal, the bar
 #   (drawn in place, then erased) when it is;
 #   spark-tokenize: the text as an argument, against the Qwen3 goldens.
-# spark-tokenize and spark-bench-tokenizer have no --version yet: they do not link the library's
-# runtime, where spark_build_info lives (tools/tokenize/CMakeLists.txt, tools/bench-tokenizer/).
 set -uo pipefail
 build=$1
 data=$2
@@ -34,7 +32,7 @@ has() {  # has NAME FILE PATTERN: FILE has a line matching the extended regex PA
 # --- --version: "PROGRAM: spark X.Y.Z (commit ...) backends: ..." on stdout, exit code 0 ---
 version=$(sed -n 's/^#define SPARK_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\)$/\2/p' "$root/include/spark/spark.h" | paste -sd.)
 [[ $version =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || fail "the version in spark.h: '$version'"
-for prog in "$bench" "$convert" "$eval"; do
+for prog in "$bench" "$convert" "$eval" "$tok" "$benchtok"; do
     name=$(basename "$prog")
     out=$("$prog" --version 2> "$tmp/err")
     rc=$?

@@ -6,6 +6,7 @@
 //
 // Exit status: 0 when the round trip is exact, 1 when it is not or something failed, 2 for bad options.
 #include "../common/parse_args.h"
+#include "../common/version.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 #include "runtime/tokenizer/unicode.h"
@@ -83,6 +84,7 @@ int main(int argc, char ** argv) {
     app.add_option("--tokenizer", tokenizer_path, "model directory or tokenizer.json (default: the Qwen3 test tokenizer)");
     app.add_option("--mb", mb, "size of the encoded text in MB")->check(CLI::Range(1e-3, 1e6, "POSITIVE"));
     app.add_option("--loads", loads, "number of loads for the median load time")->check(CLI::Range(1, 1000000, "POSITIVE"));
+    spark_cli::add_version_flag(app, "spark-bench-tokenizer");
     if (const auto stop = spark_cli::parse_args(app, argc, argv, "spark-bench-tokenizer")) return *stop;
 
     try {

@@ -13,6 +13,7 @@
 #include <CLI/CLI.hpp>
 
 #include "../common/parse_args.h"
+#include "../common/version.h"
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
@@ -99,6 +100,7 @@ int main(int argc, char ** argv) {
     app.add_flag("--no-special", no_special, "treat special tokens in the text as plain text");
     app.add_flag("--decode", do_decode, "read a JSON array of ids and print the text");
     app.add_flag("--skip-special", skip_special, "with --decode: drop special tokens");
+    spark_cli::add_version_flag(app, "spark-tokenize");
     if (const auto stop = spark_cli::parse_args(app, argc, argv, "spark-tokenize")) return *stop;
     if (text_opt->count() == 0 && in_opt->count() == 0) {
         std::fprintf(stderr, "spark-tokenize: give the TEXT to %s, or --in FILE (--in - reads standard input)\n", do_decode ? "decode" : "tokenize");
