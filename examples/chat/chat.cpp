@@ -36,6 +36,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "default_model.h"
 #include "load_progress.h"
 #include "parse_args.h"
 #include "log_stderr.h"
@@ -75,19 +76,6 @@ volatile std::sig_atomic_t g_interrupted = 0;  // Ctrl-C: stops an answer, a pro
 // readers below see the flag. What it means is decided where it is seen (an answer stops at its next
 // token; a prompt drops its line or shows how to leave).
 void on_sigint(int) { g_interrupted = 1; }
-
-// The default model: <exe dir>/../share/spark/models/spark-demo-coder-moe when spark-chat runs from
-// an install (<prefix>/bin) that has the demo models; otherwise the source tree's demo model.
-std::string default_model() {
-    namespace fs = std::filesystem;
-    std::error_code ec;
-    const fs::path  exe = fs::read_symlink("/proc/self/exe", ec);
-    if (!ec && exe.has_parent_path()) {
-        const fs::path installed = (exe.parent_path() / ".." / "share" / "spark" / "models" / "spark-demo-coder-moe").lexically_normal();
-        if (fs::exists(installed, ec)) return installed.string();
-    }
-    return SPARK_DEFAULT_MODEL;
-}
 
 struct Options {
     std::string model;  // default_model()
@@ -552,7 +540,7 @@ int main(int argc, char ** argv) {
         if (std::strcmp(args[i], "-sys") == 0) args[i] = system_prompt;
 
     Options o;
-    o.model = default_model();
+    o.model = spark_cli::default_model();
     CLI::App app{"spark-chat: chat with a model (Hugging Face directory or spark file)"};
     app.option_defaults()->always_capture_default();  // --help shows the defaults
     spark_cli::add_version_flag(app, "spark-chat");

@@ -465,6 +465,14 @@ SPARK_API spark_sampler * spark_sampler_init_min_p(float p, size_t min_keep);
 /* Repetition penalty over the last `last_n` accepted tokens (HF semantics: logit > 0 is divided,
  * logit < 0 multiplied by `penalty`). */
 SPARK_API spark_sampler * spark_sampler_init_penalties(int32_t last_n, float penalty);
+/* OpenAI's presence and frequency penalties over the tokens the chain accepted (sampled, or
+ * recorded with spark_sampler_accept): logit -= presence * (count > 0) + frequency * count.
+ * NULL for a non-finite value. */
+SPARK_API spark_sampler * spark_sampler_init_presence_frequency(float presence, float frequency);
+/* Adds biases[i] to the logit of tokens[i] (OpenAI's logit_bias; -INFINITY bans a token; a token
+ * listed twice gets the sum). Token ids outside the vocabulary are ignored. NULL for n < 0, NULL
+ * arrays with n > 0, a NaN or +infinite bias. */
+SPARK_API spark_sampler * spark_sampler_init_logit_bias(int32_t n, const spark_token * tokens, const float * biases);
 
 /* Samples from the logits of row `idx` of the last decode (as spark_get_logits_ith) and accepts
  * the token. SPARK_ERR_INVALID_ARGUMENT when that row has no logits. */

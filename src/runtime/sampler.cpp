@@ -12,6 +12,7 @@
 #include <deque>
 #include <memory>
 #include <random>
+#include <unordered_map>
 #include <vector>
 
 namespace spark {
@@ -190,6 +191,45 @@ private:
     int32_t             last_n_;
     float               penalty_;
     std::deque<int32_t> history_;
+};
+
+// OpenAI's presence and frequency penalties over the tokens accepted so far (the answer, when the
+// host accepts no prompt tokens): logit -= presence * (count > 0) + frequency * count.
+class PresenceFrequency final : public Stage {
+public:
+    std::unique_ptr<Stage> clone() const override { return std::make_unique<PresenceFrequency>(*this); }
+    PresenceFrequency(float presence, float frequency) : presence_(presence), frequency_(frequency) {}
+    void apply(Candidates & c) override {
+        if (counts_.empty() || (presence_ == 0.0f && frequency_ == 0.0f)) return;
+        for (Candidate & x : c.items) {
+            const auto it = counts_.find(x.id);
+            if (it != counts_.end()) x.logit -= presence_ + frequency_ * float(it->second);
+        }
+        c.sorted = false;
+    }
+    void accept(int32_t t) override { ++counts_[t]; }
+    void reset() override { counts_.clear(); }
+
+private:
+    float                                presence_, frequency_;
+    std::unordered_map<int32_t, int32_t> counts_;
+};
+
+// Fixed additive biases per token (OpenAI's logit_bias; -inf bans a token).
+class LogitBias final : public Stage {
+public:
+    std::unique_ptr<Stage> clone() const override { return std::make_unique<LogitBias>(*this); }
+    explicit LogitBias(std::unordered_map<int32_t, float> bias) : bias_(std::move(bias)) {}
+    void apply(Candidates & c) override {
+        for (Candidate & x : c.items) {
+            const auto it = bias_.find(x.id);
+            if (it != bias_.end()) x.logit += it->second;
+        }
+        c.sorted = false;
+    }
+
+private:
+    std::unordered_map<int32_t, float> bias_;
 };
 
 }  // namespace
@@ -386,6 +426,20 @@ SPARK_API spark_sampler * spark_sampler_init_top_p(float p, size_t min_keep) { r
 SPARK_API spark_sampler * spark_sampler_init_min_p(float p, size_t min_keep) { return make_stage(std::make_unique<MinP>(p, min_keep)); }
 SPARK_API spark_sampler * spark_sampler_init_penalties(int32_t last_n, float penalty) {
     return make_stage(std::make_unique<Penalties>(last_n, penalty));
+}
+
+SPARK_API spark_sampler * spark_sampler_init_presence_frequency(float presence, float frequency) {
+    if (!std::isfinite(presence) || !std::isfinite(frequency)) return nullptr;
+    return make_stage(std::make_unique<PresenceFrequency>(presence, frequency));
+}
+SPARK_API spark_sampler * spark_sampler_init_logit_bias(int32_t n, const spark_token * tokens, const float * biases) {
+    if (n < 0 || (n > 0 && (!tokens || !biases))) return nullptr;
+    std::unordered_map<int32_t, float> bias;
+    for (int32_t i = 0; i < n; ++i) {
+        if (std::isnan(biases[i]) || biases[i] == INFINITY) return nullptr;  // +inf would make every other token impossible and NaN poisons the softmax
+        bias[tokens[i]] += biases[i];
+    }
+    return make_stage(std::make_unique<LogitBias>(std::move(bias)));
 }
 
 SPARK_API spark_status spark_sampler_sample(spark_sampler * smpl, spark_context * ctx, int32_t idx, spark_token * out) {
