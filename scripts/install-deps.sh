@@ -11,17 +11,26 @@ packages=(
     libcli11-dev           # command lines
     libedit-dev            # spark-chat line editing
     python3                # small test scripts
+    python3-venv           # the openai client's environment for spark-server's tests (below)
+    libcpp-httplib-dev     # spark-server's HTTP
+    chromium python3-websocket  # spark-server's chat page, tested in headless Chromium
     clang libclang-rt-14-dev   # sanitizer and libFuzzer builds (scripts/check.sh, scripts/fuzz.sh)
 )
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if [ ${#missing[@]} -eq 0 ]; then
-    exit 0
+if [ ${#missing[@]} -gt 0 ]; then
+    sudo=""
+    if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+    export DEBIAN_FRONTEND=noninteractive
+    $sudo apt-get update -qq
+    $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-sudo=""
-if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# The official openai Python client (PyPI), which spark-server's tests talk through, in a virtual
+# environment of the checkout (.venv, git-ignored): Debian's own Python takes no pip packages.
+venv="$(cd "$(dirname "$0")/.." && pwd)/.venv"
+if ! "$venv/bin/python" -c "import openai" 2>/dev/null; then
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q --disable-pip-version-check "openai>=1.40,<4"
+fi

@@ -622,6 +622,13 @@ void chat_completions(const Context & c, const httplib::Request & http_req, http
         });
 }
 
+// llama-server's /apply-template: the prompt a chat request renders to (what the model reads).
+void apply_template_endpoint(const Context & c, const httplib::Request & http_req, httplib::Response & res) {
+    const json body = parse_body(http_req);
+    check_fields(body, {"messages", "tools", "tool_choice", "chat_template_kwargs", "model"});
+    res.set_content(dump({{"prompt", render_chat(c, body).prompt}}), "application/json");
+}
+
 // ---- completions -------------------------------------------------------------------------------
 
 void completions(const Context & c, const httplib::Request & http_req, httplib::Response & res) {
@@ -806,6 +813,7 @@ void mount_api(httplib::Server & server, Engine & engine, const spark_model * mo
     server.Post("/chat/completions", guarded(chat_completions));
     server.Post("/v1/completions", guarded(completions));
     server.Post("/completions", guarded(completions));
+    server.Post("/apply-template", guarded(apply_template_endpoint));
     server.Post("/tokenize", guarded(tokenize_endpoint));
     server.Post("/detokenize", guarded(detokenize_endpoint));
     server.Get("/v1/models", [ctx](const httplib::Request &, httplib::Response & res) { models_endpoint(*ctx, res); });

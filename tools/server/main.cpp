@@ -3,7 +3,7 @@
 //   spark-server -m MODEL [--host 127.0.0.1] [--port 8080] [--parallel 4] [-c CTX] [--api-key KEY]
 //
 // Loads the model, then serves /v1/chat/completions, /v1/completions, /v1/models, /tokenize,
-// /detokenize, /health, /metrics and a chat page at /. Up to --parallel requests decode together
+// /detokenize, /apply-template, /health, /metrics and a chat page at /. Up to --parallel requests decode together
 // in one batch per step; more wait in a queue of --queue requests; beyond that a request is answered
 // 503 with Retry-After. When it is ready it prints "spark-server: listening on http://HOST:PORT" on
 // stderr (with --port 0 the port is the one the system picked). SIGINT / SIGTERM stop it: running
