@@ -7,12 +7,17 @@
 //   spark-bench --synthetic qwen3-8b --format int4 --context-matrix
 //   spark-bench -m /path/to/model --spec draft:/path/to/draft [--draft-max 3]
 //   spark-bench --synthetic qwen3-8b --spec ngram --spec-sim-accept 0.84,0.53
+//   spark-bench --synthetic qwen3-30b-a3b --parallel 1,4,16,64 -p 0
 //
 // pp<P>: tokens/s of one P-token prefill on top of a context of depth d. tg<N>: tokens/s of N
 // single-token decode steps with greedy sampling (on the device) starting at depth d. Each figure is
 // the median of r runs. For decode it also prints the bytes one step must read (weights actually
 // touched, incl. the routed experts, + the KV cache at the mean depth + the recurrent state read and
 // written) and the fraction of the device's measured copy bandwidth this speed implies.
+//
+// --parallel N1,N2,... adds, after each tg<N>, rows "tg<N> xK streams": K sequences at depth d decoded
+// together, one row each per step (a server's continuous batch); the figure is the aggregate
+// tokens/s of all K.
 //
 // --spec KIND[:PATH] (draft:PATH, eagle3:PATH, mtp, ngram) adds, after each tg<N>, a row for
 // speculative decoding (spark_spec_*, greedy, in a context of its own): tokens/s of N tokens (the
@@ -297,6 +302,70 @@ private:
     spark_sampler *  greedy_ = nullptr;
     int32_t          snapshot_ = -1;
     int              depth_    = 0;
+};
+
+// Batched decode (what a server with N concurrent streams runs): N sequences, each filled to the
+// depth (untimed), then steps of N rows, one per sequence, each row's greedy token fed back. The
+// figure is the aggregate: N * steps / time. In a context of its own (N sequences).
+class ParallelBench {
+public:
+    ParallelBench(spark_model * m, int32_t n_seqs, int32_t depth, int32_t n_gen, int32_t n_threads) : n_(n_seqs), depth_(depth) {
+        spark_model_get_info(m, &info_);
+        spark_context_params cp = spark_context_default_params();
+        cp.n_threads            = n_threads;
+        cp.n_seq_max            = n_seqs;
+        cp.n_ctx                = n_seqs * (depth + n_gen + 16);
+        cp.n_batch              = std::max(512, n_seqs);
+        cp.n_snapshots          = 0;
+        if (spark_context_init(m, cp, &ctx_) != SPARK_OK) throw std::runtime_error(std::string("context: ") + spark_last_error());
+        batch_ = spark_batch_init(cp.n_batch, 1);
+    }
+    ~ParallelBench() {
+        spark_batch_free(batch_);
+        spark_context_free(ctx_);
+    }
+
+    // Aggregate tokens/s of n steps of n_ seqs (each sequence starts again at depth + 1 tokens).
+    double tps(int n) {
+        spark_memory_clear(ctx_);
+        std::vector<spark_token> next(static_cast<size_t>(n_));
+        for (int32_t s = 0; s < n_; ++s) {  // the prompts: depth + 1 tokens each, the last one's logits
+            for (int done = 0; done <= depth_;) {
+                const int m = std::min(depth_ + 1 - done, 512);
+                batch_.n_tokens = 0;
+                for (int i = 0; i < m; ++i) add(s, (done + i + 7 * s) % info_.n_vocab, done + i, done + i == depth_);
+                check(spark_decode(ctx_, &batch_), "decode");
+                done += m;
+            }
+            next[size_t(s)] = spark_get_argmax_ith(ctx_, -1);
+        }
+        const auto t0 = Clock::now();
+        for (int step = 0; step < n; ++step) {
+            batch_.n_tokens = 0;
+            for (int32_t s = 0; s < n_; ++s) add(s, next[size_t(s)], depth_ + 1 + step, true);
+            check(spark_decode(ctx_, &batch_), "decode");
+            for (int32_t s = 0; s < n_; ++s) next[size_t(s)] = spark_get_argmax_ith(ctx_, s);  // waits for the step
+        }
+        return double(n) * n_ / std::chrono::duration<double>(Clock::now() - t0).count();
+    }
+
+private:
+    void add(int32_t seq, spark_token t, int pos, bool logits) {
+        const int i         = batch_.n_tokens++;
+        batch_.token[i]     = t;
+        batch_.pos[i]       = pos;
+        batch_.n_seq_id[i]  = 1;
+        batch_.seq_id[i][0] = seq;
+        batch_.logits[i]    = logits;
+    }
+    static void check(spark_status st, const char * what) {
+        if (st != SPARK_OK) throw std::runtime_error(std::string(what) + ": " + spark_last_error());
+    }
+    spark_model_info info_{};
+    spark_context *  ctx_ = nullptr;
+    spark_batch      batch_{};
+    int32_t          n_ = 1;
+    int              depth_ = 0;
 };
 
 // Speculative decoding in a context of its own (the loop makes its context's steps output hidden
@@ -675,7 +744,7 @@ int main(int argc, char ** argv) {
     const CLI::Range nonnegative(0, INT_MAX, "NONNEGATIVE"), positive(1, INT_MAX, "POSITIVE");  // ints: the message names the value
     std::vector<std::string> models;
     std::string synthetic, formats = "int4", depths_arg = "0", device = "auto", output = "md";
-    std::string spec_arg, sim_arg, prompt_text;
+    std::string spec_arg, sim_arg, prompt_text, parallel_arg;
     int         n_prompt = 512, n_gen = 128, reps = 3, draft_max = 3;
     int32_t     n_threads = 0;
     bool        json = false, matrix = false, load = false, cold = false;
@@ -692,6 +761,9 @@ int main(int argc, char ** argv) {
     CLI::Option * output_opt =
         app.add_option("-o,--output", output, "output format: md (a Markdown table), csv or json")->check(CLI::IsMember({"md", "csv", "json"}));
     app.add_flag("--json", json, "the same as -o json");
+    app.add_option("--parallel", parallel_arg,
+                   "also batched decode of N streams (comma separated, e.g. 1,4,16,64): aggregate tokens/s of -n steps of N rows, one per sequence, "
+                   "each at the depth (tg<n> xN rows)");
     app.add_flag("--context-matrix", matrix, "decode speed for generations of 20/150/400 tokens at depths 0/512/2K/8K/16K");
     app.add_option("--spec", spec_arg, "also speculative decoding: draft:PATH, eagle3:PATH, mtp or ngram");
     CLI::Option * draft_max_opt =
@@ -731,7 +803,7 @@ int main(int argc, char ** argv) {
             std::fprintf(stderr, "spark-bench: --load measures reading a model's files; a synthetic model has none (its weights are generated): give -m PATH\n");
             return 2;
         }
-        for (const char * opt : {"--format", "--depth", "--n-prompt", "--n-gen", "--context-matrix", "--spec", "--draft-max", "--prompt", "--spec-sim-accept"})
+        for (const char * opt : {"--format", "--depth", "--n-prompt", "--n-gen", "--context-matrix", "--spec", "--draft-max", "--prompt", "--spec-sim-accept", "--parallel"})
             if (app.count(opt) > 0) {
                 std::fprintf(stderr, "spark-bench: %s does not apply to --load (it measures loading and the first token)\n",
                              app.get_option(opt)->get_name(false, true).c_str());
@@ -800,6 +872,16 @@ int main(int argc, char ** argv) {
         return 2;
     }
     if (matrix) depths = {0, 512, 2048, 8192, 16384};
+    std::vector<int> parallel;
+    if (std::string err; !parallel_arg.empty() && !parse_count_list("--parallel", parallel_arg, parallel, err)) {
+        std::fprintf(stderr, "spark-bench: %s\n", err.c_str());
+        return 2;
+    }
+    for (int n : parallel)
+        if (n < 1 || n > 4096) {
+            std::fprintf(stderr, "spark-bench: --parallel %d: give 1 to 4096 streams\n", n);
+            return 2;
+        }
     const std::vector<int> gens = matrix ? std::vector<int>{20, 150, 400} : std::vector<int>{n_gen};
 
     std::vector<Result> results;
@@ -942,6 +1024,14 @@ int main(int argc, char ** argv) {
                     sb->tps(depth, std::min(g, 8), warm);  // warm-up
                     for (int r = 0; r < reps; ++r) vs.push_back(sb->tps(depth, g, acc));
                     emit_spec(g, vs, tg_tps, acc);
+                }
+                for (int np : parallel) {
+                    if (n_gen <= 0) break;
+                    ParallelBench       pb(model, np, depth, n_gen, n_threads);
+                    std::vector<double> v;
+                    pb.tps(std::min(n_gen, 8));  // warm-up: the N-row step is captured
+                    for (int r = 0; r < reps; ++r) v.push_back(pb.tps(n_gen));
+                    emit("tg" + std::to_string(n_gen) + " x" + std::to_string(np) + " streams", v, 0);
                 }
             }
         } catch (const std::exception & e) {
