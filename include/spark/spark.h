@@ -598,7 +598,11 @@ SPARK_API spark_status spark_spec_init(spark_context * target, spark_spec_params
 
 /* Sets sequence `seq` to `prompt` (n_prompt tokens) and decodes what the target does not hold yet:
  * the longest prefix shared with what the sequence holds is kept (a chat's earlier turns), so a
- * conversation passes its whole rendering each turn. The next spark_spec_step starts the answer.
+ * conversation passes its whole rendering each turn. A model with linear-attention layers, whose
+ * recurrent state cannot be cut back to any position, keeps the prefix up to the latest snapshot the
+ * host took of the sequence (spark_memory_seq_snapshot) inside it, or decodes the prompt from the
+ * start when there is none; the snapshot is restored, not freed. The next spark_spec_step starts
+ * the answer.
  * Returns SPARK_OK, SPARK_ERR_INVALID_ARGUMENT, SPARK_ERR_INVALID_TOKEN, SPARK_ERR_CONTEXT_FULL
  * (nothing changed); after SPARK_ERR_DEVICE the sequence is empty. */
 SPARK_API spark_status spark_spec_begin(spark_spec * spec, spark_seq_id seq, const spark_token * prompt, int32_t n_prompt);

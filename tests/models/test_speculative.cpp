@@ -234,6 +234,63 @@ TEST_CASE("a conversation keeps its earlier turns: begin decodes only what the s
     }
 }
 
+TEST_CASE("linear-attention models reuse a prompt from the host's snapshot when the answer is replaced") {
+    // A server's turn 2 that shares only turn 1's prompt: the recurrent state cannot be cut back over
+    // the answer, so begin restores the snapshot the host took inside turn 1's prompt and decodes
+    // only from there; without a snapshot it decodes the whole prompt again. Either way the
+    // continuation is what a fresh context prints.
+    struct Source {
+        const char *      model;
+        spark_spec_params params;
+    };
+    for (const Source & src : {Source{"qwen3_next-mtp-bf16", spec_params(SPARK_SPEC_MTP, 3)},
+                               Source{"qwen3_next-bf16", spec_params(SPARK_SPEC_DRAFT_MODEL, 3, model_dir("qwen3-bf16"))}}) {
+        for (const bool with_snapshot : {true, false}) {
+            const std::string what = std::string(src.model) + (with_snapshot ? ", with a snapshot" : ", without a snapshot");
+            INFO(what);
+            ModelPtr             m = load_model(model_dir(src.model));
+            Golden               g = load_golden(model_dir(src.model));
+            spark_context_params p = spark_context_default_params();
+            p.n_ctx                = 256;
+            p.n_snapshots          = 1;
+            p.n_threads            = 2;
+            spark_context * raw_ctx = nullptr;
+            REQUIRE(spark_context_init(m.get(), p, &raw_ctx) == SPARK_OK);
+            ContextPtr   ctx(raw_ctx);
+            spark_spec * raw = nullptr;
+            spark_spec_params sp = src.params;
+            if (sp.kind == SPARK_SPEC_DRAFT_MODEL) sp = spec_params(SPARK_SPEC_DRAFT_MODEL, 3, model_dir("qwen3-bf16"));
+            REQUIRE(spark_spec_init(ctx.get(), sp, &raw) == SPARK_OK);
+            SpecPtr         spec(raw);
+            spark_sampler * greedy = spark_sampler_init_greedy();
+            // The snapshot is taken one token before the prompt's end (a second begin adds the last
+            // token): a head drafts from the target's hidden state of the position before a changed
+            // token, so the target must decode that position again.
+            const int32_t n_prompt = int32_t(g.prompt.size());
+            REQUIRE(spark_spec_begin(spec.get(), 0, g.prompt.data(), n_prompt - 1) == SPARK_OK);
+            int32_t snap = -1;
+            if (with_snapshot) REQUIRE(spark_memory_seq_snapshot(ctx.get(), 0, &snap) == SPARK_OK);
+            REQUIRE(spark_spec_begin(spec.get(), 0, g.prompt.data(), n_prompt) == SPARK_OK);
+            steps_until(spec.get(), greedy, 10);  // turn 1's answer: more than the rollback window (3)
+            std::vector<int32_t> conv = g.prompt;
+            for (int32_t t : {7, 8, 9, 10, 11}) conv.push_back(t);  // turn 2 replaces the answer
+            spark_spec_stats before{}, after{};
+            spark_spec_get_stats(spec.get(), &before);
+            REQUIRE(spark_spec_begin(spec.get(), 0, conv.data(), int32_t(conv.size())) == SPARK_OK);
+            spark_spec_get_stats(spec.get(), &after);
+            CHECK(after.n_prompt - before.n_prompt == (with_snapshot ? 6 : int64_t(conv.size())));
+            std::vector<int32_t> next = steps_until(spec.get(), greedy, 16);
+            next.resize(16);
+            CHECK(next == plain_greedy(m.get(), conv, 16));
+            if (with_snapshot) {  // the snapshot stays the host's (restored, not freed): usable again
+                CHECK(spark_memory_seq_restore(ctx.get(), 0, snap) == SPARK_OK);
+                spark_memory_snapshot_free(ctx.get(), snap);
+            }
+            spark_sampler_free(greedy);
+        }
+    }
+}
+
 TEST_CASE("speculative decoding: bad input is a clear error and changes nothing") {
     ModelPtr   m   = load_model(model_dir("qwen3_next-bf16"));
     ContextPtr ctx = new_context(m.get(), 256);

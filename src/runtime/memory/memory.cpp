@@ -254,6 +254,17 @@ void Memory::restore(int32_t seq, int32_t id) {
     invalidate_snapshots(seq, s.length, "the sequence was restored to an earlier snapshot");
 }
 
+int32_t Memory::latest_snapshot(int32_t seq, int32_t at_most) const {
+    int32_t best = -1;
+    for (size_t id = 0; id < snapshots_.size(); ++id) {
+        const Snapshot & s = snapshots_[id];
+        if (s.used && s.valid && s.seq == seq && s.length <= at_most && s.length <= seq_len_[size_t(seq)] &&
+            (best < 0 || s.length > snapshots_[size_t(best)].length))
+            best = int32_t(id);
+    }
+    return best;
+}
+
 void Memory::snapshot_free(int32_t id) {
     if (id >= 0 && size_t(id) < snapshots_.size()) snapshots_[size_t(id)].used = false;
 }

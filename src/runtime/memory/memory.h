@@ -125,6 +125,9 @@ public:
     int32_t snapshot(int32_t seq);
     void    restore(int32_t seq, int32_t snapshot);
     void    snapshot_free(int32_t snapshot);
+    // The valid snapshot of `seq` with the most tokens, at most `at_most` of them; -1 when none.
+    int32_t latest_snapshot(int32_t seq, int32_t at_most) const;
+    int32_t snapshot_length(int32_t snapshot) const { return snapshots_[size_t(snapshot)].length; }
 
     // Keeps the recurrent states after the last n positions of every sequence (reallocates the
     // rings; the current states are kept). The context rebuilds its step graphs afterwards.

@@ -97,11 +97,18 @@ void Speculator::begin(int32_t seq, const int32_t * prompt, int32_t n) {
     int32_t common = 0;
     while (common < cached && common < n - 1 && st.tokens[size_t(common)] == prompt[common]) ++common;
     int32_t keep = source_->keep(seq, common);
-    if (!mem.can_rm(seq, keep, -1)) keep = 0;
+    // A recurrent state cannot be cut back to any position: it goes back to the latest snapshot the
+    // host took of this sequence inside the prefix (a server's cached system prompt), else to 0.
+    int32_t snapshot = -1;
+    if (!mem.can_rm(seq, keep, -1)) {
+        snapshot = mem.latest_snapshot(seq, keep);
+        keep     = snapshot >= 0 ? mem.snapshot_length(snapshot) : 0;
+    }
     if (mem.total_tokens() - mem.seq_length(seq) + n > n_ctx)
         fail(SPARK_ERR_CONTEXT_FULL, "spark_spec_begin: a prompt of %d tokens does not fit the context (%d of n_ctx = %d used by other sequences)", n,
              mem.total_tokens() - mem.seq_length(seq), n_ctx);
 
+    if (snapshot >= 0) mem.restore(seq, snapshot);
     mem.seq_rm(seq, keep, -1);
     source_->truncate(seq, keep);
     st.tokens.resize(size_t(keep));
