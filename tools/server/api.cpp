@@ -231,6 +231,12 @@ GenerationParams parse_generation(const Context & c, const json & body, int32_t 
     return g;
 }
 
+// Speculative steps return tokens, not the logits of each (they stay on the device).
+void check_logprobs_available(const Context & c, const GenerationParams & g) {
+    if (c.cfg.speculative && g.logprobs >= 0)
+        throw ApiError(400, "logprobs are not available while the server decodes speculatively (--spec)", "logprobs");
+}
+
 // The prompt must leave room for at least one answer token in the request's slot.
 void check_prompt_length(const Context & c, const std::vector<spark_token> & prompt) {
     if (prompt.empty()) throw ApiError(400, "the prompt is empty", "prompt");
@@ -528,6 +534,7 @@ void chat_completions(const Context & c, const httplib::Request & http_req, http
             throw ApiError(400, "'response_format': only {\"type\": \"text\"} is supported", "response_format");
     bool_field(body, "parallel_tool_calls");
 
+    check_logprobs_available(c, g);
     RenderedChat chat = render_chat(c, body);
     g.prompt          = tokenize(c, chat.prompt, true);
     check_prompt_length(c, g.prompt);
@@ -638,6 +645,7 @@ void completions(const Context & c, const httplib::Request & http_req, httplib::
     check_fields(body, known);
     GenerationParams g = parse_generation(c, body, 16);  // OpenAI's default for this endpoint
     if (auto lp = int_field(body, "logprobs", 0, 20)) g.logprobs = int32_t(*lp);
+    check_logprobs_available(c, g);
     if (bool_field(body, "echo").value_or(false)) throw ApiError(400, "'echo' is not supported", "echo");
     if (field(body, "suffix")) throw ApiError(400, "'suffix' is not supported", "suffix");
     int_field(body, "best_of", 1, 1);

@@ -24,6 +24,7 @@ struct ApiConfig {
     SamplingParams sampling;           // the defaults of every request
     int32_t        n_ctx_slot = 0;     // prompt + answer tokens of one request
     size_t         max_body   = 8u << 20;
+    bool           speculative = false;  // --spec: no logits reach the host, so no logprobs
 };
 
 // Mounts every endpoint on `server`. The engine, model and config must outlive it.

@@ -287,7 +287,12 @@ void Engine::loop() {
                 std::lock_guard<std::mutex> lock(mu_);
                 ++stats_.requests_cancelled;
             }
-        step();
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            stats_.running = int32_t(std::count_if(slots_.begin(), slots_.end(), [](const auto & s) { return s->req != nullptr; }));
+        }
+        if (opt_.spec) spec_step();
+        else step();
     }
 }
 
@@ -300,8 +305,9 @@ void Engine::admit(Slot & slot, std::shared_ptr<Request> req) {
     slot.held.clear();
     slot.held_lp.clear();
     // Keep the shared prefix, but decode at least the prompt's last token: its logits start the answer.
+    // (The speculative loop keeps prefixes itself: spec_begin.)
     int32_t keep = int32_t(std::min(common_prefix(slot.cached, prompt), prompt.size() - 1));
-    if (keep < int32_t(slot.cached.size())) {
+    if (!opt_.spec && keep < int32_t(slot.cached.size())) {
         if (spark_memory_seq_can_rm(ctx_, slot.id, keep, -1)) {
             spark_memory_seq_rm(ctx_, slot.id, keep, -1);
         } else {
@@ -334,6 +340,99 @@ void Engine::admit(Slot & slot, std::shared_ptr<Request> req) {
     }
     slot.detok = spark_detok_stream_init(tok_, true);
     slot.req   = std::move(req);
+    if (opt_.spec) spec_begin(slot);
+}
+
+// The speculative loop decodes a prompt in one call (spark_spec_begin), keeping what the sequence
+// shares with it. On a model with linear-attention layers it goes back to the latest snapshot inside
+// the shared prefix: the prompt is decoded in up to three calls, a snapshot after each of the first
+// two, at the last block boundary and one token before the end (a head drafts from the hidden state
+// of the position before a changed token, so that position is decoded again).
+void Engine::spec_begin(Slot & slot) {
+    const std::vector<spark_token> & prompt = slot.req->params.prompt;
+    const int32_t                    n      = int32_t(prompt.size());
+    spark_spec_stats                 before{}, after{};
+    spark_spec_get_stats(opt_.spec, &before);
+    // Snapshot positions the sequence does not hold yet (below them nothing is decoded again).
+    const int32_t        common = int32_t(common_prefix(slot.cached, prompt));
+    std::vector<int32_t> stops;
+    if (recurrent_) {
+        for (int32_t q : {slot.snapshot_at, n - 1})
+            if (q > common && q < n && (stops.empty() || q > stops.back())) stops.push_back(q);
+    }
+    stops.push_back(n);
+    spark_status st = SPARK_OK;
+    for (size_t i = 0; i < stops.size() && st == SPARK_OK; ++i) {
+        st = spark_spec_begin(opt_.spec, slot.id, prompt.data(), stops[i]);
+        if (st == SPARK_OK && i + 1 < stops.size()) take_snapshot(slot, stops[i] == n - 1 ? 1 : 0, stops[i]);
+    }
+    spark_spec_get_stats(opt_.spec, &after);
+    const auto now = Clock::now();
+    if (st != SPARK_OK) {
+        slot.req->fail(std::string("cannot decode the prompt: ") + spark_last_error(), slot.usage);
+        release(slot);
+        slot.cached.clear();
+        std::lock_guard<std::mutex> lock(mu_);
+        ++stats_.requests_failed;
+        return;
+    }
+    slot.cached                = prompt;
+    slot.usage.cached_tokens   = n - int32_t(after.n_prompt - before.n_prompt);
+    slot.usage.prompt_ms       = ms_between(slot.t_start, now);
+    slot.t_prompt_done         = now;
+    slot.answering             = true;
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.prompt_tokens += after.n_prompt - before.n_prompt;
+    stats_.cached_prompt_tokens += slot.usage.cached_tokens;
+}
+
+// One speculative step of every answering slot (spark_spec_step verifies all of them in one target
+// step); each slot's tokens go out as the plain loop's do.
+void Engine::spec_step() {
+    std::vector<Slot *>          active;
+    std::vector<spark_seq_id>    seqs;
+    std::vector<spark_sampler *> samplers;
+    for (auto & s : slots_)
+        if (s->req && s->answering) {
+            active.push_back(s.get());
+            seqs.push_back(s->id);
+            samplers.push_back(s->smpl);
+        }
+    if (active.empty()) return;
+    constexpr int32_t    kCap = SPARK_SPEC_MAX_DRAFT + 2;
+    std::vector<spark_token> out(active.size() * kCap);
+    std::vector<int32_t>     n_out(active.size());
+    const spark_status st  = spark_spec_step(opt_.spec, int32_t(active.size()), seqs.data(), samplers.data(), out.data(), kCap, n_out.data());
+    const auto         now = Clock::now();
+    if (st != SPARK_OK) {
+        const std::string why = std::string("speculative step failed: ") + spark_last_error();
+        std::fprintf(stderr, "spark-server: %s\n", why.c_str());
+        for (Slot * s : active) {
+            s->req->fail(why, s->usage);
+            release(*s);
+        }
+        std::lock_guard<std::mutex> lock(mu_);
+        stats_.requests_failed += int64_t(active.size());
+        return;
+    }
+    int32_t generated = 0;
+    for (size_t i = 0; i < active.size(); ++i) {
+        Slot & s = *active[i];
+        for (int32_t k = 0; k < n_out[i]; ++k) {
+            const spark_token t = out[i * kCap + size_t(k)];
+            s.cached.push_back(t);
+            ++generated;
+            if (!take_token(s, t, nullptr, now)) break;
+        }
+        // The sequence holds the prompt and the answer but its last token (not decoded yet).
+        s.cached.resize(std::min(s.cached.size(), size_t(std::max(0, spark_memory_seq_length(ctx_, s.id)))));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.steps;
+    stats_.generated_tokens += generated;
+    recent_.emplace_back(now, generated);
+    while (!recent_.empty() && std::chrono::duration<double>(now - recent_.front().first).count() > kRateWindowS) recent_.pop_front();
+    stats_.running = int32_t(std::count_if(slots_.begin(), slots_.end(), [](const auto & x) { return x->req != nullptr; }));
 }
 
 void Engine::release(Slot & slot) {
@@ -345,12 +444,12 @@ void Engine::release(Slot & slot) {
     slot.answering = false;
 }
 
-void Engine::take_snapshot(Slot & slot, int which) {
+void Engine::take_snapshot(Slot & slot, int which, int32_t pos) {
     Slot::Snapshot & s = slot.snaps[which];
     if (s.id >= 0) spark_memory_snapshot_free(ctx_, s.id);
     s = {};
     int32_t id = -1;
-    if (spark_memory_seq_snapshot(ctx_, slot.id, &id) == SPARK_OK) s = {id, int32_t(slot.cached.size())};
+    if (spark_memory_seq_snapshot(ctx_, slot.id, &id) == SPARK_OK) s = {id, pos};
 }
 
 void Engine::step() {
@@ -406,11 +505,11 @@ void Engine::step() {
         for (int32_t k = 0; k < p.n; ++k) s.cached.push_back(batch_.token[p.row0 + k]);
         if (!s.answering) {
             const auto & prompt = s.req->params.prompt;
-            if (recurrent_ && s.snapshot_at > 0 && int32_t(s.cached.size()) == s.snapshot_at) take_snapshot(s, 0);
+            if (recurrent_ && s.snapshot_at > 0 && int32_t(s.cached.size()) == s.snapshot_at) take_snapshot(s, 0, s.snapshot_at);
             if (s.cached.size() < prompt.size()) continue;
             s.t_prompt_done   = now;
             s.usage.prompt_ms = ms_between(s.t_start, now);
-            if (recurrent_) take_snapshot(s, 1);
+            if (recurrent_) take_snapshot(s, 1, int32_t(s.cached.size()));
             std::lock_guard<std::mutex> lock(mu_);
             stats_.cached_prompt_tokens += s.usage.cached_tokens;
         }
@@ -428,18 +527,27 @@ void Engine::step() {
 }
 
 void Engine::emit_token(Slot & s, int32_t row, Clock::time_point now) {
-    Request &   req = *s.req;
-    spark_token t   = -1;
+    spark_token t = -1;
     if (spark_sampler_sample(s.smpl, ctx_, row, &t) != SPARK_OK) {
-        req.fail(std::string("sampling failed: ") + spark_last_error(), s.usage);
+        s.req->fail(std::string("sampling failed: ") + spark_last_error(), s.usage);
         release(s);
         return;
     }
+    TokenLogprob lp{};
+    const bool   with_lp = s.req->params.logprobs >= 0 && spark_get_logits_ith(ctx_, row) != nullptr;
+    if (with_lp) lp = logprobs_of(spark_get_logits_ith(ctx_, row), n_vocab_, t, s.req->params.logprobs);
+    if (take_token(s, t, with_lp ? &lp : nullptr, now)) {
+        s.last      = t;
+        s.answering = true;
+    }
+}
+
+bool Engine::take_token(Slot & s, spark_token t, const TokenLogprob * lp, Clock::time_point now) {
+    Request & req = *s.req;
     ++s.n_generated;
     s.usage.completion_tokens = s.n_generated;
     s.usage.generation_ms     = ms_between(s.t_prompt_done, now);
-    if (req.params.logprobs >= 0)
-        if (const float * logits = spark_get_logits_ith(ctx_, row)) s.held_lp.push_back(logprobs_of(logits, n_vocab_, t, req.params.logprobs));
+    if (lp) s.held_lp.push_back(*lp);
 
     // Ends the answer: what the detokenizer still holds, cut at the first stop string.
     auto finish = [&](std::string reason) {
@@ -459,7 +567,10 @@ void Engine::emit_token(Slot & s, int32_t row, Clock::time_point now) {
         release(s);
     };
 
-    if (spark_tokenizer_is_eog(tok_, t)) return finish("stop");
+    if (spark_tokenizer_is_eog(tok_, t)) {
+        finish("stop");
+        return false;
+    }
     // The token's text (complete UTF-8 characters only; the stream holds back a split one).
     std::string piece(64, '\0');
     size_t      len = 0;
@@ -473,7 +584,10 @@ void Engine::emit_token(Slot & s, int32_t row, Clock::time_point now) {
     for (const std::string & stop : req.params.stop) stopped = stopped || s.held.find(stop) != std::string::npos;
     const bool at_max   = req.params.max_tokens >= 0 && s.n_generated >= req.params.max_tokens;
     const bool ctx_full = int32_t(s.cached.size()) + 1 > opt_.n_ctx_slot;  // no room to decode t
-    if (stopped || at_max || ctx_full) return finish(stopped ? "stop" : "length");
+    if (stopped || at_max || ctx_full) {
+        finish(stopped ? "stop" : "length");
+        return false;
+    }
     // Hold back what may still become a stop string; the rest goes out now.
     const size_t hold = stop_prefix_tail(s.held, req.params.stop);
     if (s.held.size() > hold || !s.held_lp.empty()) {
@@ -482,8 +596,7 @@ void Engine::emit_token(Slot & s, int32_t row, Clock::time_point now) {
         s.held_lp.clear();
         req.push(std::move(e));
     }
-    s.last      = t;
-    s.answering = true;
+    return true;
 }
 
 }  // namespace spark_server

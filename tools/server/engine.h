@@ -107,6 +107,7 @@ struct EngineOptions {
     int32_t n_ctx_slot  = 0;    // tokens per slot (prompt + answer)
     int32_t n_batch     = 512;  // rows per step
     int32_t max_queue   = 64;   // requests waiting for a slot; more are refused (overload)
+    spark_spec * spec   = nullptr;  // speculative decoding (attached to the context), or none
 };
 
 struct EngineStats {
@@ -138,9 +139,15 @@ private:
     void loop();
     void admit(Slot & slot, std::shared_ptr<Request> req);
     void step();
+    void spec_begin(Slot & slot);
+    void spec_step();
+    // Samples row `row` of the last step for `slot` and takes the token.
     void emit_token(Slot & slot, int32_t row, std::chrono::steady_clock::time_point now);
+    // One answer token: its text out (stop strings cut, held back while they may still match), or
+    // the end (end of turn, stop string, max_tokens, the slot's context). False when it ended.
+    bool take_token(Slot & slot, spark_token t, const TokenLogprob * lp, std::chrono::steady_clock::time_point now);
     void release(Slot & slot);
-    void take_snapshot(Slot & slot, int which);
+    void take_snapshot(Slot & slot, int which, int32_t pos);
 
     spark_model *             model_;
     spark_context *           ctx_;

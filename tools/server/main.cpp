@@ -21,6 +21,7 @@
 #include "load_progress.h"
 #include "log_stderr.h"
 #include "parse_args.h"
+#include "spec_cli.h"
 #include "version.h"
 
 #include <algorithm>
@@ -40,7 +41,8 @@ struct Options {
     std::string model = spark_cli::default_model();
     std::string host  = "127.0.0.1";
     int         port  = 8080;
-    std::string api_key, device = "auto", alias, chat_template_file, chat_template_kwargs;
+    std::string api_key, device = "auto", alias, chat_template_file, chat_template_kwargs, spec;
+    int32_t     draft_max = 3;
     int32_t     n_parallel = 4, n_ctx = 0, n_batch = 512, max_queue = 64, n_threads = 0;
     size_t      max_body_mb = 8;
     spark_server::SamplingParams sampling;
@@ -81,9 +83,17 @@ int main(int argc, char ** argv) {
     app.add_option("--repeat-last-n", s.repeat_last_n, "tokens the repetition penalty looks back (-1: all)")->check(CLI::Range(-1, 1 << 20));
     app.add_option("--presence-penalty", s.presence, "default presence penalty")->check(CLI::Range(-2.0, 2.0));
     app.add_option("--frequency-penalty", s.frequency, "default frequency penalty")->check(CLI::Range(-2.0, 2.0));
+    app.add_option("--spec", o.spec, std::string("speculative decoding for every request: ") + spark_cli::kSpecSyntax +
+                                         " (greedy answers unchanged; a prompt is then decoded in one piece)");
+    app.add_option("--draft-max", o.draft_max, "--spec: tokens drafted per step")->check(CLI::Range(1, SPARK_SPEC_MAX_DRAFT));
     spark_cli::add_version_flag(app, "spark-server");
     if (const auto stop = spark_cli::parse_args(app, argc, argv, "spark-server")) return *stop;
 
+    spark_cli::SpecOption spec_opt;
+    if (std::string err; !o.spec.empty() && !spark_cli::parse_spec(o.spec, spec_opt, err)) {
+        std::fprintf(stderr, "spark-server: %s\n", err.c_str());
+        return 2;
+    }
     nlohmann::json kwargs = nlohmann::json::object();
     if (!o.chat_template_kwargs.empty()) {
         try {
@@ -137,7 +147,9 @@ int main(int argc, char ** argv) {
     if (info.n_ctx_train > 0 && n_ctx_slot > info.n_ctx_train)
         std::fprintf(stderr, "spark-server: %d tokens per slot is beyond the model's context length (%d)\n", n_ctx_slot, info.n_ctx_train);
     spark_context_params cp = spark_context_default_params();
-    cp.n_ctx                = n_ctx_slot * o.n_parallel;
+    // A speculative step appends up to draft_max + 1 rows to a slot before it cuts the rejected
+    // ones: room for that beyond the slots' shares.
+    cp.n_ctx                = n_ctx_slot * o.n_parallel + (o.spec.empty() ? 0 : o.n_parallel * (o.draft_max + 2));
     cp.n_seq_max            = o.n_parallel;
     cp.n_batch              = o.n_batch;
     cp.n_threads            = o.n_threads;
@@ -146,6 +158,15 @@ int main(int argc, char ** argv) {
     if (spark_context_init(model, cp, &ctx) != SPARK_OK)
         return fail("cannot create a context of " + std::to_string(cp.n_ctx) + " tokens: " + spark_last_error());
     std::unique_ptr<spark_context, void (*)(spark_context *)> ctx_guard(ctx, spark_context_free);
+    spark_spec * spec = nullptr;
+    if (!o.spec.empty()) {
+        spark_spec_params sp = spark_spec_default_params();
+        sp.kind              = spec_opt.kind;
+        sp.path              = spec_opt.path.empty() ? nullptr : spec_opt.path.c_str();
+        sp.n_draft_max       = o.draft_max;
+        if (spark_spec_init(ctx, sp, &spec) != SPARK_OK) return fail("--spec " + o.spec + ": " + spark_last_error());
+    }
+    std::unique_ptr<spark_spec, void (*)(spark_spec *)> spec_guard(spec, spark_spec_free);
 
     spark_server::ApiConfig cfg;
     cfg.model_id        = !o.alias.empty() ? o.alias : std::filesystem::path(o.model).filename().string();
@@ -156,12 +177,14 @@ int main(int argc, char ** argv) {
     cfg.sampling        = o.sampling;
     cfg.n_ctx_slot      = n_ctx_slot;
     cfg.max_body        = o.max_body_mb << 20;
+    cfg.speculative     = spec != nullptr;
 
     spark_server::EngineOptions eo;
     eo.n_parallel = o.n_parallel;
     eo.n_ctx_slot = n_ctx_slot;
     eo.n_batch    = o.n_batch;
     eo.max_queue  = o.max_queue;
+    eo.spec       = spec;
     auto engine   = std::make_unique<spark_server::Engine>(model, ctx, eo);
 
     httplib::Server server;
@@ -181,8 +204,8 @@ int main(int argc, char ** argv) {
         engine->shutdown();  // running requests end now, so their connections close
         server.stop();
     });
-    std::fprintf(stderr, "spark-server: %s (%s, %s), %d slots of %d tokens, device %s\n", cfg.model_id.c_str(), info.architecture,
-                 info.weight_format, o.n_parallel, n_ctx_slot, o.device.c_str());
+    std::fprintf(stderr, "spark-server: %s (%s, %s), %d slots of %d tokens, device %s%s\n", cfg.model_id.c_str(), info.architecture,
+                 info.weight_format, o.n_parallel, n_ctx_slot, o.device.c_str(), o.spec.empty() ? "" : (", speculative: " + o.spec).c_str());
     std::fprintf(stderr, "spark-server: listening on http://%s:%d\n", o.host.c_str(), port);
     const bool ok = server.listen_after_bind();
     if (signal_thread.joinable()) {
