@@ -331,11 +331,14 @@ void stream_request(httplib::Response & res, std::shared_ptr<Request> req,
                 return ok;
             };
             while (ok) {
-                std::vector<Event> events = req->wait(Clock::now() + std::chrono::milliseconds(500));
+                // finished() before taking the events: the engine pushes a request's last events
+                // before it marks it finished, so once it is, these are all there is.
+                const bool         done   = req->finished();
+                std::vector<Event> events = req->wait(done ? Clock::now() : Clock::now() + std::chrono::milliseconds(500));
                 if (!sink.is_writable()) ok = false;
                 if (!events.empty() && ok) on_events(std::move(events), write);
                 if (!ok) break;
-                if (req->finished() && req->wait(Clock::now()).empty()) {
+                if (done) {
                     on_end(write);
                     if (ok) write("[DONE]");
                     if (ok) sink.done();
@@ -354,17 +357,12 @@ void stream_request(httplib::Response & res, std::shared_ptr<Request> req,
 std::string collect(const std::shared_ptr<Request> & req, std::vector<TokenLogprob> & lps) {
     std::string text;
     for (;;) {
-        for (Event & e : req->wait(Clock::now() + std::chrono::seconds(1))) {
+        const bool done = req->finished();  // before taking the events (see stream_request)
+        for (Event & e : req->wait(done ? Clock::now() : Clock::now() + std::chrono::seconds(1))) {
             text += e.text;
             lps.insert(lps.end(), e.logprobs.begin(), e.logprobs.end());
         }
-        if (req->finished()) {
-            for (Event & e : req->wait(Clock::now())) {
-                text += e.text;
-                lps.insert(lps.end(), e.logprobs.begin(), e.logprobs.end());
-            }
-            return text;
-        }
+        if (done) return text;
     }
 }
 
