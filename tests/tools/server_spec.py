@@ -5,11 +5,13 @@ For the demo MoE model with its draft model, and the demo Qwen3-Next model with 
 same conversation is sent to a plain server and to one started with --spec (temperature 0):
   1. conversation A (a ~450-token system prompt and a question),
   2. conversation A continued (A's answer and a follow-up: the prompt extends turn 1's),
-  3. conversation B (the same system prompt, another question).
+  3. conversation B (the same system prompt, another question),
+  4. conversation A again (the server has two slots: A's is still there).
 Every answer must be the same with and without --spec (speculation never changes greedy output),
 and each server must reuse what it holds: turn 2 at least turn 1's prompt but one token, turn 3 at
 least the system prompt's whole 256-token blocks (Qwen3-Next's recurrent state goes back only to a
-snapshot: the server keeps them at a prompt's last block boundary and near its end).
+snapshot: the server keeps them at a prompt's last block boundary and near its end). Without --spec,
+the attention-only model starts B from a KV copy of A's slot, so turn 4 reuses all of turn 2.
 
     python3 tests/tools/server_spec.py BUILD_DIR DATA_DIR
 """
@@ -34,7 +36,7 @@ def check(cond, what):
 
 def start_server(build, args):
     exe = Path(build) / "tools" / "server" / "spark-server"
-    proc = subprocess.Popen([str(exe), "--port", "0", "--parallel", "1", *args], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([str(exe), "--port", "0", "--parallel", "2", *args], stderr=subprocess.PIPE, text=True)
     found, ready = {}, threading.Event()
 
     def read():
@@ -73,6 +75,9 @@ def conversation(url):
     b1 = [system, {"role": "user", "content": "Write a function that reverses a string."}]
     answer, usage = chat(url, b1)
     results.append((answer, usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]))
+    a3 = a2 + [{"role": "assistant", "content": results[1][0]}, {"role": "user", "content": "Now add a test."}]
+    answer, usage = chat(url, a3)
+    results.append((answer, usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]))
     return results
 
 
@@ -91,7 +96,12 @@ def main():
             turns = runs[bool(args)]
             check(turns[1][2] >= turns[0][1] - 1, f"{label}: turn 2 reuses turn 1's prompt ({turns[1][2]} of {turns[1][1]} tokens cached; turn 1 had {turns[0][1]})")
             check(turns[2][2] >= 256, f"{label}: another conversation with the same system prompt reuses its blocks ({turns[2][2]} cached)")
-        for i in range(3):
+            if model.endswith("moe") and not args:
+                # Attention only, no --spec: conversation B started from a copy of A's slot, so A's
+                # slot still holds A for its next turn.
+                check(turns[3][2] >= turns[1][1] - 1, f"{label}: conversation A goes on from its own slot after B copied the system prompt "
+                                                      f"({turns[3][2]} of {turns[3][1]} cached; turn 2 had {turns[1][1]})")
+        for i in range(4):
             check(runs[True][i][0] == runs[False][i][0], f"{model}, turn {i + 1}: --spec {spec.split(':')[0]} answers as the plain server "
                                                          f"({runs[False][i][0][:40]!r})")
 

@@ -16,6 +16,8 @@ using Clock = std::chrono::steady_clock;
 // tokens: conversations that share a long system prompt (or a document) reuse it from there.
 constexpr int32_t kSnapshotBlock = 256;
 constexpr double  kRateWindowS   = 10.0;
+// A shared prefix worth a KV copy from another slot (below it, decoding the tokens is as cheap).
+constexpr size_t  kMinCopy       = 64;
 
 double ms_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
 
@@ -237,7 +239,7 @@ EngineStats Engine::stats() const {
 
 void Engine::loop() {
     for (;;) {
-        std::vector<std::pair<Slot *, std::shared_ptr<Request>>> admitted;
+        std::vector<Admission> admitted;
         {
             std::unique_lock<std::mutex> lock(mu_);
             auto any_active = [&] {
@@ -260,26 +262,50 @@ void Engine::loop() {
             // First come, first served; each takes the idle slot that holds most of its prompt
             // (the least recently used one among equals, so that other caches live longer).
             while (!queue_.empty()) {
-                Slot * best = nullptr;
-                size_t best_len = 0;
+                const auto & prompt = queue_.front()->params.prompt;
+                Slot *       best = nullptr;
+                size_t       best_len = 0;
+                auto         taken = [&](const Slot * s) {
+                    return std::any_of(admitted.begin(), admitted.end(), [&](const Admission & a) { return a.slot == s; });
+                };
                 for (auto & s : slots_) {
-                    if (s->req) continue;
-                    bool taken = false;
-                    for (auto & a : admitted) taken = taken || a.first == s.get();
-                    if (taken) continue;
-                    const size_t len = common_prefix(s->cached, queue_.front()->params.prompt);
+                    if (s->req || taken(s.get())) continue;
+                    const size_t len = common_prefix(s->cached, prompt);
                     if (!best || len > best_len || (len == best_len && s->last_used < best->last_used)) {
                         best     = s.get();
                         best_len = len;
                     }
                 }
                 if (!best) break;
-                admitted.emplace_back(best, queue_.front());
+                Admission a{best, queue_.front(), nullptr};
+                // Attention-only models: when another slot (busy or not) holds more of the prompt, or
+                // the best idle slot would lose tokens of another conversation, copy that slot's
+                // sequence into the least recently used idle slot instead (a KV copy: both caches
+                // stay usable).
+                if (!recurrent_ && !opt_.spec) {
+                    Slot * source = nullptr;
+                    size_t source_len = 0;
+                    for (auto & s : slots_) {
+                        const size_t len = common_prefix(s->cached, prompt);
+                        if (len > source_len) source = s.get(), source_len = len;
+                    }
+                    const bool loses = best_len < best->cached.size();
+                    if (source && source_len >= kMinCopy && (source_len > best_len || loses)) {
+                        Slot * target = nullptr;
+                        for (auto & s : slots_)
+                            if (!s->req && !taken(s.get()) && s.get() != source && (!target || s->last_used < target->last_used)) target = s.get();
+                        if (target) a = {target, queue_.front(), source};
+                    }
+                }
+                admitted.push_back(a);
                 queue_.pop_front();
             }
             stats_.queued = int32_t(queue_.size());
         }
-        for (auto & [slot, req] : admitted) admit(*slot, req);
+        for (Admission & a : admitted) {
+            if (a.copy_from && spark_memory_seq_cp(ctx_, a.copy_from->id, a.slot->id) == SPARK_OK) a.slot->cached = a.copy_from->cached;
+            admit(*a.slot, a.req);
+        }
         for (auto & s : slots_)
             if (s->req && s->req->cancelled()) {
                 s->req->fail("cancelled", s->usage);

@@ -7,7 +7,9 @@
 // streams. A new request takes the idle slot whose cached tokens share the longest prefix with its
 // prompt and decodes only the rest. Models with linear-attention layers cannot cut their recurrent
 // state back to an arbitrary position: their slots keep snapshots at a prompt's last block
-// boundary and at its end, and a reused prefix starts from the latest snapshot inside it.
+// boundary and at its end, and a reused prefix starts from the latest snapshot inside it. Models
+// with attention layers only can also start from a copy of another slot's sequence (a shared system
+// prompt), so that the slot holding it keeps its own conversation.
 #pragma once
 
 #include <spark/spark.h>
@@ -136,6 +138,11 @@ public:
 
 private:
     struct Slot;
+    struct Admission {
+        Slot *                   slot;
+        std::shared_ptr<Request> req;
+        Slot *                   copy_from;  // start from a copy of this slot's sequence (or nullptr)
+    };
     void loop();
     void admit(Slot & slot, std::shared_ptr<Request> req);
     void step();
