@@ -210,6 +210,8 @@ GenerationParams parse_generation(const Context & c, const json & body, int32_t 
     if (const json * st = field(body, "stop")) {
         auto add = [&](const json & v) {
             if (!v.is_string()) throw ApiError(400, "'stop' must be a string or an array of strings", "stop");
+            // Every token is matched against the stop strings: bound the work per token.
+            if (v.get<std::string>().size() > 1024) throw ApiError(400, "'stop': a stop string is at most 1024 bytes", "stop");
             if (!v.get<std::string>().empty()) g.stop.push_back(v.get<std::string>());
         };
         if (st->is_array()) {
