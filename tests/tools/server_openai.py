@@ -229,6 +229,52 @@ def run(url):
     status, body = http(url + "/v1/nothing", {"a": 1})
     check(status == 404 and is_error_object(body, status), "an unknown path: 404 with an error object")
 
+    # --- hostile bodies: each one refused with a 4xx error object, the server unharmed ---
+    msg = '[{"role": "user", "content": "hi"}]'
+    hostile = [
+        b"", b"null", b"[]", b"42", b'"text"', b"{", b"{}" + b" " * 10, b'{"messages": null}',
+        b'{"messages": [' + b"[" * 5000 + b"]" * 5000 + b"]}",                       # nesting
+        b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}',                  # escapes that are fine JSON
+        b'{"messages": [{"role": "user", "content": "' + bytes([0xff, 0xfe, 0xc3]) + b'"}]}',  # invalid UTF-8
+        b'{"messages": [{"role": 7, "content": "x"}]}', b'{"messages": [{"role": "wizard", "content": "x"}]}',
+        b'{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}',
+        b'{"messages": [{"role": "user", "content": {"a": 1}}]}', b'{"messages": [{"content": "x"}]}',
+        b'{"messages": [{"role": "assistant", "content": null, "tool_calls": [{"function": {"arguments": "{"}}]}]}',
+        b'{"messages": [{"role": "assistant", "content": null, "tool_calls": "x"}]}',
+        b'{"messages": ' + msg.encode() + b', "temperature": "hot"}', b'{"messages": ' + msg.encode() + b', "temperature": 1e400}',
+        b'{"messages": ' + msg.encode() + b', "max_tokens": 1.5}', b'{"messages": ' + msg.encode() + b', "max_tokens": -1}',
+        b'{"messages": ' + msg.encode() + b', "max_tokens": 99999999999999999999}', b'{"messages": ' + msg.encode() + b', "seed": "x"}',
+        b'{"messages": ' + msg.encode() + b', "stop": [1, 2]}', b'{"messages": ' + msg.encode() + b', "stop": ["' + b"x" * 2000 + b'"]}',
+        b'{"messages": ' + msg.encode() + b', "stop": ' + json.dumps(["a"] * 17).encode() + b'}',
+        b'{"messages": ' + msg.encode() + b', "logit_bias": {"abc": 1}}', b'{"messages": ' + msg.encode() + b', "logit_bias": {"5": 1000}}',
+        b'{"messages": ' + msg.encode() + b', "logit_bias": {"99999999": 1}}', b'{"messages": ' + msg.encode() + b', "logit_bias": []}',
+        b'{"messages": ' + msg.encode() + b', "top_logprobs": 3}', b'{"messages": ' + msg.encode() + b', "logprobs": true, "top_logprobs": 50}',
+        b'{"messages": ' + msg.encode() + b', "tools": {"x": 1}}', b'{"messages": ' + msg.encode() + b', "tools": [{"type": 1}]}',
+        b'{"messages": ' + msg.encode() + b', "tools": [{"type": "function", "function": {"name": 3}}]}',
+        b'{"messages": ' + msg.encode() + b', "tool_choice": 5}', b'{"messages": ' + msg.encode() + b', "response_format": {"type": 5}}',
+        b'{"messages": ' + msg.encode() + b', "chat_template_kwargs": []}', b'{"messages": ' + msg.encode() + b', "stream_options": {"include_usage": "y"}}',
+        b'{"messages": ' + msg.encode() + b', "stream_options": {"other": true}}', b'{"messages": ' + msg.encode() + b', "n": 2}',
+        b'{"messages": ' + msg.encode() + b', "stream": "yes"}', b'{"messages": ' + msg.encode() + b', "model": 5}',
+    ]
+    statuses = []
+    for body in hostile:
+        status, reply = http(url + "/v1/chat/completions", raw=body)
+        statuses.append(status)
+        if not (400 <= status < 500 and is_error_object(reply, status)):
+            check(False, f"hostile chat body {body[:60]!r}: {status} {str(reply)[:120]}")
+    for path, body in [("/v1/completions", b'{"prompt": [1, -5]}'), ("/v1/completions", b'{"prompt": [[1], [2]]}'),
+                       ("/v1/completions", b'{"prompt": {"a": 1}}'), ("/v1/completions", b'{"prompt": "x", "echo": true}'),
+                       ("/v1/completions", b'{"prompt": "x", "logprobs": 21}'), ("/tokenize", b'{"content": 5}'),
+                       ("/detokenize", b'{"tokens": [1, 99999999]}'), ("/detokenize", b'{"tokens": "x"}'), ("/apply-template", b'{"messages": 1}')]:
+        status, reply = http(url + path, raw=body)
+        statuses.append(status)
+        if not (400 <= status < 500 and is_error_object(reply, status)):
+            check(False, f"hostile {path} body {body[:60]!r}: {status} {str(reply)[:120]}")
+    check(all(400 <= s < 500 for s in statuses), f"{len(statuses)} hostile bodies: each refused with a 4xx error object")
+    status, _ = http(url + "/health", key=None)
+    r = client.chat.completions.create(model="demo", messages=messages, temperature=0, max_tokens=48)
+    check(status == 200 and r.choices[0].message.content == answer, "after them the server answers as before")
+
     # --- tokenize, detokenize, metrics ---
     status, t = http(url + "/tokenize", {"content": "def add(a, b):\n    return a + b"})
     status2, d = http(url + "/detokenize", {"tokens": t.get("tokens", [])})

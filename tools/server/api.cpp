@@ -27,13 +27,7 @@ using Clock = std::chrono::steady_clock;
 
 // ---- errors ------------------------------------------------------------------------------------
 
-// A request the server refuses, answered as OpenAI does: {"error": {message, type, param, code}}.
-struct ApiError : std::runtime_error {
-    int         status;
-    std::string type, param, code;
-    ApiError(int st, std::string msg, std::string p = "", std::string c = "", std::string t = "invalid_request_error")
-        : std::runtime_error(std::move(msg)), status(st), type(std::move(t)), param(std::move(p)), code(std::move(c)) {}
-};
+using ApiError = RequestError;
 
 // JSON text of anything the model or a client wrote: invalid UTF-8 becomes U+FFFD instead of an
 // exception.
@@ -53,11 +47,17 @@ void send_error(httplib::Response & res, const ApiError & e) {
 
 // ---- request fields ----------------------------------------------------------------------------
 
-json parse_body(const httplib::Request & req) {
+// Deeper bodies are refused: copying, printing and destroying a JSON value recurse once per level.
+constexpr int kMaxJsonDepth = 64;
+
+json parse_body(const std::string & text) {
     json body;
     try {
-        body = json::parse(req.body);
-    } catch (const json::parse_error & e) {
+        body = json::parse(text, [](int depth, json::parse_event_t, json &) {
+            if (depth > kMaxJsonDepth) throw ApiError(400, "the request body is nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+            return true;
+        });
+    } catch (const json::exception & e) {  // a syntax error, or a number out of range (1e400)
         throw ApiError(400, std::string("the request body is not valid JSON: ") + e.what());
     }
     if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object");
@@ -117,7 +117,7 @@ std::optional<std::string> string_field(const json & body, const char * name) {
 // ---- the model's side --------------------------------------------------------------------------
 
 struct Context {
-    Engine &                engine;
+    Engine *                engine;
     const spark_model *     model;
     const spark_tokenizer * tok;
     const ApiConfig &       cfg;
@@ -250,7 +250,7 @@ void check_prompt_length(const Context & c, const std::vector<spark_token> & pro
 }
 
 std::shared_ptr<Request> submit(const Context & c, GenerationParams g) {
-    auto req = c.engine.submit(std::move(g));
+    auto req = c.engine->submit(std::move(g));
     if (!req) throw ApiError(503, "the server is busy: every slot is taken and the queue is full; retry later", "", "overloaded", "server_error");
     return req;
 }
@@ -458,19 +458,16 @@ RenderedChat render_chat(const Context & c, const json & body) {
 
     RenderedChat out;
     std::string  tools_json;
+    if (const json * choice = field(body, "tool_choice"); choice && *choice != "auto" && *choice != "none")
+        throw ApiError(400, "'tool_choice': only \"auto\" and \"none\" are supported (the model decides whether to call a tool)", "tool_choice");
     if (const json * tools = field(body, "tools")) {
         if (!tools->is_array()) throw ApiError(400, "'tools' must be an array", "tools");
         for (const json & t : *tools)
-            if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") || !t["function"].is_object() ||
+            if (!t.is_object() || !t.contains("type") || t["type"] != "function" || !t.contains("function") || !t["function"].is_object() ||
                 !t["function"].contains("name") || !t["function"]["name"].is_string())
                 throw ApiError(400, "'tools': each tool must be {\"type\": \"function\", \"function\": {\"name\": ...}}", "tools");
         bool use_tools = !tools->empty();
-        if (const json * choice = field(body, "tool_choice")) {
-            if (*choice == "none") use_tools = false;
-            else if (*choice != "auto")
-                throw ApiError(400, "'tool_choice': only \"auto\" and \"none\" are supported (the model decides whether to call a tool)",
-                               "tool_choice");
-        }
+        if (const json * choice = field(body, "tool_choice"); choice && *choice == "none") use_tools = false;
         if (use_tools) {
             tools_json                  = dump(*tools);
             out.parse.parse_tool_calls  = true;
@@ -515,33 +512,55 @@ json delta_json(const ChatDelta & d) {
     return {{"tool_calls", json::array({call})}};
 }
 
-void chat_completions(const Context & c, const httplib::Request & http_req, httplib::Response & res) {
-    const json body = parse_body(http_req);
+// What a completion request asks for, checked field by field and tokenized, before it is queued.
+struct Prepared {
+    GenerationParams g;
+    ParseOptions     parse;  // chat: how to read the answer
+    bool             stream = false, include_usage = false, logprobs = false;
+};
+
+bool include_usage_of(const json & body, bool stream) {
+    const json * so = field(body, "stream_options");
+    return stream && so && so->is_object() && so->contains("include_usage") && (*so)["include_usage"].is_boolean() &&
+           (*so)["include_usage"].get<bool>();
+}
+
+Prepared prepare_chat(const Context & c, const json & body) {
     std::set<std::string> known = kSamplingFields;
     known.insert({"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
                   "response_format", "chat_template_kwargs", "store", "metadata", "service_tier", "reasoning_effort"});
     check_fields(body, known);
-    GenerationParams g = parse_generation(c, body, -1);
-    const bool logprobs = bool_field(body, "logprobs").value_or(false);
+    Prepared p;
+    GenerationParams & g = p.g;
+    g                    = parse_generation(c, body, -1);
+    p.logprobs           = bool_field(body, "logprobs").value_or(false);
     if (auto top = int_field(body, "top_logprobs", 0, 20)) {
-        if (!logprobs) throw ApiError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs");
+        if (!p.logprobs) throw ApiError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs");
         g.logprobs = int32_t(*top);
-    } else if (logprobs) {
+    } else if (p.logprobs) {
         g.logprobs = 0;
     }
     if (const json * rf = field(body, "response_format"))
-        if (!rf->is_object() || rf->value("type", "") != "text")
+        if (!rf->is_object() || !rf->contains("type") || (*rf)["type"] != "text")
             throw ApiError(400, "'response_format': only {\"type\": \"text\"} is supported", "response_format");
     bool_field(body, "parallel_tool_calls");
-
     check_logprobs_available(c, g);
     RenderedChat chat = render_chat(c, body);
     g.prompt          = tokenize(c, chat.prompt, true);
     check_prompt_length(c, g.prompt);
-    const bool   stream        = bool_field(body, "stream").value_or(false);
-    const bool   include_usage = stream && body.contains("stream_options") && body["stream_options"].is_object() &&
-                               body["stream_options"].value("include_usage", false);
-    const auto   req     = submit(c, std::move(g));
+    p.parse         = chat.parse;
+    p.stream        = bool_field(body, "stream").value_or(false);
+    p.include_usage = include_usage_of(body, p.stream);
+    return p;
+}
+
+void chat_completions(const Context & c, const httplib::Request & http_req, httplib::Response & res) {
+    Prepared          prep          = prepare_chat(c, parse_body(http_req.body));
+    const bool        logprobs      = prep.logprobs;
+    const bool        stream        = prep.stream;
+    const bool        include_usage = prep.include_usage;
+    const ParseOptions parse_options = prep.parse;
+    const auto   req     = submit(c, std::move(prep.g));
     const std::string id = random_id("chatcmpl-");
     const int64_t created = unix_now();
     auto chunk = [&c, id, created](json delta, json finish, json logprobs) {
@@ -557,7 +576,7 @@ void chat_completions(const Context & c, const httplib::Request & http_req, http
         std::vector<TokenLogprob> lps;
         const std::string         text = collect(req, lps);
         check_failed(req);
-        const ChatOutput out = parse_chat_output(text, chat.parse);
+        const ChatOutput out = parse_chat_output(text, parse_options);
         json msg = {{"role", "assistant"}, {"content", out.content}};
         if (!out.reasoning.empty()) msg["reasoning_content"] = out.reasoning;
         const std::string finish(finish_reason(out, req->finish_reason() == "length"));
@@ -580,7 +599,7 @@ void chat_completions(const Context & c, const httplib::Request & http_req, http
         return;
     }
 
-    auto parser    = std::make_shared<ChatOutputStream>(chat.parse);
+    auto parser    = std::make_shared<ChatOutputStream>(parse_options);
     auto n_calls   = std::make_shared<int>(0);
     auto sent_role = std::make_shared<bool>(false);
     stream_request(
@@ -631,30 +650,31 @@ void chat_completions(const Context & c, const httplib::Request & http_req, http
 
 // llama-server's /apply-template: the prompt a chat request renders to (what the model reads).
 void apply_template_endpoint(const Context & c, const httplib::Request & http_req, httplib::Response & res) {
-    const json body = parse_body(http_req);
+    const json body = parse_body(http_req.body);
     check_fields(body, {"messages", "tools", "tool_choice", "chat_template_kwargs", "model"});
     res.set_content(dump({{"prompt", render_chat(c, body).prompt}}), "application/json");
 }
 
 // ---- completions -------------------------------------------------------------------------------
 
-void completions(const Context & c, const httplib::Request & http_req, httplib::Response & res) {
-    const json body = parse_body(http_req);
+Prepared prepare_completion(const Context & c, const json & body) {
     std::set<std::string> known = kSamplingFields;
     known.insert({"prompt", "logprobs", "echo", "suffix", "best_of"});
     check_fields(body, known);
-    GenerationParams g = parse_generation(c, body, 16);  // OpenAI's default for this endpoint
+    Prepared           p;
+    GenerationParams & g = p.g;
+    g                    = parse_generation(c, body, 16);  // OpenAI's default for this endpoint
     if (auto lp = int_field(body, "logprobs", 0, 20)) g.logprobs = int32_t(*lp);
     check_logprobs_available(c, g);
     if (bool_field(body, "echo").value_or(false)) throw ApiError(400, "'echo' is not supported", "echo");
     if (field(body, "suffix")) throw ApiError(400, "'suffix' is not supported", "suffix");
     int_field(body, "best_of", 1, 1);
-    const json * p = field(body, "prompt");
-    if (!p) throw ApiError(400, "'prompt' is required", "prompt");
-    const json * one = p;
-    if (p->is_array() && !p->empty() && (p->front().is_string() || p->front().is_array())) {
-        if (p->size() != 1) throw ApiError(400, "'prompt': one prompt per request (n = 1)", "prompt");
-        one = &p->front();
+    const json * pr = field(body, "prompt");
+    if (!pr) throw ApiError(400, "'prompt' is required", "prompt");
+    const json * one = pr;
+    if (pr->is_array() && !pr->empty() && (pr->front().is_string() || pr->front().is_array())) {
+        if (pr->size() != 1) throw ApiError(400, "'prompt': one prompt per request (n = 1)", "prompt");
+        one = &pr->front();
     }
     if (one->is_string()) {
         g.prompt = tokenize(c, one->get<std::string>(), true);
@@ -668,11 +688,18 @@ void completions(const Context & c, const httplib::Request & http_req, httplib::
         throw ApiError(400, "'prompt' must be a string, an array of token ids, or an array of one of those", "prompt");
     }
     check_prompt_length(c, g.prompt);
-    const bool logprobs = g.logprobs >= 0;
-    const bool stream   = bool_field(body, "stream").value_or(false);
-    const bool include_usage = stream && body.contains("stream_options") && body["stream_options"].is_object() &&
-                               body["stream_options"].value("include_usage", false);
-    const auto        req     = submit(c, std::move(g));
+    p.logprobs      = g.logprobs >= 0;
+    p.stream        = bool_field(body, "stream").value_or(false);
+    p.include_usage = include_usage_of(body, p.stream);
+    return p;
+}
+
+void completions(const Context & c, const httplib::Request & http_req, httplib::Response & res) {
+    Prepared   prep          = prepare_completion(c, parse_body(http_req.body));
+    const bool logprobs      = prep.logprobs;
+    const bool stream        = prep.stream;
+    const bool include_usage = prep.include_usage;
+    const auto        req     = submit(c, std::move(prep.g));
     const std::string id      = random_id("cmpl-");
     const int64_t     created = unix_now();
     auto chunk = [&c, id, created](const std::string & text, json finish, json lp) {
@@ -723,7 +750,7 @@ void completions(const Context & c, const httplib::Request & http_req, httplib::
 // ---- small endpoints ---------------------------------------------------------------------------
 
 void tokenize_endpoint(const Context & c, const httplib::Request & http_req, httplib::Response & res) {
-    const json body = parse_body(http_req);
+    const json body = parse_body(http_req.body);
     check_fields(body, {"content", "add_special", "parse_special", "with_pieces"});
     const auto content = string_field(body, "content");
     if (!content) throw ApiError(400, "'content' (a string) is required", "content");
@@ -739,7 +766,7 @@ void tokenize_endpoint(const Context & c, const httplib::Request & http_req, htt
 }
 
 void detokenize_endpoint(const Context & c, const httplib::Request & http_req, httplib::Response & res) {
-    const json body = parse_body(http_req);
+    const json body = parse_body(http_req.body);
     check_fields(body, {"tokens"});
     const json * tokens = field(body, "tokens");
     if (!tokens || !tokens->is_array()) throw ApiError(400, "'tokens' (an array of token ids) is required", "tokens");
@@ -757,7 +784,7 @@ void models_endpoint(const Context & c, httplib::Response & res) {
     spark_model_get_info(c.model, &info);
     json meta = {{"architecture", info.architecture}, {"weight_format", info.weight_format}, {"n_vocab", info.n_vocab},
                  {"n_ctx_train", info.n_ctx_train},   {"n_ctx_slot", c.cfg.n_ctx_slot},      {"n_params", info.n_params},
-                 {"n_parallel", c.engine.options().n_parallel}};
+                 {"n_parallel", c.engine->options().n_parallel}};
     res.set_content(dump({{"object", "list"},
                           {"data", json::array({{{"id", c.cfg.model_id}, {"object", "model"}, {"created", c.created}, {"owned_by", "spark"},
                                                  {"meta", meta}}})}}),
@@ -765,7 +792,7 @@ void models_endpoint(const Context & c, httplib::Response & res) {
 }
 
 void metrics_endpoint(const Context & c, httplib::Response & res) {
-    const EngineStats s = c.engine.stats();
+    const EngineStats s = c.engine->stats();
     std::string       out;
     auto metric = [&](const char * name, const char * type, const char * help, double value) {
         char buf[512];
@@ -782,7 +809,7 @@ void metrics_endpoint(const Context & c, httplib::Response & res) {
     metric("decode_steps_total", "counter", "Batched decode steps.", double(s.steps));
     metric("requests_running", "gauge", "Requests holding a slot.", double(s.running));
     metric("requests_queued", "gauge", "Requests waiting for a slot (queue depth).", double(s.queued));
-    metric("slots", "gauge", "Slots (sequences decoded together).", double(c.engine.options().n_parallel));
+    metric("slots", "gauge", "Slots (sequences decoded together).", double(c.engine->options().n_parallel));
     metric("generated_tokens_per_second", "gauge", "Answer tokens per second over the last 10 s.", s.generated_per_s);
     res.set_content(out, "text/plain; version=0.0.4");
 }
@@ -797,7 +824,7 @@ bool same_key(const std::string & a, const std::string & b) {
 }  // namespace
 
 void mount_api(httplib::Server & server, Engine & engine, const spark_model * model, const ApiConfig & config) {
-    auto ctx = std::make_shared<Context>(Context{engine, model, spark_model_get_tokenizer(model), config, 0, "", "", 0});
+    auto ctx = std::make_shared<Context>(Context{&engine, model, spark_model_get_tokenizer(model), config, 0, "", "", 0});
     spark_model_info info{};
     spark_model_get_info(model, &info);
     ctx->n_vocab = info.n_vocab;

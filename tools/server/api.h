@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <stdexcept>
 #include <string>
 
 namespace httplib {
@@ -25,6 +26,15 @@ struct ApiConfig {
     int32_t        n_ctx_slot = 0;     // prompt + answer tokens of one request
     size_t         max_body   = 8u << 20;
     bool           speculative = false;  // --spec: no logits reach the host, so no logprobs
+};
+
+// A request the server refuses, answered as OpenAI does: {"error": {message, type, param, code}}
+// with this HTTP status.
+struct RequestError : std::runtime_error {
+    int         status;
+    std::string type, param, code;
+    RequestError(int st, std::string msg, std::string p = "", std::string c = "", std::string t = "invalid_request_error")
+        : std::runtime_error(std::move(msg)), status(st), type(std::move(t)), param(std::move(p)), code(std::move(c)) {}
 };
 
 // Mounts every endpoint on `server`. The engine, model and config must outlive it.
