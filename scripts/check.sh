@@ -2,7 +2,9 @@
 # The checked builds CI runs after the main test command (docs/RELIABILITY.md):
 #   1. the CPU test suite built with ASan + UBSan (clang; any report fails the test), with the CPU
 #      warp emulators of the elementwise and GEMV kernels (emu-attention, 5 min under ASan, runs
-#      unsanitized in the main suite only, to keep CI within its time);
+#      unsanitized in the main suite only, to keep CI within its time), and spark-server through the
+#      openai client with its hostile bodies (its load, --spec and browser tests run unsanitized in
+#      the main suite only, for the same reason);
 #   2. the threads test built with ThreadSanitizer;
 #   3. each libFuzzer harness for FUZZ_SECONDS (default 60) from its seed corpus.
 # Run from anywhere: scripts/check.sh
@@ -24,7 +26,7 @@ if [ ! -f build-check-asan/build.ninja ]; then
         -DSPARK_SANITIZE=address,undefined >/dev/null
 fi
 cmake --build build-check-asan
-ctest --test-dir build-check-asan -LE cuda -E emu-attention -j2 --output-on-failure
+ctest --test-dir build-check-asan -LE cuda -E 'emu-attention|tool-server_(load|spec|page)' -j2 --output-on-failure
 
 section "ThreadSanitizer: contexts decoding on several threads"
 if [ ! -f build-check-tsan/build.ninja ]; then
