@@ -12,14 +12,16 @@ Starts BUILD_DIR/tools/server/spark-server on the demo model (--port 0) and Chro
   decoding is deterministic; whitespace is collapsed on both sides, and the markdown the page renders
   (code fences, inline code) is taken out of the expected text); a fenced code block becomes
   <pre><code>; the stats line shows tok/s;
-- an answer with max tokens 2000 is stopped with the Stop button once it shows text: data-state
-  "stopped", the Send button is back, the server answers GET /health, and a new question (typed, sent
-  with Enter) gets its answer;
+- in a new chat, an answer with max tokens 2000 is stopped with the Stop button as soon as it shows
+  text (a MutationObserver in the page clicks it): data-state "stopped", the Send button is back, the
+  server answers GET /health, its /metrics (where it has spark_requests_cancelled_total and
+  spark_requests_running) count the request cancelled and no slot busy, and a new question (typed,
+  sent with Enter) gets its answer;
 - no JavaScript exception is thrown on the page.
 The screenshot is BUILD_DIR/test-artifacts/server_page.png.
 
 No step waits a fixed time: the server's "listening on" line, Chromium's DevToolsActivePort file and
-the page's DOM (polled every 100 ms) say when to go on; the HANG limit of each wait only guards
+the page's DOM (polled every 100 ms) and /metrics say when to go on; the HANG limit of each wait only guards
 against a hang (CI machines are loaded 2-core boxes). Exit code 0: all good; 1: "FAIL ..." lines say
 what is wrong; 77: Chromium or python3-websocket is missing (skipped).
 """
@@ -259,14 +261,16 @@ def set_field(b, id_, value):
 
 
 def send_with_button(b, text):
-    """Types `text` into #prompt and clicks #send; returns the new message's data-state right after the
-    click (the page adds the message before its request goes out)."""
+    """Types `text` into #prompt and clicks #send. Returns the new message's data-state and whether #stop
+    shows, right after the click: the page adds the message and shows #stop before its request goes
+    out (a short answer may be over by the next look)."""
     set_field(b, 'prompt', text)
     n = b.js("document.querySelectorAll('.msg.assistant').length")
-    state = b.js("(() => { document.getElementById('send').click(); const m = %s; return m ? m.dataset.state : null; })()" % LAST)
+    state, stop_shown = b.js("""(() => { document.getElementById('send').click(); const m = %s;
+        return [m ? m.dataset.state : null, getComputedStyle(document.getElementById('stop')).display !== 'none']; })()""" % LAST)
     if b.js("document.querySelectorAll('.msg.assistant').length") != n + 1:
         raise Fail('clicking #send added no assistant message')
-    return state
+    return state, stop_shown
 
 
 def send_with_enter(b, text):
@@ -332,9 +336,9 @@ def run(build, b, server, failures):
     set_field(b, 'max-tokens', '64')
     if b.js("!!document.getElementById('settings-toggle')"):
         b.js("document.getElementById('settings-toggle').click()")  # closed again: the screenshot shows the talk
-    state = send_with_button(b, QUESTION)
+    state, stop_shown = send_with_button(b, QUESTION)
     check(state == 'streaming', 'right after Send the assistant message is %r, not "streaming"' % state)
-    check(b.js("getComputedStyle(document.getElementById('stop')).display") != 'none', '#stop is not shown while the answer streams')
+    check(stop_shown, '#stop is not shown while the answer streams')
     wait_finished(b)
     m = last_message(b)
     if m['state'] != 'done':
@@ -346,7 +350,8 @@ def run(build, b, server, failures):
     content = ref['choices'][0]['message']['content'] or ''
     check(collapse(m['answer']) != '', 'the answer on the page is empty')
     check(collapse(m['answer']) == collapse(plain_text(content)),
-          'the answer on the page differs from the API\'s:\n--- page:\n%s\n--- API (content):\n%s' % (m['answer'], content))
+          'the answer on the page differs from the API\'s:\n--- page (stats: %s):\n%s\n--- API (content, %s):\n%s'
+          % (m['stats'], m['answer'], ref.get('usage'), content))
     if re.search(r'^\s*```', content, re.M):
         check(m['codeBlocks'] >= 1, 'the answer has a code fence but the page shows no <pre><code>')
     check(bool(m['stats']) and re.search(r'\d+(\.\d+)? tok/s', m['stats']) is not None,
@@ -355,20 +360,28 @@ def run(build, b, server, failures):
     ok('streamed answer (%d characters, %d code block(s)) = the API\'s; stats: %s'
        % (len(content), m['codeBlocks'], m['stats']), step)
 
-    # 2. Stop: a long answer, stopped as soon as it shows text
+    # 2. Stop: a long answer (a new chat: the question alone makes the demo model repeat itself until
+    # max tokens), stopped as soon as it shows text
     step = len(failures)
     set_field(b, 'max-tokens', '2000')
     for attempt in range(1, 4):
-        state = send_with_button(b, LONG_QUESTION)
+        b.js("document.getElementById('new-chat').click()")
+        # Clicks Stop from inside the page, at the first change of the DOM that shows answer text: no
+        # polling delay lets a fast machine finish the answer first.
+        b.js("""(() => { window.__stop = null; const obs = new MutationObserver(() => {
+            const m = %s;
+            if (!m) return;
+            if (m.dataset.state !== 'streaming') { window.__stop = m.dataset.state; obs.disconnect(); return; }
+            if (!m.querySelector('.answer').textContent.trim()) return;
+            obs.disconnect(); document.getElementById('stop').click(); window.__stop = 'clicked'; });
+            obs.observe(document.getElementById('messages'), {subtree: true, childList: true, characterData: true, attributes: true}); })()"""
+             % LAST)
+        state, _ = send_with_button(b, LONG_QUESTION)
         check(state == 'streaming', 'right after Send the long answer is %r, not "streaming"' % state)
-        clicked = until(lambda: b.js("""(() => { const m = %s;
-            if (m.dataset.state !== 'streaming') return m.dataset.state;
-            if (!m.querySelector('.answer').textContent.trim()) return null;
-            document.getElementById('stop').click(); return 'clicked'; })()""" % LAST), 'text in the long answer')
+        clicked = until(lambda: b.js('window.__stop'), 'text in the long answer')
         if clicked == 'clicked':
             break
         print('note the long answer ended (%s) before Stop was clicked (attempt %d); again' % (clicked, attempt))
-        b.js("document.getElementById('new-chat').click()")
     else:
         raise Fail('no answer could be stopped in 3 attempts')
     state = wait_finished(b)
@@ -378,6 +391,28 @@ def run(build, b, server, failures):
     check(b.js("getComputedStyle(document.getElementById('send')).display") != 'none', '#send not back after Stop')
     status, health = http(base + '/health', timeout=HANG)
     check(status == 200, 'GET /health after Stop: HTTP %s %s' % (status, health))
+    # The server's Prometheus counters, where it has them: the stopped request was cancelled (the
+    # client went away), and its slot is free again.
+    def metrics():
+        status, text = http(base + '/metrics')
+        if status != 200 or not isinstance(text, str):
+            return None
+        return dict((k, float(v)) for k, v in re.findall(r'^(spark_\w+) (\S+)$', text, re.M))
+    mx = metrics()
+    if mx and 'spark_requests_cancelled_total' in mx and 'spark_requests_running' in mx:
+        seen = [mx]
+
+        def freed():
+            seen[0] = metrics() or seen[0]
+            return seen[0]['spark_requests_cancelled_total'] >= 1 and seen[0]['spark_requests_running'] == 0
+        try:
+            until(freed, 'cancelled request with its slot freed in /metrics')
+        except Fail as e:
+            raise Fail('%s; the last /metrics: %s' % (e, {k: v for k, v in seen[0].items() if 'requests' in k or 'generated' in k}))
+        mx = seen[0]
+        print('ok   /metrics: %d request(s) cancelled, none running' % mx['spark_requests_cancelled_total'])
+    else:
+        print('note no spark_requests_cancelled_total / spark_requests_running in GET /metrics: not checked')
     ok('Stop: the answer is "stopped" after %d characters; the server answers /health' % len(m['answer']), step)
 
     # 3. a new question after the stopped one, typed and sent with Enter
