@@ -308,10 +308,7 @@ void Engine::loop() {
         }
         for (auto & s : slots_)
             if (s->req && s->req->cancelled()) {
-                s->req->fail("cancelled", s->usage);
-                release(*s);
-                std::lock_guard<std::mutex> lock(mu_);
-                ++stats_.requests_cancelled;
+                end(*s, "", "cancelled");
             }
         {
             std::lock_guard<std::mutex> lock(mu_);
@@ -395,11 +392,8 @@ void Engine::spec_begin(Slot & slot) {
     spark_spec_get_stats(opt_.spec, &after);
     const auto now = Clock::now();
     if (st != SPARK_OK) {
-        slot.req->fail(std::string("cannot decode the prompt: ") + spark_last_error(), slot.usage);
-        release(slot);
+        end(slot, "", std::string("cannot decode the prompt: ") + spark_last_error());
         slot.cached.clear();
-        std::lock_guard<std::mutex> lock(mu_);
-        ++stats_.requests_failed;
         return;
     }
     slot.cached                = prompt;
@@ -433,12 +427,7 @@ void Engine::spec_step() {
     if (st != SPARK_OK) {
         const std::string why = std::string("speculative step failed: ") + spark_last_error();
         std::fprintf(stderr, "spark-server: %s\n", why.c_str());
-        for (Slot * s : active) {
-            s->req->fail(why, s->usage);
-            release(*s);
-        }
-        std::lock_guard<std::mutex> lock(mu_);
-        stats_.requests_failed += int64_t(active.size());
+        for (Slot * s : active) end(*s, "", why);
         return;
     }
     int32_t generated = 0;
@@ -459,6 +448,22 @@ void Engine::spec_step() {
     recent_.emplace_back(now, generated);
     while (!recent_.empty() && std::chrono::duration<double>(now - recent_.front().first).count() > kRateWindowS) recent_.pop_front();
     stats_.running = int32_t(std::count_if(slots_.begin(), slots_.end(), [](const auto & x) { return x->req != nullptr; }));
+}
+
+// Ends the slot's request. The slot is free, and counted so, before the reader learns that its
+// request ended.
+void Engine::end(Slot & slot, const std::string & reason, const std::string & error) {
+    const std::shared_ptr<Request> req   = slot.req;
+    const Usage                    usage = slot.usage;
+    release(slot);
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        stats_.running = int32_t(std::count_if(slots_.begin(), slots_.end(), [](const auto & x) { return x->req != nullptr; }));
+        if (error == "cancelled") ++stats_.requests_cancelled;
+        else if (!error.empty()) ++stats_.requests_failed;
+    }
+    if (error.empty()) req->finish(reason, usage);
+    else req->fail(error, usage);
 }
 
 void Engine::release(Slot & slot) {
@@ -517,12 +522,7 @@ void Engine::step() {
         // The step left no trace; its requests fail (the server goes on with the others).
         const std::string why = std::string("decode failed: ") + spark_last_error();
         std::fprintf(stderr, "spark-server: %s\n", why.c_str());
-        for (auto & p : parts) {
-            p.slot->req->fail(why, p.slot->usage);
-            release(*p.slot);
-        }
-        std::lock_guard<std::mutex> lock(mu_);
-        stats_.requests_failed += int64_t(parts.size());
+        for (auto & p : parts) end(*p.slot, "", why);
         return;
     }
     int32_t generated = 0;
@@ -555,8 +555,7 @@ void Engine::step() {
 void Engine::emit_token(Slot & s, int32_t row, Clock::time_point now) {
     spark_token t = -1;
     if (spark_sampler_sample(s.smpl, ctx_, row, &t) != SPARK_OK) {
-        s.req->fail(std::string("sampling failed: ") + spark_last_error(), s.usage);
-        release(s);
+        end(s, "", std::string("sampling failed: ") + spark_last_error());
         return;
     }
     TokenLogprob lp{};
@@ -589,8 +588,7 @@ bool Engine::take_token(Slot & s, spark_token t, const TokenLogprob * lp, Clock:
         if (!s.held.empty() || !s.held_lp.empty()) req.push({std::move(s.held), std::move(s.held_lp)});
         s.held.clear();
         s.held_lp.clear();
-        req.finish(reason, s.usage);
-        release(s);
+        end(s, reason, "");
     };
 
     if (spark_tokenizer_is_eog(tok_, t)) {

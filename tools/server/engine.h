@@ -153,6 +153,7 @@ private:
     // One answer token: its text out (stop strings cut, held back while they may still match), or
     // the end (end of turn, stop string, max_tokens, the slot's context). False when it ended.
     bool take_token(Slot & slot, spark_token t, const TokenLogprob * lp, std::chrono::steady_clock::time_point now);
+    void end(Slot & slot, const std::string & reason, const std::string & error);  // error "": finished for `reason`
     void release(Slot & slot);
     void take_snapshot(Slot & slot, int which, int32_t pos);
 
