@@ -32,6 +32,8 @@ Exit code 0: all good; 1: "FAIL ..." lines say what is wrong.
 import http.client, json, re, socket, struct, subprocess, sys, threading, time
 from pathlib import Path
 
+from serverlib import Server, ServerError
+
 HANG = 300.0        # seconds: a guard against a hang (server start, one HTTP exchange, a round)
 # Seconds for running/queued to come back to 0 once every client returned: a gone client is noticed
 # within 0.5 s (the server's wait between two writes) and its slot freed at the engine's next loop,
@@ -71,67 +73,10 @@ PROMPTS = [
 OVERLOAD_PROMPT = ('You are a helpful Python assistant.', 'Write a Python function `primes_up_to(n)`: Return all primes up to n.')
 
 
-class Fail(Exception):
-    pass
+Fail = ServerError  # a failed check, reported as FAIL
 
 
 # ---- the server ----------------------------------------------------------------------------------
-
-class Server:
-    """spark-server on a free port; its output is kept (the last lines are shown on a failure)."""
-
-    def __init__(self, build, args):
-        self.cmd = [str(Path(build) / 'tools/server/spark-server'), '--port', '0'] + args
-        self.lines = []
-        self.ready = threading.Event()  # the "listening on" line, or the end of the output
-        self.port = None
-        self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self):  # keeps the pipe drained for as long as the server runs
-        for raw in self.proc.stdout:
-            line = raw.decode('utf-8', 'replace').rstrip('\n')
-            self.lines.append(line)
-            m = re.search(r'listening on http://[^:/\s]+:(\d+)', line)
-            if m and self.port is None:
-                self.port = int(m.group(1))
-                self.ready.set()
-        self.ready.set()
-
-    def wait_ready(self):
-        if not self.ready.wait(HANG):
-            raise Fail('spark-server did not say "listening on" in %.0f s: %s' % (HANG, ' '.join(self.cmd)))
-        if self.port is None:
-            raise Fail('spark-server exited (code %s) before listening: %s' % (self.proc.wait(), ' '.join(self.cmd)))
-
-    def check_alive(self, when):
-        code = self.proc.poll()
-        if code is not None:
-            raise Fail('spark-server died %s (exit code %s)' % (when, code))
-
-    def rss_kb(self):
-        """VmRSS of the server process, in kB."""
-        with open('/proc/%d/status' % self.proc.pid) as f:
-            for line in f:
-                if line.startswith('VmRSS:'):
-                    return int(line.split()[1])
-        raise Fail('no VmRSS in /proc/%d/status' % self.proc.pid)
-
-    def log(self):
-        return '\n'.join(self.lines[-40:])
-
-    def stop(self):
-        """SIGTERM; returns the exit code (documented: 0), None if it had to be killed."""
-        if self.proc.poll() is not None:
-            return self.proc.returncode
-        self.proc.terminate()
-        try:
-            return self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            return None
-
 
 # ---- HTTP ------------------------------------------------------------------------------------------
 

@@ -17,13 +17,13 @@ a fixed time; the 300 s limits only guard against hangs.
 """
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from serverlib import HANG_S, Server
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_PYTHON = ROOT / ".venv" / "bin" / "python"
@@ -36,7 +36,6 @@ except ImportError:
     print("FAIL the openai package is missing: run scripts/install-deps.sh (it makes .venv)")
     sys.exit(1)
 
-HANG_S = 300
 KEY = "test-key-123"
 failures = []
 
@@ -45,28 +44,6 @@ def check(cond, what):
     print(("ok   " if cond else "FAIL ") + what)
     if not cond:
         failures.append(what)
-
-
-def start_server(build, args):
-    """Starts spark-server and returns (process, base URL) once it prints its "listening" line."""
-    exe = Path(build) / "tools" / "server" / "spark-server"
-    proc = subprocess.Popen([str(exe), "--port", "0", *args], stderr=subprocess.PIPE, text=True)
-    found = {}
-
-    def read():
-        for line in proc.stderr:
-            sys.stderr.write("  [server] " + line)
-            if "listening on http://" in line and "url" not in found:
-                found["url"] = line.strip().split("listening on ")[1]
-                ready.set()
-        ready.set()
-
-    ready = threading.Event()
-    threading.Thread(target=read, daemon=True).start()
-    if not ready.wait(HANG_S) or "url" not in found:
-        proc.kill()
-        raise SystemExit("FAIL spark-server did not start")
-    return proc, found["url"]
 
 
 def http(url, body=None, key=KEY, raw=None, method=None):
@@ -100,18 +77,15 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         template_file = Path(tmp) / "qwen3.jinja"
         template_file.write_text(template)
-        proc, url = start_server(build, ["--api-key", KEY, "--chat-template-file", str(template_file), "--parallel", "2",
-                                         "-c", "2048", "--max-body-mb", "1", "--alias", "demo"])
+        server = Server(build, ["--api-key", KEY, "--chat-template-file", str(template_file), "--parallel", "2",
+                                "-c", "2048", "--max-body-mb", "1", "--alias", "demo"])
         try:
-            run(url)
+            run(server.wait_ready())
         finally:
-            proc.terminate()
-            try:
-                rc = proc.wait(HANG_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                rc = None
+            rc = server.stop()
             check(rc == 0, f"SIGTERM stops the server with exit code 0 (got {rc})")
+            if failures:
+                print("spark-server said (last lines):\n" + server.log())
 
 
 def run(url):

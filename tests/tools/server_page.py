@@ -28,6 +28,8 @@ what is wrong; 77: Chromium or python3-websocket is missing (skipped).
 import base64, json, os, re, shutil, signal, subprocess, sys, tempfile, threading, time, urllib.error, urllib.request
 from pathlib import Path
 
+from serverlib import Server, ServerError
+
 try:
     import websocket  # websocket-client (Debian: python3-websocket)
 except ImportError:
@@ -48,13 +50,7 @@ LONG_QUESTION = 'Write a Python function `primes_up_to(n)`: Return all primes up
 AFTER_STOP_QUESTION = 'Write a Python function `add(a, b)`: Return the sum of a and b.'
 
 
-class Fail(Exception):
-    pass
-
-
-def server_command(build):
-    """The server under test, on a free port: it prints 'spark-server: listening on http://HOST:PORT'."""
-    return [str(Path(build) / 'tools/server/spark-server'), '-m', str(MODEL), '--port', '0']
+Fail = ServerError  # a failed check, reported as FAIL
 
 
 def find_chromium():
@@ -75,43 +71,6 @@ def until(cond, what, limit=HANG):
         if time.monotonic() > deadline:
             raise Fail('no %s after %.0f s' % (what, limit))
         time.sleep(POLL)
-
-
-class Server:
-    def __init__(self, cmd):
-        self.lines = []
-        self.ready = threading.Event()  # the "listening on" line, or the end of the output
-        self.url = None
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self):  # keeps the pipe drained for as long as the server runs
-        for raw in self.proc.stdout:
-            line = raw.decode('utf-8', 'replace').rstrip('\n')
-            self.lines.append(line)
-            m = re.search(r'listening on (http://\S+)', line)
-            if m and not self.url:
-                self.url = m.group(1).rstrip('/')
-                self.ready.set()
-        self.ready.set()
-
-    def wait_ready(self):
-        if not self.ready.wait(HANG):
-            raise Fail('spark-server did not say "listening on" in %.0f s' % HANG)
-        if not self.url:
-            raise Fail('spark-server exited (code %s) before listening' % self.proc.wait())
-
-    def log(self):
-        return '\n'.join(self.lines[-40:])
-
-    def close(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 def http(url, body=None, timeout=HANG):
@@ -446,7 +405,7 @@ def main(argv):
     profile = tempfile.mkdtemp(prefix='spark-page-chromium-')
     chromium_log = open(os.path.join(profile, 'chromium.log'), 'w+b')  # the profile dir goes, so does it
     try:
-        server = Server(server_command(build))
+        server = Server(build, ['-m', str(MODEL)])
         server.wait_ready()
         print('ok   spark-server listens on %s' % server.url)
         b = Browser(exe, profile, chromium_log)
@@ -465,7 +424,7 @@ def main(argv):
         if b:
             b.close()
         if server:
-            server.close()
+            server.stop()
         if failures and server:
             print('spark-server said (last lines):\n' + server.log())
         if failures and b:

@@ -16,15 +16,14 @@ the attention-only model starts B from a KV copy of A's slot, so turn 4 reuses a
     python3 tests/tools/server_spec.py BUILD_DIR DATA_DIR
 """
 import json
-import subprocess
 import sys
-import threading
 import urllib.request
 from pathlib import Path
 
+from serverlib import HANG_S, Server
+
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "examples" / "models"
-HANG_S = 300
 failures = []
 
 
@@ -32,26 +31,6 @@ def check(cond, what):
     print(("ok   " if cond else "FAIL ") + what)
     if not cond:
         failures.append(what)
-
-
-def start_server(build, args):
-    exe = Path(build) / "tools" / "server" / "spark-server"
-    proc = subprocess.Popen([str(exe), "--port", "0", "--parallel", "2", *args], stderr=subprocess.PIPE, text=True)
-    found, ready = {}, threading.Event()
-
-    def read():
-        for line in proc.stderr:
-            sys.stderr.write("  [server] " + line)
-            if "listening on http://" in line:
-                found["url"] = line.strip().split("listening on ")[1]
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=read, daemon=True).start()
-    if not ready.wait(HANG_S) or "url" not in found:
-        proc.kill()
-        raise SystemExit("FAIL spark-server " + " ".join(args) + " did not start")
-    return proc, found["url"]
 
 
 def chat(url, messages, max_tokens=40):
@@ -87,12 +66,11 @@ def main():
         runs = {}
         for args in ([], ["--spec", spec]):
             label = model + (" --spec " + spec.split(":")[0] if args else " plain")
-            proc, url = start_server(build, ["-m", str(MODELS / model), *args])
+            server = Server(build, ["--parallel", "2", "-m", str(MODELS / model), *args])
             try:
-                runs[bool(args)] = conversation(url)
+                runs[bool(args)] = conversation(server.wait_ready())
             finally:
-                proc.terminate()
-                proc.wait(HANG_S)
+                check(server.stop() == 0, f"{label}: the server stops with exit code 0")
             turns = runs[bool(args)]
             check(turns[1][2] >= turns[0][1] - 1, f"{label}: turn 2 reuses turn 1's prompt ({turns[1][2]} of {turns[1][1]} tokens cached; turn 1 had {turns[0][1]})")
             check(turns[2][2] >= 256, f"{label}: another conversation with the same system prompt reuses its blocks ({turns[2][2]} cached)")
