@@ -12,7 +12,13 @@
 namespace spark::cuda::mm {
 
 Overrides & overrides() {
-    static Overrides o;
+    static Overrides o = [] {
+        Overrides   d;
+        const char * e = std::getenv("SPARK_MATMUL_PATH");  // A/B runs: force one path (docs/ENVIRONMENT.md)
+        const std::string v = e ? e : "";
+        d.path = v == "gemv" ? ForcePath::Gemv : v == "gemm" ? ForcePath::Gemm : v == "generic" ? ForcePath::Generic : ForcePath::Auto;
+        return d;
+    }();
     return o;
 }
 
