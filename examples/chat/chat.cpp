@@ -674,10 +674,7 @@ int main(int argc, char ** argv) {
 
     spark_spec * spec = nullptr;
     if (!o.spec.empty()) {
-        spark_spec_params sp = spark_spec_default_params();
-        sp.kind              = spec_opt.kind;
-        sp.path              = spec_opt.path.empty() ? nullptr : spec_opt.path.c_str();
-        sp.n_draft_max       = o.draft_max;
+        spark_spec_params sp = spark_cli::spec_params(spec_opt, o.draft_max);
         sp.n_draft_min       = o.draft_min;
         sp.p_min             = o.draft_p_min;
         if (spark_spec_init(ctx, sp, &spec) != SPARK_OK) {

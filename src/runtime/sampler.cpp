@@ -28,11 +28,28 @@ struct Candidate {
 struct Candidates {
     std::vector<Candidate> items;
     bool                   sorted   = false;  // by logit, descending
+    bool                   by_id    = true;   // items[i].id == i (built in id order, not sorted since)
     int32_t                selected = -1;     // index into items once a stage picked
 
     void sort_desc() {
-        if (!sorted) std::stable_sort(items.begin(), items.end(), [](const Candidate & a, const Candidate & b) { return a.logit > b.logit; });
+        if (!sorted) {
+            std::stable_sort(items.begin(), items.end(), [](const Candidate & a, const Candidate & b) { return a.logit > b.logit; });
+            by_id = false;
+        }
         sorted = true;
+    }
+    // Calls fn(candidate, value) for each (id, value) of the map whose token is still a candidate:
+    // directly while the candidates are in id order (a stage early in the chain: a few entries, not
+    // a pass over the whole vocabulary per token), else in one pass with lookups.
+    template <class Map, class Fn> void for_ids(const Map & ids, Fn fn) {
+        if (by_id) {
+            for (const auto & [id, v] : ids)
+                if (id >= 0 && size_t(id) < items.size()) fn(items[size_t(id)], v);
+        } else {
+            for (Candidate & x : items)
+                if (const auto it = ids.find(x.id); it != ids.end()) fn(x, it->second);
+        }
+        sorted = false;
     }
     void softmax() {
         sort_desc();
@@ -201,11 +218,7 @@ public:
     PresenceFrequency(float presence, float frequency) : presence_(presence), frequency_(frequency) {}
     void apply(Candidates & c) override {
         if (counts_.empty() || (presence_ == 0.0f && frequency_ == 0.0f)) return;
-        for (Candidate & x : c.items) {
-            const auto it = counts_.find(x.id);
-            if (it != counts_.end()) x.logit -= presence_ + frequency_ * float(it->second);
-        }
-        c.sorted = false;
+        c.for_ids(counts_, [&](Candidate & x, int32_t count) { x.logit -= presence_ + frequency_ * float(count); });
     }
     void accept(int32_t t) override { ++counts_[t]; }
     void reset() override { counts_.clear(); }
@@ -221,11 +234,7 @@ public:
     std::unique_ptr<Stage> clone() const override { return std::make_unique<LogitBias>(*this); }
     explicit LogitBias(std::unordered_map<int32_t, float> bias) : bias_(std::move(bias)) {}
     void apply(Candidates & c) override {
-        for (Candidate & x : c.items) {
-            const auto it = bias_.find(x.id);
-            if (it != bias_.end()) x.logit += it->second;
-        }
-        c.sorted = false;
+        c.for_ids(bias_, [](Candidate & x, float b) { x.logit += b; });
     }
 
 private:
@@ -273,6 +282,8 @@ bool is_pure_greedy(const spark_sampler * s) {
 Stage * narrow(spark_sampler * smpl, const float * logits, int32_t n_vocab, Candidates & c) {
     c.items.resize(size_t(n_vocab));
     for (int32_t i = 0; i < n_vocab; ++i) c.items[size_t(i)] = {i, logits[i], 0.0f};
+    c.sorted = false;
+    c.by_id  = true;
     std::vector<Stage *> stages;
     flatten(smpl, stages);
     for (Stage * st : stages) {

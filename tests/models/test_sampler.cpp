@@ -171,3 +171,21 @@ TEST_CASE("sampler: the seeded random pick follows the distribution, repeats aft
     spark_sampler_free(copy);
     spark_sampler_free(chain);
 }
+
+TEST_CASE("sampler: logit_bias and the OpenAI penalties after a stage that sorted the candidates") {
+    // top-k 3 sorts and drops token 0 first: the later stages find tokens by id in the sorted list.
+    spark_sampler * chain = spark_sampler_chain_init(spark_sampler_chain_default_params());
+    const spark_token ids[]    = {1, 3, 0};
+    const float       biases[] = {2.5f, -1.0f, 100.0f};  // token 0 is no longer a candidate
+    REQUIRE(spark_sampler_chain_add(chain, spark_sampler_init_top_k(3)) == SPARK_OK);
+    REQUIRE(spark_sampler_chain_add(chain, spark_sampler_init_logit_bias(3, ids, biases)) == SPARK_OK);
+    REQUIRE(spark_sampler_chain_add(chain, spark_sampler_init_presence_frequency(0.5f, 0.0f)) == SPARK_OK);
+    REQUIRE(spark_sampler_chain_add(chain, spark_sampler_init_dist(1)) == SPARK_OK);
+    spark_sampler_accept(chain, 2);
+    const float        logits[] = {0.0f, 1.0f, 2.0f, 3.0f};
+    std::vector<float> p(4);
+    REQUIRE(spark_sampler_probs(chain, logits, 4, p.data()) == SPARK_OK);
+    const std::vector<float> want = softmax({3.5, 1.5, 2.0});  // tokens 1, 2, 3: 1 + 2.5, 2 - 0.5, 3 - 1
+    check_close(p, {0.0f, want[0], want[1], want[2]});
+    spark_sampler_free(chain);
+}

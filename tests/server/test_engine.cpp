@@ -218,6 +218,12 @@ TEST_CASE("engine: cancel frees the slot, a full queue refuses, stop strings / m
     CHECK(st.requests_rejected == 1);
     CHECK(st.running == 0);
 
+    // A prompt that is empty or leaves no room for an answer comes back failed, not queued.
+    for (const size_t n : {size_t(0), size_t(opt.n_ctx_slot)}) {
+        const Answer bad = collect(s.engine->submit(greedy(std::vector<spark_token>(n, p[0]), 4)));
+        CHECK(!bad.error.empty());
+    }
+
     // A stop string cuts the answer before it.
     const Answer whole = collect(s.engine->submit(greedy(p, 40)));
     REQUIRE(whole.text.size() > 12);

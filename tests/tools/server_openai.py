@@ -215,6 +215,8 @@ def run(url):
         b'{"messages": [{"role": "user", "content": {"a": 1}}]}', b'{"messages": [{"content": "x"}]}',
         b'{"messages": [{"role": "assistant", "content": null, "tool_calls": [{"function": {"arguments": "{"}}]}]}',
         b'{"messages": [{"role": "assistant", "content": null, "tool_calls": "x"}]}',
+        b'{"messages": [{"role": "assistant", "content": null, "tool_calls": [{"function": {"name": "f", "arguments": "'  # nesting inside a string
+        + b"[" * 100000 + b"]" * 100000 + b'"}}]}]}',
         b'{"messages": ' + msg.encode() + b', "temperature": "hot"}', b'{"messages": ' + msg.encode() + b', "temperature": 1e400}',
         b'{"messages": ' + msg.encode() + b', "max_tokens": 1.5}', b'{"messages": ' + msg.encode() + b', "max_tokens": -1}',
         b'{"messages": ' + msg.encode() + b', "max_tokens": 99999999999999999999}', b'{"messages": ' + msg.encode() + b', "seed": "x"}',

@@ -857,10 +857,7 @@ int main(int argc, char ** argv) {
         }
         sim_accept.resize(size_t(draft_max));
     }
-    spark_spec_params spec_params = spark_spec_default_params();
-    spec_params.kind              = spec.kind;
-    spec_params.path              = spec.path.empty() ? nullptr : spec.path.c_str();
-    spec_params.n_draft_max       = draft_max;
+    spark_spec_params spec_params = spark_cli::spec_params(spec, draft_max);
     spec_params.sim_accept        = sim_accept.empty() ? nullptr : sim_accept.data();
     const bool        simulated   = !sim_accept.empty();
     const std::string spec_label  = spec.name + ", k=" + std::to_string(draft_max) + (simulated ? ", simulated acceptance" : "");

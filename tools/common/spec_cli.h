@@ -43,6 +43,15 @@ inline bool parse_spec(const std::string & arg, SpecOption & out, std::string & 
     return false;
 }
 
+// The library's parameters for this option and draft length (the path stays owned by `opt`).
+inline spark_spec_params spec_params(const SpecOption & opt, int32_t n_draft_max) {
+    spark_spec_params p = spark_spec_default_params();
+    p.kind              = opt.kind;
+    p.path              = opt.path.empty() ? nullptr : opt.path.c_str();
+    p.n_draft_max       = n_draft_max;
+    return p;
+}
+
 // Tokens one verify step yields: its accepted drafts plus the target's own token (the first token
 // of an answer, from the prompt's logits, is not a step's).
 inline double tokens_per_step(const spark_spec_stats & s) {

@@ -96,10 +96,7 @@ int spec_greedy(spark_model * model, const std::vector<int32_t> & prompt, int n,
     cp.n_threads            = n_threads;
     spark_context * ctx     = nullptr;
     if (spark_status st = spark_context_init(model, cp, &ctx); st != SPARK_OK) return fail("creating the speculative context", st);
-    spark_spec_params sp = spark_spec_default_params();
-    sp.kind              = so.kind;
-    sp.path              = so.path.empty() ? nullptr : so.path.c_str();
-    sp.n_draft_max       = draft_max;
+    const spark_spec_params sp = spark_cli::spec_params(so, draft_max);
     spark_spec *    spec = nullptr;
     spark_sampler * smpl = spark_sampler_init_greedy();
     int             rc   = 0;

@@ -50,16 +50,20 @@ void send_error(httplib::Response & res, const ApiError & e) {
 // Deeper bodies are refused: copying, printing and destroying a JSON value recurse once per level.
 constexpr int kMaxJsonDepth = 64;
 
-json parse_body(const std::string & text) {
-    json body;
+// JSON a client sent (the body, or a JSON text inside it); `what` names it in the error.
+json parse_client_json(const std::string & text, const std::string & what) {
     try {
-        body = json::parse(text, [](int depth, json::parse_event_t, json &) {
-            if (depth > kMaxJsonDepth) throw ApiError(400, "the request body is nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+        return json::parse(text, [&](int depth, json::parse_event_t, json &) {
+            if (depth > kMaxJsonDepth) throw ApiError(400, what + " is nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
             return true;
         });
     } catch (const json::exception & e) {  // a syntax error, or a number out of range (1e400)
-        throw ApiError(400, std::string("the request body is not valid JSON: ") + e.what());
+        throw ApiError(400, what + " is not valid JSON: " + e.what());
     }
+}
+
+json parse_body(const std::string & text) {
+    json body = parse_client_json(text, "the request body");
     if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object");
     return body;
 }
@@ -429,12 +433,11 @@ RenderedChat render_chat(const Context & c, const json & body) {
                     !call["function"].contains("name") || !call["function"]["name"].is_string())
                     throw ApiError(400, where + ".tool_calls: each call needs function.name", "messages");
                 json fn = call["function"];
-                // Templates print arguments as they are when a string, as JSON otherwise: hand them the object.
+                // Templates print arguments as they are when a string, as JSON otherwise: hand them
+                // the object (bounded as the body is; text that is not JSON stays a string).
                 if (fn.contains("arguments") && fn["arguments"].is_string()) {
-                    try {
-                        fn["arguments"] = json::parse(fn["arguments"].get<std::string>());
-                    } catch (const json::parse_error &) {
-                    }
+                    const std::string text = fn["arguments"].get<std::string>();
+                    if (json::accept(text)) fn["arguments"] = parse_client_json(text, where + ".tool_calls[].function.arguments");
                 }
                 json out = call;
                 out["function"] = fn;

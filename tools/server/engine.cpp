@@ -212,6 +212,11 @@ void Engine::shutdown() {
 
 std::shared_ptr<Request> Engine::submit(GenerationParams params) {
     auto req = std::make_shared<Request>(std::move(params));
+    // The HTTP layer refuses these first (400); here they would index past the prompt or the slot.
+    if (req->params.prompt.empty() || int32_t(req->params.prompt.size()) >= opt_.n_ctx_slot) {
+        req->fail("the prompt must have 1 to " + std::to_string(opt_.n_ctx_slot - 1) + " tokens", {});
+        return req;
+    }
     {
         std::lock_guard<std::mutex> lock(mu_);
         if (stop_ || int32_t(queue_.size()) >= opt_.max_queue) {
@@ -596,14 +601,15 @@ bool Engine::take_token(Slot & s, spark_token t, const TokenLogprob * lp, Clock:
         return false;
     }
     // The token's text (complete UTF-8 characters only; the stream holds back a split one).
-    std::string piece(64, '\0');
-    size_t      len = 0;
-    spark_status st = spark_detok_stream_push(s.detok, t, piece.data(), piece.size(), &len);
-    if (st == SPARK_ERR_BUFFER_TOO_SMALL) {
-        piece.resize(len);
-        st = spark_detok_stream_push(s.detok, t, piece.data(), piece.size(), &len);
+    char         piece[256];  // a token's text; a longer one is pushed again into a buffer of its size
+    size_t       len = 0;
+    spark_status st  = spark_detok_stream_push(s.detok, t, piece, sizeof piece, &len);
+    if (st == SPARK_OK) {
+        s.held.append(piece, len);
+    } else if (st == SPARK_ERR_BUFFER_TOO_SMALL) {
+        std::string longer(len, '\0');
+        if (spark_detok_stream_push(s.detok, t, longer.data(), longer.size(), &len) == SPARK_OK) s.held.append(longer.data(), len);
     }
-    if (st == SPARK_OK) s.held.append(piece.data(), len);
     bool stopped = false;
     for (const std::string & stop : req.params.stop) stopped = stopped || s.held.find(stop) != std::string::npos;
     const bool at_max   = req.params.max_tokens >= 0 && s.n_generated >= req.params.max_tokens;

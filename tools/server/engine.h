@@ -131,7 +131,8 @@ public:
     // submissions are refused. The destructor does it too.
     void shutdown();
     // Queues a request; nullptr when the queue is full or the engine stopped (the caller answers
-    // "overloaded").
+    // "overloaded"). A prompt that is empty or does not leave room for an answer in a slot comes back
+    // already failed.
     std::shared_ptr<Request> submit(GenerationParams params);
     EngineStats              stats() const;
     const EngineOptions &    options() const { return opt_; }

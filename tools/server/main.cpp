@@ -160,11 +160,7 @@ int main(int argc, char ** argv) {
     std::unique_ptr<spark_context, void (*)(spark_context *)> ctx_guard(ctx, spark_context_free);
     spark_spec * spec = nullptr;
     if (!o.spec.empty()) {
-        spark_spec_params sp = spark_spec_default_params();
-        sp.kind              = spec_opt.kind;
-        sp.path              = spec_opt.path.empty() ? nullptr : spec_opt.path.c_str();
-        sp.n_draft_max       = o.draft_max;
-        if (spark_spec_init(ctx, sp, &spec) != SPARK_OK) return fail("--spec " + o.spec + ": " + spark_last_error());
+        if (spark_spec_init(ctx, spark_cli::spec_params(spec_opt, o.draft_max), &spec) != SPARK_OK) return fail("--spec " + o.spec + ": " + spark_last_error());
     }
     std::unique_ptr<spark_spec, void (*)(spark_spec *)> spec_guard(spec, spark_spec_free);
 
