@@ -396,11 +396,14 @@ void check_dense(const Spec & s, int64_t n, int64_t k, int rows, int nw, Split s
 
 // MATMUL_ID over `experts` experts, k_slots x T pairs, ids with strides (s0, s1) and some invalid
 // ids (-1, n_experts) whose rows must come out 0; shared_x: the k_slots share one input row.
+// ids_early: the ids were written two launches back (GemvArgs::ids_early): the PDL model leaves them
+// readable before the wait and checks that the activations still wait for it.
 void check_moe(const Spec & s, int64_t n, int64_t k, int experts, int k_slots, int T, int nw, bool shared_x, Split sp,
-               const std::string & filter, bool mma = false) {
+               const std::string & filter, bool mma = false, bool ids_early = false) {
     if (mma && !mma_spec(s, k)) return;
     const std::string name = std::string(mma ? "mma " : "") + "moe " + s.name + " N=" + std::to_string(n) + " K=" + std::to_string(k) + " " +
                              std::to_string(k_slots) + "x" + std::to_string(T) + (nw == 2 ? " glu" : "") + (shared_x ? " shared-x" : "") +
+                             (ids_early ? " ids-early" : "") +
                              (sp.lpr ? " forced " + (mma ? std::string(sp.kp ? "kp/" : "") : std::to_string(sp.lpr) + "/") + std::to_string(sp.wk) + "/" + std::to_string(sp.ks) : "");
     if (name.find(filter) == std::string::npos) return;
     std::vector<HostWeight> w[2];
@@ -448,9 +451,12 @@ void check_moe(const Spec & s, int64_t n, int64_t k, int experts, int k_slots, i
         a.partial  = reinterpret_cast<float *>(pb.data());
         a.counters = reinterpret_cast<uint32_t *>(cb.data());
     }
-    // The expert ids come from the router (poison: -1, an invalid id, whose rows come out 0).
+    a.ids_early = ids_early;
+    // The expert ids come from the router (poison: -1, an invalid id, whose rows come out 0), or
+    // (ids_early) from a launch whose writes are complete before this one starts.
     run_plan_pdl(name, s.f, s.zeros, p, nw == 2, a,
-                 {pdl::model::in(xb.data(), xb.bytes), pdl::model::in(ids.data(), ids.size() * 4), pdl::model::in(cb.data(), p.ksplit > 1 ? cb.bytes : 0),
+                 {pdl::model::in(xb.data(), xb.bytes), pdl::model::in(ids.data(), ids_early ? 0 : ids.size() * 4),
+                  pdl::model::in(cb.data(), p.ksplit > 1 ? cb.bytes : 0),
                   pdl::model::out(yb.data(), yb.bytes), pdl::model::out(pb.data(), p.ksplit > 1 ? pb.bytes : 0)});
     std::vector<float>  got(y, y + pairs * n);
     std::vector<double> ref(size_t(pairs * n), 0.0);
@@ -631,6 +637,13 @@ int main(int argc, char ** argv) {
         check_moe(s, 33, 768, 16, 4, 3, 2, false, {8, 1, 2}, filter);
         check_moe(s, 33, 1024, 16, 4, 2, 1, true, {32, 2, 3}, filter);
     }
+    // The down projection's expert GEMV reading its ids before its wait (both kernels; 8 slots x 1
+    // token and 4 x 3, the plan's split and a forced K split).
+    for (const Spec & s : {specs[0], specs[5], specs[6], specs[9]})
+        for (const bool mma : {false, true}) {
+            check_moe(s, 40, 768, 16, 8, 1, 1, false, {}, filter, mma, true);
+            check_moe(s, 33, 1024, 16, 4, 3, 1, true, {mma ? 1 : 32, 2, 3}, filter, mma, true);
+        }
     // Multi-weight launches (q/k/v-like: rows of several weights in one grid), both kernels.
     for (const bool mma : {false, true}) {
         for (const Spec & s : {specs[0], specs[1], specs[5], specs[9]}) {

@@ -392,6 +392,28 @@ private:
                !(n->flags & TENSOR_OUTPUT);
     }
 
+    // SPARK_EARLY_IDS=0: every expert GEMV waits before reading its ids (A/B timing).
+    static bool early_ids_enabled() {
+        static const bool on = [] {
+            const char * e = std::getenv("SPARK_EARLY_IDS");
+            return !(e && std::string(e) == "0");
+        }();
+        return on;
+    }
+
+    // Whether node n is a MATMUL_ID (or the SWIGLU of two) whose expert ids were computed by a launch
+    // before the one of node `prev` (the first node the previous launch covered; a fused launch
+    // covers nodes after its first one, and skipped nodes are computed by a later launch). pos: the
+    // nodes' positions by tensor id.
+    static bool ids_written_before(const Tensor * n, const Tensor * prev, const std::vector<int> & pos, const std::vector<bool> & skip) {
+        const Tensor * mm = n->op == Op::SWIGLU ? n->src[0] : n;
+        if (!mm || mm->op != Op::MATMUL_ID || !prev) return false;
+        const Tensor * ids = mm->src[1];
+        while (ids && ids->op == Op::VIEW) ids = ids->src[0];
+        if (!ids || pos[size_t(ids->id)] < 0 || skip[size_t(ids->id)]) return false;  // (an input of the graph: no launch)
+        return pos[size_t(ids->id)] < pos[size_t(prev->id)];
+    }
+
     static constexpr int kMaxMatmulGroup = 4;
 
     // The MATMUL at nodes[first] and the following MATMULs on the same input, up to the first node
@@ -433,9 +455,24 @@ private:
         // Mark the matmuls a fused SWIGLU computes itself.
         for (const Tensor * n : nodes)
             if (n->op == Op::SWIGLU && fusable_swiglu(*n, uses)) skip[size_t(n->src[0]->id)] = skip[size_t(n->src[1]->id)] = true;
+        // Early expert ids (ops.h: OpContext::ids_before_wait): the node whose launch came last and
+        // whether that launch triggers its dependents only after its own wait.
+        const Tensor *   prev_launch      = nullptr;
+        bool             prev_waits_first = false;
+        std::vector<int> pos(graph.tensors().size(), -1);
+        for (size_t i = 0; i < nodes.size(); ++i) pos[size_t(nodes[i]->id)] = int(i);
         for (size_t i = 0; i < nodes.size(); ++i) {
             const Tensor * n = nodes[i];
             if (skip[size_t(n->id)]) continue;
+            if (n->op == Op::VIEW || n->op == Op::NONE) continue;  // (launch nothing)
+            ctx_.ids_before_wait  = early_ids_enabled() && prev_waits_first && ids_written_before(n, prev_launch, pos, skip);
+            ctx_.last_waits_first = false;
+            prev_launch           = n;
+            struct After {
+                bool &                  out;
+                const cuda::OpContext & ctx;
+                ~After() { out = ctx.last_waits_first; }
+            } after{prev_waits_first, ctx_};
             OpTimer timer(profiler_.get(), stream_, *n);
             if (n->op == Op::SWIGLU && fusable_swiglu(*n, uses)) {
                 timer.label = "MATMUL+SWIGLU";

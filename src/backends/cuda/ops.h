@@ -40,6 +40,13 @@ struct OpContext {
     // Device array of the DeviceWeights of a MATMUL_ID node's experts (built once, cached).
     const DeviceWeight * (*expert_table)(void * backend, const QWeight * experts, int32_t n) = nullptr;
     void *              backend = nullptr;
+    // Set by the dispatch for one node: the launch before this node's first kernel lets it start
+    // only after that launch's own wait, and this node's expert ids were written before that launch
+    // (pdl.cuh): a MATMUL_ID GEMV may read them before its wait (GemvArgs::ids_early).
+    bool ids_before_wait = false;
+    // Set by an op: its last launch lets the next kernel start only after its own wait (a MATMUL_ID
+    // GEMV that waited for its ids first). The dispatch clears it before each node.
+    mutable bool last_waits_first = false;
 };
 
 inline const DeviceWeight & device_weight(const QWeight & w) { return *static_cast<const DeviceWeight *>(w.device_layout); }

@@ -20,6 +20,12 @@
 //                        cost more than they gained (H100, measured in docs/PERF.md).
 // Reading weights (written at load time) before wait() is what makes PDL pay: the loads are in
 // flight while the previous kernel drains.
+//   One more read may precede wait(): data written by a kernel before the previous one, when the
+// previous kernel calls launch_dependents() only after its own wait() (then this kernel cannot start
+// before every earlier kernel has completed, and their writes are visible in L2: read with ld.cg, as
+// L1 is not coherent). The expert GEMV of a MoE down projection reads its expert ids (from the
+// router, two launches back) this way and requests its weights before the gate/up GEMV ends
+// (GemvArgs::ids_early; the dispatch decides, cuda_backend.cpp).
 //
 // Both are no-ops below sm_90 and for a kernel launched without the attribute (plain stream order).
 // The CPU warp emulators (dev/kernels) shadow this header with a model that checks both rules.

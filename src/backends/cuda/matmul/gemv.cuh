@@ -353,10 +353,11 @@ template <int NW, int R>
 __device__ __forceinline__ void gemv_block_operands(const GemvArgs & a, const GemvMat & mt, DeviceWeight (&w)[NW], const float * (&xr)[R],
                                                     int64_t & out_row0, bool & valid) {
     if (a.table[0] != nullptr) {
-        pdl::wait();  // the expert ids come from the router
+        if (!a.ids_early) pdl::wait();  // the expert ids come from the router
         const int     pair = int(blockIdx.z);
         const int     j = pair % a.ids.k_slots, t = pair / a.ids.k_slots;
-        const int32_t e = __ldg(a.ids.p + j * a.ids.s0 + t * a.ids.s1);
+        const int32_t * ip = a.ids.p + j * a.ids.s0 + t * a.ids.s1;
+        const int32_t e    = a.ids_early ? __ldcg(ip) : __ldg(ip);
         valid           = e >= 0 && e < a.ids.n_experts;
 #pragma unroll
         for (int i = 0; i < NW; ++i) w[i] = a.table[i][valid ? e : 0];
@@ -489,13 +490,14 @@ __global__ void __launch_bounds__(kGemvThreads, R == 1 ? F::kMinBlocksR1 : gemv_
         if (c < c_end) gemv_chunk<F, R, U, NW>(raw[slot], sc[slot], wt, xr, size_t(c) * F::E, acc);
     };
     // The weights do not depend on the previous kernel: the first D steps are requested before
-    // waiting for it (a plain MATMUL; MATMUL_ID waited above), so their latency overlaps its tail.
+    // waiting for it (a plain MATMUL, or a MATMUL_ID with ids_early; other MATMUL_IDs waited for
+    // their ids above), so their latency overlaps its tail.
     // The next kernel may launch once this block has streamed all its weights: triggered at the
     // start, the kernels launched behind this one cost more than they gained (H100: 8B FP8 216.6 ->
     // 230.8, 30B-A3B int4 (router, lm_head) 414 -> 425 tokens/s; docs/PERF.md).
 #pragma unroll
     for (int d = 0; d < D; ++d) issue(d, d);
-    if (a.table[0] == nullptr) pdl::wait();
+    if (a.table[0] == nullptr || a.ids_early) pdl::wait();
     for (int j0 = 0; j0 < J; j0 += D) {
 #pragma unroll
         for (int d = 0; d < D; ++d) {

@@ -441,11 +441,12 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R)) gemv_mma
     };
 
     // The weights do not depend on the previous kernel: the first D steps are requested before
-    // waiting for it (a plain MATMUL; MATMUL_ID waited above) and before the activation split.
+    // waiting for it (a plain MATMUL, or a MATMUL_ID with ids_early; other MATMUL_IDs waited for
+    // their ids above) and before the activation split.
 #pragma unroll
     for (int s = 0; s < D; ++s) issue(s, s);
     pdl::launch_dependents();  // the next kernel may launch and request its own weights
-    if (a.table[0] == nullptr) pdl::wait();
+    if (a.table[0] == nullptr || a.ids_early) pdl::wait();
     gemv_mma_split<R>(xr, cb, nblk, nblk + (nblk & uint32_t(kp)), KC, gemv_mma_smem_buf);
     __syncthreads();
     for (int j0 = 0; j0 < J; j0 += D) {

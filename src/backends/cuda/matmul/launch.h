@@ -141,6 +141,10 @@ struct GemvArgs {
     // Launch with programmatic dependent launch (sm_90+): the kernel requests its first weights
     // before it waits for the previous kernel (pdl.cuh; the dispatch sets it from pdl_enabled()).
     int32_t pdl = 0;
+    // MATMUL_ID: the ids were written before the previous launch, which lets this one start only
+    // after its own wait (pdl.cuh): read them (ld.cg) and request the experts' first weights before
+    // waiting. 0: wait first.
+    int32_t ids_early = 0;
     // MMA kernel, one weight: a warp's two row tiles are one tile at two consecutive 128-K blocks
     // (plan.mma_kpair; rows per block halve).
     int32_t mma_kpair = 0;
