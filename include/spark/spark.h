@@ -85,8 +85,9 @@ typedef enum spark_status {
 /* A short constant name for a status ("SPARK_ERR_IO", ...). Never NULL. */
 SPARK_API const char * spark_status_str(spark_status status);
 
-/* The message of the last failed call on this thread ("" if none). Valid until the next spark call
- * on this thread. */
+/* The outcome of the most recent fallible call on this thread: its error message, or "" if it
+ * succeeded (every call that returns a spark_status sets it). Valid until the next spark call on
+ * this thread. */
 SPARK_API const char * spark_last_error(void);
 
 /* ------------------------------------------------------------------------------------------ */
@@ -181,7 +182,12 @@ SPARK_API spark_model_params spark_model_default_params(void);
  *   - a Hugging Face directory: config.json + model.safetensors, or a sharded
  *     model.safetensors.index.json; optional tokenizer.json / tokenizer_config.json /
  *     generation_config.json / hf_quant_config.json, or
- *   - a spark file (GGUF v3 container written by spark-convert).
+ *   - a spark file (GGUF v3 container written by spark-convert), or
+ *   - "synthetic:<shape>:<format>": the exact shapes of a published model with random weights made
+ *     by the backend, no file and no tokenizer (benchmarks, e.g. spark-bench --synthetic). Shapes:
+ *     qwen3-8b, qwen3-30b-a3b, qwen3-next-80b-a3b; formats: bf16 (the default when ":<format>" is
+ *     left out), f16, int4 (g128), nvfp4, fp8 (128x128 blocks); embeddings, lm_head and MoE routers
+ *     stay bf16, as in the checkpoints people download.
  * Returns:
  *   SPARK_OK                  *out is the model
  *   SPARK_ERR_IO              path missing/unreadable
@@ -284,8 +290,10 @@ SPARK_API const spark_model * spark_context_get_model(const spark_context * ctx)
 /* Batch and decode                                                                           */
 /* ------------------------------------------------------------------------------------------ */
 
-/* Tokens to process in one spark_decode call. Row i is token[i] at position pos[i] in the
- * sequences seq_id[i][0 .. n_seq_id[i]-1]; logits[i] != 0 requests its output logits.
+/* Tokens to process in one spark_decode call. Row i is token[i] at position pos[i] in sequence
+ * seq_id[i][0]; logits[i] != 0 requests its output logits. A row belongs to exactly one sequence:
+ * n_seq_id[i] must be 1 (the array form keeps llama.cpp's batch layout; a token shared by several
+ * sequences is refused with SPARK_ERR_INVALID_BATCH; spark_memory_seq_cp shares a prefix instead).
  * Within one sequence, positions must continue that sequence: the first token of sequence s in the
  * batch has position == the number of tokens s already holds, the next one +1, and so on. */
 typedef struct spark_batch {
@@ -297,8 +305,9 @@ typedef struct spark_batch {
     int8_t *        logits;
 } spark_batch;
 
-/* Allocates a batch for up to n_tokens rows, each in up to n_seq_max sequences. n_tokens of the
- * result is 0. Free with spark_batch_free. On allocation failure all pointers are NULL. */
+/* Allocates a batch for up to n_tokens rows with room for n_seq_max sequence ids each (1 is all
+ * spark_decode accepts). n_tokens of the result is 0. Free with spark_batch_free. On allocation
+ * failure all pointers are NULL. */
 SPARK_API spark_batch spark_batch_init(int32_t n_tokens, int32_t n_seq_max);
 SPARK_API void        spark_batch_free(spark_batch batch);
 
@@ -308,8 +317,8 @@ SPARK_API void        spark_batch_free(spark_batch batch);
  *   SPARK_OK                  logits of the requested rows are available
  *   SPARK_ERR_INVALID_ARGUMENT NULL ctx/batch or n_tokens <= 0
  *   SPARK_ERR_INVALID_TOKEN   a token id outside [0, n_vocab)
- *   SPARK_ERR_INVALID_BATCH   bad sequence id, positions that do not continue their sequence,
- *                             a token in several sequences of a recurrent model
+ *   SPARK_ERR_INVALID_BATCH   bad sequence id, n_seq_id != 1, positions that do not continue
+ *                             their sequence
  *   SPARK_ERR_CONTEXT_FULL    the KV cache cannot hold the batch
  *   SPARK_ERR_OUT_OF_MEMORY / SPARK_ERR_DEVICE
  *   SPARK_ERR_ABORTED         the abort callback stopped it

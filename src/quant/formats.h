@@ -2,7 +2,7 @@
 //
 // Every encoder rounds to nearest, ties to even, on the exact input value (no double rounding), and
 // matches the PTX conversion named next to it bit for bit; the decoders are exact. Sources:
-//   E2M1 / E4M3 tables and semantics: ../shared/research/formats.md §2 (OCP MX / OFP8 specs,
+//   E2M1 / E4M3 tables and semantics: docs/FORMATS.md §1 (OCP MX / OFP8 specs,
 //   NVIDIA/TensorRT-Model-Optimizer:modelopt/torch/quantization/qtensor/nvfp4_tensor.py);
 //   saturation and NaN rules: PTX ISA `cvt` (.satfinite) and the CUDA 13 toolkit's own emulation of
 //   those instructions (cuda_fp4.hpp `__nv_cvt_double_to_fp4`, cuda_fp8.hpp `__nv_cvt_float_to_fp8`).

@@ -1,6 +1,6 @@
 // Lossless conversions of INT4 checkpoint layouts into spark's canonical INT4 layout (GPTQ
 // orientation, src/quant/qweight.h): only bits move, no value is recomputed. Formats are described in
-// ../shared/research/formats.md §4 (sources cited there and below).
+// docs/FORMATS.md §3 (sources cited there and below).
 //
 //   AWQ (AutoAWQ GEMM, auto_round:auto_awq)   qweight i32 [K][N/8], qzeros i32 [G][N/8], both packed
 //                                             along N with the nibble interleave 0,2,4,6,1,3,5,7;

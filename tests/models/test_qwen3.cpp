@@ -271,7 +271,16 @@ TEST_CASE("bad decode inputs: context overflow, invalid token, inconsistent batc
         b.seq_id[1][0] = 3;  // n_seq_max is 1
         CHECK(spark_decode(ctx.get(), &b) == SPARK_ERR_INVALID_BATCH);
         b.seq_id[1][0] = 0;
+        // A row belongs to exactly one sequence (spark.h): n_seq_id 0 or 2 is refused, nothing kept.
+        for (const int32_t n : {0, 2}) {
+            b.n_seq_id[1] = n;
+            CHECK(spark_decode(ctx.get(), &b) == SPARK_ERR_INVALID_BATCH);
+            CHECK(std::string(spark_last_error()).find("exactly one sequence") != std::string::npos);
+            CHECK(spark_memory_seq_length(ctx.get(), 0) == 0);
+        }
+        b.n_seq_id[1] = 1;
         CHECK(spark_decode(ctx.get(), &b) == SPARK_OK);
+        CHECK(std::string(spark_last_error()).empty());  // the most recent call's outcome (spark.h)
         spark_batch_free(b);
         CHECK(spark_decode(ctx.get(), nullptr) == SPARK_ERR_INVALID_ARGUMENT);
     }

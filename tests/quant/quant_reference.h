@@ -1,5 +1,5 @@
 // Spec-level references for test-quant, written from the format definitions
-// (../shared/research/formats.md §2-5) independently of src/quant: decoders by the textbook formula
+// (docs/FORMATS.md §1-4) independently of src/quant: decoders by the textbook formula
 // in double, encoders as "nearest representable value, ties to the even code" by search over the
 // value list, and per-element dequantization straight from the QWeight field comments.
 #pragma once

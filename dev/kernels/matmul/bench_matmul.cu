@@ -16,7 +16,7 @@
 // ideal us = bytes / copy bandwidth, and the nmse against the reference.
 //
 // Build and run from the repository root (one line; -arch as the GPU: sm_90a H100, sm_120a RTX 50xx):
-//   nvcc -O3 -std=c++20 --expt-relaxed-constexpr -arch=sm_90a -Isrc -Iinclude dev/kernels/matmul/bench_matmul.cu src/backends/cuda/matmul/gemv_*.cu src/backends/cuda/matmul/gemm_*.cu src/backends/cuda/matmul/aux.cu src/backends/cuda/matmul/plan.cpp src/backends/cuda/pdl.cpp -o /tmp/bench_matmul && /tmp/bench_matmul
+//   nvcc -O3 -std=c++20 --expt-relaxed-constexpr -arch=sm_90a -Isrc -Iinclude dev/kernels/matmul/bench_matmul.cu src/backends/cuda/matmul/gemv_*.cu src/backends/cuda/matmul/gemm_*.cu src/backends/cuda/matmul/side_kernels.cu src/backends/cuda/matmul/plan.cpp src/backends/cuda/pdl.cpp -o /tmp/bench_matmul && /tmp/bench_matmul
 // Options: --sweep (every plan of the large 8B INT4 shapes, timed), --sweep-rows R (the same at R
 // activation rows), --gemm-sweep (the prefill GEMM's K splits), --quick (INT4 only, no GEMM), --no-gemm, --rows (also 2, 4, 8 activation rows), --no-pdl
 // (GEMV launches without programmatic dependent launch; the dispatch's default is with, on sm_90+),

@@ -4,9 +4,9 @@
 // elsewhere the header declares nothing, so a stray use fails to compile instead of running a
 // software imitation.
 //
-// Sources: PTX ISA 8.7+ `cvt` (.e2m1x2) and `mma` (block scaling, kind::mxf4nvf4), as extracted in
-// ../shared/research/perf-anchors.md §4 and formats.md §2.1; operand layouts cross-checked against
-// CUTLASS's SM120_16x8x64_TN_VS traits (cute/atom/mma_traits_sm120.hpp).
+// Sources: PTX ISA 8.7+ `cvt` (.e2m1x2) and `mma` (block scaling, kind::mxf4nvf4), summarised in
+// docs/FORMATS.md §1.1 and §5; operand layouts cross-checked against CUTLASS's SM120_16x8x64_TN_VS
+// traits (cute/atom/mma_traits_sm120.hpp).
 #pragma once
 
 #include "backends/cuda/arch.h"

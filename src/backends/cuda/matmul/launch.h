@@ -194,10 +194,6 @@ inline void gemv_launch_planned(WeightFormat f, const GemvPlan & p, bool glu, Ge
     }
 }
 
-// y[r][n] = sum over splits (then silu(gate) * up when nw == 2). (The GEMV reduces its splits
-// in-kernel now; kept for aux.cu's owner.)
-void gemv_splitk_reduce(const float * partial, int ksplit, int nw, int64_t out_rows, int64_t n, float * y, cudaStream_t s);
-
 // ---- GEMM (rows > 8): mma.sync m16n8k16 F16 -> F32 ---------------------------------------------
 constexpr int kGemmThreads = 256;  // 8 warps: 2 along M x 4 along N
 constexpr int kGemmBK      = 32;   // K per pipeline stage; the GEMM needs K % 32 == 0
@@ -272,7 +268,7 @@ void gemm_launch_nvfp4(int mt, bool glu, const GemmArgs & a, dim3 grid, cudaStre
 void gemm_launch_int4(int mt, bool glu, const GemmArgs & a, dim3 grid, cudaStream_t s);
 void gemm_launch_fp8(int mt, bool glu, const GemmArgs & a, dim3 grid, cudaStream_t s);
 
-// ---- auxiliary kernels (aux.cu) -----------------------------------------------------------------
+// ---- small kernels around the matmuls (side_kernels.cu) -------------------------------------------
 
 // Activation rows -> contiguous F32 [rows][k] (GEMV input: alignment, act-order permutation).
 // perm: dense mode, one permutation (or nullptr); pair mode: the permutation of each pair's expert

@@ -1,6 +1,6 @@
-// Small kernels around the matmuls: activation staging (F32 rows for the GEMV, row-scaled F16 rows
-// for the GEMM, both applying act-order permutations), the device-built MoE grouping of the grouped GEMM,
-// the split-K reduction of the GEMV, the unfused SwiGLU, and the generic per-element fallback.
+// The small kernels around the matmuls: activation staging (F32 rows for the GEMV, row-scaled F16
+// rows for the GEMM, both applying act-order permutations), the device-built MoE grouping of the
+// grouped GEMM, the unfused SwiGLU, and the generic per-element fallback.
 #include "backends/cuda/pdl.cuh"
 #include "backends/cuda/cuda_common.h"
 #include "backends/cuda/matmul/formats.cuh"
@@ -204,19 +204,6 @@ __global__ void zero_invalid_pairs_kernel(const Ids ids, int64_t pairs, int64_t 
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) y[p * n + i] = 0.0f;
 }
 
-__global__ void splitk_reduce_kernel(const float * partial, int ksplit, int nw, int64_t count, float * y) {
-    pdl::launch_dependents();
-    pdl::wait();
-    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
-        float g = 0.0f, u = 0.0f;
-        for (int s = 0; s < ksplit; ++s) {
-            g += partial[(int64_t(s) * nw) * count + i];
-            if (nw == 2) u += partial[(int64_t(s) * nw + 1) * count + i];
-        }
-        y[i] = nw == 2 ? silu(g) * u : g;
-    }
-}
-
 __global__ void swiglu_kernel(const float * gate, const float * up, int64_t count, float * out) {
     pdl::launch_dependents();
     pdl::wait();
@@ -292,12 +279,6 @@ void zero_invalid_pairs(const Ids & ids, int64_t n_tok, int64_t n, float * y, cu
     const int64_t pairs = int64_t(ids.k_slots) * n_tok;
     if (pairs <= 0) return;
     launch(zero_invalid_pairs_kernel, unsigned(pairs), 128, 0, s, ids, pairs, n, y);
-    SPARK_CUDA_CHECK_LAUNCH();
-}
-
-void gemv_splitk_reduce(const float * partial, int ksplit, int nw, int64_t out_rows, int64_t n, float * y, cudaStream_t s) {
-    const int64_t count = out_rows * n;
-    launch(splitk_reduce_kernel, grid_for(count, 256), 256, 0, s, partial, ksplit, nw, count, y);
     SPARK_CUDA_CHECK_LAUNCH();
 }
 
