@@ -5,13 +5,13 @@
 // f16 hi + lo / single f16 operands with their range scaling, saturating append).
 //
 // Every launch whose inputs come from earlier kernels runs under the programmatic dependent launch
-// model (dev/kernels/common/emu/backends/cuda/pdl.cuh: inputs poisoned until the grid's first wait,
+// model (dev/emu/backends/cuda/pdl.cuh: inputs poisoned until the grid's first wait,
 // every thread must wait, some thread must trigger; "FAIL pdl" lines).
 //
 // Part of the CPU test suite (ctest: emu-attention, which passes --quick: all but the fused decode
 // at context 4096 with T = 2..7). Build and run by hand (from the repository root; a few minutes
 // on two cores):
-//   g++ -std=c++20 -O2 -g -fsanitize=address,undefined -Idev/kernels/attention/emu -Idev/kernels/common/emu -Isrc -Iinclude \
+//   g++ -std=c++20 -O2 -g -fsanitize=address,undefined -Idev/kernels/attention/emu -Idev/emu -Isrc -Iinclude \
 //       dev/kernels/attention/emu_test.cpp -o /tmp/emu_test && /tmp/emu_test [--quick] [filter [seed]]
 // With -DEMU_CPU_ORACLE and the CPU backend's objects linked (ops_attention, ops_ssm, thread_pool,
 // graph, dtype, error from a spark build), every case is also compared with the real CPU ops at the
@@ -24,7 +24,7 @@
 #endif
 #include "backends/cuda/attention/attention_append.cuh"
 #include "backends/cuda/attention/attention_kernels.cuh"
-#include "backends/cuda/pdl.cuh"  // the PDL model (dev/kernels/common/emu)
+#include "backends/cuda/pdl.cuh"  // the PDL model (dev/emu)
 #include "backends/cuda/ssm/ssm_kernels.cuh"
 
 #include <algorithm>

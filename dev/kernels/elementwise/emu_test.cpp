@@ -1,22 +1,22 @@
 // Runs the small-op CUDA kernels (src/backends/cuda/elementwise/*_kernels.cuh), unchanged, on the CPU
-// warp emulator (emu/) against references that follow the CPU backend (src/backends/cpu/
+// warp emulator (dev/emu) against references that follow the CPU backend (src/backends/cpu/
 // ops_elementwise.cpp, ops_moe.cpp). No GPU needed; checks indexing, predication, the register
 // layouts, warp/block reductions, the route's sort and redux rounds, argmax tie and NaN rules, and
 // (with random warp orders) missing barriers. The argmax cluster kernel (sm_90 thread block
 // clusters) is not modelled; tests/cuda/test_elementwise.cpp covers it on a GPU. Every launch runs
-// under the programmatic dependent launch model (dev/kernels/common/emu/backends/cuda/pdl.cuh:
+// under the programmatic dependent launch model (dev/emu/backends/cuda/pdl.cuh:
 // inputs poisoned until the grid's first wait, every thread must wait, some thread must trigger;
 // "FAIL pdl" lines), whose own self-test is here too ("pdl").
 //
 // Part of the CPU test suite (ctest: emu-elementwise, all cases). Build and run by hand (from the
 // repository root; about a minute with the sanitizers, seconds without):
-//   g++ -std=c++20 -O2 -g -ffp-contract=off -fsanitize=address,undefined -Idev/kernels/elementwise/emu -Idev/kernels/common/emu \
+//   g++ -std=c++20 -O2 -g -ffp-contract=off -fsanitize=address,undefined -Idev/emu \
 //       -Isrc -Iinclude dev/kernels/elementwise/emu_test.cpp -o /tmp/ew_emu_test && /tmp/ew_emu_test [pdl|norm|rope|moe|argmax]
 #include "backends/cuda/elementwise/argmax_kernels.cuh"
 #include "backends/cuda/elementwise/moe_kernels.cuh"
 #include "backends/cuda/elementwise/norm_kernels.cuh"
 #include "backends/cuda/elementwise/rope_kernels.cuh"
-#include "backends/cuda/pdl.cuh"  // the PDL model (dev/kernels/common/emu)
+#include "backends/cuda/pdl.cuh"  // the PDL model (dev/emu)
 
 #include <algorithm>
 #include <cmath>
@@ -507,7 +507,7 @@ void test_argmax() {
 // ---------------------------------------------------------------- the PDL model's self-test
 
 // Tiny kernels (y = 2 x over n elements, one per thread) that break one rule of pdl.cuh each; the
-// model (dev/kernels/common/emu/backends/cuda/pdl.cuh) must catch every one.
+// model (dev/emu/backends/cuda/pdl.cuh) must catch every one.
 enum class Pdl { good, read_early, write_early, no_wait, skip_wait, no_trigger };
 void pdl_kernel(Pdl how, const float * x, float * y, int n) {
     const int i = int(blockIdx.x * blockDim.x + threadIdx.x);

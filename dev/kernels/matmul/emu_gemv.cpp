@@ -1,7 +1,7 @@
 // Runs the decode GEMV kernels (src/backends/cuda/matmul/gemv.cuh, the FMA decode, and gemv_mma.cuh,
-// the tensor-core decode), unchanged, on the CPU warp emulator of the attention lab
-// (dev/kernels/attention/emu: threads are fibers, warps meet at shuffles and mma.sync, blocks at
-// __syncthreads, random warp orders between them; blocks run one after another) against a
+// the tensor-core decode), unchanged, on the CPU warp emulator (dev/emu: threads are fibers, warps
+// meet at shuffles and mma.sync, blocks at __syncthreads, random warp orders between them; blocks
+// run one after another) against a
 // double-precision reference over the bit-exact decoders of quant/formats.h. No GPU needed: checks
 // the work mapping (lanes per row, K-warps, K splits with the last-block reduction; MMA: both tile
 // modes, odd block ranges), the register ring, the decoders (INT4 sym / asym, f16 / bf16 scales,
@@ -14,21 +14,20 @@
 // truncated to 2^(e_max - 23), the sum truncated; see mma_f16_16816 in emu/.../ptx.cuh): the MMA
 // kernel's worst nmse is printed at the end (~1e-13; "exact-mma" as a third argument sums exactly).
 //
-// Every launch runs under the programmatic dependent launch model (dev/kernels/common/emu/backends/
-// cuda/pdl.cuh): the activations, expert ids and K-split counters are poisoned until the grid's first
+// Every launch runs under the programmatic dependent launch model (dev/emu/backends/cuda/pdl.cuh): the activations, expert ids and K-split counters are poisoned until the grid's first
 // wait (the weights are read before it), every thread must wait, some thread must trigger ("FAIL pdl"
 // lines).
 //
 // Part of the CPU test suite (ctest: emu-gemv, all cases). Build and run by hand (from the repository
 // root; about three minutes on two cores):
-//   g++ -std=c++20 -O2 -g -fsanitize=address,undefined -Idev/kernels/matmul/emu -Idev/kernels/attention/emu -Idev/kernels/common/emu \
+//   g++ -std=c++20 -O2 -g -fsanitize=address,undefined -Idev/kernels/matmul/emu -Idev/emu \
 //       -Isrc -Iinclude dev/kernels/matmul/emu_gemv.cpp src/backends/cuda/matmul/plan.cpp -o /tmp/emu_gemv && /tmp/emu_gemv
 // Options: a case-name filter (substring, e.g. "mma"), then a seed, then "exact-mma"; or --plans
 // (the plans of both kernels for the lab's model shapes, no emulation).
 #include "backends/cuda/matmul/gemv.cuh"
 #include "backends/cuda/matmul/gemv_mma.cuh"
 #include "backends/cuda/matmul/tuning.h"
-#include "backends/cuda/pdl.cuh"  // the PDL model (dev/kernels/common/emu)
+#include "backends/cuda/pdl.cuh"  // the PDL model (dev/emu)
 
 #include <algorithm>
 #include <cmath>

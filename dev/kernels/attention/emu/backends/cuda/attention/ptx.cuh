@@ -2,7 +2,7 @@
 // the emulator build): the same wrappers, implemented on the fiber runtime.
 #pragma once
 
-#include "../../../emu_runtime.h"
+#include "emu_runtime.h"  // dev/emu
 #include "quant/formats.h"  // f32_to_f16 / f16_to_f32: bit-exact cvt.rn.f16.f32 and the f16 decoder
 
 #define SPARK_DYNAMIC_SMEM(name) unsigned char * name = ::emu::dyn_smem()

@@ -1,20 +1,31 @@
-// A CPU emulator for the CUDA kernels of src/backends/cuda/attention and src/backends/cuda/ssm.
+// The CPU warp emulator every kernel lab of dev/kernels runs the real CUDA kernels on (elementwise,
+// attention + SSM, the decode GEMV): no GPU needed, part of the CPU test suite (ctest label emu).
 //
 // Every CUDA thread of a block is a fiber (ucontext) on one OS thread; fibers switch only at
-// __syncthreads, at warp collectives (shuffles, ldmatrix, mma) and at exit. The scheduler picks a
-// random runnable fiber, so code between barriers runs in random warp orders. Warp collectives need
-// all 32 lanes and block barriers all live threads: a divergent collective or barrier deadlocks,
-// which the scheduler reports. ldmatrix / mma follow the PTX fragment layouts; ldmatrix and
-// cp.async check that their shared-memory addresses lie inside the block's dynamic shared memory
-// and are 16-byte aligned. cp.async copies land either at issue or only at the matching
-// cp.async.wait_group (randomly per launch), shared memory starts filled with NaN bytes. Blocks run
-// one after another, in a random order per launch (static __shared__ arrays are plain statics), so
-// a block that reads what another block of the same grid writes sees it or not depending on the
-// seed; atomicAdd and __threadfence are plain (blocks do not overlap). The global stores of the
-// ptx st_global_16 wrapper are logged (S().global_stores) so that tests can check who writes what.
+// __syncthreads, at warp collectives (shuffles, redux, ldmatrix, mma) and at exit. The scheduler
+// picks a random runnable fiber, so code between barriers runs in random warp orders. Warp
+// collectives need all 32 lanes and block barriers all live threads: a divergent collective or
+// barrier deadlocks, which the scheduler reports. The labs' shadows of the PTX wrappers
+// (dev/kernels/*/emu/backends/...) follow the PTX fragment layouts for ldmatrix / mma and check that
+// ldmatrix and cp.async addresses lie inside the block's dynamic shared memory, 16-byte aligned;
+// cp.async copies land either at issue or only at the matching cp.async.wait_group (randomly per
+// launch); shared memory starts filled with NaN bytes. Blocks run one after another (static
+// __shared__ arrays are plain statics), so a block that reads what another block of the same grid
+// writes sees it or not depending on the block order; atomicAdd and __threadfence are plain (blocks
+// do not overlap). The global stores of the st_global_16 wrapper are logged (S().global_stores) so
+// that tests can check who writes what. The programmatic-dependent-launch model is
+// backends/cuda/pdl.cuh beside this file.
 //
-// Not modelled: timing, bank conflicts, register limits, the tensor cores' internal rounding
-// (products are summed in double here).
+// Launch options (LaunchOptions; the two launch() overloads below are the labs' defaults):
+//   random_block_order        blocks of a grid in a random order per launch (else in index order);
+//   exited_lanes_leave_warps  a lane that exits no longer takes part in its warp's collectives (the
+//                             small-op kernels retire lanes before a reduction of the rest; a redux
+//                             with exited lanes still dies, as the hardware's full-mask redux is
+//                             undefined then); otherwise a collective after an exit deadlocks.
+//
+// Not modelled: timing, bank conflicts, register limits, memory-model subtleties, the tensor cores'
+// internal rounding (the labs' mma shadows say how they sum); the float functions are glibc's
+// (expf, sincosf), not CUDA's, so results are compared with tolerances where the CPU backend would.
 #pragma once
 
 #include <ucontext.h>
@@ -46,13 +57,22 @@ struct dim3 {
     unsigned x = 1, y = 1, z = 1;
     dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 typedef struct CUstream_st * cudaStream_t;
+typedef int                 cudaError_t;
 
 inline uint3 threadIdx, blockIdx;
 inline dim3  blockDim, gridDim;
 
-inline int min(int a, int b) { return a < b ? a : b; }
-inline int max(int a, int b) { return a > b ? a : b; }
+inline int      min(int a, int b) { return a < b ? a : b; }
+inline int      max(int a, int b) { return a > b ? a : b; }
+inline int64_t  min(int64_t a, int64_t b) { return a < b ? a : b; }
+inline int64_t  max(int64_t a, int64_t b) { return a > b ? a : b; }
+inline uint32_t min(uint32_t a, uint32_t b) { return a < b ? a : b; }
+inline uint32_t max(uint32_t a, uint32_t b) { return a > b ? a : b; }
 
 namespace emu {
 
@@ -105,6 +125,7 @@ struct Sched {
     std::function<void()> body;
     std::mt19937          rng{1};
     bool                  lazy_copies = false;
+    bool                  exited_lanes_leave_warps = false;
     long long             n_collectives = 0;
     std::vector<const void *> global_stores;  // addresses of st_global_16 since the last clear
 };
@@ -159,21 +180,37 @@ inline void trampoline() {
     s.body();
     Fiber & f = s.fibers[size_t(s.cur)];
     f.done    = true;
-    // An exited thread no longer takes part in __syncthreads.
-    Barrier & b = s.block_bar;
-    --b.expected;
-    if (b.expected > 0 && b.arrived >= b.expected) {
-        b.arrived = 0;
-        for (int w : b.waiters) s.fibers[size_t(w)].waiting = false;
-        b.waiters.clear();
+    // An exited thread no longer takes part in __syncthreads (nor, with the option, in its warp's
+    // collectives).
+    auto leave = [&](Barrier & b) {
+        --b.expected;
+        if (b.expected > 0 && b.arrived >= b.expected) {
+            b.arrived = 0;
+            for (int w : b.waiters) s.fibers[size_t(w)].waiting = false;
+            b.waiters.clear();
+        }
+    };
+    leave(s.block_bar);
+    if (s.exited_lanes_leave_warps) {
+        const uint3 i = f.idx;
+        leave(s.warps[size_t(int(i.x + i.y * blockDim.x) >> 5)].bar);  // (warp(): blocks of at most 2-D)
     }
 }
 
+struct LaunchOptions {
+    size_t smem_bytes               = 0;
+    bool   random_block_order       = true;
+    bool   exited_lanes_leave_warps = false;
+    size_t stack_bytes              = 256 * 1024;
+};
+
 // Runs `kernel` (a call of the kernel function with its arguments) over the grid.
-inline void launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()> & kernel, uint64_t seed = 1) {
+inline void launch(dim3 grid, dim3 block, const LaunchOptions & o, const std::function<void()> & kernel, uint64_t seed) {
     Sched & s = S();
     s.rng.seed(uint32_t(seed));
-    s.lazy_copies  = (s.rng() & 1) != 0;
+    s.lazy_copies              = (s.rng() & 1) != 0;
+    s.exited_lanes_leave_warps = o.exited_lanes_leave_warps;
+    const size_t smem_bytes    = o.smem_bytes;
     const int n    = int(block.x * block.y * block.z);
     if (n % 32 != 0) {
         std::fprintf(stderr, "emu: block size %d is not a multiple of 32\n", n);
@@ -186,7 +223,8 @@ inline void launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function
     for (unsigned bz = 0; bz < grid.z; ++bz)
         for (unsigned by = 0; by < grid.y; ++by)
             for (unsigned bx = 0; bx < grid.x; ++bx) order.push_back(uint3{bx, by, bz});
-    for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[s.rng() % i]);  // random block order
+    if (o.random_block_order)
+        for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[s.rng() % i]);
     for (const uint3 & b : order) {
         blockIdx = b;
         s.smem.assign(smem_bytes + 16, 0xFF);  // NaN in f16, bf16 and f32
@@ -198,7 +236,7 @@ inline void launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function
         for (int t = 0; t < n; ++t) {
             Fiber & f = s.fibers[size_t(t)];
             f.idx     = uint3{unsigned(t) % block.x, (unsigned(t) / block.x) % block.y, unsigned(t) / (block.x * block.y)};
-            f.stack.resize(256 * 1024);
+            f.stack.resize(o.stack_bytes);
             getcontext(&f.ctx);
             f.ctx.uc_stack.ss_sp   = f.stack.data();
             f.ctx.uc_stack.ss_size = f.stack.size();
@@ -226,14 +264,30 @@ inline void launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function
     }
 }
 
+// The attention, SSM and GEMV labs: dynamic shared memory, random block order.
+inline void launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()> & kernel, uint64_t seed = 1) {
+    LaunchOptions o;
+    o.smem_bytes = smem_bytes;
+    launch(grid, block, o, kernel, seed);
+}
+
+// The small-op kernels: no shared memory of their own, blocks in order, exited lanes leave warps.
+inline void launch(dim3 grid, dim3 block, const std::function<void()> & kernel, uint64_t seed = 1) {
+    LaunchOptions o;
+    o.random_block_order       = false;
+    o.exited_lanes_leave_warps = true;
+    o.stack_bytes              = 64 * 1024;
+    launch(grid, block, o, kernel, seed);
+}
+
 }  // namespace emu
 
 // ---- CUDA built-ins used by the kernels
 inline void __syncthreads() { emu::arrive(emu::S().block_bar); }
 inline void __threadfence() {}
-inline unsigned atomicAdd(unsigned * p, unsigned v) {
-    const unsigned old = *p;
-    *p                 = old + v;
+template <class T> inline T atomicAdd(T * p, T v) {
+    const T old = *p;
+    *p          = old + v;
     return old;
 }
 
@@ -255,3 +309,48 @@ inline int __shfl_xor_sync(unsigned, int v, int m) {
     emu::warp_sync();
     return r;
 }
+
+// redux.sync: every lane of the warp must take part (the kernels call it with the full mask).
+template <typename Op> inline uint32_t emu_redux(uint32_t v, Op op) {
+    emu::Warp & w = emu::warp();
+    const int   l = emu::lane();
+    w.u[l][0]     = v;
+    emu::warp_sync();
+    if (w.bar.expected != 32) emu::die("redux.sync with exited lanes");
+    uint32_t r = w.u[0][0];
+    for (int i = 1; i < 32; ++i) r = op(r, w.u[i][0]);
+    emu::warp_sync();
+    return r;
+}
+inline unsigned __reduce_max_sync(unsigned, unsigned v) { return emu_redux(v, [](uint32_t a, uint32_t b) { return a > b ? a : b; }); }
+inline unsigned __reduce_min_sync(unsigned, unsigned v) { return emu_redux(v, [](uint32_t a, uint32_t b) { return a < b ? a : b; }); }
+
+// Loads: alignment as the hardware demands it; __ldcg (L2 only) is a plain load here.
+template <class T> inline T __ldg(const T * p) {
+    if ((reinterpret_cast<uintptr_t>(p) % alignof(T)) != 0) emu::die("misaligned __ldg");
+    T v;
+    std::memcpy(&v, p, sizeof(T));
+    return v;
+}
+template <class T> inline T __ldcg(const T * p) { return __ldg(p); }
+
+inline uint32_t __float_as_uint(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return u;
+}
+inline float __uint_as_float(uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+inline float __int_as_float(int32_t i) {
+    float f;
+    std::memcpy(&f, &i, 4);
+    return f;
+}
+// Round-to-nearest single operations (the elementwise lab compiles without contraction,
+// -ffp-contract=off, so these stay separate roundings).
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
