@@ -5,6 +5,9 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <cstdint>
+
 // Any CUDA error becomes spark::Error(SPARK_ERR_DEVICE) (or SPARK_ERR_OUT_OF_MEMORY), with the call
 // and location in the message; never an abort.
 #define SPARK_CUDA_CHECK(call)                                                                               \
@@ -43,6 +46,28 @@ private:
 };
 
 #ifdef __CUDACC__  // (kernel files only: the CPU warp emulators of dev/kernels include this header too)
+// The dynamic shared memory a kernel has been allowed per device so far (one per kernel: a static
+// of its launch function).
+struct SmemLimit {
+    std::atomic<int> bytes[64] = {};  // devices past 64: set at every launch
+};
+
+// Raises `kernel`'s dynamic shared-memory limit to at least `bytes` on the current device (above the
+// default 48 KB; once per device and larger size). cudaFuncSetAttribute is not a stream operation,
+// and the first run of a step shape is eager, so this never happens during graph capture.
+inline void raise_smem_limit(const void * kernel, int bytes, SmemLimit & limit) {
+    if (bytes <= 48 * 1024) return;
+    int dev = 0;
+    SPARK_CUDA_CHECK(cudaGetDevice(&dev));
+    if (dev < 64 && limit.bytes[dev].load(std::memory_order_acquire) >= bytes) return;
+    SPARK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    if (dev < 64) {
+        int seen = limit.bytes[dev].load(std::memory_order_relaxed);
+        while (seen < bytes && !limit.bytes[dev].compare_exchange_weak(seen, bytes, std::memory_order_release)) {
+        }
+    }
+}
+
 // kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream serialization when `pdl`
 // (sm_90+): the kernel may start while the previous kernel of the stream finishes, and waits for it
 // in-kernel (pdl::wait, pdl.cuh) before it reads that kernel's outputs. Launch errors throw. Every

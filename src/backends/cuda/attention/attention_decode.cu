@@ -5,7 +5,6 @@
 #include "backends/cuda/arch.h"
 #include "backends/cuda/attention/attention_append.cuh"
 #include "backends/cuda/attention/attention_kernels.cuh"
-#include "backends/cuda/attention/launch_util.h"
 #include "backends/cuda/cuda_common.h"
 
 #include <cstdlib>
@@ -30,15 +29,15 @@ bool fused_combine_enabled() {
 }
 
 template <int D> void decode_d(const AttnParams & p, const AttnPlan & plan, cudaStream_t stream) {
-    static std::atomic<uint32_t> smem_set{0};
-    set_smem_limit_once(reinterpret_cast<const void *>(&attn_decode_kernel<D>), DecodeCfg<D>::kSmem, smem_set);
+    static SmemLimit smem_set;
+    raise_smem_limit(reinterpret_cast<const void *>(&attn_decode_kernel<D>), DecodeCfg<D>::kSmem, smem_set);
     launch(attn_decode_kernel<D>, dim3(plan.grid_x, plan.grid_y, plan.grid_z), dim3(kThreads), DecodeCfg<D>::kSmem, stream, p);
     if (plan.n_splits > 1 && !p.counters) launch(attn_combine_kernel<D>, dim3(p.n_head, p.n_tok), dim3(D), 0, stream, p);
 }
 
 template <int D> int blocks_per_sm_d() {
-    static std::atomic<uint32_t> smem_set{0};
-    set_smem_limit_once(reinterpret_cast<const void *>(&attn_decode_kernel<D>), DecodeCfg<D>::kSmem, smem_set);
+    static SmemLimit smem_set;
+    raise_smem_limit(reinterpret_cast<const void *>(&attn_decode_kernel<D>), DecodeCfg<D>::kSmem, smem_set);
     int n = 0;
     SPARK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_decode_kernel<D>, kThreads, DecodeCfg<D>::kSmem));
     return n > 0 ? n : 1;

@@ -1,7 +1,6 @@
 // Tiled (flash-attention 2 style) prefill kernel (attention_kernels.cuh), instantiated for head_dim
 // 64, 128 and 256.
 #include "backends/cuda/attention/attention_kernels.cuh"
-#include "backends/cuda/attention/launch_util.h"
 #include "backends/cuda/cuda_common.h"
 
 namespace spark::cuda::attn {
@@ -9,8 +8,8 @@ namespace spark::cuda::attn {
 namespace {
 
 template <int D> void prefill_d(const AttnParams & p, const AttnPlan & plan, cudaStream_t stream) {
-    static std::atomic<uint32_t> smem_set{0};
-    set_smem_limit_once(reinterpret_cast<const void *>(&attn_prefill_kernel<D>), PrefillCfg<D>::kSmem, smem_set);
+    static SmemLimit smem_set;
+    raise_smem_limit(reinterpret_cast<const void *>(&attn_prefill_kernel<D>), PrefillCfg<D>::kSmem, smem_set);
     launch(attn_prefill_kernel<D>, dim3(plan.grid_x, plan.grid_y, 1), kThreads, PrefillCfg<D>::kSmem, stream, p);
     SPARK_CUDA_CHECK_LAUNCH();
 }

@@ -516,18 +516,9 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R)) gemv_mma
 #ifdef __CUDACC__
 template <class F, int R, bool GLU>
 void gemv_mma_launch_one(const GemvArgs & a, dim3 grid, int smem, cudaStream_t s) {
-    auto kernel = gemv_mma_kernel<F, R, GLU>;
-    if (smem > 48 * 1024) {
-        // Opt in once per device to the largest size requested so far (plan_gemv stays under the
-        // device's opt-in maximum).
-        static int set[64] = {};
-        int        dev     = 0;
-        SPARK_CUDA_CHECK(cudaGetDevice(&dev));
-        if (dev < 64 && set[dev] < smem) {
-            SPARK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-            set[dev] = smem;
-        }
-    }
+    auto             kernel = gemv_mma_kernel<F, R, GLU>;
+    static SmemLimit limit;  // (plan_gemv stays under the device's opt-in maximum)
+    raise_smem_limit(reinterpret_cast<const void *>(kernel), smem, limit);
     launch_kernel(kernel, grid, dim3(kGemvThreads), size_t(smem), s, a.pdl != 0, a);
 }
 
