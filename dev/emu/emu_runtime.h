@@ -40,6 +40,8 @@
 #include <random>
 #include <vector>
 
+#include "quant/formats.h"  // (host build: no CUDA spelling needed before it)
+
 // ---- CUDA spellings
 #define __global__
 #define __device__
@@ -334,21 +336,10 @@ template <class T> inline T __ldg(const T * p) {
 }
 template <class T> inline T __ldcg(const T * p) { return __ldg(p); }
 
-inline uint32_t __float_as_uint(float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    return u;
-}
-inline float __uint_as_float(uint32_t u) {
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
-inline float __int_as_float(int32_t i) {
-    float f;
-    std::memcpy(&f, &i, 4);
-    return f;
-}
+// Bit casts: the host side of quant/formats.h's.
+inline uint32_t __float_as_uint(float f) { return spark::f32_bits(f); }
+inline float    __uint_as_float(uint32_t u) { return spark::f32_from_bits(u); }
+inline float    __int_as_float(int32_t i) { return spark::f32_from_bits(uint32_t(i)); }
 // Round-to-nearest single operations (the elementwise lab compiles without contraction,
 // -ffp-contract=off, so these stay separate roundings).
 inline float __fmul_rn(float a, float b) { return a * b; }

@@ -455,24 +455,19 @@ private:
         // Mark the matmuls a fused SWIGLU computes itself.
         for (const Tensor * n : nodes)
             if (n->op == Op::SWIGLU && fusable_swiglu(*n, uses)) skip[size_t(n->src[0]->id)] = skip[size_t(n->src[1]->id)] = true;
-        // Early expert ids (ops.h: OpContext::ids_before_wait): the node whose launch came last and
-        // whether that launch triggers its dependents only after its own wait.
-        const Tensor *   prev_launch      = nullptr;
-        bool             prev_waits_first = false;
+        // Early expert ids (ops.h: OpContext::ids_before_wait): the node whose launch came last; what
+        // its op left in ctx_.last_waits_first says whether that launch triggers only after its wait.
+        const Tensor *   prev_launch = nullptr;
         std::vector<int> pos(graph.tensors().size(), -1);
         for (size_t i = 0; i < nodes.size(); ++i) pos[size_t(nodes[i]->id)] = int(i);
+        ctx_.last_waits_first = false;
         for (size_t i = 0; i < nodes.size(); ++i) {
             const Tensor * n = nodes[i];
             if (skip[size_t(n->id)]) continue;
             if (n->op == Op::VIEW || n->op == Op::NONE) continue;  // (launch nothing)
-            ctx_.ids_before_wait  = early_ids_enabled() && prev_waits_first && ids_written_before(n, prev_launch, pos, skip);
+            ctx_.ids_before_wait  = early_ids_enabled() && ctx_.last_waits_first && ids_written_before(n, prev_launch, pos, skip);
             ctx_.last_waits_first = false;
             prev_launch           = n;
-            struct After {
-                bool &                  out;
-                const cuda::OpContext & ctx;
-                ~After() { out = ctx.last_waits_first; }
-            } after{prev_waits_first, ctx_};
             OpTimer timer(profiler_.get(), stream_, *n);
             if (n->op == Op::SWIGLU && fusable_swiglu(*n, uses)) {
                 timer.label = "MATMUL+SWIGLU";
@@ -516,6 +511,7 @@ private:
             }
             dispatch(*n);
         }
+        ctx_.ids_before_wait = ctx_.last_waits_first = false;  // (nothing outside a step reads them)
         if (profiler_) profiler_->collect(stream_);
     }
 
