@@ -161,6 +161,13 @@ Tensor * Graph::rms_norm(Tensor * x, Tensor * w, float eps, bool zero_centered) 
     return t;
 }
 
+Tensor * Graph::rms_norm_gated(Tensor * x, Tensor * w, Tensor * gate, float eps) {
+    SPARK_ASSERT(gate->type == DType::F32 && gate->nb[0] == 4 && gate->ne[0] == x->ne[0] && gate->nrows() == x->nrows());
+    Tensor * t = rms_norm(x, w, eps, false);
+    t->src[2]  = gate;
+    return t;
+}
+
 Tensor * Graph::l2_norm(Tensor * x, float eps) {
     Tensor * t = unary(Op::L2_NORM, x);
     t->fp[0]   = eps;
@@ -238,26 +245,52 @@ Tensor * Graph::moe_combine(Tensor * y, Tensor * weights) {
 }
 
 Tensor * Graph::conv1d_ssm(Tensor * x, Tensor * w, Tensor * state, const StepInputs & step) {
-    SPARK_ASSERT(x->type == DType::F32 && w->type == DType::F32 && x->nrows() == x->ne[1]);
-    const int64_t channels = x->ne[0], kernel = w->ne[0];
-    SPARK_ASSERT(w->ne[1] == channels && kernel >= 2);
+    SPARK_ASSERT(x->type == DType::F32 && x->nrows() == x->ne[1]);
+    return conv1d_ssm({view(x, {x->ne[0], 1, x->ne[1]}, {x->nb[0], x->nb[1], x->nb[1]}, 0)}, w, state, step);
+}
+
+Tensor * Graph::conv1d_ssm(std::initializer_list<Tensor *> parts, Tensor * w, Tensor * state, const StepInputs & step) {
+    SPARK_ASSERT(parts.size() >= 1 && parts.size() <= 3);
+    Tensor * const * p = parts.begin();
+    const int64_t n_tok = p[0]->ne[2];
+    int64_t       channels = 0;
+    for (Tensor * x : parts) {  // [len, groups, T], rows of len floats contiguous
+        SPARK_ASSERT(x->type == DType::F32 && x->nb[0] == 4 && x->ne[2] == n_tok && x->ne[3] == 1);
+        channels += x->ne[0] * x->ne[1];
+    }
+    const int64_t kernel = w->ne[0];
+    SPARK_ASSERT(w->type == DType::F32 && w->ne[1] == channels && kernel >= 2);
     SPARK_ASSERT(state->ne[0] == (kernel - 1) * channels && state->ne[1] >= 1 && state->ne[3] == 1);
-    Tensor * t = new_op(Op::CONV1D_SSM, DType::F32, x);
-    t->src[0]  = x;
-    t->src[1]  = w;
-    t->src[2]  = state;
-    t->src[5]  = step.pos;
-    t->src[6]  = step.seq;
-    t->src[7]  = step.seq_ranges;
+    int64_t  ne[2] = {channels, n_tok};
+    Tensor * t     = new_tensor(DType::F32, ne, 2, Op::CONV1D_SSM);
+    t->src[0]      = p[0];
+    t->src[1]      = w;
+    t->src[2]      = state;
+    t->src[3]      = parts.size() > 1 ? p[1] : nullptr;
+    t->src[4]      = parts.size() > 2 ? p[2] : nullptr;
+    t->src[5]      = step.pos;
+    t->src[6]      = step.seq;
+    t->src[7]      = step.seq_ranges;
+    t->ip[0]       = int32_t(parts.size());
     return t;
 }
 
 Tensor * Graph::gated_delta(Tensor * q, Tensor * k, Tensor * v, Tensor * a, Tensor * b, Tensor * A_log,
-                            Tensor * dt_bias, Tensor * state, const StepInputs & step) {
+                            Tensor * dt_bias, Tensor * state, const StepInputs & step, QkNorm qk) {
     const int64_t dk = q->ne[0], n_kh = q->ne[1], n_tok = q->ne[2];
     const int64_t dv = v->ne[0], n_vh = v->ne[1];
     SPARK_ASSERT(k->ne[0] == dk && k->ne[1] == n_kh && k->ne[2] == n_tok && v->ne[2] == n_tok);
-    SPARK_ASSERT(n_vh % n_kh == 0 && a->ne[0] == n_vh && b->ne[0] == n_vh);
+    SPARK_ASSERT(n_kh > 0 && n_vh % n_kh == 0);
+    // a and b: [n_vh, T] become [n_vh, 1, T] views, so the op always sees [r, groups, T] with
+    // value head h at (h % r, h / r).
+    auto grouped = [&](Tensor * g) {
+        SPARK_ASSERT(g->type == DType::F32 && g->nb[0] == 4 && g->ne[3] == 1);
+        if (g->ne[0] == n_vh && g->ne[1] == n_tok && g->ne[2] == 1) return view(g, {n_vh, 1, n_tok}, {g->nb[0], g->nb[1], g->nb[1]}, 0);
+        SPARK_ASSERT(g->ne[0] * g->ne[1] == n_vh && g->ne[2] == n_tok);
+        return g;
+    };
+    a = grouped(a);
+    b = grouped(b);
     SPARK_ASSERT(A_log->ne[0] == n_vh && dt_bias->ne[0] == n_vh);
     SPARK_ASSERT(state->ne[0] == dk * dv * n_vh && state->ne[1] >= 1 && state->ne[3] == 1);
     int64_t  ne[3] = {dv, n_vh, n_tok};
@@ -272,6 +305,9 @@ Tensor * Graph::gated_delta(Tensor * q, Tensor * k, Tensor * v, Tensor * a, Tens
     t->src[7] = state;
     t->src[8] = step.seq_ranges;
     t->src[9] = step.pos;
+    t->ip[0]  = qk.l2_norm ? 1 : 0;
+    t->fp[0]  = qk.eps;
+    t->fp[1]  = qk.q_scale;
     return t;
 }
 

@@ -38,7 +38,8 @@ enum class Op : uint8_t {
     MUL,          // src0 * src1, same broadcast
     SCALE,        // src0 * fp[0]
     RMS_NORM,     // per row: x / sqrt(mean(x^2) + eps) * w   (src1 = w [ne0] or none);
-                  // ip[0] = 1: zero-centred weight (1 + w)
+                  // ip[0] = 1: zero-centred weight (1 + w); src2 (optional): a gate, the
+                  // output then silu(gate) * norm (Graph::rms_norm_gated)
     L2_NORM,      // per row: x / sqrt(sum(x^2) + eps)
     ROPE,         // rotate-half (NEOX) RoPE of src0 [hd, nh, T] at positions src1 [T];
                   // ip[0] = n_rot (first n_rot dims rotated), fp[0] = theta
@@ -49,7 +50,9 @@ enum class Op : uint8_t {
                   // then k expert ids (I32 bits); ip[0] = k, ip[1] = normalize top-k weights
     MOE_COMBINE,  // sum_j w[j, t] * y[:, j, t]: src0 y [H, k, T], src1 w [k, T] -> [H, T]
     CONV1D_SSM,   // causal depthwise conv + silu with rolling state; see Graph::conv1d_ssm
-    GATED_DELTA,  // gated delta rule recurrence; see Graph::gated_delta
+                  // (input parts: src0, src3, src4; ip[0] = their number)
+    GATED_DELTA,  // gated delta rule recurrence; see Graph::gated_delta (ip[0] = 1: q/k
+                  // l2-normalised in the op with eps fp[0], q scaled by fp[1])
     ARGMAX,       // per row index of the maximum -> I32 [T]
     COUNT
 };
@@ -104,6 +107,12 @@ struct StepInputs {
     Tensor * seq_ranges  = nullptr;  // I32 [3, S]: (slot, first token, n tokens) of each sequence
 };
 
+// Graph::gated_delta: whether q and k are l2-normalised (and q scaled) inside the op.
+struct QkNorm {
+    bool  l2_norm = false;
+    float eps = 0.0f, q_scale = 1.0f;
+};
+
 class Graph {
 public:
     Graph() = default;
@@ -123,6 +132,9 @@ public:
     Tensor * mul(Tensor * a, Tensor * b);
     Tensor * scale(Tensor * a, float s);
     Tensor * rms_norm(Tensor * x, Tensor * w, float eps, bool zero_centered = false);
+    // silu(gate) * rms_norm(x, w) in one op (Qwen3-Next's gated norm of the linear-attention
+    // output); gate has x's row length and row count, its rows in x's row order (any strides).
+    Tensor * rms_norm_gated(Tensor * x, Tensor * w, Tensor * gate, float eps);
     Tensor * l2_norm(Tensor * x, float eps);
     Tensor * rope(Tensor * x, Tensor * pos, int32_t n_rot, float theta);
     Tensor * swiglu(Tensor * gate, Tensor * up);
@@ -155,17 +167,28 @@ public:
     // Causal depthwise conv1d over time, then silu. x [C, T]; w F32 [K, C] (tap j of channel c at
     // w[c*K + j], tap K-1 multiplies the current input); state [(K-1) * C, R, n_seq_slots], one
     // state being the previous K-1 inputs as [K-1][C], oldest first. Output [C, T].
+    //
+    // The input may also be given as up to three parts whose channels are concatenated (so the
+    // concat and the copies that would make them contiguous are not separate ops): a part is a
+    // strided view [len, groups, T] whose channels are (group, element) in that order, each row of
+    // len floats contiguous (the op always holds its input so: x [C, T] becomes a [C, 1, T] view). Qwen3-Next reads q, k and v this way straight out of the
+    // in_proj_qkvz output, where they are interleaved per key head.
     Tensor * conv1d_ssm(Tensor * x, Tensor * w, Tensor * state, const StepInputs & step);
+    Tensor * conv1d_ssm(std::initializer_list<Tensor *> parts, Tensor * w, Tensor * state, const StepInputs & step);
 
     // Gated delta rule (Qwen3-Next linear attention), per value head h and token t:
     //   g = -exp(A_log[h]) * softplus(a[h, t] + dt_bias[h]); beta = sigmoid(b[h, t])
     //   S = S * exp(g); S += k (x) ((v - S^T k) * beta); o = S^T q
-    // q, k [dk, n_k_heads, T] (already l2-normalised, q scaled), v [dv, n_v_heads, T],
-    // a, b [n_v_heads, T]; A_log, dt_bias F32 [n_v_heads]; value head h uses key head
-    // h / (n_v_heads / n_k_heads). state [dk * dv * n_v_heads, R, n_seq_slots], a ring as above
-    // (S[h] is dk x dv, row i = key dim). Output [dv, n_v_heads, T].
+    // q, k [dk, n_k_heads, T], v [dv, n_v_heads, T], a, b [n_v_heads, T] or strided views
+    // [r, groups, T] with r * groups = n_v_heads (value head h at (h % r, h / r); the op holds
+    // [n_v_heads, T] as a [n_v_heads, 1, T] view); A_log,
+    // dt_bias F32 [n_v_heads]; value head h uses key head h / (n_v_heads / n_k_heads).
+    // qk.l2_norm: q and k are first l2-normalised per head, x / sqrt(sum(x^2) + qk.eps) as
+    // l2_norm, and q then multiplied by qk.q_scale (what transformers does inside the kernel with
+    // use_qk_l2norm_in_kernel); otherwise they are used as given. state [dk * dv * n_v_heads, R,
+    // n_seq_slots], a ring as above (S[h] is dk x dv, row i = key dim). Output [dv, n_v_heads, T].
     Tensor * gated_delta(Tensor * q, Tensor * k, Tensor * v, Tensor * a, Tensor * b, Tensor * A_log,
-                         Tensor * dt_bias, Tensor * state, const StepInputs & step);
+                         Tensor * dt_bias, Tensor * state, const StepInputs & step, QkNorm qk = QkNorm{});
 
     // ---- shapes
     Tensor * reshape(Tensor * x, std::initializer_list<int64_t> ne);  // x must be contiguous

@@ -239,6 +239,22 @@ TEST_CASE("cuda elementwise: RMS_NORM / L2_NORM") {
             Tensor * q   = g.view(qkv, {128, 16, rows}, {4, 128 * 4, qkv->nb[1]}, 0);
             return g.rms_norm(q, b.param({128}, 0.1f, 1.0f), 1e-6f);
         });
+        // Qwen3-Next's gated norm: value-head rows of the delta rule's output gated by silu(z), z a
+        // [dv, r, n_k_heads, T] view of the in_proj_qkvz output (key heads of [q | k | v | z]); the
+        // gate's expf is the SWIGLU kernel's, so kF32 holds as for the plain norm.
+        h.check(shape_name("rms_norm_gated z of qkvz", 128, rows), kF32, [&](OpBuilder & b) {
+            Graph &       g     = b.graph();
+            const int64_t dk = 128, dv = 128, r = 2, nk = 4, group = 2 * dk + 2 * r * dv;
+            Tensor *      qkvz  = b.input({group * nk, rows});
+            Tensor *      z     = g.view(qkvz, {dv, r, nk, rows}, {4, size_t(dv) * 4, size_t(group) * 4, qkvz->nb[1]},
+                                         size_t(2 * dk + r * dv) * 4);
+            return g.rms_norm_gated(b.input({dv, r * nk, rows}, 2.0f), b.param({dv}, 0.1f, 1.0f), z, 1e-6f);
+        });
+        h.check(shape_name("rms_norm_gated misaligned", 127, rows), kF32, [&](OpBuilder & b) {
+            Tensor * gate = b.input({128, 4, rows});
+            return b.graph().rms_norm_gated(b.input({127, 4, rows}), b.param({127}, 0.1f, 1.0f),
+                                            b.graph().view(gate, {127, 4, rows}, {4, gate->nb[1], gate->nb[2]}, 4), 1e-6f);
+        });
         // Misaligned rows: scalar path (and an l2 norm of Qwen3-Next's key heads).
         h.check(shape_name("l2_norm misaligned", 127, rows), kF32, [&](OpBuilder & b) {
             Tensor * x = b.input({128, 4, rows});

@@ -4,7 +4,9 @@
 //               7 and 64 tokens, several sequences of different lengths in one step;
 //   GATED_DELTA: the gated delta rule, dk = dv = 64 and 128, key heads 1..16, value heads 2..32
 //               (Qwen3-Next: 16 / 32 at 128), T = 1, 7, 64, several sequences; v is a strided view
-//               as in the model (a slice of the conv output).
+//               as in the model (a slice of the conv output); also as Qwen3-Next runs both: the
+//               conv's q | k | v read in place from in_proj_qkvz, the delta rule l2-normalising q
+//               and k itself and reading a, b in place from in_proj_ba.
 // States are rings of R states per slot (graph.h: "Recurrent state with rollback"): R = 1 (no
 // rollback), 3 and 5, with sequences of fewer tokens than R, exactly R and more, continuing at
 // position 100 (from ring entry 99 mod R) or starting at position 0 (from zeros: the ring's random
@@ -88,16 +90,39 @@ void conv_case(OpHarness & h, int C, int K, int R, const std::vector<Range> & rs
     });
 }
 
-void delta_case(OpHarness & h, int dk, int dv, int n_kh, int n_vh, int R, const std::vector<Range> & rs, int n_slots) {
+// The input as Qwen3-Next reads it: q, k and v parts straight out of in_proj_qkvz's rows, which
+// hold per key head [q (dk) | k (dk) | v (r dv) | z (r dv)].
+void conv_parts_case(OpHarness & h, int dk, int dv, int nk, int r, int R, const std::vector<Range> & rs, int n_slots) {
+    h.set_replay_check(true);
+    const int64_t C = int64_t(nk) * (2 * dk + r * dv);
+    h.check("conv1d_ssm q|k|v parts dk" + std::to_string(dk) + " dv" + std::to_string(dv) + " heads " + std::to_string(nk) +
+                "x" + std::to_string(r) + " R" + std::to_string(R) + ranges_name(rs),
+            kConvTol, [&](OpBuilder & b) {
+                int               T     = 0;
+                spark::StepInputs step  = step_inputs(b, rs, T);
+                spark::Graph &    g     = b.graph();
+                const size_t      group = size_t(2 * dk + 2 * r * dv) * 4;
+                Tensor *          qkvz  = b.input({int64_t(group / 4) * nk, T});
+                Tensor *          q     = g.view(qkvz, {dk, nk, T}, {4, group, qkvz->nb[1]}, 0);
+                Tensor *          k     = g.view(qkvz, {dk, nk, T}, {4, group, qkvz->nb[1]}, size_t(dk) * 4);
+                Tensor *          v     = g.view(qkvz, {int64_t(r) * dv, nk, T}, {4, group, qkvz->nb[1]}, size_t(2 * dk) * 4);
+                return g.conv1d_ssm({q, k, v}, b.param({4, C}, 0.5f), b.state({3 * C, R, n_slots}, 1.0f), step);
+            });
+}
+
+// grouped: Qwen3-Next's form: raw q and k l2-normalised (q scaled) inside the op, a and b read in
+// place from in_proj_ba's rows ([b (r) | a (r)] per key head).
+void delta_case(OpHarness & h, int dk, int dv, int n_kh, int n_vh, int R, const std::vector<Range> & rs, int n_slots,
+                bool grouped = false) {
     h.set_replay_check(true);
     const std::string name = "gated_delta dk" + std::to_string(dk) + " dv" + std::to_string(dv) + " heads " +
                              std::to_string(n_kh) + "/" + std::to_string(n_vh) + " R" + std::to_string(R) +
-                             ranges_name(rs);
+                             (grouped ? " qk-norm grouped-ab" : "") + ranges_name(rs);
     h.check(name, kDeltaTol, [&](OpBuilder & b) {
         int               T    = 0;
         spark::StepInputs step = step_inputs(b, rs, T);
         spark::Graph &    g    = b.graph();
-        const float       ks   = 1.0f / std::sqrt(float(dk));  // |q|, |k| ~ 1, as after l2_norm
+        const float       ks   = grouped ? 1.0f : 1.0f / std::sqrt(float(dk));  // |q|, |k| ~ 1, as after l2_norm
         Tensor *          q    = b.input({dk, n_kh, T}, ks);
         Tensor *          k    = b.input({dk, n_kh, T}, ks);
         // v: a strided slice of a wider row, as the model's view of the conv output.
@@ -105,10 +130,18 @@ void delta_case(OpHarness & h, int dk, int dv, int n_kh, int n_vh, int R, const 
         Tensor * v     = g.view(vw, {dv, n_vh, T}, {4, size_t(dv) * 4, vw->nb[1]}, 64 * 4);
         Tensor * a     = b.input({n_vh, T});
         Tensor * bb    = b.input({n_vh, T});
+        if (grouped) {
+            const int64_t r  = n_vh / n_kh;
+            Tensor *      ba = b.input({2 * n_vh, T});
+            bb = g.view(ba, {r, n_kh, T}, {4, size_t(2 * r) * 4, ba->nb[1]}, 0);
+            a  = g.view(ba, {r, n_kh, T}, {4, size_t(2 * r) * 4, ba->nb[1]}, size_t(r) * 4);
+        }
         Tensor * A_log = b.param({n_vh}, 0.5f, -1.0f);  // decay exp(g) ~ 0.5 .. 0.95
         Tensor * dt    = b.param({n_vh}, 0.5f);
         Tensor * st    = b.state({int64_t(dk) * dv * n_vh, R, n_slots}, 0.1f);
-        return g.gated_delta(q, k, v, a, bb, A_log, dt, st, step);
+        spark::QkNorm qk;
+        if (grouped) qk = {true, 1e-6f, 1.0f / std::sqrt(float(dk))};
+        return g.gated_delta(q, k, v, a, bb, A_log, dt, st, step, qk);
     });
 }
 
@@ -135,6 +168,10 @@ TEST_CASE("conv1d_ssm") {
     conv_case(h, 2048, 4, 5, {{0, 4}, {1, 5, 0}, {2, 7, 101}, {3, 1, 0}}, 4);
     conv_case(h, 512, 3, 5, {{0, 9, 0}}, 1);
     conv_case(h, 300, 2, 3, {{0, 5}, {1, 1, 0}}, 2);
+    // Qwen3-Next's q | k | v parts (16 key heads x 2 value heads of 128: 8192 channels).
+    conv_parts_case(h, 128, 128, 16, 2, 1, {{0, 1}}, 1);
+    conv_parts_case(h, 128, 128, 16, 2, 3, {{1, 1}, {0, 7, 0}}, 2);
+    conv_parts_case(h, 64, 32, 3, 3, 1, {{0, 64}}, 1);
 }
 
 TEST_CASE("gated_delta") {
@@ -158,6 +195,10 @@ TEST_CASE("gated_delta") {
     delta_case(h, 64, 64, 8, 8, 5, {{1, 17}, {0, 5, 0}, {2, 4}}, 3);
     delta_case(h, 64, 128, 2, 4, 5, {{0, 64, 0}}, 1);
     delta_case(h, 64, 64, 2, 8, 3, {{0, 3, 101}, {1, 2}}, 2);
+    // Qwen3-Next's form: q/k normalised in the op, a and b read in place.
+    delta_case(h, 128, 128, 16, 32, 1, {{0, 1}}, 1, true);
+    delta_case(h, 128, 128, 16, 32, 3, {{1, 1}, {0, 7, 0}}, 2, true);
+    delta_case(h, 64, 64, 2, 8, 1, {{0, 64}}, 1, true);
 }
 
 TEST_CASE("linear attention: unsupported shapes are clear errors") {

@@ -439,14 +439,39 @@ size_t unwritten_changes(const std::vector<float> & st, const std::vector<float>
 // ------------------------------------------------------------------------------------------------
 // conv1d_ssm
 // ------------------------------------------------------------------------------------------------
-void run_conv(const std::string & label, int C, int K, int R, const std::vector<RangeSpec> & rs, int n_slots) {
+// The conv input as `groups` groups of parts (lens[i] floats each) interleaved per token, as
+// Qwen3-Next's q, k and v in the in_proj_qkvz output: token t, group g, part i at t * row + g *
+// group + (lens[0] + .. + lens[i-1]); 8 unused floats end each group. No lens: one [C, T] part.
+struct ConvLayout {
+    std::vector<int> lens;
+    int              groups = 1;
+};
+
+void run_conv(const std::string & label, int C, int K, int R, const std::vector<RangeSpec> & rs, int n_slots,
+              const ConvLayout & layout = {}) {
     const auto     t0   = std::chrono::steady_clock::now();
     const std::string name = label + ranges_name(rs);
     StepMeta       m    = step_meta(rs);
     const int      T    = m.T;
     const int64_t  size = int64_t(K - 1) * C;  // one state: the previous K-1 inputs [K-1][C]
+    const bool     parts = !layout.lens.empty();
+    int            group = 0;  // floats per group (parts + padding)
+    for (int l : layout.lens) group += l;
+    if (parts) group += 8;
+    const int64_t  row = parts ? int64_t(group) * layout.groups : C;  // floats per token
+    // Where channel c of token t is in x.
+    auto x_at = [&](int64_t c, int64_t t) -> int64_t {
+        if (!parts) return t * C + c;
+        int64_t off = 0;
+        for (int l : layout.lens) {
+            if (c < int64_t(l) * layout.groups) return t * row + (c / l) * group + off + c % l;
+            c -= int64_t(l) * layout.groups;
+            off += l;
+        }
+        return -1;
+    };
     // The whole ring holds random values, also where a sequence starts at position 0 (ignored there).
-    std::vector<float> x(size_t(T) * C), w(size_t(C) * K), st(size_t(n_slots) * R * size_t(size));
+    std::vector<float> x(size_t(T) * size_t(row)), w(size_t(C) * K), st(size_t(n_slots) * R * size_t(size));
     for (auto & e : x) e = randn();
     for (auto & e : w) e = randn() * 0.5f;
     for (auto & e : st) e = randn();
@@ -456,13 +481,18 @@ void run_conv(const std::string & label, int C, int K, int R, const std::vector<
     std::vector<float> cpu_st(st), cpu_out(size_t(T) * C);
     {
         using spark::DType;
-        spark::Tensor tx = make_tensor(DType::F32, {C, T}, x.data());
+        std::vector<spark::Tensor> tx;  // the parts [len, groups, T]
+        if (!parts) tx.push_back(make_tensor(DType::F32, {C, 1, T}, x.data(), {4, size_t(C) * 4, size_t(C) * 4}));
+        for (size_t i = 0, off = 0; i < layout.lens.size(); off += size_t(layout.lens[i++]))
+            tx.push_back(make_tensor(DType::F32, {layout.lens[i], layout.groups, T}, x.data() + off,
+                                     {4, size_t(group) * 4, size_t(row) * 4}));
         spark::Tensor tw = make_tensor(DType::F32, {K, C}, w.data());
         spark::Tensor ts = make_tensor(DType::F32, {size, R, n_slots}, cpu_st.data());
         spark::Tensor tp = make_tensor(DType::I32, {T}, m.pos.data());
         spark::Tensor tr = make_tensor(DType::I32, {3, int64_t(rs.size())}, m.ranges.data());
         spark::Tensor to = make_tensor(DType::F32, {C, T}, cpu_out.data());
-        to.src[0] = &tx;
+        for (size_t i = 0; i < tx.size(); ++i) to.src[i == 0 ? 0 : 2 + i] = &tx[i];
+        to.ip[0]  = int32_t(tx.size());
         to.src[1] = &tw;
         to.src[2] = &ts;
         to.src[5] = &tp;
@@ -479,7 +509,7 @@ void run_conv(const std::string & label, int C, int K, int R, const std::vector<
         for (int c = 0; c < C; ++c) {
             for (int j = 0; j < K - 1; ++j) hist[size_t(j)] = init[size_t(j) * C + c];
             for (int i = 0; i < r.n; ++i) {
-                const double xin = x[size_t(first + i) * C + c];
+                const double xin = x[size_t(x_at(c, first + i))];
                 double       acc = w[size_t(c) * K + K - 1] * xin;
                 for (int j = 0; j < K - 1; ++j) acc += w[size_t(c) * K + j] * hist[size_t(j)];
                 ref[size_t(first + i) * C + c] = acc / (1.0 + std::exp(-acc));
@@ -494,8 +524,10 @@ void run_conv(const std::string & label, int C, int K, int R, const std::vector<
     }
     std::vector<float> out(size_t(T) * C, NAN);
     ssm::ConvParams    p;
-    p.x = reinterpret_cast<const char *>(x.data());
-    p.x_nb1 = int64_t(C) * 4;
+    if (!parts) p.part[0] = {reinterpret_cast<const char *>(x.data()), 0, int64_t(C) * 4, C, 1};
+    for (size_t i = 0, off = 0; i < layout.lens.size(); off += size_t(layout.lens[i++]))
+        p.part[i] = {reinterpret_cast<const char *>(x.data() + off), int64_t(group) * 4, row * 4, layout.lens[i], layout.groups};
+    p.n_parts = parts ? int(layout.lens.size()) : 1;
     p.w = w.data();
     p.state = st.data();
     p.ranges = m.ranges.data();
@@ -528,8 +560,10 @@ void run_conv(const std::string & label, int C, int K, int R, const std::vector<
 // ------------------------------------------------------------------------------------------------
 // gated delta rule
 // ------------------------------------------------------------------------------------------------
+// qk_norm: q and k raw (not unit-norm), l2-normalised and q scaled by the kernel. grouped_ab: a
+// and b interleaved per key head, [b (r) | a (r)] as Qwen3-Next's in_proj_ba output.
 void run_gdn(const std::string & label, int dk, int dv, int n_kh, int n_vh, int R, const std::vector<RangeSpec> & rs,
-             int n_slots) {
+             int n_slots, bool qk_norm = false, bool grouped_ab = false) {
     const auto        t0   = std::chrono::steady_clock::now();
     const std::string name = label + ranges_name(rs);
     StepMeta          m    = step_meta(rs);
@@ -540,9 +574,15 @@ void run_gdn(const std::string & label, int dk, int dv, int n_kh, int n_vh, int 
     std::vector<float> q(size_t(T) * n_kh * dk), k(q.size()), v(size_t(T) * v_row), a(size_t(T) * n_vh), b(a.size());
     std::vector<float> A_log(static_cast<size_t>(n_vh)), dt(static_cast<size_t>(n_vh));
     std::vector<float> st(size_t(n_slots) * R * size_t(size));
-    const float        ks = 1.0f / std::sqrt(float(dk));
+    const float        ks = qk_norm ? 1.0f : 1.0f / std::sqrt(float(dk));
+    const float        q_scale = 1.0f / std::sqrt(float(dk)), qk_eps = 1e-6f;
+    const int          r = n_vh / n_kh;
     for (auto & e : q) e = randn() * ks;
     for (auto & e : k) e = randn() * ks;
+    // a, b of value head h at token t (grouped: one [T][n_kh][2r] buffer `b` holding both).
+    if (grouped_ab) b.resize(size_t(T) * n_vh * 2);
+    auto a_at = [&](int t, int h) { return grouped_ab ? b[size_t(t) * n_vh * 2 + size_t(h / r) * 2 * r + r + h % r] : a[size_t(t) * n_vh + h]; };
+    auto b_at = [&](int t, int h) { return grouped_ab ? b[size_t(t) * n_vh * 2 + size_t(h / r) * 2 * r + h % r] : b[size_t(t) * n_vh + h]; };
     for (auto & e : v) e = randn();
     for (auto & e : a) e = randn();
     for (auto & e : b) e = randn();
@@ -558,8 +598,11 @@ void run_gdn(const std::string & label, int dk, int dv, int n_kh, int n_vh, int 
         spark::Tensor tq  = make_tensor(DType::F32, {dk, n_kh, T}, q.data());
         spark::Tensor tk  = make_tensor(DType::F32, {dk, n_kh, T}, k.data());
         spark::Tensor tv  = make_tensor(DType::F32, {dv, n_vh, T}, v.data(), {4, size_t(dv) * 4, size_t(v_row) * 4});
-        spark::Tensor ta  = make_tensor(DType::F32, {n_vh, T}, a.data());
-        spark::Tensor tb  = make_tensor(DType::F32, {n_vh, T}, b.data());
+        const std::vector<size_t> nb_ab = {4, size_t(grouped_ab ? 2 * r : n_vh) * 4, size_t(n_vh) * (grouped_ab ? 2 : 1) * 4};
+        spark::Tensor ta  = grouped_ab ? make_tensor(DType::F32, {r, n_kh, T}, b.data() + r, nb_ab)
+                                       : make_tensor(DType::F32, {n_vh, 1, T}, a.data(), nb_ab);
+        spark::Tensor tb  = grouped_ab ? make_tensor(DType::F32, {r, n_kh, T}, b.data(), nb_ab)
+                                       : make_tensor(DType::F32, {n_vh, 1, T}, b.data(), nb_ab);
         spark::Tensor tA  = make_tensor(DType::F32, {n_vh}, A_log.data());
         spark::Tensor tdt = make_tensor(DType::F32, {n_vh}, dt.data());
         spark::Tensor ts  = make_tensor(DType::F32, {size, R, n_slots}, cpu_st.data());
@@ -568,6 +611,9 @@ void run_gdn(const std::string & label, int dk, int dv, int n_kh, int n_vh, int 
         spark::Tensor to  = make_tensor(DType::F32, {dv, n_vh, T}, cpu_out.data());
         spark::Tensor * srcs[10] = {&tq, &tk, &tv, &ta, &tb, &tA, &tdt, &ts, &tr, &tp};
         for (int i = 0; i < 10; ++i) to.src[i] = srcs[i];
+        to.ip[0] = qk_norm ? 1 : 0;
+        to.fp[0] = qk_eps;
+        to.fp[1] = q_scale;
         spark::cpu::op_gated_delta(to, pool());
     }
 #endif
@@ -582,12 +628,20 @@ void run_gdn(const std::string & label, int dk, int dv, int n_kh, int n_vh, int 
             const int           kh = h / (n_vh / n_kh);
             for (int i = 0; i < r.n; ++i) {
                 const int    tok = first + i;
-                const float * qt = &q[(size_t(tok) * n_kh + kh) * dk];
-                const float * kt = &k[(size_t(tok) * n_kh + kh) * dk];
+                std::vector<double> qt(&q[(size_t(tok) * n_kh + kh) * dk], &q[(size_t(tok) * n_kh + kh) * dk] + dk);
+                std::vector<double> kt(&k[(size_t(tok) * n_kh + kh) * dk], &k[(size_t(tok) * n_kh + kh) * dk] + dk);
+                if (qk_norm) {
+                    double sq = 0, sk = 0;
+                    for (int ii = 0; ii < dk; ++ii) sq += qt[size_t(ii)] * qt[size_t(ii)], sk += kt[size_t(ii)] * kt[size_t(ii)];
+                    for (int ii = 0; ii < dk; ++ii) {
+                        qt[size_t(ii)] *= q_scale / std::sqrt(sq + qk_eps);
+                        kt[size_t(ii)] /= std::sqrt(sk + qk_eps);
+                    }
+                }
                 const float * vt = &v[size_t(tok) * v_row + size_t(h) * dv];
-                const double x   = double(a[size_t(tok) * n_vh + h]) + dt[size_t(h)];
+                const double x   = double(a_at(tok, h)) + dt[size_t(h)];
                 const double sp  = x > 20 ? x : std::log1p(std::exp(x));
-                const double g = -std::exp(double(A_log[size_t(h)])) * sp, beta = 1 / (1 + std::exp(-double(b[size_t(tok) * n_vh + h])));
+                const double g = -std::exp(double(A_log[size_t(h)])) * sp, beta = 1 / (1 + std::exp(-double(b_at(tok, h))));
                 const double decay = std::exp(g);
                 for (double & e : S) e *= decay;
                 for (int j = 0; j < dv; ++j) {
@@ -616,10 +670,17 @@ void run_gdn(const std::string & label, int dk, int dv, int n_kh, int n_vh, int 
     p.v = reinterpret_cast<const char *>(v.data());
     p.v_nb1 = int64_t(dv) * 4;
     p.v_nb2 = int64_t(v_row) * 4;
-    p.a = reinterpret_cast<const char *>(a.data());
-    p.a_nb1 = int64_t(n_vh) * 4;
+    p.a = reinterpret_cast<const char *>(grouped_ab ? b.data() + r : a.data());
+    p.a_r = grouped_ab ? r : n_vh;
+    p.a_nbg = int64_t(grouped_ab ? 2 * r : n_vh) * 4;
+    p.a_nbt = int64_t(n_vh) * (grouped_ab ? 2 : 1) * 4;
     p.b = reinterpret_cast<const char *>(b.data());
-    p.b_nb1 = p.a_nb1;
+    p.b_r = p.a_r;
+    p.b_nbg = p.a_nbg;
+    p.b_nbt = p.a_nbt;
+    p.qk_l2norm = qk_norm;
+    p.qk_eps = qk_eps;
+    p.q_scale = q_scale;
     p.A_log = A_log.data();
     p.dt_bias = dt.data();
     p.state = st.data();
@@ -743,6 +804,10 @@ int main(int argc, char ** argv) {
         run_conv("conv K4 C512 R5", 512, 4, 5, {{0, 101, 5}, {1, 0, 1}, {2, 100, 9}, {3, 0, 4}}, 4);
         run_conv("conv K3 C96 R5", 96, 3, 5, {{0, 0, 3}, {1, 100, 6}}, 2);
         run_conv("conv K2 C64 R3", 64, 2, 3, {{0, 100, 3}, {1, 0, 5}}, 2);
+        // Qwen3-Next's q | k | v parts read in place (key heads of [q 32 | k 32 | v 64], 4 heads).
+        run_conv("conv parts K4 q|k|v decode", 512, 4, 1, {{1, 100, 1}, {0, 0, 1}}, 2, {{32, 32, 64}, 4});
+        run_conv("conv parts K4 q|k|v R3", 512, 4, 3, {{0, 100, 9}, {1, 0, 2}}, 2, {{32, 32, 64}, 4});
+        run_conv("conv parts K3 two", 96, 3, 1, {{0, 100, 5}}, 1, {{16, 32}, 2});
     }
     if (want("gdn")) {
         run_gdn("gdn dk128 dv128 nk2 nv4 R1", 128, 128, 2, 4, 1, {{0, 100, 1}}, 1);
@@ -752,6 +817,10 @@ int main(int argc, char ** argv) {
         run_gdn("gdn dk128 dv128 nk1 nv2 R3", 128, 128, 1, 2, 3, {{2, 100, 40}, {0, 0, 1}, {1, 101, 3}}, 3);
         run_gdn("gdn dk64 dv128 nk2 nv2 R5", 64, 128, 2, 2, 5, {{0, 0, 17}, {1, 100, 5}, {2, 101, 2}}, 3);
         run_gdn("gdn dk64 dv64 nk2 nv2 R1", 64, 64, 2, 2, 1, {{1, 100, 17}, {0, 0, 1}}, 2);
+        // As Qwen3-Next runs it: q and k normalised in the kernel, a and b read in place from in_proj_ba.
+        run_gdn("gdn qk-norm grouped-ab dk128 dv128 nk2 nv4 decode", 128, 128, 2, 4, 1, {{0, 100, 1}}, 1, true, true);
+        run_gdn("gdn qk-norm grouped-ab dk64 dv64 nk2 nv8 R3", 64, 64, 2, 8, 3, {{1, 100, 19}, {0, 0, 2}}, 2, true, true);
+        run_gdn("gdn qk-norm dk128 dv128 nk1 nv2 R1", 128, 128, 1, 2, 1, {{0, 0, 5}}, 1, true, false);
     }
     failures += pdl::model::failures();
     std::printf("%d PDL launch checks, %d failed\n", pdl::model::checks(), pdl::model::failures());

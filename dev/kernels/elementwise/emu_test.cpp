@@ -77,44 +77,45 @@ Rows rows_at(float * p, int64_t stride) {
 
 // ---------------------------------------------------------------- norms
 
-template <int G, int NIT, bool ADD> void run_reg(const NormArgs & a) {
+template <int G, int NIT, bool ADD, bool GATE> void run_reg(const NormArgs & a) {
     const unsigned blocks = unsigned(G == 32 ? (a.nrows + 3) / 4 : a.nrows);
-    last_kernel           = "norm_reg_kernel" + targs({G, NIT, ADD});
-    emu::launch(dim3(blocks), dim3(G == 32 ? 128 : G), [&] { norm_reg_kernel<G, NIT, ADD>(a); }, uint64_t(a.n));
+    last_kernel           = "norm_reg_kernel" + targs({G, NIT, ADD, GATE});
+    emu::launch(dim3(blocks), dim3(G == 32 ? 128 : G), [&] { norm_reg_kernel<G, NIT, ADD, GATE>(a); }, uint64_t(a.n));
 }
-template <int G, int V, bool ADD> void run_stream(const NormArgs & a) {
+template <int G, int V, bool ADD, bool GATE> void run_stream(const NormArgs & a) {
     const unsigned blocks = unsigned(G == 32 ? (a.nrows + 3) / 4 : a.nrows);
-    last_kernel           = "norm_stream_kernel" + targs({G, V, ADD});
-    emu::launch(dim3(blocks), dim3(G == 32 ? 128 : G), [&] { norm_stream_kernel<G, V, ADD>(a); }, uint64_t(a.n));
+    last_kernel           = "norm_stream_kernel" + targs({G, V, ADD, GATE});
+    emu::launch(dim3(blocks), dim3(G == 32 ? 128 : G), [&] { norm_stream_kernel<G, V, ADD, GATE>(a); }, uint64_t(a.n));
 }
 // The selection of norm.cu's launch_norm.
-template <bool ADD> void run_norm(const NormArgs & a, bool vec) {
+template <bool ADD, bool GATE = false> void run_norm(const NormArgs & a, bool vec) {
     const int64_t n = a.n;
     if (vec) {
-        if (n <= 128) return run_reg<32, 1, ADD>(a);
-        if (n <= 256) return run_reg<32, 2, ADD>(a);
-        if (n <= 512) return run_reg<32, 4, ADD>(a);
-        if (n <= 1024) return run_reg<32, 8, ADD>(a);
-        if (n <= 2048) return run_reg<256, 2, ADD>(a);
-        if (n <= 4096) return run_reg<256, 4, ADD>(a);
-        if (n <= 8192) return run_reg<256, 8, ADD>(a);
-        if (n <= 16384) return run_reg<512, 8, ADD>(a);
-        return run_stream<1024, 4, ADD>(a);
+        if (n <= 128) return run_reg<32, 1, ADD, GATE>(a);
+        if (n <= 256) return run_reg<32, 2, ADD, GATE>(a);
+        if (n <= 512) return run_reg<32, 4, ADD, GATE>(a);
+        if (n <= 1024) return run_reg<32, 8, ADD, GATE>(a);
+        if (n <= 2048) return run_reg<256, 2, ADD, GATE>(a);
+        if (n <= 4096) return run_reg<256, 4, ADD, GATE>(a);
+        if (n <= 8192) return run_reg<256, 8, ADD, GATE>(a);
+        if (n <= 16384) return run_reg<512, 8, ADD, GATE>(a);
+        return run_stream<1024, 4, ADD, GATE>(a);
     }
-    if (n <= 1024) return run_stream<32, 1, ADD>(a);
-    if (n <= 8192) return run_stream<256, 1, ADD>(a);
-    return run_stream<1024, 1, ADD>(a);
+    if (n <= 1024) return run_stream<32, 1, ADD, GATE>(a);
+    if (n <= 8192) return run_stream<256, 1, ADD, GATE>(a);
+    return run_stream<1024, 1, ADD, GATE>(a);
 }
 
 void test_norms() {
     const float eps = 1e-6f;
     for (int64_t n : {64, 127, 128, 200, 1000, 1024, 2048, 4096, 6000, 10240, 20000})
         for (int64_t rows : {1, 3, 6})
-            for (int variant = 0; variant < 6; ++variant) {
-                // 0 rms w, 1 rms zc, 2 rms no w, 3 l2, 4 add+rms w, 5 add (b broadcast) + rms zc
+            for (int variant = 0; variant < 7; ++variant) {
+                // 0 rms w, 1 rms zc, 2 rms no w, 3 l2, 4 add+rms w, 5 add (b broadcast) + rms zc,
+                // 6 rms w gated by silu(b) (rms_norm_gated)
                 if (n >= 10240 && rows > 1) continue;
-                const bool add = variant >= 4, l2 = variant == 3, zc = variant == 1 || variant == 5, has_w = variant != 2 && !l2;
-                const bool bcast  = variant == 5;
+                const bool add = variant == 4 || variant == 5, l2 = variant == 3, zc = variant == 1 || variant == 5, has_w = variant != 2 && !l2;
+                const bool bcast  = variant == 5, gate = variant == 6;
                 const int64_t st  = n + (n % 4 ? 1 : 4);  // row stride (floats): a gap after every row
                 std::vector<float> x(static_cast<size_t>(st * rows)), b(static_cast<size_t>(st * rows)), w(static_cast<size_t>(n)), out(static_cast<size_t>(st * rows), NAN),
                     sum(static_cast<size_t>(st * rows), NAN);
@@ -126,12 +127,14 @@ void test_norms() {
                 a.sum = rows_at(sum.data(), st);
                 a.w = has_w ? w.data() : nullptr, a.n = n, a.nrows = rows, a.eps = eps, a.zero_centered = zc, a.l2 = l2,
                 a.b_one_row = bcast;
+                if (gate) a.gate = rows_at(b.data(), st);
                 const bool vec = n % 4 == 0;
                 {
                     // x and b come from earlier kernels; out and sum must not be written before the wait.
-                    PdlGuard g({pdl::model::in(x.data(), x.size() * 4), pdl::model::in(add ? b.data() : nullptr, b.size() * 4),
+                    PdlGuard g({pdl::model::in(x.data(), x.size() * 4), pdl::model::in(add || gate ? b.data() : nullptr, b.size() * 4),
                                 pdl::model::out(out.data(), out.size() * 4), pdl::model::out(add ? sum.data() : nullptr, sum.size() * 4)});
                     if (add) run_norm<true>(a, vec);
+                    else if (gate) run_norm<false, true>(a, vec);
                     else run_norm<false>(a, vec);
                     g.check(last_kernel + " n=" + std::to_string(n) + " rows=" + std::to_string(rows) + " variant " + std::to_string(variant));
                 }
@@ -148,6 +151,10 @@ void test_norms() {
                     for (int64_t i = 0; i < n; ++i) {
                         float v = refsum[size_t(i)] * inv;
                         if (has_w) v *= zc ? (1.0f + w[size_t(i)]) : w[size_t(i)];
+                        if (gate) {  // SWIGLU's expression: silu(g) * v
+                            const float gi = b[size_t(r * st + i)];
+                            v              = gi / (1.0f + std::exp(-gi)) * v;
+                        }
                         ref[size_t(i)] = v;
                     }
                     worst = std::max(worst, nmse(out.data() + r * st, ref.data(), size_t(n)));

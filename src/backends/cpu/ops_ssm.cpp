@@ -46,12 +46,34 @@ StateRing ring_of(const Tensor & st, const Tensor & pos, const SeqRange & r) {
 
 }  // namespace
 
+// The conv input's channel c at token tok, from up to three parts [len, groups, T] whose channels
+// are concatenated (graph.h: Graph::conv1d_ssm).
+class ConvInput {
+public:
+    explicit ConvInput(const Tensor & t) {
+        for (int i = 0; i < t.ip[0]; ++i) parts_[n_++] = t.src[i == 0 ? 0 : 2 + i];
+    }
+    float at(int64_t c, int64_t tok) const {
+        for (int i = 0; i < n_; ++i) {
+            const Tensor & x = *parts_[i];
+            const int64_t  len = x.ne[0];
+            if (c < len * x.ne[1]) return reinterpret_cast<const float *>(x.row(c / len, tok))[c % len];
+            c -= len * x.ne[1];
+        }
+        SPARK_ASSERT(!"conv1d_ssm: channel out of range");
+        return 0.0f;
+    }
+
+private:
+    const Tensor * parts_[3] = {};
+    int            n_        = 0;
+};
+
 void op_conv1d_ssm(const Tensor & t, ThreadPool & pool) {
-    const Tensor & x  = *t.src[0];
-    const float *  w  = static_cast<const float *>(t.src[1]->data);
-    const int64_t  C = x.ne[0], K = t.src[1]->ne[0];
-    const auto     ranges = seq_ranges(*t.src[7]);
-    SPARK_ASSERT(x.nb[0] == 4);
+    const ConvInput x(t);
+    const float *   w  = static_cast<const float *>(t.src[1]->data);
+    const int64_t   C = t.ne[0], K = t.src[1]->ne[0];
+    const auto      ranges = seq_ranges(*t.src[7]);
     for (const SeqRange & r : ranges) {
         const StateRing ring = ring_of(*t.src[2], *t.src[5], r);  // a state: [K-1][C]
         pool.parallel_for(C, 256, [&](int64_t c0, int64_t c1, int) {
@@ -62,7 +84,7 @@ void op_conv1d_ssm(const Tensor & t, ThreadPool & pool) {
                 for (int64_t j = 0; j < K - 1; ++j) hist[size_t(j)] = init ? init[j * C + c] : 0.0f;
                 for (int32_t i = 0; i < r.count; ++i) {
                     const int64_t tok = r.first + i;
-                    const float   xin = reinterpret_cast<const float *>(x.row(tok))[c];
+                    const float   xin = x.at(c, tok);
                     float         acc = wc[K - 1] * xin;
                     for (int64_t j = 0; j < K - 1; ++j) acc += wc[j] * hist[size_t(j)];
                     reinterpret_cast<float *>(t.row(tok))[c] = silu(acc);
@@ -89,10 +111,24 @@ void op_gated_delta(const Tensor & t, ThreadPool & pool) {
     const int64_t  dk = q.ne[0], n_kh = q.ne[1], dv = v.ne[0], n_vh = v.ne[1];
     const int64_t  ratio   = n_vh / n_kh;
     const auto     ranges  = seq_ranges(*t.src[8]);
+    // a and b of value head h: [r, groups, T] (graph.h).
+    auto gate = [](const Tensor & g, int64_t h, int64_t tok) {
+        return reinterpret_cast<const float *>(g.row(h / g.ne[0], tok))[h % g.ne[0]];
+    };
+    // use_qk_l2norm_in_kernel: the l2_norm op's arithmetic, then SCALE's multiply of q.
+    const bool  qk_norm = t.ip[0] != 0;
+    const float eps = t.fp[0], q_scale = t.fp[1];
+    auto        l2_normed = [&](const float * x, float * out, float scale) {
+        double ss = 0.0;
+        for (int64_t i = 0; i < dk; ++i) ss += double(x[i]) * x[i];
+        const float inv = 1.0f / std::sqrt(float(ss) + eps);
+        for (int64_t i = 0; i < dk; ++i) out[i] = (x[i] * inv) * scale;  // (* 1 for k: exact)
+    };
     for (const SeqRange & r : ranges) {
         const StateRing ring = ring_of(*t.src[7], *t.src[9], r);  // a state: [n_vh][dk][dv]
         pool.parallel_for(n_vh, 1, [&](int64_t h0, int64_t h1, int) {
             std::vector<float> kv(static_cast<size_t>(dv)), delta(static_cast<size_t>(dv)), S(size_t(dk * dv));
+            std::vector<float> qn(size_t(qk_norm ? dk : 0)), kn(size_t(qk_norm ? dk : 0));
             for (int64_t h = h0; h < h1; ++h) {
                 const int64_t head = h * dk * dv;
                 const int64_t kh   = h / ratio;
@@ -102,9 +138,15 @@ void op_gated_delta(const Tensor & t, ThreadPool & pool) {
                     const int64_t tok  = r.first + i;
                     const float * qt   = reinterpret_cast<const float *>(q.row(kh, tok));
                     const float * kt   = reinterpret_cast<const float *>(k.row(kh, tok));
+                    if (qk_norm) {
+                        l2_normed(qt, qn.data(), q_scale);
+                        l2_normed(kt, kn.data(), 1.0f);
+                        qt = qn.data();
+                        kt = kn.data();
+                    }
                     const float * vt   = reinterpret_cast<const float *>(v.row(h, tok));
-                    const float   at   = reinterpret_cast<const float *>(a.row(tok))[h];
-                    const float   bt   = reinterpret_cast<const float *>(b.row(tok))[h];
+                    const float   at   = gate(a, h, tok);
+                    const float   bt   = gate(b, h, tok);
                     const float   g    = -std::exp(A_log[h]) * softplus(at + dt_bias[h]);
                     const float   beta = sigmoid(bt);
                     const float   decay = std::exp(g);

@@ -178,37 +178,35 @@ private:
         const int64_t   r = nv / nk;  // value heads per key head
         const size_t    f = sizeof(float);
 
-        // in_proj_qkvz rows come grouped per key head: [q (dk) | k (dk) | v (r*dv) | z (r*dv)].
+        // in_proj_qkvz rows come grouped per key head: [q (dk) | k (dk) | v (r*dv) | z (r*dv)]; the
+        // ops below read them in place (strided views), so no copy makes them contiguous.
         Tensor *      qkvz  = g.matmul(x, L.in_proj_qkvz);
         const int64_t group = 2 * dk + 2 * r * dv;
         const size_t  gb = size_t(group) * f, tb = size_t(nk) * gb;
         Tensor * q = g.view(qkvz, {dk, nk, T}, {f, gb, tb}, 0);
         Tensor * k = g.view(qkvz, {dk, nk, T}, {f, gb, tb}, size_t(dk) * f);
-        Tensor * v = g.view(qkvz, {dv, r, nk, T}, {f, size_t(dv) * f, gb, tb}, size_t(2 * dk) * f);
+        Tensor * v = g.view(qkvz, {r * dv, nk, T}, {f, gb, tb}, size_t(2 * dk) * f);
         Tensor * z = g.view(qkvz, {dv, r, nk, T}, {f, size_t(dv) * f, gb, tb}, size_t(2 * dk + r * dv) * f);
         // in_proj_ba rows per key head: [b (r) | a (r)].
-        Tensor * ba = g.matmul(x, L.in_proj_ba);
-        Tensor * b  = g.reshape(g.cont(g.view(ba, {r, nk, T}, {f, size_t(2 * r) * f, size_t(2 * r * nk) * f}, 0)), {nv, T});
-        Tensor * a  = g.reshape(g.cont(g.view(ba, {r, nk, T}, {f, size_t(2 * r) * f, size_t(2 * r * nk) * f}, size_t(r) * f)), {nv, T});
+        Tensor *     ba  = g.matmul(x, L.in_proj_ba);
+        const size_t bab = size_t(2 * r) * f;
+        Tensor *     b   = g.view(ba, {r, nk, T}, {f, bab, size_t(nk) * bab}, 0);
+        Tensor *     a   = g.view(ba, {r, nk, T}, {f, bab, size_t(nk) * bab}, size_t(r) * f);
 
         // Causal conv over the channels [q | k | v] (silu applied), with the rolling conv state.
-        Tensor * mixed = g.concat(g.reshape(g.cont(q), {nk * dk, T}), g.reshape(g.cont(k), {nk * dk, T}),
-                                  g.reshape(g.cont(v), {nv * dv, T}));
-        Tensor * conv = g.named(g.conv1d_ssm(mixed, param(gc, L.ssm_conv, "ssm_conv"), gc.memory.conv_state(g, il), gc.step), "ssm_conv_out", il);
+        Tensor * conv = g.named(g.conv1d_ssm({q, k, v}, param(gc, L.ssm_conv, "ssm_conv"), gc.memory.conv_state(g, il), gc.step), "ssm_conv_out", il);
         const size_t cb = size_t(conv->ne[0]) * f;
         q = g.view(conv, {dk, nk, T}, {f, size_t(dk) * f, cb}, 0);
         k = g.view(conv, {dk, nk, T}, {f, size_t(dk) * f, cb}, size_t(nk * dk) * f);
         v = g.view(conv, {dv, nv, T}, {f, size_t(dv) * f, cb}, size_t(2 * nk * dk) * f);
 
-        q = g.scale(g.l2_norm(q, 1e-6f), 1.0f / std::sqrt(float(dk)));
-        k = g.l2_norm(k, 1e-6f);
+        // q and k are l2-normalised and q scaled inside the op (use_qk_l2norm_in_kernel).
         Tensor * o = g.gated_delta(q, k, v, a, b, param(gc, L.ssm_A_log, "ssm_A_log"), param(gc, L.ssm_dt_bias, "ssm_dt_bias"),
-                                   gc.memory.ssm_state(g, il), gc.step);
+                                   gc.memory.ssm_state(g, il), gc.step, {true, 1e-6f, 1.0f / std::sqrt(float(dk))});
         g.named(o, "ssm_out", il);
 
         // Gated RMSNorm per value head: rmsnorm(o) * w * silu(z) (plain weight, norm before gate).
-        Tensor * on    = g.rms_norm(o, param(gc, L.ssm_norm, "ssm_norm"), hp.rms_eps, false);
-        Tensor * gated = g.swiglu(z, on);  // [dv, r, nk, T] in value-head order
+        Tensor * gated = g.rms_norm_gated(o, param(gc, L.ssm_norm, "ssm_norm"), z, hp.rms_eps);  // [dv, nv, T]
         return g.named(g.matmul(g.reshape(gated, {nv * dv, T}), L.out_proj), "linear_attn_out", il);
     }
 };

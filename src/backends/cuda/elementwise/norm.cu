@@ -1,5 +1,6 @@
-// Row norms: RMS_NORM (plain weight or zero-centred 1 + w), L2_NORM, and the fused residual
-// add + RMS_NORM (the sum is written to the ADD node's output, the norm to the RMS_NORM node's).
+// Row norms: RMS_NORM (plain weight or zero-centred 1 + w; gated by silu(gate) when it has one),
+// L2_NORM, and the fused residual add + RMS_NORM (the sum is written to the ADD node's output, the
+// norm to the RMS_NORM node's).
 //
 // A row is handled by a group of G threads: one warp for rows up to 1024 floats (4 rows per block:
 // per-head q/k norms, hidden-size norms at prefill), a whole block of 256 threads for rows up to
@@ -24,41 +25,41 @@ namespace {
 using ew::NormArgs;
 using ew::Rows;
 
-template <int G, int NIT, bool ADD> void go_reg(const NormArgs & args, const OpContext & ctx) {
+template <int G, int NIT, bool ADD, bool GATE> void go_reg(const NormArgs & args, const OpContext & ctx) {
     const int64_t rows_per_block = G == 32 ? 4 : 1;
     const int64_t blocks         = ceil_div(args.nrows, rows_per_block);
     if (blocks > 0x7fffffff) fail(SPARK_ERR_UNSUPPORTED, "cuda norm: too many rows (%lld)", (long long) args.nrows);
-    launch(ew::norm_reg_kernel<G, NIT, ADD>, unsigned(blocks), G == 32 ? 128 : G, 0, ctx.stream, args);
+    launch(ew::norm_reg_kernel<G, NIT, ADD, GATE>, unsigned(blocks), G == 32 ? 128 : G, 0, ctx.stream, args);
     SPARK_CUDA_CHECK_LAUNCH();
 }
 
-template <int G, int V, bool ADD> void go_stream(const NormArgs & args, const OpContext & ctx) {
+template <int G, int V, bool ADD, bool GATE> void go_stream(const NormArgs & args, const OpContext & ctx) {
     const int     threads        = G == 32 ? 128 : G;
     const int64_t rows_per_block = G == 32 ? threads / 32 : 1;
     const int64_t blocks         = ceil_div(args.nrows, rows_per_block);
     if (blocks > 0x7fffffff) fail(SPARK_ERR_UNSUPPORTED, "cuda norm: too many rows (%lld)", (long long) args.nrows);
-    launch(ew::norm_stream_kernel<G, V, ADD>, unsigned(blocks), threads, 0, ctx.stream, args);
+    launch(ew::norm_stream_kernel<G, V, ADD, GATE>, unsigned(blocks), threads, 0, ctx.stream, args);
     SPARK_CUDA_CHECK_LAUNCH();
 }
 
-template <bool ADD> void launch_norm(const NormArgs & args, bool vec, const OpContext & ctx) {
+template <bool ADD, bool GATE = false> void launch_norm(const NormArgs & args, bool vec, const OpContext & ctx) {
     if (args.nrows == 0 || args.n == 0) return;
     const int64_t n = args.n;
     if (vec) {
         // float4 per thread per iteration; NIT rounded up to a power of two (predicated tail).
-        if (n <= 128) return go_reg<32, 1, ADD>(args, ctx);
-        if (n <= 256) return go_reg<32, 2, ADD>(args, ctx);
-        if (n <= 512) return go_reg<32, 4, ADD>(args, ctx);
-        if (n <= 1024) return go_reg<32, 8, ADD>(args, ctx);
-        if (n <= 2048) return go_reg<256, 2, ADD>(args, ctx);
-        if (n <= 4096) return go_reg<256, 4, ADD>(args, ctx);
-        if (n <= 8192) return go_reg<256, 8, ADD>(args, ctx);
-        if (n <= 16384) return go_reg<512, 8, ADD>(args, ctx);
-        return go_stream<1024, 4, ADD>(args, ctx);
+        if (n <= 128) return go_reg<32, 1, ADD, GATE>(args, ctx);
+        if (n <= 256) return go_reg<32, 2, ADD, GATE>(args, ctx);
+        if (n <= 512) return go_reg<32, 4, ADD, GATE>(args, ctx);
+        if (n <= 1024) return go_reg<32, 8, ADD, GATE>(args, ctx);
+        if (n <= 2048) return go_reg<256, 2, ADD, GATE>(args, ctx);
+        if (n <= 4096) return go_reg<256, 4, ADD, GATE>(args, ctx);
+        if (n <= 8192) return go_reg<256, 8, ADD, GATE>(args, ctx);
+        if (n <= 16384) return go_reg<512, 8, ADD, GATE>(args, ctx);
+        return go_stream<1024, 4, ADD, GATE>(args, ctx);
     }
-    if (n <= 1024) return go_stream<32, 1, ADD>(args, ctx);
-    if (n <= 8192) return go_stream<256, 1, ADD>(args, ctx);
-    return go_stream<1024, 1, ADD>(args, ctx);
+    if (n <= 1024) return go_stream<32, 1, ADD, GATE>(args, ctx);
+    if (n <= 8192) return go_stream<256, 1, ADD, GATE>(args, ctx);
+    return go_stream<1024, 1, ADD, GATE>(args, ctx);
 }
 
 }  // namespace
@@ -77,7 +78,14 @@ void op_rms_norm(const Tensor & t, const OpContext & ctx) {
     args.zero_centered = t.ip[0] != 0;
     bool w_aligned     = true;
     args.w             = ew::norm_weight(t, args.n, w_aligned);
-    launch_norm<false>(args, w_aligned && ew::vec4_ok(x) && ew::vec4_ok(t), ctx);
+    const bool vec     = w_aligned && ew::vec4_ok(x) && ew::vec4_ok(t);
+    if (const Tensor * gate = t.src[2]) {  // rms_norm_gated: rows of the gate in x's row order
+        ew::require_f32_rows(*gate, "RMS_NORM");
+        ew::require(gate->ne[0] == x.ne[0] && gate->nrows() == x.nrows(), "RMS_NORM", "gate shape");
+        args.gate = ew::rows_of(*gate);
+        return launch_norm<false, true>(args, vec && ew::vec4_ok(*gate), ctx);
+    }
+    launch_norm<false>(args, vec, ctx);
 }
 
 void op_l2_norm(const Tensor & t, const OpContext & ctx) {
@@ -115,7 +123,7 @@ void op_add_rms_norm(const Tensor & add, const Tensor & norm, const OpContext & 
     // rows) take the fused kernel.
     auto in_place = [&](const Tensor & x) { return x.data == norm.data && x.nb[1] == norm.nb[1] && x.nrows() == norm.nrows(); };
     const bool shifted = (ew::overlaps(norm, a) && !in_place(a)) || (ew::overlaps(norm, b) && !in_place(b));
-    if (a.nrows() > 1 && shifted) {
+    if ((a.nrows() > 1 && shifted) || norm.src[2]) {  // (a gated norm has no fused form)
         op_binary(add, ctx);
         op_rms_norm(norm, ctx);
         return;

@@ -1,4 +1,4 @@
-// Kernels of the row norms (RMS_NORM, L2_NORM, fused ADD + RMS_NORM); launched by norm.cu, also
+// Kernels of the row norms (RMS_NORM, gated RMS_NORM, L2_NORM, fused ADD + RMS_NORM); launched by norm.cu, also
 // compiled by the CPU warp emulator test (dev/kernels/elementwise/emu_test.cpp). See norm.cu.
 #pragma once
 
@@ -12,6 +12,7 @@ struct NormArgs {
     Rows          b;        // fused add: the other addend
     Rows          sum;      // fused add: where a + b goes (the ADD node's output)
     Rows          out;      // normalised rows
+    Rows          gate;     // rms_norm_gated (GATE kernels): out = silu(gate) * norm
     const float * w = nullptr;  // weight [n] or nullptr
     int64_t       n = 0, nrows = 0;
     float         eps = 0.0f;
@@ -21,6 +22,8 @@ struct NormArgs {
 };
 
 __device__ __forceinline__ float4 ld4(const float * p) { return *reinterpret_cast<const float4 *>(p); }
+// SWIGLU's expression (binary.cu): silu(g) * v.
+__device__ __forceinline__ float  gated(float g, float v) { return g / (1.0f + expf(-g)) * v; }
 __device__ __forceinline__ void   st4(float * p, float4 v) { *reinterpret_cast<float4 *>(p) = v; }
 
 // Sum of squares over the G threads of a row. G == 32: a warp butterfly. G > 32 (blockDim.x == G,
@@ -46,7 +49,8 @@ template <int G> __device__ __forceinline__ float row_sum(float v, float * scrat
 }
 
 // Register-resident row (float4 only): NIT float4 per thread, n <= NIT * G * 4.
-template <int G, int NIT, bool ADD> __global__ void __launch_bounds__(G == 32 ? 128 : G) norm_reg_kernel(const NormArgs args) {
+template <int G, int NIT, bool ADD, bool GATE = false>
+__global__ void __launch_bounds__(G == 32 ? 128 : G) norm_reg_kernel(const NormArgs args) {
     pdl::launch_dependents();
     pdl::wait();
     __shared__ float scratch[G > 32 ? G / 32 : 1];
@@ -70,6 +74,15 @@ template <int G, int NIT, bool ADD> __global__ void __launch_bounds__(G == 32 ? 
     for (int k = 0; k < NIT; ++k) {
         const int i = (k * G + t) * 4;
         xv[k]       = i < n ? ld4(x + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    float4 gv[GATE ? NIT : 1];
+    if constexpr (GATE) {
+        const float * gr = reinterpret_cast<const float *>(args.gate.row(r));
+#pragma unroll
+        for (int k = 0; k < NIT; ++k) {
+            const int i = (k * G + t) * 4;
+            if (i < n) gv[k] = ld4(gr + i);
+        }
     }
     if constexpr (ADD) {
         const float * b = reinterpret_cast<const float *>(args.b.row(args.b_one_row ? 0 : r));
@@ -107,13 +120,14 @@ template <int G, int NIT, bool ADD> __global__ void __launch_bounds__(G == 32 ? 
             if (zc) g = make_float4(1.0f + g.x, 1.0f + g.y, 1.0f + g.z, 1.0f + g.w);
             v = make_float4(v.x * g.x, v.y * g.y, v.z * g.z, v.w * g.w);
         }
+        if constexpr (GATE) v = make_float4(gated(gv[k].x, v.x), gated(gv[k].y, v.y), gated(gv[k].z, v.z), gated(gv[k].w, v.w));
         st4(o + i, v);
     }
 }
 
 // Streaming two-pass fallback (misaligned rows, rows over 16384 floats): G threads per row (G == 32:
 // rows per block = blockDim.x / 32; G > 32: blockDim.x == G, one row per block). V = 4: float4.
-template <int G, int V, bool ADD> __global__ void norm_stream_kernel(const NormArgs args) {
+template <int G, int V, bool ADD, bool GATE = false> __global__ void norm_stream_kernel(const NormArgs args) {
     pdl::launch_dependents();
     pdl::wait();
     __shared__ float scratch[32];
@@ -156,6 +170,7 @@ template <int G, int V, bool ADD> __global__ void norm_stream_kernel(const NormA
     ss = group_sum<G>(ss, scratch);
 
     const float   inv = args.l2 ? 1.0f / sqrtf(ss + args.eps) : 1.0f / sqrtf(ss / float(n) + args.eps);
+    const float * gr  = GATE ? reinterpret_cast<const float *>(args.gate.row(r)) : nullptr;
     const float * w   = args.w;
     const bool    zc  = args.zero_centered;
     for (int64_t i = int64_t(t) * V; i < n; i += int64_t(G) * V) {
@@ -167,10 +182,15 @@ template <int G, int V, bool ADD> __global__ void norm_stream_kernel(const NormA
                 if (zc) g = make_float4(1.0f + g.x, 1.0f + g.y, 1.0f + g.z, 1.0f + g.w);
                 v = make_float4(v.x * g.x, v.y * g.y, v.z * g.z, v.w * g.w);
             }
+            if constexpr (GATE) {
+                const float4 g = ld4(gr + i);
+                v              = make_float4(gated(g.x, v.x), gated(g.y, v.y), gated(g.z, v.z), gated(g.w, v.w));
+            }
             st4(o + i, v);
         } else {
             float v = src[i] * inv;
             if (w) v *= zc ? (1.0f + w[i]) : w[i];
+            if constexpr (GATE) v = gated(gr[i], v);
             o[i] = v;
         }
     }

@@ -48,22 +48,34 @@ void check_state_and_pos(const Tensor & st, int64_t state_size, const Tensor & p
 }  // namespace
 
 void op_conv1d_ssm(const Tensor & t, const OpContext & ctx) {
-    const Tensor & x   = *t.src[0];
     const Tensor & w   = *t.src[1];
     const Tensor & st  = *t.src[2];
     const Tensor & pos = *t.src[5];
     const Tensor & rg  = *t.src[7];
-    if (!f32_rows(x) || w.type != DType::F32 || !w.is_contiguous() || st.type != DType::F32 || !st.is_contiguous())
-        fail(SPARK_ERR_UNSUPPORTED, "conv1d_ssm (CUDA): x, w and the state must be F32 (w and state contiguous)");
+    if (w.type != DType::F32 || !w.is_contiguous() || st.type != DType::F32 || !st.is_contiguous())
+        fail(SPARK_ERR_UNSUPPORTED, "conv1d_ssm (CUDA): w and the state must be F32 and contiguous");
     SPARK_ASSERT(rg.type == DType::I32 && rg.ne[0] == 3 && rg.is_contiguous());
-    SPARK_ASSERT(t.type == DType::F32 && t.nb[0] == 4 && x.ne[2] == 1 && x.ne[3] == 1);
-    const int64_t C = x.ne[0], K = w.ne[0], T = x.ne[1];
+    SPARK_ASSERT(t.type == DType::F32 && t.nb[0] == 4 && t.ne[2] == 1 && t.ne[3] == 1);
+    const int64_t C = t.ne[0], K = w.ne[0], T = t.ne[1];
     SPARK_ASSERT(w.ne[1] == C);
     check_state_and_pos(st, (K - 1) * C, pos, T);
     if (C > INT32_MAX / 2) fail(SPARK_ERR_UNSUPPORTED, "conv1d_ssm (CUDA): %lld channels", (long long)C);
     ssm::ConvParams p;
-    p.x       = static_cast<const char *>(x.data);
-    p.x_nb1   = int64_t(x.nb[1]);
+    SPARK_ASSERT(t.ip[0] >= 1 && t.ip[0] <= ssm::kConvMaxParts);
+    p.n_parts = t.ip[0];
+    int64_t channels = 0;
+    for (int i = 0; i < p.n_parts; ++i) {  // [len, groups, T] parts (graph.h)
+        const Tensor & x = *t.src[i == 0 ? 0 : 2 + i];
+        if (!f32_rows(x)) fail(SPARK_ERR_UNSUPPORTED, "conv1d_ssm (CUDA): x must be F32 with contiguous rows");
+        SPARK_ASSERT(x.ne[2] == T && x.ne[3] == 1);
+        p.part[i].x      = static_cast<const char *>(x.data);
+        p.part[i].nb1    = int64_t(x.nb[1]);
+        p.part[i].nb2    = int64_t(x.nb[2]);
+        p.part[i].len    = int(x.ne[0]);
+        p.part[i].groups = int(x.ne[1]);
+        channels += x.ne[0] * x.ne[1];
+    }
+    SPARK_ASSERT(channels == C);
     p.w       = static_cast<const float *>(w.data);
     p.state   = static_cast<float *>(st.data);
     p.ranges  = static_cast<const int32_t *>(rg.data);
@@ -108,10 +120,18 @@ void op_gated_delta(const Tensor & t, const OpContext & ctx) {
     p.v       = static_cast<const char *>(v.data);
     p.v_nb1   = int64_t(v.nb[1]);
     p.v_nb2   = int64_t(v.nb[2]);
-    p.a       = static_cast<const char *>(a.data);
-    p.a_nb1   = int64_t(a.nb[1]);
+    SPARK_ASSERT(a.ne[0] * a.ne[1] == n_vh && b.ne[0] * b.ne[1] == n_vh && a.ne[2] == q.ne[2] && b.ne[2] == q.ne[2]);
+    p.a       = static_cast<const char *>(a.data);  // [r, groups, T] (graph.h)
+    p.a_nbg   = int64_t(a.nb[1]);
+    p.a_nbt   = int64_t(a.nb[2]);
+    p.a_r     = int(a.ne[0]);
     p.b       = static_cast<const char *>(b.data);
-    p.b_nb1   = int64_t(b.nb[1]);
+    p.b_nbg   = int64_t(b.nb[1]);
+    p.b_nbt   = int64_t(b.nb[2]);
+    p.b_r     = int(b.ne[0]);
+    p.qk_l2norm = t.ip[0] != 0;
+    p.qk_eps    = t.fp[0];
+    p.q_scale   = t.fp[1];
     p.A_log   = static_cast<const float *>(Al.data);
     p.dt_bias = static_cast<const float *>(dt.data);
     p.state   = static_cast<float *>(st.data);

@@ -16,7 +16,9 @@
 // barrier (every thread has read the old state of its channel) the threads write the kept states
 // (the K-1 inputs up to each kept token), token i by thread y = i mod blockDim.y. A (slot, channel)
 // belongs to one block, so the in-place update needs no other synchronisation. Decode steps (one
-// token per sequence) use 256 channels x 1 token per block, others 32 channels x 8 tokens.
+// token per sequence) use 256 channels x 1 token per block, others 32 channels x 8 tokens. The
+// input comes in up to three strided parts (Qwen3-Next: q, k and v read in place from the
+// in_proj_qkvz output); a thread resolves its channel's address once.
 //
 // gated_delta: grid (n_v_heads * dv / 16, sequences), 128 threads. A block owns 16 columns of one
 // head's state S (dk x dv, f32) in registers: warp w has columns 4w .. 4w+3 of the block, lane l
@@ -24,7 +26,8 @@
 // kv = S^T k and o = S^T q are column sums (reduced over the 8 lanes sharing a column by three
 // shuffles), the update S += k delta^T touches the column only. (Qwen3-Next: 32 heads x 8 = 256
 // blocks per sequence.) Tokens are processed in order inside the kernel with S kept on chip; k, q,
-// v and the gates of 16 tokens at a time are staged in shared memory. Each thread reads its
+// v and the gates of 16 tokens at a time are staged in shared memory (q and k l2-normalised there,
+// one warp per token, when the op asks for it). Each thread reads its
 // elements of S once and writes them from registers after every kept token; no other thread touches
 // them, so the ring needs no barrier.
 #pragma once
@@ -37,9 +40,19 @@ namespace spark::cuda::ssm {
 
 constexpr int kConvMaxK = 8;  // conv kernel sizes 2 .. kConvMaxK
 
+constexpr int kConvMaxParts = 3;  // input parts (graph.h: Graph::conv1d_ssm)
+
+// One part of the conv input: [len, groups, T] f32, channel (group, element) at x + group * nb1 +
+// element * 4 + token * nb2. The parts' channels are concatenated.
+struct ConvPart {
+    const char * x = nullptr;
+    int64_t      nb1 = 0, nb2 = 0;
+    int          len = 0, groups = 1;
+};
+
 struct ConvParams {
-    const char *    x = nullptr;  // [C, T] f32, row stride x_nb1 bytes
-    int64_t         x_nb1 = 0;
+    ConvPart        part[kConvMaxParts];
+    int             n_parts = 1;
     const float *   w = nullptr;      // [C][K]
     float *         state = nullptr;   // [n_slots][R][K-1][C]
     const int32_t * ranges = nullptr;  // [S][3]: slot, first token, count
@@ -60,10 +73,13 @@ struct GdnParams {
     int64_t      k_nb1 = 0, k_nb2 = 0;
     const char * v = nullptr;  // [dv, n_vh, T]
     int64_t      v_nb1 = 0, v_nb2 = 0;
-    const char * a = nullptr;  // [n_vh, T]
-    int64_t      a_nb1 = 0;
-    const char * b = nullptr;  // [n_vh, T]
-    int64_t      b_nb1 = 0;
+    // a, b [r, groups, T] (r * groups = n_vh): value head h at (h % r, h / r), byte strides nbg
+    // between groups and nbt between tokens.
+    const char * a = nullptr;
+    int64_t      a_nbg = 0, a_nbt = 0;
+    const char * b = nullptr;
+    int64_t      b_nbg = 0, b_nbt = 0;
+    int          a_r = 1, b_r = 1;
     const float * A_log = nullptr;    // [n_vh]
     const float * dt_bias = nullptr;  // [n_vh]
     float *       state = nullptr;    // [n_slots][R][n_vh][dk][dv]
@@ -72,6 +88,9 @@ struct GdnParams {
     float *       out = nullptr;       // [dv, n_vh, T]
     int64_t       out_nb1 = 0, out_nb2 = 0;
     int           dk = 0, dv = 0, n_kh = 0, n_vh = 0, R = 1, n_slots = 0, n_seqs = 0;  // R: states per slot (ring)
+    // q and k l2-normalised in the kernel, x / sqrt(sum(x^2) + qk_eps), q then times q_scale.
+    bool          qk_l2norm = false;
+    float         qk_eps = 0.0f, q_scale = 1.0f;
 };
 
 // Enqueue the kernels (ssm.cu). Throw spark::Error for unsupported shapes.

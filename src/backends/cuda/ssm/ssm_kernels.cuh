@@ -32,6 +32,23 @@ __global__ void __launch_bounds__(256) conv1d_ssm_kernel(const ConvParams p) {
     float * const ring       = p.state + (ok ? int64_t(slot) : 0) * R * state_size + (c < p.C ? c : 0);
     auto          entry      = [&](int at) { return ring + int64_t(at % R) * state_size; };
 
+    // This thread's channel in the input parts: its first token's address and the token stride.
+    const char * xc    = nullptr;
+    int64_t      x_tok = 0;
+    if (alive) {
+        int cc = c;
+#pragma unroll
+        for (int i = 0; i < kConvMaxParts; ++i) {
+            const ConvPart & pt = p.part[i];
+            const int        n  = i < p.n_parts ? pt.len * pt.groups : 0;
+            if (!xc && cc < n) {
+                xc    = pt.x + int64_t(cc / pt.len) * pt.nb1 + int64_t(cc % pt.len) * 4;
+                x_tok = pt.nb2;
+            }
+            if (!xc) cc -= n;
+        }
+    }
+
     // Taps and the previous K-1 inputs (oldest first), all indices compile-time: registers. A
     // sequence starting at position 0 has no previous inputs (zeros, whatever the ring holds).
     float wr[kConvMaxK], hist[kConvMaxK - 1];
@@ -45,7 +62,7 @@ __global__ void __launch_bounds__(256) conv1d_ssm_kernel(const ConvParams p) {
 
     // Input m of the sequence (m < 0: from the previous state).
     auto input = [&](int m) -> float {
-        if (m >= 0) return reinterpret_cast<const float *>(p.x + int64_t(first + m) * p.x_nb1)[c];
+        if (m >= 0) return *reinterpret_cast<const float *>(xc + int64_t(first + m) * x_tok);
         const int idx = K - 1 + m;
         float     v   = 0.0f;
 #pragma unroll
@@ -131,12 +148,34 @@ template <int DK> __global__ void __launch_bounds__(kGdnThreads, 4) gated_delta_
         }
         if (tid < nc) {
             const int   tok = first + c0 + tid;
-            const float a   = reinterpret_cast<const float *>(p.a + tok * p.a_nb1)[h];
-            const float b   = reinterpret_cast<const float *>(p.b + tok * p.b_nb1)[h];
+            const float a   = reinterpret_cast<const float *>(p.a + tok * p.a_nbt + (h / p.a_r) * p.a_nbg)[h % p.a_r];
+            const float b   = reinterpret_cast<const float *>(p.b + tok * p.b_nbt + (h / p.b_r) * p.b_nbg)[h % p.b_r];
             dec_s[tid]      = expf(neg_A * softplus_f(a + dtb));
             beta_s[tid]     = sigmoid_f(b);
         }
         __syncthreads();
+        if (p.qk_l2norm) {  // one warp per token: the l2_norm op's expression, then q * q_scale
+            for (int tt = warp; tt < nc; tt += kGdnThreads / 32) {
+                float sk = 0.0f, sq = 0.0f;
+#pragma unroll
+                for (int i = lane; i < DK; i += 32) {
+                    sk += k_s[tt][i] * k_s[tt][i];
+                    sq += q_s[tt][i] * q_s[tt][i];
+                }
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) {
+                    sk += __shfl_xor_sync(0xffffffffu, sk, o);
+                    sq += __shfl_xor_sync(0xffffffffu, sq, o);
+                }
+                const float ik = 1.0f / sqrtf(sk + p.qk_eps), iq = 1.0f / sqrtf(sq + p.qk_eps);
+#pragma unroll
+                for (int i = lane; i < DK; i += 32) {
+                    k_s[tt][i] = k_s[tt][i] * ik;
+                    q_s[tt][i] = (q_s[tt][i] * iq) * p.q_scale;
+                }
+            }
+            __syncthreads();
+        }
         for (int tt = 0; tt < nc; ++tt) {
             const float decay = dec_s[tt], beta = beta_s[tt];
             float       kr[kRows];
