@@ -235,12 +235,19 @@ Tensor * Graph::moe_ids(Tensor * route) {
     return t;
 }
 
-Tensor * Graph::moe_combine(Tensor * y, Tensor * weights) {
+Tensor * Graph::moe_combine(Tensor * y, Tensor * weights, Tensor * shared, Tensor * shared_gate) {
     SPARK_ASSERT(y->type == DType::F32 && weights->ne[0] == y->ne[1] && weights->ne[1] == y->ne[2]);
+    SPARK_ASSERT(!shared == !shared_gate);
+    if (shared) {
+        SPARK_ASSERT(shared->type == DType::F32 && shared->ne[0] == y->ne[0] && shared->nrows() == y->ne[2]);
+        SPARK_ASSERT(shared_gate->type == DType::F32 && shared_gate->ne[0] == 1 && shared_gate->nrows() == y->ne[2]);
+    }
     int64_t  ne[2] = {y->ne[0], y->ne[2]};
     Tensor * t     = new_tensor(DType::F32, ne, 2, Op::MOE_COMBINE);
     t->src[0]      = y;
     t->src[1]      = weights;
+    t->src[2]      = shared;
+    t->src[3]      = shared_gate;
     return t;
 }
 

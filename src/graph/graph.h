@@ -48,7 +48,8 @@ enum class Op : uint8_t {
     ATTENTION,    // causal GQA attention over the paged KV cache; see Graph::attention
     MOE_ROUTE,    // softmax + top-k of router logits src0 [E, T] -> [2k, T]: k weights (F32)
                   // then k expert ids (I32 bits); ip[0] = k, ip[1] = normalize top-k weights
-    MOE_COMBINE,  // sum_j w[j, t] * y[:, j, t]: src0 y [H, k, T], src1 w [k, T] -> [H, T]
+    MOE_COMBINE,  // sum_j w[j, t] * y[:, j, t]: src0 y [H, k, T], src1 w [k, T] -> [H, T];
+                  // src2 (optional) a shared expert's s [H, T] added as s * sigmoid(src3 [1, T])
     CONV1D_SSM,   // causal depthwise conv + silu with rolling state; see Graph::conv1d_ssm
                   // (input parts: src0, src3, src4; ip[0] = their number)
     GATED_DELTA,  // gated delta rule recurrence; see Graph::gated_delta (ip[0] = 1: q/k
@@ -154,7 +155,9 @@ public:
     Tensor * moe_route(Tensor * logits, int32_t k, bool normalize);
     Tensor * moe_weights(Tensor * route);   // F32 [k, T]
     Tensor * moe_ids(Tensor * route);       // I32 [k, T]
-    Tensor * moe_combine(Tensor * y, Tensor * weights);
+    // shared (optional): a shared expert's output [H, T] gated by sigmoid(shared_gate [1, T]) and
+    // added, as add(combine, mul_sigmoid(shared, shared_gate)) in one op (Qwen3-Next).
+    Tensor * moe_combine(Tensor * y, Tensor * weights, Tensor * shared = nullptr, Tensor * shared_gate = nullptr);
 
     // Recurrent state with rollback. A linear-attention state tensor is external F32
     // [state_size, R, n_seq_slots]: per sequence slot a ring of R states, where entry p mod R holds

@@ -30,7 +30,7 @@ Tensor * build_ffn(GraphContext & gc, Tensor * x, const QWeight & gate, const QW
     return g.named(g.matmul(h, down), "ffn_out", il);
 }
 
-Tensor * build_moe(GraphContext & gc, Tensor * x, const LayerWeights & L, int il) {
+Tensor * build_moe(GraphContext & gc, Tensor * x, const LayerWeights & L, int il, Tensor * shared, Tensor * shared_gate) {
     Graph &         g  = gc.graph;
     const HParams & hp = gc.model.hparams;
     const int64_t   T  = x->ne[1];
@@ -43,7 +43,7 @@ Tensor * build_moe(GraphContext & gc, Tensor * x, const LayerWeights & L, int il
     Tensor * up     = g.matmul_id(xe, L.exp_up.data(), ne, ids);
     Tensor * act    = g.swiglu(gate, up);                        // [n_ff_expert, k, T]
     Tensor * down   = g.matmul_id(act, L.exp_down.data(), ne, ids);  // [n_embd, k, T]
-    return g.named(g.moe_combine(down, g.moe_weights(route)), "moe_out", il);
+    return g.named(g.moe_combine(down, g.moe_weights(route), shared, shared_gate), "moe_out", il);
 }
 
 Tensor * build_attention(GraphContext & gc, Tensor * x, const LayerWeights & L, int il, bool q_gated, bool zc) {

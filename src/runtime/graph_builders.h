@@ -16,8 +16,10 @@ Tensor * build_norm(GraphContext & gc, Tensor * x, const Param & w, float eps, b
 Tensor * build_ffn(GraphContext & gc, Tensor * x, const QWeight & gate, const QWeight & up, const QWeight & down, int il);
 
 // Routed experts (softmax router, top-k, optional renormalisation), run only for the tokens routed
-// to them, weighted and summed: x [n_embd, T] -> [n_embd, T].
-Tensor * build_moe(GraphContext & gc, Tensor * x, const LayerWeights & L, int il);
+// to them, weighted and summed: x [n_embd, T] -> [n_embd, T]. A shared expert's output [n_embd, T]
+// (optional) is added to the sum gated by sigmoid(shared_gate [1, T]).
+Tensor * build_moe(GraphContext & gc, Tensor * x, const LayerWeights & L, int il, Tensor * shared = nullptr,
+                   Tensor * shared_gate = nullptr);
 
 // Softmax attention with per-head q/k RMSNorm (when the layer has them) and (partial) NEOX RoPE
 // over the KV cache.

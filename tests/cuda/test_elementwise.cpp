@@ -424,6 +424,15 @@ TEST_CASE("cuda elementwise: MOE_COMBINE") {
                     Tensor * r = g.moe_route(b.input({64, rows}), k, true);
                     return g.moe_combine(b.input({hdim, k, rows}), g.moe_weights(r));
                 });
+            // Qwen3-Next: + the shared expert gated by sigmoid of its gate logit (a column of a wider
+            // matmul output, as when the router's and the gate's matmuls run as one launch).
+            h.check(shape_name("moe_combine k=10 + shared", hdim, rows), kF32, [&](OpBuilder & b) {
+                Graph &  g      = b.graph();
+                Tensor * r      = g.moe_route(b.input({64, rows}), 10, true);
+                Tensor * logits = b.input({2, rows}, 3.0f);
+                Tensor * gate   = g.view(logits, {1, rows}, {4, logits->nb[1]}, 4);
+                return g.moe_combine(b.input({hdim, 10, rows}), g.moe_weights(r), b.input({hdim, rows}), gate);
+            });
         }
 }
 

@@ -381,22 +381,30 @@ void test_moe() {
         expect(ids[0] == 0 && ids[1] == 2 && ids[2] == 3 && ids[3] == 1, "moe_route known ties");
     }
 
+    // shared: Qwen3-Next's shared expert added as s * sigmoid(g) in the same kernel.
+    for (bool shared : {false, true})
     for (int k : {1, 3, 8, 10, 16, 20})
         for (int64_t H : {2048, 130, 64})
             for (int T : {1, 3}) {
+                if (shared && k != 10 && k != 3) continue;
                 std::vector<float> y(static_cast<size_t>(H * k * T)), w(static_cast<size_t>(2 * k * T)), o(static_cast<size_t>(H * T));
+                std::vector<float> sx(static_cast<size_t>(H * T)), sg(static_cast<size_t>(2 * T));
                 for (auto & v : y) v = randn();
                 for (auto & v : w) v = randn();
+                for (auto & v : sx) v = randn();
+                for (auto & v : sg) v = randn() * 3.0f;
                 CombineArgs a;
                 a.y = reinterpret_cast<const char *>(y.data()), a.w = reinterpret_cast<const char *>(w.data());
                 a.out = rows_at(o.data(), H), a.y_nb1 = H * 4, a.y_nb2 = H * k * 4, a.w_nb1 = 2 * k * 4, a.h = H, a.k = k, a.n_tok = T;
+                if (shared) a.s = reinterpret_cast<const char *>(sx.data()), a.g = reinterpret_cast<const char *>(sg.data()), a.s_nb1 = H * 4, a.g_nb1 = 8;
                 const bool vec = H % 4 == 0;
                 a.chunks       = (H + kCombineThreads * (vec ? 4 : 1) - 1) / (kCombineThreads * (vec ? 4 : 1));
                 const unsigned grid = unsigned(std::min<int64_t>(a.n_tok * a.chunks, 5));  // grid-stride too
                 {
                     // The experts' outputs and the router's weights come from earlier kernels.
                     PdlGuard g({pdl::model::in(y.data(), y.size() * 4), pdl::model::in(w.data(), w.size() * 4),
-                                pdl::model::out(o.data(), o.size() * 4)});
+                                pdl::model::in(shared ? sx.data() : nullptr, sx.size() * 4),
+                                pdl::model::in(shared ? sg.data() : nullptr, sg.size() * 4), pdl::model::out(o.data(), o.size() * 4)});
                     if (vec) {
                         if (k > 8) emu::launch(dim3(grid), dim3(kCombineThreads), [&] { moe_combine_kernel<4, 16>(a); });
                         else emu::launch(dim3(grid), dim3(kCombineThreads), [&] { moe_combine_kernel<4, 8>(a); });
@@ -405,16 +413,19 @@ void test_moe() {
                         else emu::launch(dim3(grid), dim3(kCombineThreads), [&] { moe_combine_kernel<1, 8>(a); });
                     }
                     g.check(std::string("moe_combine_kernel") + targs({vec ? 4 : 1, k > 8 ? 16 : 8}) + " k=" + std::to_string(k) +
-                            " H=" + std::to_string(H) + " T=" + std::to_string(T));
+                            " H=" + std::to_string(H) + " T=" + std::to_string(T) + (shared ? " shared" : ""));
                 }
+                // The CPU backend's order (and MUL_SIGMOID's then ADD's for the shared expert): bitwise.
                 bool ok = true;
                 for (int t = 0; t < T; ++t)
                     for (int64_t i = 0; i < H; ++i) {
                         float acc = 0.0f;
                         for (int j = 0; j < k; ++j) acc += w[size_t(t * 2 * k + j)] * y[size_t((t * k + j) * H + i)];
+                        if (shared) acc = acc + sx[size_t(t * H + i)] * (1.0f / (1.0f + std::exp(-sg[size_t(2 * t)])));
                         ok = ok && std::memcmp(&acc, &o[size_t(t * H + i)], 4) == 0;
                     }
-                expect(ok, "moe_combine k=" + std::to_string(k) + " H=" + std::to_string(H) + " T=" + std::to_string(T));
+                expect(ok, "moe_combine k=" + std::to_string(k) + " H=" + std::to_string(H) + " T=" + std::to_string(T) +
+                               (shared ? " shared" : ""));
             }
 }
 

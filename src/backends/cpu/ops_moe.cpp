@@ -45,6 +45,8 @@ void op_moe_combine(const Tensor & t, ThreadPool & pool) {
     const Tensor & y = *t.src[0];
     const Tensor & w = *t.src[1];
     const int64_t  H = y.ne[0], k = y.ne[1];
+    const Tensor * shared = t.src[2];  // optional: + shared * sigmoid(gate)
+    const Tensor * gate   = t.src[3];
     pool.parallel_for(y.ne[2], 1, [&](int64_t b, int64_t e, int) {
         for (int64_t tok = b; tok < e; ++tok) {
             float *       o  = reinterpret_cast<float *>(t.row(tok));
@@ -53,6 +55,11 @@ void op_moe_combine(const Tensor & t, ThreadPool & pool) {
             for (int64_t j = 0; j < k; ++j) {
                 const float * yj = reinterpret_cast<const float *>(y.row(j, tok));
                 for (int64_t i = 0; i < H; ++i) o[i] += wt[j] * yj[i];
+            }
+            if (shared) {  // MUL_SIGMOID's then ADD's arithmetic
+                const float * s   = reinterpret_cast<const float *>(row_ptr(*shared, tok));
+                const float   sig = 1.0f / (1.0f + std::exp(-reinterpret_cast<const float *>(row_ptr(*gate, tok))[0]));
+                for (int64_t i = 0; i < H; ++i) o[i] = o[i] + s[i] * sig;
             }
         }
     });

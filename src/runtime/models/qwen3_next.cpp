@@ -62,12 +62,13 @@ void load_layer(Model & m, ModelLoader & ml, const std::string & p, LayerWeights
 Tensor * build_ffn_block(GraphContext & gc, Tensor * h, const LayerWeights & L, int il) {
     Graph & g = gc.graph;
     if (!gc.model.hparams.is_moe_layer(il)) return build_ffn(gc, h, L.ffn_gate, L.ffn_up, L.ffn_down, il);
-    Tensor * out = build_moe(gc, h, L, il);
-    if (L.shexp_gate.n) {
-        Tensor * shared = build_ffn(gc, h, L.shexp_gate, L.shexp_up, L.shexp_down, il);
-        out = g.add(out, g.mul_sigmoid(shared, g.matmul(h, L.shexp_router)));
-    }
-    return g.named(out, "ffn_out", il);
+    if (!L.shexp_gate.n) return g.named(build_moe(gc, h, L, il), "ffn_out", il);
+    // The shared expert first; its gate logit's matmul right before the router's (the CUDA backend
+    // runs adjacent matmuls of one input as one launch); its output joins the routed experts' in
+    // the combine.
+    Tensor * shared      = build_ffn(gc, h, L.shexp_gate, L.shexp_up, L.shexp_down, il);
+    Tensor * shared_gate = g.matmul(h, L.shexp_router);
+    return g.named(build_moe(gc, h, L, il, shared, shared_gate), "ffn_out", il);
 }
 
 // The multi-token-prediction head (vLLM's Qwen3NextMTP): for the token at position t + 1 and the

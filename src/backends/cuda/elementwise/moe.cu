@@ -87,8 +87,22 @@ void op_moe_combine(const Tensor & t, const OpContext & ctx) {
     args.h     = y.ne[0];
     args.k     = y.ne[1];
     args.n_tok = y.ne[2];
+    bool shared_vec = true;
+    if (const Tensor * s = t.src[2]) {  // + shared * sigmoid(gate)
+        const Tensor & g = *t.src[3];
+        ew::require_f32_rows(*s, "MOE_COMBINE");
+        ew::require_f32_rows(g, "MOE_COMBINE");
+        ew::require(s->ne[0] == y.ne[0] && s->ne[1] == y.ne[2] && s->nrows() == s->ne[1] && g.ne[0] == 1 &&
+                        g.ne[1] == y.ne[2] && g.nrows() == g.ne[1],
+                    "MOE_COMBINE", "expects the shared expert [H, T] and its gate [1, T]");
+        args.s     = static_cast<const char *>(s->data);
+        args.g     = static_cast<const char *>(g.data);
+        args.s_nb1 = int64_t(s->nb[1]);
+        args.g_nb1 = int64_t(g.nb[1]);
+        shared_vec = ew::vec4_ok(*s);
+    }
     if (args.h == 0 || args.n_tok == 0) return;
-    const bool     vec  = ew::vec4_ok(y) && ew::vec4_ok(t);
+    const bool     vec  = ew::vec4_ok(y) && ew::vec4_ok(t) && shared_vec;
     const int      V    = vec ? 4 : 1;
     args.chunks         = ceil_div(args.h, int64_t(kCombineThreads) * V);
     const unsigned grid = ew::grid_for(args.n_tok * args.chunks, ctx);

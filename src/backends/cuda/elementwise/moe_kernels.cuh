@@ -111,6 +111,10 @@ struct CombineArgs {
     Rows         out;
     int64_t      y_nb1 = 0, y_nb2 = 0, w_nb1 = 0;
     int64_t      h = 0, k = 0, n_tok = 0, chunks = 0;
+    // Optional shared expert: + s * sigmoid(g), s [H, T], g [1, T] (rows s_nb1 / g_nb1 bytes apart).
+    const char * s = nullptr;
+    const char * g = nullptr;
+    int64_t      s_nb1 = 0, g_nb1 = 0;
 };
 
 constexpr int kCombineThreads = 128;
@@ -127,9 +131,19 @@ template <int V, int KC> __global__ void __launch_bounds__(kCombineThreads) moe_
         if (i >= args.h) continue;
         const float * wt = reinterpret_cast<const float *>(args.w + tok * args.w_nb1);
         const char *  yt = args.y + tok * args.y_nb2;
-        float         acc[V];
+        float         acc[V], sv[V], sig = 0.0f;
 #pragma unroll
         for (int v = 0; v < V; ++v) acc[v] = 0.0f;
+        if (args.s) {  // issued with the slots' loads
+            const float * sp = reinterpret_cast<const float *>(args.s + tok * args.s_nb1) + i;
+            if constexpr (V == 4) {
+                const float4 q = *reinterpret_cast<const float4 *>(sp);
+                sv[0] = q.x, sv[1] = q.y, sv[2] = q.z, sv[3] = q.w;
+            } else {
+                sv[0] = *sp;
+            }
+            sig = 1.0f / (1.0f + expf(-*reinterpret_cast<const float *>(args.g + tok * args.g_nb1)));  // MUL_SIGMOID's
+        }
         for (int64_t j0 = 0; j0 < args.k; j0 += KC) {
             float wj[KC], yv[KC][V];
 #pragma unroll
@@ -151,6 +165,10 @@ template <int V, int KC> __global__ void __launch_bounds__(kCombineThreads) moe_
                 if (j0 + u < args.k)
 #pragma unroll
                     for (int v = 0; v < V; ++v) acc[v] = __fadd_rn(acc[v], __fmul_rn(wj[u], yv[u][v]));
+        }
+        if (args.s) {
+#pragma unroll
+            for (int v = 0; v < V; ++v) acc[v] = __fadd_rn(acc[v], __fmul_rn(sv[v], sig));  // then ADD's
         }
         float * o = reinterpret_cast<float *>(args.out.row(tok)) + i;
         if constexpr (V == 4) *reinterpret_cast<float4 *>(o) = make_float4(acc[0], acc[1], acc[2], acc[3]);
