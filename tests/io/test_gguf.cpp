@@ -2,7 +2,7 @@
 // the reader's validation against hand-made hostile headers, truncation and random corruption.
 #include "io_test_util.h"
 
-#include "runtime/io/gguf.h"
+#include "io/gguf.h"
 
 #include <algorithm>
 #include <csignal>

@@ -1,7 +1,7 @@
-#include "runtime/tokenizer/json_reader.h"
+#include "text/json_reader.h"
 
-#include "graph/error.h"
-#include "runtime/tokenizer/unicode.h"
+#include "common/error.h"
+#include "text/unicode.h"
 
 #include <cstring>
 #include <vector>

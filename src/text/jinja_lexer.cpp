@@ -1,8 +1,8 @@
-#include "runtime/tokenizer/jinja_lexer.h"
+#include "text/jinja_lexer.h"
 
-#include "runtime/tokenizer/jinja_ast.h"
-#include "runtime/tokenizer/jinja_value.h"
-#include "runtime/tokenizer/unicode.h"
+#include "text/jinja_ast.h"
+#include "text/jinja_value.h"
+#include "text/unicode.h"
 
 #include <cctype>
 #include <cstring>

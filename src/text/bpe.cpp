@@ -1,7 +1,7 @@
-#include "runtime/tokenizer/bpe.h"
+#include "text/bpe.h"
 
-#include "graph/error.h"
-#include "runtime/tokenizer/unicode.h"
+#include "common/error.h"
+#include "text/unicode.h"
 
 #include <algorithm>
 #include <cstdio>

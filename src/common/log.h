@@ -12,7 +12,7 @@ template <typename... Args> void log(spark_log_level level, const char * fmt, Ar
 
 }  // namespace spark
 
-#include "graph/error.h"
+#include "common/error.h"
 
 namespace spark {
 

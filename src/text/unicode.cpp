@@ -1,6 +1,6 @@
-#include "runtime/tokenizer/unicode.h"
+#include "text/unicode.h"
 
-#include "graph/error.h"
+#include "common/error.h"
 
 #include <utf8proc.h>
 

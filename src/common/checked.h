@@ -3,7 +3,7 @@
 // that says what was being sized, never a wrapped value that later sizes an allocation.
 #pragma once
 
-#include "graph/error.h"
+#include "common/error.h"
 
 #include <cstdint>
 #include <initializer_list>

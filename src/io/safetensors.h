@@ -4,8 +4,8 @@
 // directories (model.safetensors.index.json).
 #pragma once
 
-#include "runtime/io/mapped_file.h"
-#include "runtime/io/tensor_source.h"
+#include "io/mapped_file.h"
+#include "io/tensor_source.h"
 
 #include <map>
 #include <memory>

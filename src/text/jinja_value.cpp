@@ -1,7 +1,7 @@
-#include "runtime/tokenizer/jinja_value.h"
+#include "text/jinja_value.h"
 
-#include "graph/error.h"
-#include "runtime/tokenizer/unicode.h"
+#include "common/error.h"
+#include "text/unicode.h"
 
 #include <algorithm>
 #include <atomic>

@@ -1,6 +1,6 @@
-#include "runtime/io/mapped_file.h"
+#include "io/mapped_file.h"
 
-#include "graph/error.h"
+#include "common/error.h"
 
 #include <algorithm>
 #include <cerrno>

@@ -1,6 +1,6 @@
-#include "runtime/tokenizer/regex.h"
+#include "text/regex.h"
 
-#include "graph/error.h"
+#include "common/error.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>

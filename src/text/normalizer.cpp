@@ -1,7 +1,7 @@
-#include "runtime/tokenizer/normalizer.h"
+#include "text/normalizer.h"
 
-#include "graph/error.h"
-#include "runtime/config_fields.h"
+#include "common/error.h"
+#include "io/config_fields.h"
 
 #include <functional>
 

@@ -1,14 +1,14 @@
-#include "runtime/tokenizer/tokenizer.h"
+#include "text/tokenizer.h"
 
-#include "graph/error.h"
-#include "runtime/config_fields.h"
-#include "runtime/io/mapped_file.h"
-#include "runtime/tokenizer/added_tokens.h"
-#include "runtime/tokenizer/bpe.h"
-#include "runtime/tokenizer/json_reader.h"
-#include "runtime/tokenizer/normalizer.h"
-#include "runtime/tokenizer/regex.h"
-#include "runtime/tokenizer/unicode.h"
+#include "common/error.h"
+#include "io/config_fields.h"
+#include "io/mapped_file.h"
+#include "text/added_tokens.h"
+#include "text/bpe.h"
+#include "text/json_reader.h"
+#include "text/normalizer.h"
+#include "text/regex.h"
+#include "text/unicode.h"
 
 #include <nlohmann/json.hpp>
 

@@ -1,4 +1,4 @@
-#include "graph/log.h"
+#include "common/log.h"
 
 #include <mutex>
 

@@ -1,7 +1,7 @@
-#include "runtime/io/safetensors.h"
+#include "io/safetensors.h"
 
-#include "graph/error.h"
-#include "graph/parallel.h"
+#include "common/error.h"
+#include "common/parallel.h"
 
 #include <nlohmann/json.hpp>
 

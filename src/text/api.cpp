@@ -1,9 +1,9 @@
 // C API of the tokenizer and the chat templates (spark.h, sections "Tokenizer" and "Chat templates").
-#include "graph/error.h"
-#include "runtime/io/gguf.h"
-#include "runtime/tokenizer/chat_template.h"
-#include "runtime/tokenizer/tokenizer.h"
-#include "runtime/tokenizer/unicode.h"
+#include "common/error.h"
+#include "io/gguf.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
+#include "text/unicode.h"
 
 #include <spark/spark.h>
 

@@ -1,8 +1,8 @@
-#include "runtime/tokenizer/chat_template.h"
+#include "text/chat_template.h"
 
-#include "graph/error.h"
-#include "runtime/tokenizer/jinja_ast.h"
-#include "runtime/tokenizer/unicode.h"
+#include "common/error.h"
+#include "text/jinja_ast.h"
+#include "text/unicode.h"
 
 #include <nlohmann/json.hpp>
 

@@ -1,6 +1,6 @@
-#include "runtime/io/gguf.h"
+#include "io/gguf.h"
 
-#include "graph/error.h"
+#include "common/error.h"
 
 #include <algorithm>
 #include <atomic>

@@ -1,7 +1,7 @@
 // Recursive-descent parser for the Jinja subset, with jinja2's operator precedence (parser.py):
 // condexpr < or < and < not < compare < +,- < ~ < *,/,//,% < ** < unary < primary/postfix/filters.
-#include "runtime/tokenizer/jinja_ast.h"
-#include "runtime/tokenizer/jinja_lexer.h"
+#include "text/jinja_ast.h"
+#include "text/jinja_lexer.h"
 
 #include <set>
 #include <string>

@@ -1,4 +1,4 @@
-#include "graph/error.h"
+#include "common/error.h"
 
 namespace spark {
 

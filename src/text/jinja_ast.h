@@ -2,7 +2,7 @@
 // following jinja2's parser.py precedence) and the evaluator that renders it (jinja_eval.cpp).
 #pragma once
 
-#include "runtime/tokenizer/jinja_value.h"
+#include "text/jinja_value.h"
 
 #include <memory>
 #include <string>

@@ -4,7 +4,7 @@
 // error names the file and the field.
 #pragma once
 
-#include "graph/error.h"
+#include "common/error.h"
 
 #include <nlohmann/json.hpp>
 
@@ -20,7 +20,7 @@ namespace config_limits {
 // (hidden 16k, 128 heads of 256, 512 experts, 256k vocabulary, contexts of 10M tokens). Under them
 // the shape of any one tensor (at most three dimensions: experts x rows x columns, 2^58 elements)
 // fits an int64 in bytes; sizes that multiply more (caches, recurrent states over sequences and
-// layers) go through the checked arithmetic of graph/checked.h.
+// layers) go through the checked arithmetic of common/checked.h.
 constexpr int64_t kMaxVocab      = int64_t(1) << 24;
 constexpr int64_t kMaxEmbd       = int64_t(1) << 20;
 constexpr int64_t kMaxLayers     = 4096;

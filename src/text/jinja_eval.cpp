@@ -1,10 +1,10 @@
 // Evaluator of the Jinja syntax tree with jinja2's semantics as transformers configures it
 // (ImmutableSandboxedEnvironment, default Undefined, loopcontrols, its own tojson/raise_exception/
 // strftime_now/namespace/dict). Python behaviour is reproduced where templates depend on it.
-#include "runtime/tokenizer/jinja_ast.h"
+#include "text/jinja_ast.h"
 
-#include "graph/error.h"
-#include "runtime/tokenizer/unicode.h"
+#include "common/error.h"
+#include "text/unicode.h"
 
 #include <algorithm>
 #include <cmath>

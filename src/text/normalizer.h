@@ -2,8 +2,8 @@
 // models use), configured from the "normalizer" and "pre_tokenizer" sections of tokenizer.json.
 #pragma once
 
-#include "runtime/tokenizer/regex.h"
-#include "runtime/tokenizer/unicode.h"
+#include "text/regex.h"
+#include "text/unicode.h"
 
 #include <nlohmann/json.hpp>
 

@@ -1,6 +1,6 @@
-#include "runtime/tokenizer/added_tokens.h"
+#include "text/added_tokens.h"
 
-#include "runtime/tokenizer/unicode.h"
+#include "text/unicode.h"
 
 #include <algorithm>
 

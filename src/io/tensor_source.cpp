@@ -1,6 +1,6 @@
-#include "runtime/io/tensor_source.h"
+#include "io/tensor_source.h"
 
-#include "graph/error.h"
+#include "common/error.h"
 
 namespace spark::io {
 

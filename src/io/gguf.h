@@ -12,8 +12,8 @@
 // SPARK_ERR_INVALID_ARGUMENT (writer misuse), SPARK_ERR_ABORTED (the writer's callback said stop).
 #pragma once
 
-#include "runtime/io/mapped_file.h"
-#include "runtime/io/tensor_source.h"
+#include "io/mapped_file.h"
+#include "io/tensor_source.h"
 
 #include <cstdint>
 #include <cstring>
