@@ -2,32 +2,33 @@
 // tokenizer, chat template, quantization provenance and every checkpoint tensor in its native
 // Hugging Face layout, 64-byte aligned and mmap-able.
 //
-//   GgufFile    validating reader over a MappedFile; typed metadata getters.
-//   GgufSource  a TensorSource over a GgufFile (same interface as a safetensors directory).
-//   GgufWriter  streaming writer: metadata + tensor descriptors up front, then the data of one
-//               tensor at a time from a callback, into a temporary file renamed on success.
+//   gguf.h               the format, shared by both sides: constants, keys, the dtype registry,
+//                        metadata values, how a PyTorch shape is laid out as GGUF dimensions.
+//   gguf_reader.h        GgufFile (validating reader over a MappedFile; typed metadata getters) and
+//                        GgufSource (a TensorSource over a GgufFile): what loading needs.
+//   writer/gguf_writer.h GgufWriter (streaming writer, temporary file renamed on success): for
+//                        spark-convert and the tests, in the component spark_io_writer, not in libspark.
 //
 // Errors are spark::Error: SPARK_ERR_IO (missing/unwritable file), SPARK_ERR_INVALID_FORMAT (anything
 // malformed or hostile), SPARK_ERR_UNSUPPORTED (unknown tensor type id, dtype id or future version),
 // SPARK_ERR_INVALID_ARGUMENT (writer misuse), SPARK_ERR_ABORTED (the writer's callback said stop).
 #pragma once
 
-#include "io/mapped_file.h"
 #include "io/tensor_source.h"
 
+#include <bit>
 #include <cstdint>
 #include <cstring>
-#include <functional>
-#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
-#include <string_view>
-#include <unordered_map>
 #include <variant>
 #include <vector>
 
 namespace spark::io {
+
+// The file is little-endian and values are copied straight out of the mapping.
+static_assert(std::endian::native == std::endian::little, "spark's GGUF code assumes a little-endian host");
 
 // ---- constants ---------------------------------------------------------------------------------
 
@@ -40,6 +41,7 @@ constexpr size_t   kGgufMaxDims          = 4;           // GGML_MAX_DIMS
 constexpr size_t   kSparkMaxTensorName   = 63;          // GGML_MAX_NAME - 1: stock readers reject longer
 constexpr size_t   kSparkMaxRank         = 8;           // PyTorch rank a spark file can describe
 constexpr size_t   kGgufMaxArrayDepth    = 4;           // nested arrays the reader follows
+constexpr uint64_t kGgufMaxKeyBytes      = 65535;       // GGUF spec
 
 // Reserved metadata keys (docs/FORMAT.md lists all keys).
 namespace gguf_key {
@@ -86,6 +88,8 @@ enum class GgufType : uint32_t {
 };
 constexpr uint32_t kGgufTypeCount = 13;
 const char * gguf_type_name(GgufType t);
+// Size of a fixed-size GGUF value type; 0 for STRING and ARRAY.
+size_t       gguf_fixed_size(GgufType t);
 
 class GgufValue;
 
@@ -97,8 +101,9 @@ struct GgufArray {
     std::vector<GgufValue>   arrays;   // ARRAY (nested; the writer refuses them, ggml cannot read them)
     size_t                   count = 0;
 
-    size_t size() const { return count; }
-    bool   operator==(const GgufArray & o) const;
+    size_t    size() const { return count; }
+    GgufValue element(size_t i) const;  // element i of a fixed-size array, as a scalar value
+    bool      operator==(const GgufArray & o) const;
 };
 
 class GgufValue {
@@ -158,156 +163,28 @@ template <typename T> GgufValue GgufValue::array(const std::vector<T> & elems) {
     return GgufValue(std::move(a));
 }
 
-// ---- reader ------------------------------------------------------------------------------------
+// A value stored little-endian at `p` (any alignment).
+template <typename T> T load_le(const uint8_t * p) {
+    T v;
+    std::memcpy(&v, p, sizeof(T));
+    return v;
+}
 
-// One tensor as the GGUF header describes it.
-struct GgufTensorInfo {
-    std::string          name;
-    uint32_t             ggml_type = 0;
-    std::vector<int64_t> ne;          // GGUF order: ne[0] is the fastest-varying dimension
-    uint64_t             offset = 0;  // relative to the data section
-    uint64_t             nbytes = 0;
-};
+// ---- tensor layout -----------------------------------------------------------------------------
 
-class GgufFile {
-public:
-    // Validates the whole header (docs/FORMAT.md "Validation") before returning.
-    static std::unique_ptr<GgufFile> open(const std::string & path);
-    GgufFile(const GgufFile &)             = delete;  // the index views the names
-    GgufFile & operator=(const GgufFile &) = delete;
+// How a PyTorch shape is laid out as GGUF dims (docs/FORMAT.md "Dimensions"): scalars become [1],
+// ranks above 4 fold their outer dimensions into one, the order is reversed, and a dtype stored as
+// ggml I8 over its bytes has ne[0] in bytes. nullopt on overflow.
+std::optional<std::vector<int64_t>> gguf_dims_of(const std::vector<int64_t> & shape, DType dtype);
+// The PyTorch shape GGUF dims stand for when no spark.tensor_shapes record overrides it; nullopt
+// when ne[0] of a byte-stored dtype is not a whole number of elements.
+std::optional<std::vector<int64_t>> shape_of_gguf_dims(const std::vector<int64_t> & ne, DType dtype);
+// The bytes of a tensor of `shape`; nullopt for a negative dimension or when the size overflows.
+std::optional<uint64_t>             tensor_nbytes(const std::vector<int64_t> & shape, DType dtype);
 
-    const std::string & path() const { return file_->path(); }
-    uint32_t            version() const { return version_; }
-    uint32_t            alignment() const { return alignment_; }
-    uint64_t            data_offset() const { return data_offset_; }  // file offset of the data section
-    // True when the file carries spark.format_version (then all spark keys were validated).
-    bool                is_spark() const { return spark_format_version_ != 0; }
-    uint32_t            spark_format_version() const { return spark_format_version_; }
-    const MappedFile &  mapping() const { return *file_; }
+inline uint64_t align_up(uint64_t x, uint64_t alignment) { return (x + alignment - 1) / alignment * alignment; }
 
-    // Metadata in file order.
-    const std::vector<std::pair<std::string, GgufValue>> & metadata() const { return kv_; }
-    const GgufValue * find(const std::string & key) const;  // nullptr when absent
-
-    // Typed getters: nullopt when the key is absent; Error(SPARK_ERR_INVALID_FORMAT) when it is
-    // present with another type or a value out of the requested range. Integer getters accept any
-    // GGUF integer type (writers differ: gguf-py writes UINT32 where the spec says UINT64); float
-    // getters accept FLOAT32 and FLOAT64.
-    std::optional<std::string>              get_string(const std::string & key) const;
-    std::optional<uint32_t>                 get_u32(const std::string & key) const;
-    std::optional<int32_t>                  get_i32(const std::string & key) const;
-    std::optional<uint64_t>                 get_u64(const std::string & key) const;
-    std::optional<int64_t>                  get_i64(const std::string & key) const;
-    std::optional<float>                    get_f32(const std::string & key) const;
-    std::optional<double>                   get_f64(const std::string & key) const;
-    std::optional<bool>                     get_bool(const std::string & key) const;
-    std::optional<std::vector<std::string>> get_string_array(const std::string & key) const;
-    std::optional<std::vector<int64_t>>     get_i64_array(const std::string & key) const;  // integer elements
-    std::optional<std::vector<double>>      get_f64_array(const std::string & key) const;  // float elements
-
-    // Tensors in header order: raw GGUF view, and spark's view (dtype, PyTorch shape, data pointer).
-    const std::vector<GgufTensorInfo> & gguf_tensors() const { return raw_tensors_; }
-    const std::vector<TensorInfo> &     tensors() const { return tensors_; }
-    const TensorInfo *                  find_tensor(const std::string & name) const;
-
-private:
-    GgufFile() = default;
-    void parse();
-    void resolve_tensors();
-
-    std::shared_ptr<MappedFile>                    file_;
-    uint32_t                                       version_ = 0;
-    uint32_t                                       alignment_ = kGgufDefaultAlignment;
-    uint64_t                                       data_offset_ = 0;
-    uint32_t                                       spark_format_version_ = 0;
-    std::vector<std::pair<std::string, GgufValue>> kv_;
-    std::unordered_map<std::string, size_t>        kv_index_;
-    std::vector<GgufTensorInfo>                    raw_tensors_;
-    std::vector<TensorInfo>                        tensors_;
-    std::unordered_map<std::string_view, size_t>   tensor_index_;  // views of raw_tensors_'s names
-};
-
-// The tensors of a spark (or plain GGUF) file for the loaders.
-class GgufSource final : public TensorSource {
-public:
-    static std::unique_ptr<GgufSource> open(const std::string & path);
-    explicit GgufSource(std::unique_ptr<GgufFile> file) : file_(std::move(file)) {}
-
-    const TensorInfo *              find(const std::string & name) const override { return file_->find_tensor(name); }
-    const std::vector<TensorInfo> & tensors() const override { return file_->tensors(); }
-    std::string                     describe() const override { return file_->path(); }
-    std::vector<const MappedFile *> files() const override { return {&file_->mapping()}; }
-
-    // Metadata (hyper-parameters, tokenizer, template, provenance).
-    const GgufFile & file() const { return *file_; }
-
-private:
-    std::unique_ptr<GgufFile> file_;
-};
-
-// ---- writer ------------------------------------------------------------------------------------
-
-class GgufWriter {
-public:
-    struct Tensor {
-        std::string          name;
-        DType                dtype = DType::F32;
-        std::vector<int64_t> shape;  // PyTorch order; {} for a scalar
-        uint64_t             nbytes = 0;
-    };
-
-    // Receives the bytes of one tensor, in one or more pieces; together exactly Tensor::nbytes.
-    class Sink {
-    public:
-        virtual ~Sink() = default;
-        virtual void write(const void * data, size_t n) = 0;
-    };
-
-    // Called once per tensor, in add_tensor order, with the tensor's index. Returning false aborts
-    // the write (Error(SPARK_ERR_ABORTED)); an exception thrown here aborts it too and propagates.
-    using DataProvider = std::function<bool(size_t index, const Tensor & tensor, Sink & out)>;
-
-    GgufWriter();
-
-    // Adds or replaces a KV pair (first insertion fixes its position). Keys are printable ASCII
-    // without spaces, at most 65535 bytes. general.alignment, spark.format_version,
-    // spark.tensor_dtypes and spark.tensor_shapes are the writer's own: setting them is an error.
-    // Strings must be well-formed UTF-8. Nested arrays are refused (ggml's reader rejects a whole
-    // file that has one).
-    void set(const std::string & key, GgufValue value);
-    void set_string(const std::string & key, std::string v) { set(key, GgufValue(std::move(v))); }
-    void set_u32(const std::string & key, uint32_t v) { set(key, GgufValue(v)); }
-    void set_i32(const std::string & key, int32_t v) { set(key, GgufValue(v)); }
-    void set_u64(const std::string & key, uint64_t v) { set(key, GgufValue(v)); }
-    void set_i64(const std::string & key, int64_t v) { set(key, GgufValue(v)); }
-    void set_f32(const std::string & key, float v) { set(key, GgufValue(v)); }
-    void set_f64(const std::string & key, double v) { set(key, GgufValue(v)); }
-    void set_bool(const std::string & key, bool v) { set(key, GgufValue(v)); }
-    void set_string_array(const std::string & key, std::vector<std::string> v) { set(key, GgufValue::string_array(std::move(v))); }
-    const GgufValue * find(const std::string & key) const;
-
-    // Declares a tensor. Error(SPARK_ERR_INVALID_ARGUMENT) for an empty, duplicate, non-UTF-8 or
-    // > 63-byte name, a rank above 8, a negative dimension, or nbytes != numel * dtype size.
-    void add_tensor(const std::string & name, DType dtype, std::vector<int64_t> shape, uint64_t nbytes);
-    const std::vector<Tensor> & tensors() const { return tensors_; }
-
-    // Writes the file: `<path>.tmp-<pid>` first, renamed to `path` on success. On any error the
-    // temporary is removed and `path` is untouched. Refuses (SPARK_ERR_IO) to replace an existing
-    // `path` unless `overwrite`. Requires general.architecture and spark.hf_config_json (strings).
-    // Temporaries of `path` left by writers that were killed (their process is gone) are removed.
-    void write(const std::string & path, const DataProvider & provide, bool overwrite = false) const;
-
-private:
-    std::vector<std::pair<std::string, GgufValue>> kv_;
-    std::unordered_map<std::string, size_t>        kv_index_;
-    std::vector<Tensor>                            tensors_;
-    std::unordered_map<std::string, size_t>        tensor_index_;
-};
-
-// For a SIGINT/SIGTERM handler of a program that writes spark files: removes the temporary file of
-// the GgufWriter::write in progress, if any, with only async-signal-safe calls (unlink). The handler
-// should then end the process (_exit) rather than return into the interrupted write. Only one write
-// at a time is tracked (the first of concurrent writes); the others still clean up on errors.
-void gguf_remove_temp_file_on_signal() noexcept;
+// A size for "%llu" in messages.
+inline unsigned long long ull(uint64_t v) { return (unsigned long long) v; }
 
 }  // namespace spark::io

@@ -1,6 +1,6 @@
 // C API of the tokenizer and the chat templates (spark.h, sections "Tokenizer" and "Chat templates").
 #include "common/error.h"
-#include "io/gguf.h"
+#include "io/gguf_reader.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 #include "text/unicode.h"

@@ -1,9 +1,10 @@
 #include "converter.h"
 
 #include "common/error.h"
-#include "io/gguf.h"
+#include "io/gguf_reader.h"
 #include "io/mapped_file.h"
 #include "io/safetensors.h"
+#include "io/writer/gguf_writer.h"
 #include "quant/dequant.h"
 #include "quant/quantize.h"
 #include "runtime/hparams.h"

@@ -21,7 +21,7 @@
 #include "../common/version.h"
 
 #include "common/error.h"
-#include "io/gguf.h"
+#include "io/writer/gguf_writer.h"
 
 #include <CLI/CLI.hpp>
 
