@@ -1,5 +1,6 @@
 // Syntax tree of the Jinja subset chat templates use, the parser that builds it (jinja_parser.cpp,
-// following jinja2's parser.py precedence) and the evaluator that renders it (jinja_eval.cpp).
+// following jinja2's parser.py precedence) and the evaluator that renders it (jinja_eval.cpp, with
+// Python's str in jinja_str.cpp and the filters and tests in jinja_filters.cpp).
 #pragma once
 
 #include "text/jinja_value.h"
@@ -104,9 +105,5 @@ std::shared_ptr<const Template> parse_template(const std::string & source);
 // Renders with the given top-level variables. Throws SPARK_ERR_TEMPLATE on evaluation errors and
 // when the template exceeds one of the limits.
 std::string render(const Template & tmpl, const Dict & variables, const RenderLimits & limits = {});
-
-// Names known to the evaluator (the parser rejects others).
-bool is_known_filter(const std::string & name);
-bool is_known_test(const std::string & name);
 
 }  // namespace spark::jinja

@@ -1,6 +1,7 @@
 // Recursive-descent parser for the Jinja subset, with jinja2's operator precedence (parser.py):
 // condexpr < or < and < not < compare < +,- < ~ < *,/,//,% < ** < unary < primary/postfix/filters.
 #include "text/jinja_ast.h"
+#include "text/jinja_filters.h"
 #include "text/jinja_lexer.h"
 
 #include <set>

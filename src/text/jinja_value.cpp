@@ -15,6 +15,10 @@ void template_error(int line, const std::string & message) {
     fail(SPARK_ERR_TEMPLATE, "chat template: %s", message.c_str());
 }
 
+void undefined_error(int line, const Value & v) {
+    template_error(line, v.s.empty() ? std::string("value is undefined") : v.s);
+}
+
 // ------------------------------------------------------------------------------------------------
 // Budget and shared objects
 
@@ -630,6 +634,83 @@ std::string to_json(const Value & v, const JsonOptions & options, int line) {
     std::string out;
     json_value(out, v, options, 0, line);
     return out;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Argument binding and iteration
+
+std::vector<const Value *> bind(const CallArgs & a, std::initializer_list<const char *> names, std::string_view fname,
+                                int line) {
+    std::vector<const char *> n(names);
+    if (a.positional.size() > n.size())
+        template_error(line, std::string(fname) + "() takes at most " + std::to_string(n.size()) + " arguments (" +
+                                 std::to_string(a.positional.size()) + " given)");
+    std::vector<const Value *> out(n.size(), nullptr);
+    for (size_t k = 0; k < a.positional.size(); ++k) out[k] = &a.positional[k];
+    for (const auto & [key, value] : a.keyword) {
+        size_t k = 0;
+        while (k < n.size() && key != n[k]) ++k;
+        if (k == n.size()) template_error(line, std::string(fname) + "() got an unexpected keyword argument '" + key + "'");
+        if (out[k]) template_error(line, std::string(fname) + "() got multiple values for argument '" + key + "'");
+        out[k] = &value;
+    }
+    return out;
+}
+
+const Value & require(const Value * v, const char * what, std::string_view fname, int line) {
+    if (!v) template_error(line, std::string(fname) + "() missing required argument '" + what + "'");
+    return *v;
+}
+
+const std::string & require_string(const Value & v, const std::string & what, int line) {
+    if (!v.is_string()) template_error(line, what + " must be a string, not " + type_name(v));
+    return v.s;
+}
+
+int64_t require_int(const Value & v, const std::string & what, int line) {
+    if (!v.is_integer()) template_error(line, what + " must be an integer, not " + type_name(v));
+    return v.as_int();
+}
+
+List iterate(const Value & v, int line) {
+    switch (v.type) {
+        case Value::Type::Undefined: return {};
+        case Value::Type::List:
+            Budget::steps(v.list->size());
+            Budget::ensure_room(v.list->size(), sizeof(Value));
+            return *v.list;
+        case Value::Type::Dict: {
+            Budget::steps(v.dict->items.size());
+            Budget::ensure_room(v.dict->items.size(), sizeof(Value));
+            List keys;
+            for (const auto & kv : v.dict->items) keys.push_back(kv.first);
+            return keys;
+        }
+        case Value::Type::String: {
+            const size_t count = unicode::count_codepoints(v.s);
+            Budget::steps(count);  // a value per character
+            Budget::ensure_room(count, sizeof(Value));
+            List chars;
+            chars.reserve(count);
+            for (size_t i = 0; i < v.s.size();) {
+                const size_t start = i;
+                unicode::next_codepoint(v.s, i);
+                chars.push_back(Value::string(v.s.substr(start, i - start)));
+            }
+            return chars;
+        }
+        default: template_error(line, "'" + std::string(type_name(v)) + "' object is not iterable");
+    }
+}
+
+int64_t length_of(const Value & v, int line) {
+    switch (v.type) {
+        case Value::Type::Undefined: return 0;
+        case Value::Type::String: Budget::bulk(v.s.size()); return int64_t(unicode::count_codepoints(v.s));
+        case Value::Type::List: return int64_t(v.list->size());
+        case Value::Type::Dict: return int64_t(v.dict->items.size());
+        default: template_error(line, "object of type '" + std::string(type_name(v)) + "' has no len()");
+    }
 }
 
 }  // namespace spark::jinja

@@ -1,5 +1,6 @@
 // Values of the Jinja interpreter, with Python semantics (what jinja2 does on top of Python):
-// str()/repr() formatting, ==, ordering, truthiness, json.dumps.
+// str()/repr() formatting, ==, ordering, truthiness, json.dumps, iter(), len(), and how builtins
+// bind their arguments.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -7,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -247,5 +249,47 @@ std::string to_json(const Value & v, const JsonOptions & options, int line);
 
 // Throws spark::Error(SPARK_ERR_TEMPLATE) with the line number.
 [[noreturn]] void template_error(int line, const std::string & message);
+// The error for using an undefined value: what was undefined, as Value::undefined recorded it.
+[[noreturn]] void undefined_error(int line, const Value & v);
+
+// ------------------------------------------------------------------------------------------------
+// Python call and iteration semantics, for the builtins (str methods, filters, tests, globals).
+
+// A call's arguments bound to the parameters `names` (positional, then by keyword); nullptr for
+// those not given. Too many, unknown or repeated arguments are errors, worded as Python's.
+std::vector<const Value *> bind(const CallArgs & a, std::initializer_list<const char *> names, std::string_view fname,
+                                int line);
+const Value &       require(const Value * v, const char * what, std::string_view fname, int line);
+const std::string & require_string(const Value & v, const std::string & what, int line);
+int64_t             require_int(const Value & v, const std::string & what, int line);
+
+// Items of an iterable, as Python's iter(): list items, dict keys, characters.
+List iterate(const Value & v, int line);
+// Python's len().
+int64_t length_of(const Value & v, int line);
+
+// The items of an iterable for reading them once: a list is read in place (lists are immutable),
+// other iterables are made into one (iterate).
+class Items {
+public:
+    Items(const Value & v, int line) {
+        if (v.is_list()) {
+            list_ = v.list.get();
+        } else {
+            made_ = iterate(v, line);
+            list_ = &made_;
+        }
+    }
+    List::const_iterator begin() const { return list_->begin(); }
+    List::const_iterator end() const { return list_->end(); }
+    size_t               size() const { return list_->size(); }
+    bool                 empty() const { return list_->empty(); }
+    const Value &        operator[](size_t k) const { return (*list_)[k]; }
+    const List &         list() const { return *list_; }
+
+private:
+    List         made_;
+    const List * list_;
+};
 
 }  // namespace spark::jinja
