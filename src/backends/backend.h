@@ -3,7 +3,7 @@
 // spark::Error (SPARK_ERR_OUT_OF_MEMORY, SPARK_ERR_DEVICE, ...).
 #pragma once
 
-#include "graph/error.h"
+#include "common/error.h"
 #include "graph/graph.h"
 #include "quant/qweight.h"
 

@@ -1,6 +1,6 @@
 #include "graph/graph.h"
 
-#include "graph/error.h"
+#include "common/error.h"
 
 #include <atomic>
 

@@ -1,6 +1,6 @@
 #include "graph/planner.h"
 
-#include "graph/error.h"
+#include "common/error.h"
 
 #include <algorithm>
 #include <limits>

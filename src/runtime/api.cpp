@@ -1,5 +1,5 @@
 // The C API glue: argument checks, exceptions -> status codes, handles -> C++ objects.
-#include "graph/error.h"
+#include "common/error.h"
 #include "runtime/context.h"
 #include "runtime/model.h"
 

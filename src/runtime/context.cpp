@@ -1,7 +1,7 @@
 #include "runtime/context.h"
 
-#include "graph/error.h"
-#include "graph/log.h"
+#include "common/error.h"
+#include "common/log.h"
 #include "graph/planner.h"
 #include "runtime/models/arch.h"
 

@@ -1,6 +1,6 @@
 #include "runtime/device.h"
 
-#include "graph/error.h"
+#include "common/error.h"
 
 #if SPARK_HAS_CUDA
 #include "backends/cuda/cuda_backend.h"

@@ -1,6 +1,6 @@
 #include "runtime/graph_builders.h"
 
-#include "graph/error.h"
+#include "common/error.h"
 #include "runtime/context.h"
 #include "runtime/memory/memory.h"
 

@@ -1,8 +1,8 @@
 #include "runtime/hparams.h"
 
-#include "graph/checked.h"
-#include "graph/error.h"
-#include "runtime/config_fields.h"
+#include "common/checked.h"
+#include "common/error.h"
+#include "io/config_fields.h"
 
 #include <algorithm>
 #include <cmath>

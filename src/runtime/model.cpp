@@ -1,16 +1,16 @@
 #include "runtime/model.h"
 
-#include "graph/checked.h"
-#include "graph/error.h"
-#include "graph/hash.h"
-#include "graph/log.h"
+#include "common/checked.h"
+#include "common/error.h"
+#include "common/hash.h"
+#include "common/log.h"
+#include "io/mapped_file.h"
+#include "io/safetensors.h"
 #include "runtime/device.h"
-#include "runtime/io/mapped_file.h"
-#include "runtime/io/safetensors.h"
-#include "runtime/models/arch.h"
 #include "runtime/model_source.h"
+#include "runtime/models/arch.h"
 #include "runtime/synthetic.h"
-#include "runtime/tokenizer/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <nlohmann/json.hpp>
 

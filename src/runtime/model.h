@@ -3,9 +3,9 @@
 #pragma once
 
 #include "backends/backend.h"
+#include "io/tensor_source.h"
 #include "quant/qweight.h"
 #include "runtime/hparams.h"
-#include "runtime/io/tensor_source.h"
 #include "runtime/quant_config.h"
 #include "runtime/weight_resolver.h"
 

@@ -1,8 +1,8 @@
 #include "runtime/model_source.h"
 
-#include "graph/error.h"
-#include "runtime/io/mapped_file.h"
-#include "runtime/io/safetensors.h"
+#include "common/error.h"
+#include "io/mapped_file.h"
+#include "io/safetensors.h"
 
 #include <cstring>
 

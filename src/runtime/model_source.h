@@ -3,7 +3,7 @@
 // Face directory and a spark file give the same ModelSource, so everything downstream is shared.
 #pragma once
 
-#include "runtime/io/tensor_source.h"
+#include "io/tensor_source.h"
 
 #include <map>
 #include <memory>

@@ -1,6 +1,6 @@
 #include "runtime/quant_config.h"
 
-#include "graph/error.h"
+#include "common/error.h"
 
 namespace spark {
 

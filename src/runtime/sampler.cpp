@@ -2,7 +2,7 @@
 // a final pick is greedy unless a dist stage draws a seeded random token.
 #include "runtime/sampler.h"
 
-#include "graph/error.h"
+#include "common/error.h"
 #include "runtime/context.h"
 
 #include <spark/spark.h>

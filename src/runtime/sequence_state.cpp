@@ -3,8 +3,8 @@
 // loads only where the model's fingerprint, the memory's shape and the format version agree, its
 // size is exactly what that shape needs for its tokens, and its checksum holds: everything is
 // checked before the sequence is touched, so a refused state changes nothing.
-#include "graph/error.h"
-#include "graph/hash.h"
+#include "common/error.h"
+#include "common/hash.h"
 #include "runtime/context.h"
 
 #include <spark/spark.h>

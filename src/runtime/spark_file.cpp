@@ -1,7 +1,7 @@
 // Reading a spark file as a ModelSource. The converter stores config.json and the side files
 // verbatim (docs/FORMAT.md), so a spark file is parsed by exactly the code that parses a directory.
-#include "graph/error.h"
-#include "runtime/io/gguf.h"
+#include "common/error.h"
+#include "io/gguf_reader.h"
 #include "runtime/model_source.h"
 
 namespace spark {

@@ -4,10 +4,10 @@
 // Embeddings, lm_head and MoE routers stay bf16, as in the checkpoints people download.
 #include "runtime/synthetic.h"
 
-#include "graph/error.h"
+#include "common/error.h"
 #include "runtime/device.h"
 #include "runtime/models/arch.h"
-#include "runtime/tokenizer/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <cmath>
 #include <cstring>

@@ -1,9 +1,9 @@
 #include "runtime/weight_resolver.h"
 
-#include "graph/error.h"
+#include "common/error.h"
+#include "io/mapped_file.h"
 #include "quant/formats.h"
 #include "quant/repack.h"
-#include "runtime/io/mapped_file.h"
 
 #include <cstring>
 

@@ -6,8 +6,8 @@
 // losslessly into buffers owned by a HostStore.
 #pragma once
 
+#include "io/tensor_source.h"
 #include "quant/qweight.h"
-#include "runtime/io/tensor_source.h"
 #include "runtime/quant_config.h"
 
 #include <cstdint>

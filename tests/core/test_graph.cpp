@@ -2,7 +2,7 @@
 // values), CPU op semantics on hand-checked cases, and the arch capability table.
 #include "backends/backend.h"
 #include "backends/cuda/arch.h"
-#include "graph/error.h"
+#include "common/error.h"
 #include "graph/graph.h"
 #include "graph/planner.h"
 

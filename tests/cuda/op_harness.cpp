@@ -1,7 +1,7 @@
 #include "op_harness.h"
 
 #include "backends/cuda/cuda_backend.h"
-#include "graph/error.h"
+#include "common/error.h"
 #include "graph/planner.h"
 #include "quant/formats.h"
 #include "quant/quantize.h"

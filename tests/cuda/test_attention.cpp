@@ -27,7 +27,7 @@
 // rounding), nmse < 4e-8. An indexing, masking or paging mistake gives nmse >= 1e-3.
 #include "op_harness.h"
 
-#include "graph/error.h"
+#include "common/error.h"
 #include "graph/graph.h"
 
 #include <doctest/doctest.h>

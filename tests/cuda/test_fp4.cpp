@@ -16,7 +16,7 @@
 #include "backends/cuda/arch.h"
 #include "backends/cuda/fp4/nvfp4_act_ref.h"
 #include "backends/cuda/fp4/w4a4.h"
-#include "graph/error.h"
+#include "common/error.h"
 #include "quant/dequant.h"
 #include "quant/formats.h"
 #include "quant/quantize.h"

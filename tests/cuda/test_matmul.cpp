@@ -31,7 +31,7 @@
 #include "backends/cuda/matmul/launch.h"
 #include "backends/cuda/matmul/tuning.h"
 #include "backends/cuda/ops.h"
-#include "graph/error.h"
+#include "common/error.h"
 #include "graph/graph.h"
 #include "graph/planner.h"
 #include "quant/dequant.h"

@@ -10,7 +10,7 @@
 #include "runtime/memory/memory.h"
 #include "runtime/model.h"
 #include "runtime/models/arch.h"
-#include "runtime/tokenizer/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <cmath>
 #include <cstring>

@@ -27,7 +27,7 @@
 // Any indexing mistake (wrong head, column, slot or token) gives nmse >= 1e-2.
 #include "op_harness.h"
 
-#include "graph/error.h"
+#include "common/error.h"
 #include "graph/graph.h"
 
 #include <doctest/doctest.h>

@@ -10,9 +10,9 @@
 // else is a finding: a crash or sanitizer report, another exception (std::bad_alloc would mean that
 // an allocation escaped the memory budget), or a render that leaves shared values alive (a leak
 // through a reference cycle).
-#include "graph/error.h"
-#include "runtime/tokenizer/chat_template.h"
-#include "runtime/tokenizer/jinja_value.h"
+#include "common/error.h"
+#include "text/chat_template.h"
+#include "text/jinja_value.h"
 
 #include <nlohmann/json.hpp>
 

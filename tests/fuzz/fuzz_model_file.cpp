@@ -2,7 +2,7 @@
 // documents it carries, the tokenizer, the weights of each format, the model's memory; then a
 // context and one decode step (docs/RELIABILITY.md, "Model files").
 #include "fuzz_util.h"
-#include "runtime/io/gguf.h"
+#include "io/gguf_reader.h"
 
 #include <spark/spark.h>
 

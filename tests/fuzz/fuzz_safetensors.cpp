@@ -3,7 +3,7 @@
 // index (model.safetensors.index.json) up to its first NUL byte, followed by the bytes of the shard
 // model-00001-of-00002.safetensors; any other input is the bytes of a single model.safetensors.
 #include "fuzz_util.h"
-#include "runtime/io/safetensors.h"
+#include "io/safetensors.h"
 
 namespace fs = std::filesystem;
 

@@ -3,7 +3,7 @@
 // parts separated by NUL bytes: tokenizer.json, text, tokenizer_config.json, generation_config.json
 // (missing parts are empty: the text, or absent config files).
 #include "fuzz_util.h"
-#include "runtime/tokenizer/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <tuple>
 

@@ -4,7 +4,7 @@
 // a leak, a timeout, running out of memory) is a finding.
 #pragma once
 
-#include "graph/error.h"
+#include "common/error.h"
 
 #include <unistd.h>
 

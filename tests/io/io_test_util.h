@@ -2,7 +2,7 @@
 // hostile) files, and error capture.
 #pragma once
 
-#include "graph/error.h"
+#include "common/error.h"
 
 #include <doctest/doctest.h>
 

@@ -2,7 +2,8 @@
 // the reader's validation against hand-made hostile headers, truncation and random corruption.
 #include "io_test_util.h"
 
-#include "runtime/io/gguf.h"
+#include "io/gguf_reader.h"
+#include "io/writer/gguf_writer.h"
 
 #include <algorithm>
 #include <csignal>

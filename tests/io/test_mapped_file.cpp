@@ -1,7 +1,7 @@
 // MappedFile's positioned reads (the CUDA weight loader reads the files behind the mappings with them).
 #include "io_test_util.h"
 
-#include "runtime/io/mapped_file.h"
+#include "io/mapped_file.h"
 
 #include <unistd.h>
 

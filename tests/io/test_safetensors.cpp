@@ -2,7 +2,7 @@
 // directories, and every malformation the reference implementation rejects.
 #include "io_test_util.h"
 
-#include "runtime/io/safetensors.h"
+#include "io/safetensors.h"
 
 #include <random>
 

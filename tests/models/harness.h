@@ -1,7 +1,7 @@
 // Shared helpers of the model tests: goldens, running prompts through the C API in several ways.
 #pragma once
 
-#include "runtime/io/safetensors.h"
+#include "io/safetensors.h"
 
 #include <spark/spark.h>
 

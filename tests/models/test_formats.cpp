@@ -5,8 +5,8 @@
 // Tolerances: 1e-3 absolute on logits vs the goldens (float32 CPU path vs float32 transformers from
 // the same exactly-dequantized weights: only summation order differs; observed ~2e-6). Directory vs
 // spark file: bit-identical (same bytes, same code).
+#include "common/error.h"
 #include "converter.h"
-#include "graph/error.h"
 #include "harness.h"
 
 #include <nlohmann/json.hpp>

@@ -4,8 +4,8 @@
 // destroy their input or leave temporaries behind. Each must fail fast with a status and a message
 // that names the field and the file.
 #include "backends/backend.h"
+#include "common/error.h"
 #include "converter.h"
-#include "graph/error.h"
 #include "harness.h"
 #include "runtime/hparams.h"
 #include "runtime/model.h"

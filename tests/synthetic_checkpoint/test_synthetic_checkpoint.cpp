@@ -2,8 +2,8 @@
 // synthetic shapes load like the in-memory synthetic models of the same shape and format, convert
 // to spark files that run identically, are byte-identical from run to run, and match the layout of
 // the real producers' fixtures (tests/data/models) tensor for tensor.
+#include "common/error.h"
 #include "converter.h"
-#include "graph/error.h"
 #include "models/harness.h"
 #include "synthetic_checkpoint.h"
 

@@ -1,9 +1,9 @@
 // Chat templates: the Qwen3 template rendered exactly like transformers' apply_chat_template, Jinja
 // conformance cases rendered by jinja2 (transformers' environment), and the error contract.
-#include "graph/error.h"
-#include "runtime/tokenizer/chat_template.h"
-#include "runtime/tokenizer/jinja_ast.h"
-#include "runtime/tokenizer/tokenizer.h"
+#include "common/error.h"
+#include "text/chat_template.h"
+#include "text/jinja_ast.h"
+#include "text/tokenizer.h"
 #include "tokenizer_test_util.h"
 
 #include <doctest/doctest.h>

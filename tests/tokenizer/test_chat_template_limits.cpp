@@ -1,10 +1,10 @@
 // Hostile chat templates: templates come inside downloaded model directories and run inside host
 // processes, so whatever a template does, a render must end quickly with SPARK_ERR_TEMPLATE (or its
 // result) rather than overflow the stack, run for hours, exhaust memory or leak.
-#include "graph/error.h"
-#include "runtime/tokenizer/chat_template.h"
-#include "runtime/tokenizer/jinja_ast.h"
-#include "runtime/tokenizer/tokenizer.h"
+#include "common/error.h"
+#include "text/chat_template.h"
+#include "text/jinja_ast.h"
+#include "text/tokenizer.h"
 #include "tokenizer_test_util.h"
 
 #include <doctest/doctest.h>

@@ -2,9 +2,9 @@
 // ids that do not fit 32 bits, fields of the wrong JSON type, pre-tokenizer regexes that cannot
 // match. Each must fail at load, fast, with SPARK_ERR_INVALID_FORMAT and a message naming the field
 // and the file; nothing may fail later at encode time or abort.
-#include "graph/error.h"
-#include "runtime/tokenizer/regex.h"
-#include "runtime/tokenizer/tokenizer.h"
+#include "common/error.h"
+#include "text/regex.h"
+#include "text/tokenizer.h"
 #include "tokenizer_test_util.h"
 
 #include <doctest/doctest.h>

@@ -1,10 +1,10 @@
 // Tokenizer tests: Hugging Face goldens (encode ids, decode text), the C API contract, error
 // handling for corrupt inputs, and the streaming detokenizer.
-#include "graph/error.h"
-#include "runtime/tokenizer/bpe.h"
-#include "runtime/tokenizer/regex.h"
-#include "runtime/tokenizer/tokenizer.h"
-#include "runtime/tokenizer/unicode.h"
+#include "common/error.h"
+#include "text/bpe.h"
+#include "text/regex.h"
+#include "text/tokenizer.h"
+#include "text/unicode.h"
 #include "tokenizer_test_util.h"
 
 #include <doctest/doctest.h>

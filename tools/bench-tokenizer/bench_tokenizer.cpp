@@ -7,9 +7,9 @@
 // Exit status: 0 when the round trip is exact, 1 when it is not or something failed, 2 for bad options.
 #include "../common/parse_args.h"
 #include "../common/version.h"
-#include "runtime/tokenizer/tokenizer.h"
+#include "text/tokenizer.h"
 
-#include "runtime/tokenizer/unicode.h"
+#include "text/unicode.h"
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>

@@ -1,12 +1,13 @@
 #include "converter.h"
 
-#include "graph/error.h"
+#include "common/error.h"
+#include "io/gguf_reader.h"
+#include "io/mapped_file.h"
+#include "io/safetensors.h"
+#include "io/writer/gguf_writer.h"
 #include "quant/dequant.h"
 #include "quant/quantize.h"
 #include "runtime/hparams.h"
-#include "runtime/io/gguf.h"
-#include "runtime/io/mapped_file.h"
-#include "runtime/io/safetensors.h"
 
 #include <nlohmann/json.hpp>
 

@@ -20,8 +20,8 @@
 #include "../common/load_progress.h"  // LoadProgress::render: the bar's text
 #include "../common/version.h"
 
-#include "graph/error.h"
-#include "runtime/io/gguf.h"
+#include "common/error.h"
+#include "io/writer/gguf_writer.h"
 
 #include <CLI/CLI.hpp>
 

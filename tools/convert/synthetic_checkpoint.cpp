@@ -1,7 +1,7 @@
 #include "synthetic_checkpoint.h"
 
+#include "common/error.h"
 #include "graph/dtype.h"
-#include "graph/error.h"
 #include "quant/formats.h"
 #include "quant/random_weights.h"
 #include "runtime/hparams.h"

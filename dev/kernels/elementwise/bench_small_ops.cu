@@ -2,7 +2,7 @@
 // prefill shapes), called through the real launchers (ops.h) on hand-made tensors.
 //
 // Build and run (repository root, one line; -arch as the GPU):
-//   nvcc -O3 -std=c++20 --expt-relaxed-constexpr -arch=sm_90a -Isrc -Iinclude dev/kernels/elementwise/bench_small_ops.cu src/backends/cuda/elementwise/norm.cu src/backends/cuda/elementwise/rope.cu src/backends/cuda/elementwise/moe.cu src/backends/cuda/elementwise/argmax.cu src/backends/cuda/elementwise/binary.cu src/graph/graph.cpp src/graph/dtype.cpp src/graph/error.cpp -o /tmp/bench_small_ops && /tmp/bench_small_ops
+//   nvcc -O3 -std=c++20 --expt-relaxed-constexpr -arch=sm_90a -Isrc -Iinclude dev/kernels/elementwise/bench_small_ops.cu src/backends/cuda/elementwise/norm.cu src/backends/cuda/elementwise/rope.cu src/backends/cuda/elementwise/moe.cu src/backends/cuda/elementwise/argmax.cu src/backends/cuda/elementwise/binary.cu src/graph/graph.cpp src/graph/dtype.cpp src/common/error.cpp -o /tmp/bench_small_ops && /tmp/bench_small_ops
 // Baseline (the kernels before this rewrite, same bench; BENCH_BASELINE drops the fused norm + rope,
 // which did not exist):
 //   mkdir -p /tmp/spark-base && git archive 9a30143 src include | tar -x -C /tmp/spark-base && nvcc -O3 -std=c++20 --expt-relaxed-constexpr -arch=sm_90a -DBENCH_BASELINE -I/tmp/spark-base/src -I/tmp/spark-base/include dev/kernels/elementwise/bench_small_ops.cu /tmp/spark-base/src/backends/cuda/elementwise/{norm,rope,moe,argmax,binary}.cu /tmp/spark-base/src/graph/{graph,dtype,error}.cpp -o /tmp/bench_small_ops_base && /tmp/bench_small_ops_base

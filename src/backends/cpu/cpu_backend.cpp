@@ -1,7 +1,7 @@
 // The CPU backend: host memory, weights used in place (mapped checkpoint), every op in cpu_ops.
 #include "backends/backend.h"
 #include "backends/cpu/cpu_ops.h"
-#include "graph/error.h"
+#include "common/error.h"
 #include "quant/random_weights.h"
 
 #include <chrono>

@@ -1,6 +1,6 @@
 // Causal GQA attention over the paged KV cache (float32 cache on the CPU).
 #include "backends/cpu/cpu_ops.h"
-#include "graph/error.h"
+#include "common/error.h"
 
 #include <cmath>
 #include <cstring>

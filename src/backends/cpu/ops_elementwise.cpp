@@ -1,6 +1,6 @@
 // Row-wise and element-wise ops: copies, norms, RoPE, gating, argmax.
 #include "backends/cpu/cpu_ops.h"
-#include "graph/error.h"
+#include "common/error.h"
 
 #include <cmath>
 #include <cstring>

@@ -3,7 +3,7 @@
 // multiplied with all input rows by Eigen, so memory stays at the checkpoint's size and every
 // dequantized tile is reused across the whole batch.
 #include "backends/cpu/cpu_ops.h"
-#include "graph/error.h"
+#include "common/error.h"
 #include "quant/dequant.h"
 
 #include <Eigen/Core>

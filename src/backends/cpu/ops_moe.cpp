@@ -1,6 +1,6 @@
 // MoE routing (softmax + top-k, as transformers' Qwen2MoeTopKRouter) and the weighted combine.
 #include "backends/cpu/cpu_ops.h"
-#include "graph/error.h"
+#include "common/error.h"
 
 #include <algorithm>
 #include <cmath>

@@ -2,7 +2,7 @@
 // and the gated delta rule recurrence, token by token per sequence (exact; a chunked form is a
 // faster equivalent used on the GPU).
 #include "backends/cpu/cpu_ops.h"
-#include "graph/error.h"
+#include "common/error.h"
 
 #include <cmath>
 #include <cstring>

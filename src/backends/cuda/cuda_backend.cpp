@@ -14,7 +14,7 @@
 #include "backends/cuda/matmul/tuning.h"
 #include "backends/cuda/ops.h"
 #include "backends/cuda/weight_batch.h"
-#include "graph/log.h"
+#include "common/log.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,7 +1,7 @@
 // Error checking and small shared pieces of the CUDA backend (host side; includes no kernels).
 #pragma once
 
-#include "graph/error.h"
+#include "common/error.h"
 
 #include <cuda_runtime.h>
 

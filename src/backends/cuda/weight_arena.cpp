@@ -1,7 +1,7 @@
 #include "backends/cuda/weight_arena.h"
 
 #include "backends/cuda/cuda_common.h"
-#include "graph/error.h"
+#include "common/error.h"
 
 #include <cuda.h>
 #include <cuda_runtime.h>

@@ -13,8 +13,8 @@
 #include "backends/cuda/cuda_common.h"
 #include "backends/cuda/ops.h"
 #include "backends/cuda/weight_arena.h"
-#include "graph/error.h"
-#include "graph/parallel.h"
+#include "common/error.h"
+#include "common/parallel.h"
 
 #include <algorithm>
 #include <atomic>

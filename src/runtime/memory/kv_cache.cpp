@@ -1,7 +1,7 @@
 #include "runtime/memory/kv_cache.h"
 
-#include "graph/checked.h"
-#include "graph/error.h"
+#include "common/checked.h"
+#include "common/error.h"
 
 #include <algorithm>
 

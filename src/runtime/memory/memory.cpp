@@ -1,7 +1,7 @@
 #include "runtime/memory/memory.h"
 
-#include "graph/checked.h"
-#include "graph/error.h"
+#include "common/checked.h"
+#include "common/error.h"
 #include "runtime/memory/kv_cache.h"
 #include "runtime/memory/recurrent_state.h"
 #include "runtime/model.h"

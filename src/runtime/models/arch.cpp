@@ -1,8 +1,8 @@
 #include "runtime/models/arch.h"
 
-#include "graph/error.h"
-#include "graph/parallel.h"
-#include "runtime/io/mapped_file.h"
+#include "common/error.h"
+#include "common/parallel.h"
+#include "io/mapped_file.h"
 
 #include <cstring>
 

@@ -7,10 +7,10 @@
 // lm_head give logits over a draft vocabulary, which d2t maps to target token ids (target = draft +
 // d2t[draft]). Chained drafts feed the layer's pre-norm output back as the hidden input, without fc.
 // The embedding is the target's unless the head has its own.
-#include "graph/error.h"
+#include "common/error.h"
+#include "io/config_fields.h"
+#include "io/mapped_file.h"
 #include "runtime/graph_builders.h"
-#include "runtime/config_fields.h"
-#include "runtime/io/mapped_file.h"
 #include "runtime/model_source.h"
 #include "runtime/models/heads.h"
 

@@ -2,7 +2,7 @@
 // RMSNorm and RoPE, and a SwiGLU MLP; tied or untied lm_head.
 #include "runtime/models/qwen3.h"
 
-#include "graph/error.h"
+#include "common/error.h"
 #include "runtime/graph_builders.h"
 
 namespace spark {

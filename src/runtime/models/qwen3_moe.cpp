@@ -1,7 +1,7 @@
 // Qwen3-MoE (Qwen3MoeForCausalLM, e.g. Qwen3-Coder-30B-A3B): Qwen3 with a routed mixture of
 // experts (softmax router, top-k, optional renormalisation) in the layers chosen by
 // decoder_sparse_step / mlp_only_layers, and Qwen3's dense MLP elsewhere.
-#include "graph/error.h"
+#include "common/error.h"
 #include "runtime/graph_builders.h"
 #include "runtime/models/qwen3.h"
 

@@ -3,7 +3,7 @@
 // MoE with a sigmoid-gated shared expert. All RMSNorms are zero-centred, (1 + w), except the gated
 // norm inside linear attention. Reference: transformers models/qwen3_next/modular_qwen3_next.py
 // (formats.md 7.3).
-#include "graph/error.h"
+#include "common/error.h"
 #include "runtime/graph_builders.h"
 #include "runtime/memory/memory.h"
 

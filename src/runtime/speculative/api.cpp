@@ -1,5 +1,5 @@
 // The C API of the owned speculative loop (spark.h, "Speculative decoding").
-#include "graph/error.h"
+#include "common/error.h"
 #include "runtime/speculative/speculator.h"
 
 using namespace spark;

@@ -5,9 +5,9 @@
 // it lacks up to the pending token (chunks of n_batch; the last row's greedy token is the first
 // draft), then k - 1 steps of one token each, each fed the previous step's greedy token on the
 // backend. Those chained tokens stay in the draft's cache as far as the target accepts them.
-#include "graph/error.h"
+#include "common/error.h"
 #include "runtime/speculative/draft_source.h"
-#include "runtime/tokenizer/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <algorithm>
 

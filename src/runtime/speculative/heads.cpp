@@ -11,7 +11,7 @@
 // output is the first draft, then chains: the draft token with the head's own hidden output at the
 // next position, k - 1 times, each step taking its inputs from the previous step's outputs on the
 // backend. The chained positions are dropped from the head's cache afterwards.
-#include "graph/error.h"
+#include "common/error.h"
 #include "runtime/models/heads.h"
 #include "runtime/speculative/draft_source.h"
 

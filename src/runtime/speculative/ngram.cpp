@@ -2,7 +2,7 @@
 // looked up earlier in the sequence, longest n first, latest occurrence first; the tokens that
 // followed that occurrence are the drafts. No weights and no device work: the common win when an
 // answer repeats its input (code editing, quoting, summaries).
-#include "graph/error.h"
+#include "common/error.h"
 #include "runtime/speculative/draft_source.h"
 
 #include <algorithm>

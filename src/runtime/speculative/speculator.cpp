@@ -1,8 +1,8 @@
 #include "runtime/speculative/speculator.h"
 
-#include "graph/error.h"
+#include "common/error.h"
 #include "runtime/sampler.h"
-#include "runtime/tokenizer/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <algorithm>
 #include <chrono>

@@ -7,7 +7,7 @@
 #include "backends/cuda/cuda_common.h"
 #include "backends/cuda/ops.h"
 #include "graph/dtype.h"
-#include "graph/error.h"
+#include "common/error.h"
 #include "graph/graph.h"
 
 #include <cuda_runtime.h>

@@ -19,7 +19,7 @@
 #include "backends/cuda/cuda_common.h"
 #include "backends/cuda/fp4/ptx_fp4.cuh"
 #include "backends/cuda/fp4/w4a4.h"
-#include "graph/error.h"
+#include "common/error.h"
 
 #include <atomic>
 

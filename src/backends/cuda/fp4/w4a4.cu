@@ -12,7 +12,7 @@
 #include "backends/cuda/cuda_common.h"
 #include "backends/cuda/fp4/nvfp4_act_ref.h"
 #include "backends/cuda/fp4/ptx_fp4.cuh"
-#include "graph/error.h"
+#include "common/error.h"
 
 #include <algorithm>
 

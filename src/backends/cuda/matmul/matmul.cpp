@@ -26,7 +26,7 @@
 #include "backends/cuda/matmul/launch.h"
 #include "backends/cuda/matmul/tuning.h"
 #include "backends/cuda/ops.h"
-#include "graph/error.h"
+#include "common/error.h"
 
 #include <algorithm>
 #include <cstdint>

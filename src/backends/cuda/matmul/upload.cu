@@ -15,7 +15,7 @@
 // weight batch (weight_batch.cpp) runs them for a whole model with parallel reads.
 #include "backends/cuda/cuda_common.h"
 #include "backends/cuda/ops.h"
-#include "graph/error.h"
+#include "common/error.h"
 
 #include <algorithm>
 #include <numeric>
