@@ -181,12 +181,8 @@ public:
 
     QWeight random_weight(const RandomWeightSpec & spec, std::vector<std::unique_ptr<Buffer>> & storage) override {
         activate();
-        Owner   owner{this, &storage};
-        QWeight logical;
-        logical.format = spec.format;
-        logical.n      = spec.n;
-        logical.k      = spec.k;
-        return remember(logical, cuda::random_device_weight(spec, &Owner::alloc, &owner, stream_));
+        Owner owner{this, &storage};
+        return remember(random_weight_layout(spec), cuda::random_device_weight(spec, &Owner::alloc, &owner, stream_));
     }
 
     double copy_bandwidth() override {
@@ -235,20 +231,14 @@ private:
         }
     };
 
-    // Keeps the DeviceWeight (kernels read it through QWeight::device_layout).
+    // The weight as the rest of spark sees it: the canonical QWeight as given (format, shape,
+    // groups, blocks, scales; its pointers are the host buffers it was read from, which the kernels
+    // never touch), with device_layout pointing at the DeviceWeight the kernels read. Nothing of the
+    // device layout is copied back into it.
     QWeight remember(const QWeight & logical, const DeviceWeight & dw) {
         std::lock_guard<std::mutex> lock(weights_mutex_);
         weights_.push_back(dw);
         QWeight out       = logical;
-        out.data          = dw.data;
-        out.scales        = dw.scales;
-        out.zeros         = dw.zeros;
-        out.g_idx         = dw.perm;
-        out.group_size    = dw.group_size;
-        out.n_groups      = dw.n_groups;
-        out.global_scale  = dw.global_scale;
-        out.block_n       = dw.block_n;
-        out.block_k       = dw.block_k;
         out.device_layout = &weights_.back();
         return out;
     }
