@@ -40,6 +40,15 @@ namespace {
 
 using cuda::DeviceWeight;
 
+cuda::DeviceProps device_props(const cudaDeviceProp & p) {
+    cuda::DeviceProps d;
+    d.cc                 = p.major * 100 + p.minor * 10;
+    d.sm_count           = p.multiProcessorCount;
+    d.max_smem_per_block = int(p.sharedMemPerBlockOptin);
+    d.l2_bytes           = size_t(p.l2CacheSize);
+    return d;
+}
+
 class DeviceBuffer final : public Buffer {
 public:
     // Zeroed on `stream` (the backend's non-blocking stream): a cudaMemset on the legacy default
@@ -90,14 +99,11 @@ public:
         if (device < 0 || device >= count) fail(SPARK_ERR_UNSUPPORTED, "CUDA device %d does not exist (%d devices)", device, count);
         cudaDeviceProp prop{};
         SPARK_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-        props_.cc = prop.major * 100 + prop.minor * 10;
+        props_ = device_props(prop);
         if (!cuda::cc_supported(props_.cc))
             fail(SPARK_ERR_UNSUPPORTED, "GPU '%s' has compute capability %d.%d; spark needs 8.0 or newer (Ampere, Ada, Hopper, Blackwell)",
                  prop.name, prop.major, prop.minor);
-        props_.sm_count           = prop.multiProcessorCount;
-        props_.max_smem_per_block = int(prop.sharedMemPerBlockOptin);
-        props_.l2_bytes           = size_t(prop.l2CacheSize);
-        total_memory_             = uint64_t(prop.totalGlobalMem);
+        total_memory_ = uint64_t(prop.totalGlobalMem);
         name_                     = prop.name;
         SPARK_CUDA_CHECK(cudaSetDevice(device));
         SPARK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -421,7 +427,7 @@ void cuda_device_describe(int index, spark_device_info & out) {
     if (index < 0 || index >= n) fail(SPARK_ERR_INVALID_ARGUMENT, "CUDA device %d does not exist (%d devices)", index, n);
     cudaDeviceProp p{};
     SPARK_CUDA_CHECK(cudaGetDeviceProperties(&p, index));
-    const int cc = p.major * 100 + p.minor * 10;
+    const cuda::DeviceProps dev = device_props(p);
     out          = spark_device_info{};
     std::snprintf(out.name, sizeof out.name, "%.*s", int(sizeof out.name - 1), p.name);  // a longer name is cut, on purpose
     out.compute_capability = p.major * 10 + p.minor;
@@ -433,8 +439,8 @@ void cuda_device_describe(int index, spark_device_info & out) {
     if (cudaSetDevice(index) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) out.free_memory = free_b;
     cudaGetLastError();
     cudaSetDevice(prev);
-    std::snprintf(out.kernel_paths, sizeof out.kernel_paths, "%s", cuda::kernel_paths(cc));
-    if (!cuda::cc_supported(cc))
+    std::snprintf(out.kernel_paths, sizeof out.kernel_paths, "%s", cuda::kernel_paths(dev).c_str());
+    if (!cuda::cc_supported(dev.cc))
         fail(SPARK_ERR_UNSUPPORTED, "GPU '%s' has compute capability %d.%d; spark needs 8.0 or newer", p.name, p.major, p.minor);
 }
 
