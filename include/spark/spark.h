@@ -132,8 +132,8 @@ typedef struct spark_device_info {
     int32_t  multiprocessors;
     uint64_t total_memory;        /* bytes */
     uint64_t free_memory;         /* bytes, at query time */
-    char     kernel_paths[512];   /* per weight format, the kernel path this device uses, e.g.
-                                     "bf16=w16a16-gemv nvfp4=w4a16-lop3 int4=w4a16-lop3 fp8=w8a16" */
+    char     kernel_paths[512];   /* per weight format, the kernel paths this device uses for decode /
+                                     prefill, e.g. "bf16=gemv-fma/gemm-f16 int4=gemv-mma/gemm-f16" */
     uint64_t reserved[8];         /* zero: room for fields of later versions (same struct size) */
 } spark_device_info;
 

@@ -6,6 +6,7 @@
 #include "common/error.h"
 #include "graph/graph.h"
 #include "quant/qweight.h"
+#include "quant/random_weights.h"
 
 #include <cstddef>
 #include <functional>
@@ -39,6 +40,31 @@ struct RandomWeightSpec {
     uint64_t     seed       = 1;
     float        scale      = 0.02f;  // standard deviation of the represented values (about)
 };
+
+// The canonical description of the weight a spec makes, without data: format, shape, INT4 groups
+// (one per row when group_size <= 0; f16 scales, symmetric), FP8 blocks, the NVFP4 global scale.
+inline QWeight random_weight_layout(const RandomWeightSpec & spec) {
+    QWeight w;
+    w.format = spec.format;
+    w.n      = spec.n;
+    w.k      = spec.k;
+    switch (spec.format) {
+        case WeightFormat::F32:
+        case WeightFormat::F16:
+        case WeightFormat::BF16: break;
+        case WeightFormat::NVFP4: w.global_scale = random_weights::nvfp4_global_scale(spec.scale); break;
+        case WeightFormat::INT4:
+            w.group_size = spec.group_size > 0 ? spec.group_size : int32_t(spec.k);
+            w.n_groups   = int32_t((spec.k + w.group_size - 1) / w.group_size);
+            w.scale_type = ScaleType::F16;
+            break;
+        case WeightFormat::FP8:
+            w.block_n = spec.block_n;
+            w.block_k = spec.block_k;
+            break;
+    }
+    return w;
+}
 
 struct BackendCaps {
     bool  host_memory = true;         // buffers are host-addressable

@@ -5,8 +5,11 @@
 // of them, losslessly, onto the few layouts below; nothing is re-quantized. Logical shape is always
 // the PyTorch one: N = out_features (rows), K = in_features (reduction), y = x * W^T.
 //
-// The struct holds raw pointers into backend memory (host memory for the CPU backend, device memory
-// for CUDA after upload/repack); the owner of the memory is the model.
+// The struct holds raw pointers into the canonical layout's buffers; the owner of the memory is the
+// model. The CPU backend's kernels read them. The CUDA backend keeps the QWeight as it was given
+// (its pointers: the host buffers it was uploaded from, nothing reads them afterwards and they may
+// be gone; null for a random weight) and sets device_layout to its device copy in the kernels'
+// layout (src/backends/cuda/device_weight.h); nothing of that layout is copied back into it.
 #pragma once
 
 #include <cstddef>
@@ -52,7 +55,7 @@ struct QWeight {
     int32_t   block_n      = 0;     // FP8
     int32_t   block_k      = 0;     // FP8
 
-    // Backend-private: the CUDA backend points this at its repacked tile layout.
+    // Backend-private: the CUDA backend points this at its DeviceWeight (the repacked device layout).
     const void * device_layout = nullptr;
 };
 

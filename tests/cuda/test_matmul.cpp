@@ -1136,9 +1136,16 @@ TEST_CASE("upload_weight: act-order with unequal groups is refused") {
 }
 
 TEST_CASE("kernel_paths names a path for every format") {
-    const std::string p = spark::cuda::kernel_paths(900);
-    for (const char * f : {"f32=", "f16=", "bf16=", "nvfp4=", "int4=", "fp8=", "moe="}) CHECK(p.find(f) != std::string::npos);
-    CHECK(std::string(spark::cuda::kernel_paths(750)).find("unsupported") != std::string::npos);
+    // (The derivation from the plans is tested without a GPU: tests/matmul_plan.)
+    spark::cuda::DeviceProps dev;
+    dev.cc                 = 900;
+    dev.sm_count           = 132;
+    dev.max_smem_per_block = 227 * 1024;
+    const std::string p    = spark::cuda::kernel_paths(dev);
+    for (const char * f : {"f32=", "f16=", "bf16=", "nvfp4=", "int4=", "fp8=", "moe:", "swiglu:", "multi:"}) CHECK(p.find(f) != std::string::npos);
+    CHECK(p.size() < sizeof(spark_device_info{}.kernel_paths));
+    dev.cc = 750;
+    CHECK(spark::cuda::kernel_paths(dev).find("unsupported") != std::string::npos);
 }
 
 TEST_CASE("matmul: GEMV work splits (group / k-block divisions, lanes per row, in-kernel split-K)") {

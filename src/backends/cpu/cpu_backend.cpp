@@ -65,10 +65,7 @@ public:
             storage.push_back(alloc(bytes));
             return storage.back()->data();
         };
-        QWeight w;
-        w.format = spec.format;
-        w.n      = N;
-        w.k      = K;
+        QWeight w = random_weight_layout(spec);
         switch (spec.format) {
             case WeightFormat::F32:
             case WeightFormat::F16:
@@ -95,13 +92,12 @@ public:
                         codes[(n * K + k) / 2] = uint8_t(rw::nvfp4_code(spec.seed, n, k, K) | (rw::nvfp4_code(spec.seed, n, k + 1, K) << 4));
                     for (int64_t b = 0; b < K / 16; ++b) scales[n * (K / 16) + b] = rw::nvfp4_block_scale(spec.seed, n, b, K / 16);
                 }
-                w.data         = codes;
-                w.scales       = scales;
-                w.global_scale = rw::nvfp4_global_scale(spec.scale);
+                w.data   = codes;
+                w.scales = scales;
                 break;
             }
             case WeightFormat::INT4: {
-                const int64_t gs = spec.group_size > 0 ? spec.group_size : K, G = (K + gs - 1) / gs;
+                const int64_t G  = w.n_groups;
                 auto *        q  = static_cast<uint32_t *>(buffer(size_t(K / 8 * N) * 4));
                 auto *        sc = static_cast<uint16_t *>(buffer(size_t(G * N) * 2));
                 for (int64_t r = 0; r < K / 8; ++r)
@@ -112,25 +108,20 @@ public:
                     }
                 for (int64_t g = 0; g < G; ++g)
                     for (int64_t n = 0; n < N; ++n) sc[g * N + n] = rw::int4_scale_f16(spec.seed, n, g, G, spec.scale);
-                w.data       = q;
-                w.scales     = sc;
-                w.group_size = int32_t(gs);
-                w.n_groups   = int32_t(G);
-                w.scale_type = ScaleType::F16;
+                w.data   = q;
+                w.scales = sc;
                 break;
             }
             case WeightFormat::FP8: {
-                const int64_t bn = spec.block_n, bk = spec.block_k, NB = (N + bn - 1) / bn, KB = (K + bk - 1) / bk;
+                const int64_t bn = w.block_n, bk = w.block_k, NB = (N + bn - 1) / bn, KB = (K + bk - 1) / bk;
                 auto *        d  = static_cast<uint8_t *>(buffer(size_t(N * K)));
                 auto *        sc = static_cast<float *>(buffer(size_t(NB * KB) * 4));
                 for (int64_t n = 0; n < N; ++n)
                     for (int64_t k = 0; k < K; ++k) d[n * K + k] = rw::fp8_code(spec.seed, n, k, K);
                 for (int64_t a = 0; a < NB; ++a)
                     for (int64_t b = 0; b < KB; ++b) sc[a * KB + b] = rw::fp8_block_scale(spec.seed, a, b, KB, spec.scale);
-                w.data    = d;
-                w.scales  = sc;
-                w.block_n = int32_t(bn);
-                w.block_k = int32_t(bk);
+                w.data   = d;
+                w.scales = sc;
                 break;
             }
         }

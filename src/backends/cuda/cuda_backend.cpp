@@ -1,27 +1,26 @@
-// The CUDA backend: device memory, weight upload/repack, op dispatch with fusion, and CUDA-graph
-// replay of steps that repeat (batch-1 decode, small verify batches).
-//
-// Graph replay: a step's graph is fingerprinted (ops, shapes, strides, data pointers, parameters).
-// The first time a fingerprint is seen the step runs eagerly (workspace may grow); the second time
-// it is captured into a CUDA graph and launched; afterwards it is replayed. Everything that changes
-// between decode steps (token ids, positions, block tables) is device data uploaded before the
-// launch, so the captured kernels see the new step without re-capture.
+// The CUDA backend: device memory (buffers, the growing workspace, the pinned staging ring for
+// small uploads), weights (upload / repack, the device layouts, MoE expert tables) and the dispatch
+// of a step's nodes to the op launchers (ops.h). What it delegates:
+//   graph_cache.h  CUDA-graph capture and replay of the steps that repeat
+//   fusion.h       which nodes one launch covers (peephole fusion)
+//   profiler.h     SPARK_PROFILE_OPS: per-op GPU times
 #include "backends/cuda/cuda_backend.h"
 
 #include "backends/cuda/arch.h"
 #include "backends/cuda/cuda_common.h"
+#include "backends/cuda/fusion.h"
+#include "backends/cuda/graph_cache.h"
 #include "backends/cuda/matmul/launch.h"
-#include "backends/cuda/matmul/tuning.h"
 #include "backends/cuda/ops.h"
+#include "backends/cuda/profiler.h"
 #include "backends/cuda/weight_batch.h"
-#include "common/log.h"
 
-#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <map>
-#include <list>
+#include <memory>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -40,6 +39,15 @@ void throw_cuda_error(cudaError_t err, const char * call, const char * file, int
 namespace {
 
 using cuda::DeviceWeight;
+
+cuda::DeviceProps device_props(const cudaDeviceProp & p) {
+    cuda::DeviceProps d;
+    d.cc                 = p.major * 100 + p.minor * 10;
+    d.sm_count           = p.multiProcessorCount;
+    d.max_smem_per_block = int(p.sharedMemPerBlockOptin);
+    d.l2_bytes           = size_t(p.l2CacheSize);
+    return d;
+}
 
 class DeviceBuffer final : public Buffer {
 public:
@@ -68,86 +76,16 @@ private:
 
 class CudaBackend;
 
+// Scratch for the ops (ops.h: Workspace): one buffer, reallocated larger when an eager run asks for
+// more (never during capture: every captured step ran eagerly with its shapes first).
 class GrowingWorkspace final : public cuda::Workspace {
 public:
     explicit GrowingWorkspace(CudaBackend & be) : be_(be) {}
     void * get(size_t bytes) override;
-    bool   grew = false;     // set when get() reallocated (invalidates captured graphs)
-    bool   frozen = false;   // true while capturing
-    std::unique_ptr<Buffer> buf;
 
 private:
-    CudaBackend & be_;
-};
-
-struct CapturedStep {
-    uint64_t        fingerprint = 0;
-    int             seen        = 0;
-    cudaGraphExec_t exec        = nullptr;
-};
-
-// SPARK_PROFILE_OPS=1: CUDA graphs off, every dispatched node timed with events; the per-op table
-// (by op and shape) is printed when the backend is destroyed. For finding where a step's time goes.
-class OpProfiler {
-public:
-    struct Pending {
-        std::string key;
-        cudaEvent_t begin, end;
-    };
-    void add(std::string key, cudaEvent_t b, cudaEvent_t e) { pending_.push_back({std::move(key), b, e}); }
-    void collect(cudaStream_t stream) {
-        cudaStreamSynchronize(stream);
-        for (auto & p : pending_) {
-            float ms = 0;
-            cudaEventElapsedTime(&ms, p.begin, p.end);
-            auto & e = totals_[p.key];
-            e.first += double(ms) * 1000.0;
-            e.second += 1;
-            cudaEventDestroy(p.begin);
-            cudaEventDestroy(p.end);
-        }
-        pending_.clear();
-    }
-    ~OpProfiler() {
-        std::vector<std::pair<std::string, std::pair<double, int64_t>>> rows(totals_.begin(), totals_.end());
-        std::sort(rows.begin(), rows.end(), [](auto & a, auto & b) { return a.second.first > b.second.first; });
-        double total = 0;
-        for (auto & r : rows) total += r.second.first;
-        log(SPARK_LOG_INFO, "spark op profile (GPU time, us): total %.0f\n", total);
-        for (size_t i = 0; i < rows.size() && i < 40; ++i)
-            log(SPARK_LOG_INFO, "  %10.0f us %5.1f%% %8lld calls %8.2f us/call  %s\n", rows[i].second.first, 100.0 * rows[i].second.first / total,
-                         (long long) rows[i].second.second, rows[i].second.first / double(rows[i].second.second), rows[i].first.c_str());
-    }
-
-private:
-    std::vector<Pending>                                       pending_;
-    std::map<std::string, std::pair<double, int64_t>>          totals_;
-};
-
-struct OpTimer {
-    OpProfiler *   prof;
-    cudaStream_t   stream;
-    const Tensor & node;
-    cudaEvent_t    begin = nullptr;
-    const char *   label = nullptr;
-    OpTimer(OpProfiler * p, cudaStream_t s, const Tensor & n) : prof(p), stream(s), node(n) {
-        if (!prof) return;
-        cudaEventCreate(&begin);
-        cudaEventRecord(begin, stream);
-    }
-    ~OpTimer() {
-        if (!prof) return;
-        cudaEvent_t end;
-        cudaEventCreate(&end);
-        cudaEventRecord(end, stream);
-        std::string key = label ? label : op_name(node.op);
-        key += " [" + std::to_string(node.ne[0]) + "," + std::to_string(node.ne[1]) + "," + std::to_string(node.ne[2]) + "]";
-        const QWeight * w = node.weight ? node.weight : node.experts;
-        if (!w && label && node.src[0] && node.src[0]->weight) w = node.src[0]->weight;
-        if (!w && label && node.src[0] && node.src[0]->experts) w = node.src[0]->experts;
-        if (w) key += std::string(" ") + weight_format_name(w->format) + " " + std::to_string(w->n) + "x" + std::to_string(w->k);
-        prof->add(key, begin, end);
-    }
+    CudaBackend &           be_;
+    std::unique_ptr<Buffer> buf_;
 };
 
 class CudaBackend final : public Backend {
@@ -161,14 +99,11 @@ public:
         if (device < 0 || device >= count) fail(SPARK_ERR_UNSUPPORTED, "CUDA device %d does not exist (%d devices)", device, count);
         cudaDeviceProp prop{};
         SPARK_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-        props_.cc = prop.major * 100 + prop.minor * 10;
+        props_ = device_props(prop);
         if (!cuda::cc_supported(props_.cc))
             fail(SPARK_ERR_UNSUPPORTED, "GPU '%s' has compute capability %d.%d; spark needs 8.0 or newer (Ampere, Ada, Hopper, Blackwell)",
                  prop.name, prop.major, prop.minor);
-        props_.sm_count           = prop.multiProcessorCount;
-        props_.max_smem_per_block = int(prop.sharedMemPerBlockOptin);
-        props_.l2_bytes           = size_t(prop.l2CacheSize);
-        total_memory_             = uint64_t(prop.totalGlobalMem);
+        total_memory_ = uint64_t(prop.totalGlobalMem);
         name_                     = prop.name;
         SPARK_CUDA_CHECK(cudaSetDevice(device));
         SPARK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -177,14 +112,14 @@ public:
         ctx_.props        = &props_;
         ctx_.backend      = this;
         ctx_.expert_table = &CudaBackend::expert_table_thunk;
-        if (const char * p = std::getenv("SPARK_PROFILE_OPS"); p && *p && *p != '0') profiler_ = std::make_unique<OpProfiler>();
+        profiler_         = cuda::OpProfiler::from_env();
+        graphs_ = std::make_unique<cuda::GraphCache>(stream_, /*enabled=*/!profiler_, &CudaBackend::expert_table_if_built, this);
     }
 
     ~CudaBackend() override {
         cudaSetDevice(device_);
         if (stream_) cudaStreamSynchronize(stream_);
-        for (auto & s : steps_)
-            if (s.exec) cudaGraphExecDestroy(s.exec);
+        graphs_.reset();
         if (stream_) cudaStreamDestroy(stream_);
         if (staging_) cudaFreeHost(staging_);
     }
@@ -252,12 +187,8 @@ public:
 
     QWeight random_weight(const RandomWeightSpec & spec, std::vector<std::unique_ptr<Buffer>> & storage) override {
         activate();
-        Owner   owner{this, &storage};
-        QWeight logical;
-        logical.format = spec.format;
-        logical.n      = spec.n;
-        logical.k      = spec.k;
-        return remember(logical, cuda::random_device_weight(spec, &Owner::alloc, &owner, stream_));
+        Owner owner{this, &storage};
+        return remember(random_weight_layout(spec), cuda::random_device_weight(spec, &Owner::alloc, &owner, stream_));
     }
 
     double copy_bandwidth() override {
@@ -287,44 +218,7 @@ public:
 
     void compute(Graph & graph, Executor *) override {
         activate();
-        // A graph computed again unchanged (the context reuses decode-step graphs) keeps its
-        // fingerprint; several graphs alternate (a target's verify step and its draft's steps).
-        auto known = fingerprints_.find(graph.uid());
-        if (known == fingerprints_.end() || known->second.first != graph.generation()) {
-            if (fingerprints_.size() >= 64) fingerprints_.clear();
-            known = fingerprints_.insert_or_assign(graph.uid(), std::make_pair(graph.generation(), fingerprint(graph))).first;
-        }
-        const uint64_t fp   = known->second.second;
-        CapturedStep & step = lookup(fp);
-        if (step.exec && !workspace_.grew) {
-            SPARK_CUDA_CHECK(cudaGraphLaunch(step.exec, stream_));
-            return;
-        }
-        if (workspace_.grew) invalidate_graphs();
-        if (++step.seen < 2 || !graphs_enabled()) {
-            run_nodes(graph);  // eager: sizes the workspace for this shape
-            return;
-        }
-        // Capture this step, then launch it.
-        workspace_.frozen = true;
-        cudaGraph_t g     = nullptr;
-        SPARK_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-        try {
-            run_nodes(graph);
-        } catch (...) {
-            cudaStreamEndCapture(stream_, &g);
-            if (g) cudaGraphDestroy(g);
-            workspace_.frozen = false;
-            throw;
-        }
-        SPARK_CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
-        workspace_.frozen = false;
-        cudaGraphExec_t exec = nullptr;
-        cudaError_t     err  = cudaGraphInstantiate(&exec, g, 0);
-        cudaGraphDestroy(g);
-        SPARK_CUDA_CHECK(err);
-        step.exec = exec;
-        SPARK_CUDA_CHECK(cudaGraphLaunch(step.exec, stream_));
+        graphs_->run(graph, [&] { run_nodes(graph); });
     }
 
     void activate() const { cudaSetDevice(device_); }
@@ -343,53 +237,16 @@ private:
         }
     };
 
-    // Keeps the DeviceWeight (kernels read it through QWeight::device_layout).
+    // The weight as the rest of spark sees it: the canonical QWeight as given (format, shape,
+    // groups, blocks, scales; its pointers are the host buffers it was read from, which the kernels
+    // never touch), with device_layout pointing at the DeviceWeight the kernels read. Nothing of the
+    // device layout is copied back into it.
     QWeight remember(const QWeight & logical, const DeviceWeight & dw) {
         std::lock_guard<std::mutex> lock(weights_mutex_);
         weights_.push_back(dw);
         QWeight out       = logical;
-        out.data          = dw.data;
-        out.scales        = dw.scales;
-        out.zeros         = dw.zeros;
-        out.g_idx         = dw.perm;
-        out.group_size    = dw.group_size;
-        out.n_groups      = dw.n_groups;
-        out.global_scale  = dw.global_scale;
-        out.block_n       = dw.block_n;
-        out.block_k       = dw.block_k;
         out.device_layout = &weights_.back();
         return out;
-    }
-
-    bool graphs_enabled() const {
-        static const bool enabled = [] {
-            const char * e = std::getenv("SPARK_CUDA_GRAPHS");
-            return !(e && std::string(e) == "0");
-        }();
-        return enabled && !profiler_;
-    }
-
-    // Which nodes a fused kernel covers: a SWIGLU of two matmuls over the same input.
-    static bool fusable_swiglu(const Tensor & sw, const std::vector<int> & uses) {
-        const Tensor * g = sw.src[0];
-        const Tensor * u = sw.src[1];
-        if (sw.op != Op::SWIGLU || !g || !u || g->op != u->op) return false;
-        if (g->op != Op::MATMUL && g->op != Op::MATMUL_ID) return false;
-        if (g->src[0] != u->src[0] || g->src[1] != u->src[1]) return false;
-        if (uses[size_t(g->id)] != 1 || uses[size_t(u->id)] != 1) return false;
-        if (g->flags & TENSOR_OUTPUT || u->flags & TENSOR_OUTPUT) return false;
-        const QWeight & wg = g->op == Op::MATMUL ? *g->weight : g->experts[0];
-        const QWeight & wu = u->op == Op::MATMUL ? *u->weight : u->experts[0];
-        return wg.format == wu.format && wg.n == wu.n && wg.k == wu.k;
-    }
-
-    // nodes[i] is an RMS_NORM whose only reader is the ROPE at nodes[i + 1].
-    template <class Nodes>
-    static bool norm_rope_at(const Nodes & nodes, size_t i, const std::vector<int> & uses) {
-        if (i + 1 >= nodes.size()) return false;
-        const Tensor * n = nodes[i];
-        return n->op == Op::RMS_NORM && nodes[i + 1]->op == Op::ROPE && nodes[i + 1]->src[0] == n && uses[size_t(n->id)] == 1 &&
-               !(n->flags & TENSOR_OUTPUT);
     }
 
     // SPARK_EARLY_IDS=0: every expert GEMV waits before reading its ids (A/B timing).
@@ -399,37 +256,6 @@ private:
             return !(e && std::string(e) == "0");
         }();
         return on;
-    }
-
-    // Whether node n is a MATMUL_ID (or the SWIGLU of two) whose expert ids were computed by a launch
-    // before the one of node `prev` (the first node the previous launch covered; a fused launch
-    // covers nodes after its first one, and skipped nodes are computed by a later launch). pos: the
-    // nodes' positions by tensor id.
-    static bool ids_written_before(const Tensor * n, const Tensor * prev, const std::vector<int> & pos, const std::vector<bool> & skip) {
-        const Tensor * mm = n->op == Op::SWIGLU ? n->src[0] : n;
-        if (!mm || mm->op != Op::MATMUL_ID || !prev) return false;
-        const Tensor * ids = mm->src[1];
-        while (ids && ids->op == Op::VIEW) ids = ids->src[0];
-        if (!ids || pos[size_t(ids->id)] < 0 || skip[size_t(ids->id)]) return false;  // (an input of the graph: no launch)
-        return pos[size_t(ids->id)] < pos[size_t(prev->id)];
-    }
-
-    static constexpr int kMaxMatmulGroup = 4;
-
-    // The MATMUL at nodes[first] and the following MATMULs on the same input, up to the first node
-    // that is neither such a matmul nor a view (views launch nothing and allocate nothing, so every
-    // output already exists and the input is still live when the group runs at `first`).
-    template <class Nodes>
-    static int matmul_group(const Nodes & nodes, size_t first, const std::vector<bool> & skip, const Tensor ** group) {
-        const Tensor * x     = nodes[first]->src[0];
-        int            count = 0;
-        for (size_t j = first; j < nodes.size() && count < kMaxMatmulGroup; ++j) {
-            const Tensor * n = nodes[j];
-            if (n->op == Op::VIEW || n->op == Op::NONE) continue;
-            if (n->op != Op::MATMUL || n->src[0] != x || skip[size_t(n->id)]) break;
-            group[count++] = n;
-        }
-        return count;
     }
 
     // A decode or verify step: every matmul has at most the GEMV's row count (prefill steps have
@@ -444,75 +270,32 @@ private:
         return true;
     }
 
-    void run_nodes(Graph & graph) {
-        const auto &     nodes = graph.nodes();
-        const cuda::PdlStep pdl_step(decode_sized(nodes));
-        std::vector<int> uses(graph.tensors().size(), 0);
-        for (const Tensor * n : nodes)
-            for (const Tensor * s : n->src)
-                if (s) ++uses[size_t(s->id)];
-        std::vector<bool> skip(graph.tensors().size(), false);
-        // Mark the matmuls a fused SWIGLU computes itself.
-        for (const Tensor * n : nodes)
-            if (n->op == Op::SWIGLU && fusable_swiglu(*n, uses)) skip[size_t(n->src[0]->id)] = skip[size_t(n->src[1]->id)] = true;
-        // Early expert ids (ops.h: OpContext::ids_before_wait): the node whose launch came last; what
-        // its op left in ctx_.last_waits_first says whether that launch triggers only after its wait.
-        const Tensor *   prev_launch = nullptr;
-        std::vector<int> pos(graph.tensors().size(), -1);
-        for (size_t i = 0; i < nodes.size(); ++i) pos[size_t(nodes[i]->id)] = int(i);
+    void run_nodes(const Graph & graph) {
+        const cuda::PdlStep pdl_step(decode_sized(graph.nodes()));
+        cuda::FusionPass    fusion(graph, ctx_);
         ctx_.last_waits_first = false;
-        for (size_t i = 0; i < nodes.size(); ++i) {
-            const Tensor * n = nodes[i];
-            if (skip[size_t(n->id)]) continue;
-            if (n->op == Op::VIEW || n->op == Op::NONE) continue;  // (launch nothing)
-            ctx_.ids_before_wait  = early_ids_enabled() && ctx_.last_waits_first && ids_written_before(n, prev_launch, pos, skip);
+        for (cuda::FusedLaunch l; fusion.next(l);) {
+            // Early expert ids (ops.h: OpContext::ids_before_wait): what the previous launch's op
+            // left in ctx_.last_waits_first says whether that launch triggers only after its wait.
+            ctx_.ids_before_wait  = early_ids_enabled() && ctx_.last_waits_first && fusion.ids_written_before_previous(l);
             ctx_.last_waits_first = false;
-            prev_launch           = n;
-            OpTimer timer(profiler_.get(), stream_, *n);
-            if (n->op == Op::SWIGLU && fusable_swiglu(*n, uses)) {
-                timer.label = "MATMUL+SWIGLU";
-                cuda::op_matmul_swiglu(*n, ctx_);
-                continue;
-            }
-            // MATMULs over the same activations with only views between them (q/k/v; in_proj_qkvz
-            // + in_proj_ba): one multi-weight GEMV launch where the matmul layer supports it.
-            if (n->op == Op::MATMUL) {
-                const Tensor * group[kMaxMatmulGroup];
-                const int      count = matmul_group(nodes, i, skip, group);
-                if (count > 1 && cuda::matmul_multi_supported(group, count, ctx_)) {
-                    static const char * const kLabels[] = {"", "", "MATMUL x2", "MATMUL x3", "MATMUL x4"};
-                    timer.label = kLabels[count];
-                    cuda::op_matmul_multi(group, count, ctx_);
-                    for (int j = 1; j < count; ++j) skip[size_t(group[j]->id)] = true;
-                    continue;
-                }
-            }
-            // Residual add followed by the next layer's norm of that sum: one kernel.
-            if (n->op == Op::ADD && i + 1 < nodes.size() && nodes[i + 1]->op == Op::RMS_NORM && nodes[i + 1]->src[0] == n) {
-                timer.label = "ADD+RMS_NORM";
-                cuda::op_add_rms_norm(*n, *nodes[i + 1], ctx_);
-                ++i;
-                continue;
-            }
-            // Per-head q/k RMSNorm directly followed by its RoPE: one kernel (the norm's output is
-            // read by nothing else, so it never needs to exist); the q pair directly followed by the
-            // k pair: one launch for both.
-            if (norm_rope_at(nodes, i, uses)) {
-                if (norm_rope_at(nodes, i + 2, uses)) {
-                    timer.label = "RMS_NORM+ROPE x2";
-                    cuda::op_rms_norm_rope_pair(*n, *nodes[i + 1], *nodes[i + 2], *nodes[i + 3], ctx_);
-                    i += 3;
-                    continue;
-                }
-                timer.label = "RMS_NORM+ROPE";
-                cuda::op_rms_norm_rope(*n, *nodes[i + 1], ctx_);
-                ++i;
-                continue;
-            }
-            dispatch(*n);
+            const cuda::OpTimer timer(profiler_.get(), stream_, *l.nodes[0], l.label);
+            launch(l);
         }
         ctx_.ids_before_wait = ctx_.last_waits_first = false;  // (nothing outside a step reads them)
         if (profiler_) profiler_->collect(stream_);
+    }
+
+    void launch(const cuda::FusedLaunch & l) {
+        using Kind = cuda::FusedLaunch::Kind;
+        switch (l.kind) {
+            case Kind::Node: return dispatch(*l.nodes[0]);
+            case Kind::MatmulSwiglu: return cuda::op_matmul_swiglu(*l.nodes[0], ctx_);
+            case Kind::MatmulMulti: return cuda::op_matmul_multi(l.nodes, l.count, ctx_);
+            case Kind::AddRmsNorm: return cuda::op_add_rms_norm(*l.nodes[0], *l.nodes[1], ctx_);
+            case Kind::RmsNormRope: return cuda::op_rms_norm_rope(*l.nodes[0], *l.nodes[1], ctx_);
+            case Kind::RmsNormRopePair: return cuda::op_rms_norm_rope_pair(*l.nodes[0], *l.nodes[1], *l.nodes[2], *l.nodes[3], ctx_);
+        }
     }
 
     void dispatch(const Tensor & t) {
@@ -543,73 +326,11 @@ private:
         fail(SPARK_ERR_INTERNAL, "cuda backend: unknown op %d", int(t.op));
     }
 
-    // FNV-1a over everything a captured launch depends on.
-    uint64_t fingerprint(const Graph & graph) {
-        uint64_t h   = 1469598103934665603ull;
-        auto     mix = [&](const void * p, size_t n) {
-            const auto * b = static_cast<const unsigned char *>(p);
-            for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
-        };
-        for (const Tensor & t : graph.tensors()) {
-            mix(&t.op, sizeof t.op);
-            mix(&t.type, sizeof t.type);
-            mix(t.ne, sizeof t.ne);
-            mix(t.nb, sizeof t.nb);
-            mix(&t.data, sizeof t.data);
-            mix(t.ip, sizeof t.ip);
-            mix(t.fp, sizeof t.fp);
-            // Weights by their device pointers, not by the address of the host struct (which a later,
-            // different weight may reuse).
-            // The whole DeviceWeight: format, shape and layout choose the kernels a step captures.
-            if (t.weight) mix(t.weight->device_layout, sizeof(DeviceWeight));
-            if (t.experts) {
-                const void * table = expert_table_cached(t.experts, t.n_experts);
-                mix(&table, sizeof table);
-                // No table yet: the step must run eagerly (tables are built outside capture). A
-                // fresh value keeps it from matching an earlier step whose expert set was also
-                // unbuilt at this point (e.g. another set at the same host address since).
-                if (!table) {
-                    const uint64_t fresh = ++unbuilt_table_steps_;
-                    mix(&fresh, sizeof fresh);
-                }
-                mix(t.experts[0].device_layout, sizeof(DeviceWeight));
-            }
-            for (const Tensor * s : t.src) {
-                const int32_t id = s ? s->id : -1;
-                mix(&id, sizeof id);
-            }
-        }
-        // The matmul test / lab knobs choose kernels too (a test that forces another path on the
-        // same graph must not replay the launches captured before).
-        mix(&cuda::mm::overrides(), sizeof(cuda::mm::Overrides));
-        return h;
-    }
-
-    CapturedStep & lookup(uint64_t fp) {
-        for (auto it = steps_.begin(); it != steps_.end(); ++it)
-            if (it->fingerprint == fp) {
-                steps_.splice(steps_.begin(), steps_, it);  // most recent first
-                return steps_.front();
-            }
-        steps_.push_front(CapturedStep{fp, 0, nullptr});
-        while (steps_.size() > kMaxSteps) {
-            if (steps_.back().exec) cudaGraphExecDestroy(steps_.back().exec);
-            steps_.pop_back();
-        }
-        return steps_.front();
-    }
-
-    void invalidate_graphs() {
-        for (auto & s : steps_)
-            if (s.exec) {
-                cudaGraphExecDestroy(s.exec);
-                s.exec = nullptr;
-            }
-        workspace_.grew = false;
-    }
-
     static const DeviceWeight * expert_table_thunk(void * be, const QWeight * experts, int32_t n) {
         return static_cast<CudaBackend *>(be)->expert_table(experts, n);
+    }
+    static const void * expert_table_if_built(void * be, const QWeight * experts, int32_t n) {
+        return static_cast<CudaBackend *>(be)->expert_table_cached(experts, n);
     }
 
     // The device array of an expert set, built once (outside capture: the first run is eager). The
@@ -638,7 +359,7 @@ private:
     }
     const DeviceWeight * expert_table(const QWeight * experts, int32_t n) {
         if (const void * p = expert_table_cached(experts, n)) return static_cast<const DeviceWeight *>(p);
-        if (workspace_.frozen) fail(SPARK_ERR_INTERNAL, "expert table built during graph capture");
+        if (graphs_->capturing()) fail(SPARK_ERR_INTERNAL, "expert table built during graph capture");
         ExpertTable t;
         t.host   = expert_weights(experts, n);
         for (int32_t e = 0; e < n; ++e) t.layouts.push_back(experts[e].device_layout);
@@ -650,37 +371,33 @@ private:
         return p;
     }
 
-    static constexpr size_t kMaxSteps = 32;  // decode, verify steps of every draft length, draft steps
-
-    int                     device_;
-    std::string             name_;
-    uint64_t                total_memory_ = 0;
-    cuda::DeviceProps       props_;
-    cudaStream_t            stream_ = nullptr;
-    GrowingWorkspace        workspace_;
-    cuda::OpContext         ctx_;
-    std::list<CapturedStep> steps_;
-    std::mutex              weights_mutex_;
+    int                      device_;
+    std::string              name_;
+    uint64_t                 total_memory_ = 0;
+    cuda::DeviceProps        props_;
+    cudaStream_t             stream_ = nullptr;
+    GrowingWorkspace         workspace_;
+    cuda::OpContext          ctx_;
+    std::mutex               weights_mutex_;
     std::deque<DeviceWeight> weights_;
     std::unordered_map<const QWeight *, ExpertTable> expert_tables_;
-    uint64_t                unbuilt_table_steps_ = 0;
-    double                  copy_bandwidth_ = 0.0;
-    static constexpr size_t kStagingBytes = size_t(4) << 20;
-    void *                  staging_      = nullptr;
-    size_t                  staging_used_ = 0;
-    std::unique_ptr<OpProfiler> profiler_;
-    std::mutex                  exclusive_;  // contexts of the model take it around their steps (exclusive())
-    std::unordered_map<uint64_t, std::pair<uint64_t, uint64_t>> fingerprints_;  // graph uid -> (generation, fingerprint)
+    double                   copy_bandwidth_ = 0.0;
+    static constexpr size_t  kStagingBytes   = size_t(4) << 20;
+    void *                   staging_        = nullptr;
+    size_t                   staging_used_   = 0;
+    std::unique_ptr<cuda::OpProfiler> profiler_;
+    std::unique_ptr<cuda::GraphCache> graphs_;
+    std::mutex                        exclusive_;  // contexts of the model take it around their steps (exclusive())
 };
 
 void * GrowingWorkspace::get(size_t bytes) {
-    if (buf && buf->size() >= bytes) return buf->data();
-    if (frozen) fail(SPARK_ERR_INTERNAL, "CUDA workspace would grow during graph capture (%zu bytes)", bytes);
+    if (buf_ && buf_->size() >= bytes) return buf_->data();
+    if (be_.graphs_->capturing()) fail(SPARK_ERR_INTERNAL, "CUDA workspace would grow during graph capture (%zu bytes)", bytes);
     be_.synchronize();  // kernels still queued may use the old buffer
-    buf.reset();
-    buf  = be_.alloc(bytes + bytes / 4);
-    grew = true;
-    return buf->data();
+    buf_.reset();
+    buf_ = be_.alloc(bytes + bytes / 4);
+    be_.graphs_->invalidate();  // the captured steps hold the old buffer's address
+    return buf_->data();
 }
 
 }  // namespace
@@ -710,7 +427,7 @@ void cuda_device_describe(int index, spark_device_info & out) {
     if (index < 0 || index >= n) fail(SPARK_ERR_INVALID_ARGUMENT, "CUDA device %d does not exist (%d devices)", index, n);
     cudaDeviceProp p{};
     SPARK_CUDA_CHECK(cudaGetDeviceProperties(&p, index));
-    const int cc = p.major * 100 + p.minor * 10;
+    const cuda::DeviceProps dev = device_props(p);
     out          = spark_device_info{};
     std::snprintf(out.name, sizeof out.name, "%.*s", int(sizeof out.name - 1), p.name);  // a longer name is cut, on purpose
     out.compute_capability = p.major * 10 + p.minor;
@@ -722,8 +439,8 @@ void cuda_device_describe(int index, spark_device_info & out) {
     if (cudaSetDevice(index) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) out.free_memory = free_b;
     cudaGetLastError();
     cudaSetDevice(prev);
-    std::snprintf(out.kernel_paths, sizeof out.kernel_paths, "%s", cuda::kernel_paths(cc));
-    if (!cuda::cc_supported(cc))
+    std::snprintf(out.kernel_paths, sizeof out.kernel_paths, "%s", cuda::kernel_paths(dev).c_str());
+    if (!cuda::cc_supported(dev.cc))
         fail(SPARK_ERR_UNSUPPORTED, "GPU '%s' has compute capability %d.%d; spark needs 8.0 or newer", p.name, p.major, p.minor);
 }
 

@@ -40,4 +40,21 @@ struct DeviceWeight {
     const int32_t * perm         = nullptr;         // INT4 act-order
 };
 
+// A canonical weight's DeviceWeight before its buffers are placed: format, shape and quantization
+// parameters, which mean the same in both layouts. (Only this direction: the QWeight stays the
+// canonical description, nothing of the device layout is copied back into it.)
+inline DeviceWeight device_weight_shape(const QWeight & w) {
+    DeviceWeight d;
+    d.format       = w.format;
+    d.n            = w.n;
+    d.k            = w.k;
+    d.scale_type   = w.scale_type;
+    d.group_size   = w.group_size;
+    d.n_groups     = w.n_groups;
+    d.block_n      = w.block_n;
+    d.block_k      = w.block_k;
+    d.global_scale = w.global_scale;
+    return d;
+}
+
 }  // namespace spark::cuda

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace spark::cuda {
@@ -140,7 +141,9 @@ void op_rms_norm_rope(const Tensor & norm, const Tensor & rope, const OpContext 
 void op_rms_norm_rope_pair(const Tensor & norm_q, const Tensor & rope_q, const Tensor & norm_k, const Tensor & rope_k,
                            const OpContext & ctx);
 
-// Which kernel path each weight format takes on a device (for spark_cuda_device_info).
-const char * kernel_paths(int cc);
+// Which kernel path each weight format takes on a device, decode / prefill, as the matmul planner
+// (matmul/op_plan.h) chooses it for representative weights (spark_device_info::kernel_paths), e.g.
+// "bf16=gemv-fma/gemm-f16 ... int4=gemv-mma(g128),gemv-fma(g32)/gemm-f16 ...".
+std::string kernel_paths(const DeviceProps & dev);
 
 }  // namespace spark::cuda

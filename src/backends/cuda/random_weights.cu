@@ -60,10 +60,7 @@ __global__ void fill_fp8(uint8_t * data, float * scales, int64_t N, int64_t K, i
 
 DeviceWeight random_device_weight(const RandomWeightSpec & s, void * (*alloc)(void *, size_t), void * owner, cudaStream_t stream) {
     const int64_t N = s.n, K = s.k;
-    DeviceWeight  w;
-    w.format = s.format;
-    w.n      = N;
-    w.k      = K;
+    DeviceWeight  w = device_weight_shape(random_weight_layout(s));
     switch (s.format) {
         case WeightFormat::F32:
         case WeightFormat::F16:
@@ -78,34 +75,28 @@ DeviceWeight random_device_weight(const RandomWeightSpec & s, void * (*alloc)(vo
             auto * codes  = static_cast<uint8_t *>(alloc(owner, size_t(N * K / 2)));
             auto * scales = static_cast<uint8_t *>(alloc(owner, size_t(N * K / 16)));
             fill_nvfp4<<<blocks_for(N * K / 2), kThreads, 0, stream>>>(codes, scales, N, K, s.seed);
-            w.data         = codes;
-            w.scales       = scales;
-            w.global_scale = rw::nvfp4_global_scale(s.scale);
+            w.data   = codes;
+            w.scales = scales;
             break;
         }
         case WeightFormat::INT4: {
             if (K % 8) fail(SPARK_ERR_UNSUPPORTED, "random INT4 weight: K = %lld is not a multiple of 8", (long long) K);
-            const int64_t gs = s.group_size > 0 ? s.group_size : K, G = (K + gs - 1) / gs;
+            const int64_t gs = w.group_size, G = w.n_groups;
             if (gs % 8) fail(SPARK_ERR_UNSUPPORTED, "random INT4 weight: group size %lld is not a multiple of 8", (long long) gs);
             auto * words  = static_cast<uint32_t *>(alloc(owner, size_t(N * K / 8) * 4));
             auto * scales = static_cast<uint16_t *>(alloc(owner, size_t(N * G) * 2));
             fill_int4<<<blocks_for(N * K / 8), kThreads, 0, stream>>>(words, scales, N, K, gs, G, s.seed, s.scale);
-            w.data       = words;
-            w.scales     = scales;
-            w.group_size = int32_t(gs);
-            w.n_groups   = int32_t(G);
-            w.scale_type = ScaleType::F16;
+            w.data   = words;
+            w.scales = scales;
             break;
         }
         case WeightFormat::FP8: {
-            const int64_t NB = (N + s.block_n - 1) / s.block_n, KB = (K + s.block_k - 1) / s.block_k;
+            const int64_t NB = (N + w.block_n - 1) / w.block_n, KB = (K + w.block_k - 1) / w.block_k;
             auto *        data   = static_cast<uint8_t *>(alloc(owner, size_t(N * K)));
             auto *        scales = static_cast<float *>(alloc(owner, size_t(NB * KB) * 4));
-            fill_fp8<<<blocks_for(N * K), kThreads, 0, stream>>>(data, scales, N, K, s.block_n, s.block_k, s.seed, s.scale);
-            w.data    = data;
-            w.scales  = scales;
-            w.block_n = s.block_n;
-            w.block_k = s.block_k;
+            fill_fp8<<<blocks_for(N * K), kThreads, 0, stream>>>(data, scales, N, K, w.block_n, w.block_k, s.seed, s.scale);
+            w.data   = data;
+            w.scales = scales;
             break;
         }
     }

@@ -157,16 +157,7 @@ std::vector<int32_t> act_order_perm(const QWeight & w) {
 
 WeightUploadPlan plan_weight_upload(const QWeight & host) {
     WeightUploadPlan p;
-    DeviceWeight &   d = p.layout;
-    d.format       = host.format;
-    d.n            = host.n;
-    d.k            = host.k;
-    d.scale_type   = host.scale_type;
-    d.group_size   = host.group_size;
-    d.n_groups     = host.n_groups;
-    d.block_n      = host.block_n;
-    d.block_k      = host.block_k;
-    d.global_scale = host.global_scale;
+    p.layout = device_weight_shape(host);
     if (host.n <= 0 || host.k <= 0 || !host.data)
         fail(SPARK_ERR_INVALID_ARGUMENT, "upload_weight: empty %s weight [%lld, %lld]", weight_format_name(host.format),
              (long long) host.n, (long long) host.k);

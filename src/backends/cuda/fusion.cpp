@@ -1,0 +1,122 @@
+#include "backends/cuda/fusion.h"
+
+namespace spark::cuda {
+
+FusionPass::FusionPass(const Graph & graph, const OpContext & ctx)
+    : nodes_(graph.nodes()), ctx_(ctx), uses_(graph.tensors().size(), 0), pos_(graph.tensors().size(), -1),
+      skip_(graph.tensors().size(), false) {
+    for (const Tensor * n : nodes_)
+        for (const Tensor * s : n->src)
+            if (s) ++uses_[size_t(s->id)];
+    for (size_t i = 0; i < nodes_.size(); ++i) pos_[size_t(nodes_[i]->id)] = int(i);
+    // Mark the matmuls a fused SWIGLU computes itself.
+    for (const Tensor * n : nodes_)
+        if (n->op == Op::SWIGLU && fusable_swiglu(*n)) skip_[size_t(n->src[0]->id)] = skip_[size_t(n->src[1]->id)] = true;
+}
+
+bool FusionPass::next(FusedLaunch & l) {
+    for (; i_ < nodes_.size(); ++i_) {
+        const Tensor * n = nodes_[i_];
+        if (skip_[size_t(n->id)]) continue;
+        if (n->op == Op::VIEW || n->op == Op::NONE) continue;  // (launch nothing)
+        previous_ = last_;
+        last_     = n;
+        l         = FusedLaunch{};
+        l.nodes[0] = n;
+        if (n->op == Op::SWIGLU && fusable_swiglu(*n)) {
+            l.kind  = FusedLaunch::Kind::MatmulSwiglu;
+            l.label = "MATMUL+SWIGLU";
+            ++i_;
+            return true;
+        }
+        // MATMULs over the same activations with only views between them (q/k/v; in_proj_qkvz
+        // + in_proj_ba): one multi-weight GEMV launch where the matmul layer supports it.
+        if (n->op == Op::MATMUL) {
+            const Tensor * group[FusedLaunch::kMaxNodes];
+            const int      count = matmul_group(i_, group);
+            if (count > 1 && matmul_multi_supported(group, count, ctx_)) {
+                static const char * const kLabels[] = {"", "", "MATMUL x2", "MATMUL x3", "MATMUL x4"};
+                l.kind  = FusedLaunch::Kind::MatmulMulti;
+                l.count = count;
+                l.label = kLabels[count];
+                for (int j = 0; j < count; ++j) l.nodes[j] = group[j];
+                for (int j = 1; j < count; ++j) skip_[size_t(group[j]->id)] = true;  // (computed by this launch)
+                ++i_;
+                return true;
+            }
+        }
+        // Residual add followed by the next layer's norm of that sum: one kernel.
+        if (n->op == Op::ADD && i_ + 1 < nodes_.size() && nodes_[i_ + 1]->op == Op::RMS_NORM && nodes_[i_ + 1]->src[0] == n) {
+            l.kind     = FusedLaunch::Kind::AddRmsNorm;
+            l.count    = 2;
+            l.nodes[1] = nodes_[i_ + 1];
+            l.label    = "ADD+RMS_NORM";
+            i_ += 2;
+            return true;
+        }
+        // Per-head q/k RMSNorm directly followed by its RoPE: one kernel (the norm's output is
+        // read by nothing else, so it never needs to exist); the q pair directly followed by the
+        // k pair: one launch for both.
+        if (norm_rope_at(i_)) {
+            const bool pair = norm_rope_at(i_ + 2);
+            l.kind          = pair ? FusedLaunch::Kind::RmsNormRopePair : FusedLaunch::Kind::RmsNormRope;
+            l.count         = pair ? 4 : 2;
+            for (int j = 1; j < l.count; ++j) l.nodes[j] = nodes_[i_ + size_t(j)];
+            l.label = pair ? "RMS_NORM+ROPE x2" : "RMS_NORM+ROPE";
+            i_ += size_t(l.count);
+            return true;
+        }
+        ++i_;
+        return true;
+    }
+    return false;
+}
+
+bool FusionPass::ids_written_before_previous(const FusedLaunch & l) const {
+    const Tensor * n  = l.nodes[0];
+    const Tensor * mm = n->op == Op::SWIGLU ? n->src[0] : n;
+    if (!mm || mm->op != Op::MATMUL_ID || !previous_) return false;
+    const Tensor * ids = mm->src[1];
+    while (ids && ids->op == Op::VIEW) ids = ids->src[0];
+    if (!ids || pos_[size_t(ids->id)] < 0 || skip_[size_t(ids->id)]) return false;  // (an input of the graph: no launch)
+    return pos_[size_t(ids->id)] < pos_[size_t(previous_->id)];
+}
+
+// A SWIGLU of two matmuls over the same input, read by nothing else.
+bool FusionPass::fusable_swiglu(const Tensor & sw) const {
+    const Tensor * g = sw.src[0];
+    const Tensor * u = sw.src[1];
+    if (sw.op != Op::SWIGLU || !g || !u || g->op != u->op) return false;
+    if (g->op != Op::MATMUL && g->op != Op::MATMUL_ID) return false;
+    if (g->src[0] != u->src[0] || g->src[1] != u->src[1]) return false;
+    if (uses_[size_t(g->id)] != 1 || uses_[size_t(u->id)] != 1) return false;
+    if (g->flags & TENSOR_OUTPUT || u->flags & TENSOR_OUTPUT) return false;
+    const QWeight & wg = g->op == Op::MATMUL ? *g->weight : g->experts[0];
+    const QWeight & wu = u->op == Op::MATMUL ? *u->weight : u->experts[0];
+    return wg.format == wu.format && wg.n == wu.n && wg.k == wu.k;
+}
+
+// nodes[i] is an RMS_NORM whose only reader is the ROPE at nodes[i + 1].
+bool FusionPass::norm_rope_at(size_t i) const {
+    if (i + 1 >= nodes_.size()) return false;
+    const Tensor * n = nodes_[i];
+    return n->op == Op::RMS_NORM && nodes_[i + 1]->op == Op::ROPE && nodes_[i + 1]->src[0] == n && uses_[size_t(n->id)] == 1 &&
+           !(n->flags & TENSOR_OUTPUT);
+}
+
+// The MATMUL at nodes[first] and the following MATMULs on the same input, up to the first node
+// that is neither such a matmul nor a view (views launch nothing and allocate nothing, so every
+// output already exists and the input is still live when the group runs at `first`).
+int FusionPass::matmul_group(size_t first, const Tensor ** group) const {
+    const Tensor * x     = nodes_[first]->src[0];
+    int            count = 0;
+    for (size_t j = first; j < nodes_.size() && count < FusedLaunch::kMaxNodes; ++j) {
+        const Tensor * n = nodes_[j];
+        if (n->op == Op::VIEW || n->op == Op::NONE) continue;
+        if (n->op != Op::MATMUL || n->src[0] != x || skip_[size_t(n->id)]) break;
+        group[count++] = n;
+    }
+    return count;
+}
+
+}  // namespace spark::cuda

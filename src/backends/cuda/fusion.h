@@ -1,0 +1,58 @@
+// The CUDA dispatch's peephole fusion: which nodes of a step one launch covers. A walk over the
+// step's nodes in order yields launches, each a node alone or a group the matmul / elementwise
+// layers (ops.h) run as one kernel:
+//   SWIGLU of two MATMULs (or two MATMUL_IDs) over the same input    op_matmul_swiglu
+//   MATMULs over the same activations with only views between them   op_matmul_multi
+//   ADD directly followed by the RMS_NORM of its sum                 op_add_rms_norm
+//   per-head RMS_NORM read only by the ROPE after it (q, then k)     op_rms_norm_rope(_pair)
+// Views and NONE nodes launch nothing; the nodes a fused launch computes are not launched again.
+#pragma once
+
+#include "backends/cuda/ops.h"
+#include "graph/graph.h"
+
+#include <cstddef>
+#include <vector>
+
+namespace spark::cuda {
+
+struct FusedLaunch {
+    enum class Kind { Node, MatmulSwiglu, MatmulMulti, AddRmsNorm, RmsNormRope, RmsNormRopePair };
+    static constexpr int kMaxNodes = 4;
+
+    Kind           kind  = Kind::Node;
+    int            count = 1;  // nodes[0 .. count): MatmulMulti the matmuls; RmsNormRopePair norm q, rope q, norm k, rope k
+    const Tensor * nodes[kMaxNodes] = {};
+    const char *   label = nullptr;  // the op profiler's name of a fused launch (nullptr: the node's op)
+};
+
+class FusionPass {
+public:
+    // ctx: asked whether a group of matmuls can share a launch (matmul_multi_supported).
+    FusionPass(const Graph & graph, const OpContext & ctx);
+
+    // The step's next launch, in node order; false after the last.
+    bool next(FusedLaunch & launch);
+
+    // Early expert ids (ops.h: OpContext::ids_before_wait): whether the launch next() returned last is
+    // a MATMUL_ID (or the SWIGLU of two) whose expert ids were computed by a launch before the
+    // previous one (the launch before it in the step; a fused launch covers nodes after its first
+    // one, and skipped nodes are computed by a later launch).
+    bool ids_written_before_previous(const FusedLaunch & launch) const;
+
+private:
+    bool fusable_swiglu(const Tensor & sw) const;
+    bool norm_rope_at(size_t i) const;
+    int  matmul_group(size_t first, const Tensor ** group) const;
+
+    const std::vector<Tensor *> & nodes_;
+    const OpContext &             ctx_;
+    std::vector<int>              uses_;  // readers of each tensor, by id
+    std::vector<int>              pos_;   // position of each node, by tensor id (-1: not a node)
+    std::vector<bool>             skip_;  // computed by another launch
+    size_t                        i_        = 0;
+    const Tensor *                previous_ = nullptr;  // the first node of the launch before the last one
+    const Tensor *                last_     = nullptr;  // the first node of the last launch
+};
+
+}  // namespace spark::cuda
