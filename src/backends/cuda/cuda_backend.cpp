@@ -8,9 +8,10 @@
 // launch, so the captured kernels see the new step without re-capture.
 #include "backends/cuda/cuda_backend.h"
 
-#include "backends/cuda/arch.h"
+#include "backends/cuda/common/arch.h"
+#include "backends/cuda/common/launch.h"
 #include "backends/cuda/cuda_common.h"
-#include "backends/cuda/matmul/launch.h"
+#include "backends/cuda/matmul/matmul.h"
 #include "backends/cuda/matmul/tuning.h"
 #include "backends/cuda/ops.h"
 #include "backends/cuda/weight_batch.h"

@@ -21,9 +21,10 @@
 // "Chunkable": K a multiple of the 16-byte chunk (4 f32, 8 f16/bf16, 16 fp8, 32 int4/nvfp4
 // elements), INT4 groups of a multiple of 32 (or one group), FP8 k-blocks of a multiple of 16 (or
 // one block).
-#include "backends/cuda/arch.h"
+#include "backends/cuda/common/arch.h"
+#include "backends/cuda/common/launch.h"
 #include "backends/cuda/cuda_common.h"
-#include "backends/cuda/matmul/launch.h"
+#include "backends/cuda/matmul/matmul.h"
 #include "backends/cuda/matmul/tuning.h"
 #include "backends/cuda/ops.h"
 #include "graph/error.h"
