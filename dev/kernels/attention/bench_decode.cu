@@ -11,7 +11,6 @@
 // A/B switches (environment): SPARK_PDL=0 (no programmatic dependent launch),
 // SPARK_ATTN_COMBINE=0 (splits merged by the separate combine kernel: two launches per step).
 #include "backends/cuda/attention/attention.h"
-#include "backends/cuda/common/ptx_sm80.cuh"
 #include "backends/cuda/cuda_common.h"
 #include "quant/formats.h"
 
