@@ -5,16 +5,17 @@
 // __syncthreads, at warp collectives (shuffles, redux, ldmatrix, mma) and at exit. The scheduler
 // picks a random runnable fiber, so code between barriers runs in random warp orders. Warp
 // collectives need all 32 lanes and block barriers all live threads: a divergent collective or
-// barrier deadlocks, which the scheduler reports. The labs' shadows of the PTX wrappers
-// (dev/kernels/*/emu/backends/...) follow the PTX fragment layouts for ldmatrix / mma and check that
-// ldmatrix and cp.async addresses lie inside the block's dynamic shared memory, 16-byte aligned;
+// barrier deadlocks, which the scheduler reports. The shadow of the PTX wrappers
+// (backends/cuda/common/ptx_sm80.cuh beside this file) follows the PTX fragment layouts for ldmatrix
+// and mma and checks that ldmatrix and cp.async addresses lie inside the block's dynamic shared
+// memory, 16-byte aligned;
 // cp.async copies land either at issue or only at the matching cp.async.wait_group (randomly per
 // launch); shared memory starts filled with NaN bytes. Blocks run one after another (static
 // __shared__ arrays are plain statics), so a block that reads what another block of the same grid
 // writes sees it or not depending on the block order; atomicAdd and __threadfence are plain (blocks
 // do not overlap). The global stores of the st_global_16 wrapper are logged (S().global_stores) so
 // that tests can check who writes what. The programmatic-dependent-launch model is
-// backends/cuda/pdl.cuh beside this file.
+// backends/cuda/common/pdl.cuh beside this file.
 //
 // Launch options (LaunchOptions; the two launch() overloads below are the labs' defaults):
 //   random_block_order        blocks of a grid in a random order per launch (else in index order);
@@ -24,7 +25,7 @@
 //                             undefined then); otherwise a collective after an exit deadlocks.
 //
 // Not modelled: timing, bank conflicts, register limits, memory-model subtleties, the tensor cores'
-// internal rounding (the labs' mma shadows say how they sum); the float functions are glibc's
+// internal rounding (emu::mma_sum in the shadow says how it sums); the float functions are glibc's
 // (expf, sincosf), not CUDA's, so results are compared with tolerances where the CPU backend would.
 #pragma once
 
@@ -62,7 +63,15 @@ struct dim3 {
 struct alignas(16) float4 {
     float x, y, z, w;
 };
+struct alignas(16) uint4 {
+    uint32_t x, y, z, w;
+};
+struct float2 {
+    float x, y;
+};
 inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+inline uint4  make_uint4(uint32_t x, uint32_t y, uint32_t z, uint32_t w) { return {x, y, z, w}; }
+inline float2 make_float2(float x, float y) { return {x, y}; }
 typedef struct CUstream_st * cudaStream_t;
 typedef int                 cudaError_t;
 
@@ -340,6 +349,22 @@ template <class T> inline T __ldcg(const T * p) { return __ldg(p); }
 inline uint32_t __float_as_uint(float f) { return spark::f32_bits(f); }
 inline float    __uint_as_float(uint32_t u) { return spark::f32_from_bits(u); }
 inline float    __int_as_float(int32_t i) { return spark::f32_from_bits(uint32_t(i)); }
+// Integer intrinsics.
+inline int      __ffs(int v) { return v == 0 ? 0 : __builtin_ctz(uint32_t(v)) + 1; }
+inline int      __clz(int v) { return v == 0 ? 32 : __builtin_clz(uint32_t(v)); }
+inline uint32_t __umulhi(uint32_t a, uint32_t b) { return uint32_t((uint64_t(a) * b) >> 32); }
+inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
+    const uint64_t v = uint64_t(x) | (uint64_t(y) << 32);
+    uint32_t       r = 0;
+    for (int i = 0; i < 4; ++i) {
+        const uint32_t sel = (s >> (4 * i)) & 7u;
+        r |= uint32_t((v >> (8 * sel)) & 0xFFu) << (8 * i);
+    }
+    return r;
+}
+// The real wrappers of instructions the emulator does not model trap in a host pass; here that is
+// a clear death.
+[[noreturn]] inline void __trap() { emu::die("__trap: an instruction the emulator does not model"); }
 // Round-to-nearest single operations (the elementwise lab compiles without contraction,
 // -ffp-contract=off, so these stay separate roundings).
 inline float __fmul_rn(float a, float b) { return a * b; }

@@ -1,7 +1,7 @@
 // The tensor core: graph building, views, the memory planner (reuse without clobbering live
 // values), CPU op semantics on hand-checked cases, and the arch capability table.
 #include "backends/backend.h"
-#include "backends/cuda/arch.h"
+#include "backends/cuda/common/arch.h"
 #include "common/error.h"
 #include "graph/graph.h"
 #include "graph/planner.h"

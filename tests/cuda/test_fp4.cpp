@@ -13,7 +13,7 @@
 //    exact in float32, so the only error is the accumulation order: nmse ~1e-13 expected; 1e-9
 //    leaves room for a tensor-core adder narrower than float32 (undocumented for sm_120) while any
 //    fragment, scale or layout mistake gives nmse >= 1e-3.
-#include "backends/cuda/arch.h"
+#include "backends/cuda/common/arch.h"
 #include "backends/cuda/fp4/nvfp4_act_ref.h"
 #include "backends/cuda/fp4/w4a4.h"
 #include "common/error.h"

@@ -28,7 +28,7 @@
 // NaN and inf) is checked row by row against a double reference ("GEMM row scaling" below).
 #include "op_harness.h"
 
-#include "backends/cuda/matmul/launch.h"
+#include "backends/cuda/matmul/matmul.h"
 #include "backends/cuda/matmul/tuning.h"
 #include "backends/cuda/ops.h"
 #include "common/error.h"
@@ -1174,12 +1174,12 @@ TEST_CASE("matmul: GEMV work splits (group / k-block divisions, lanes per row, i
     }
 }
 
-// ---- the tensor-core decode GEMV (gemv_mma.cuh) and the FMA one, side by side ---------------------
+// ---- the tensor-core decode GEMV (gemv_mma_kernels.cuh) and the FMA one, side by side ---------------------
 // Both kernels must give the exact-decode result (kGemv): INT4 groups of 128 / 256 / one per row,
 // symmetric and with zero points, act-order (staged x), NVFP4; 1..8 rows (B columns: 3 per row, 1 to
 // 3 MMAs per fragment); K = 576 (a half last 128-K block); fused gate/up; MoE decode; K split
 // across blocks. The MMA kernel splits every activation exactly into three f16 (hi, mid, lo) per
-// 128-K block scale: the decode stays exact to f32 accuracy (the error bound is in gemv_mma.cuh).
+// 128-K block scale: the decode stays exact to f32 accuracy (the error bound is in gemv_mma_kernels.cuh).
 namespace {
 
 struct MmaGuard {

@@ -6,12 +6,11 @@
 //
 // Build and run (repository root; -arch for the GPU at hand):
 //   nvcc -O3 -std=c++20 -arch=sm_90a --expt-relaxed-constexpr -Isrc -Iinclude dev/kernels/attention/bench_decode.cu \
-//        src/backends/cuda/attention/attention_decode.cu src/backends/cuda/attention/attention_prefill.cu src/backends/cuda/pdl.cpp -o /tmp/bench_decode \
+//        src/backends/cuda/attention/attention_decode.cu src/backends/cuda/attention/attention_prefill.cu src/backends/cuda/common/launch.cpp -o /tmp/bench_decode \
 //     && /tmp/bench_decode
 // A/B switches (environment): SPARK_PDL=0 (no programmatic dependent launch),
 // SPARK_ATTN_COMBINE=0 (splits merged by the separate combine kernel: two launches per step).
 #include "backends/cuda/attention/attention.h"
-#include "backends/cuda/attention/ptx.cuh"
 #include "backends/cuda/cuda_common.h"
 #include "quant/formats.h"
 

@@ -4,7 +4,7 @@
 // layouts, warp/block reductions, the route's sort and redux rounds, argmax tie and NaN rules, and
 // (with random warp orders) missing barriers. The argmax cluster kernel (sm_90 thread block
 // clusters) is not modelled; tests/cuda/test_elementwise.cpp covers it on a GPU. Every launch runs
-// under the programmatic dependent launch model (dev/emu/backends/cuda/pdl.cuh:
+// under the programmatic dependent launch model (dev/emu/backends/cuda/common/pdl.cuh:
 // inputs poisoned until the grid's first wait, every thread must wait, some thread must trigger;
 // "FAIL pdl" lines), whose own self-test is here too ("pdl").
 //
@@ -16,7 +16,7 @@
 #include "backends/cuda/elementwise/moe_kernels.cuh"
 #include "backends/cuda/elementwise/norm_kernels.cuh"
 #include "backends/cuda/elementwise/rope_kernels.cuh"
-#include "backends/cuda/pdl.cuh"  // the PDL model (dev/emu)
+#include "backends/cuda/common/pdl.cuh"  // the PDL model (dev/emu)
 
 #include <algorithm>
 #include <cmath>
@@ -525,7 +525,7 @@ void test_argmax() {
 // ---------------------------------------------------------------- the PDL model's self-test
 
 // Tiny kernels (y = 2 x over n elements, one per thread) that break one rule of pdl.cuh each; the
-// model (dev/emu/backends/cuda/pdl.cuh) must catch every one.
+// model (dev/emu/backends/cuda/common/pdl.cuh) must catch every one.
 enum class Pdl { good, read_early, write_early, no_wait, skip_wait, no_trigger };
 void pdl_kernel(Pdl how, const float * x, float * y, int n) {
     const int i = int(blockIdx.x * blockDim.x + threadIdx.x);

@@ -16,15 +16,15 @@
 // ideal us = bytes / copy bandwidth, and the nmse against the reference.
 //
 // Build and run from the repository root (one line; -arch as the GPU: sm_90a H100, sm_120a RTX 50xx):
-//   nvcc -O3 -std=c++20 --expt-relaxed-constexpr -arch=sm_90a -Isrc -Iinclude dev/kernels/matmul/bench_matmul.cu src/backends/cuda/matmul/gemv_*.cu src/backends/cuda/matmul/gemm_*.cu src/backends/cuda/matmul/side_kernels.cu src/backends/cuda/matmul/plan.cpp src/backends/cuda/pdl.cpp -o /tmp/bench_matmul && /tmp/bench_matmul
+//   nvcc -O3 -std=c++20 --expt-relaxed-constexpr -arch=sm_90a -Isrc -Iinclude dev/kernels/matmul/bench_matmul.cu src/backends/cuda/matmul/gemv_*.cu src/backends/cuda/matmul/gemm_*.cu src/backends/cuda/matmul/side_kernels.cu src/backends/cuda/matmul/plan.cpp src/backends/cuda/common/launch.cpp -o /tmp/bench_matmul && /tmp/bench_matmul
 // Options: --sweep (every plan of the large 8B INT4 shapes, timed), --sweep-rows R (the same at R
 // activation rows), --gemm-sweep (the prefill GEMM's K splits), --quick (INT4 only, no GEMM), --no-gemm, --rows (also 2, 4, 8 activation rows), --no-pdl
 // (GEMV launches without programmatic dependent launch; the dispatch's default is with, on sm_90+),
 // --mma-only / --fma-only (INT4 and NVFP4 through one decode kernel only; default: both, the plan
-// column says which: "mma[kp] wk/ks grid" for the tensor-core decode of gemv_mma.cuh). After the
+// column says which: "mma[kp] wk/ks grid" for the tensor-core decode of gemv_mma_kernels.cuh). After the
 // per-shape table: q+k+v in one multi-weight launch (op_matmul_multi) against three launches.
 #include "backends/cuda/cuda_common.h"
-#include "backends/cuda/matmul/launch.h"
+#include "backends/cuda/matmul/matmul.h"
 #include "backends/cuda/matmul/tuning.h"
 #include "quant/formats.h"
 
@@ -858,7 +858,7 @@ int main(int argc, char ** argv) {
     };
     std::vector<WeightFormat> formats = {WeightFormat::INT4, WeightFormat::NVFP4, WeightFormat::FP8, WeightFormat::BF16};
     if (quick) formats = {WeightFormat::INT4};
-    // INT4 / NVFP4 run through both decode kernels (fma: gemv.cuh; mma: gemv_mma.cuh, the dispatch's
+    // INT4 / NVFP4 run through both decode kernels (fma: gemv_kernels.cuh; mma: gemv_mma_kernels.cuh, the dispatch's
     // default where the weight takes it); FP8 / BF16 have the FMA kernel only.
     auto paths = [&](WeightFormat f) {
         std::vector<bool> v;

@@ -1,4 +1,4 @@
-// Runs the decode GEMV kernels (src/backends/cuda/matmul/gemv.cuh, the FMA decode, and gemv_mma.cuh,
+// Runs the decode GEMV kernels (src/backends/cuda/matmul/gemv_kernels.cuh, the FMA decode, and gemv_mma_kernels.cuh,
 // the tensor-core decode), unchanged, on the CPU warp emulator (dev/emu: threads are fibers, warps
 // meet at shuffles and mma.sync, blocks at __syncthreads, random warp orders between them; blocks
 // run one after another) against a
@@ -11,23 +11,25 @@
 // the plans plan_gemv picks for the model shapes. Weights live in exactly-sized buffers, so the
 // address sanitizer catches any load past a weight; shared memory starts as NaN, so any read of an
 // unwritten B fragment shows. The tensor cores' f32 sums are modelled pessimistically (every term
-// truncated to 2^(e_max - 23), the sum truncated; see mma_f16_16816 in emu/.../ptx.cuh): the MMA
-// kernel's worst nmse is printed at the end (~1e-13; "exact-mma" as a third argument sums exactly).
+// truncated to 2^(e_max - 23), the sum truncated; emu::mma_sum in
+// dev/emu/backends/cuda/common/ptx_sm80.cuh): the MMA kernel's worst nmse is printed at the end
+// (~1e-13; "exact-mma" as a third argument sums exactly).
 //
-// Every launch runs under the programmatic dependent launch model (dev/emu/backends/cuda/pdl.cuh): the activations, expert ids and K-split counters are poisoned until the grid's first
-// wait (the weights are read before it), every thread must wait, some thread must trigger ("FAIL pdl"
-// lines).
+// Every launch runs under the programmatic dependent launch model
+// (dev/emu/backends/cuda/common/pdl.cuh): the activations, expert ids and K-split counters are
+// poisoned until the grid's first wait (the weights are read before it), every thread must wait,
+// some thread must trigger ("FAIL pdl" lines).
 //
 // Part of the CPU test suite (ctest: emu-gemv, all cases). Build and run by hand (from the repository
 // root; about three minutes on two cores):
-//   g++ -std=c++20 -O2 -g -fsanitize=address,undefined -Idev/kernels/matmul/emu -Idev/emu \
-//       -Isrc -Iinclude dev/kernels/matmul/emu_gemv.cpp src/backends/cuda/matmul/plan.cpp -o /tmp/emu_gemv && /tmp/emu_gemv
+//   g++ -std=c++20 -O2 -g -fsanitize=address,undefined -Idev/emu -Isrc -Iinclude \
+//       dev/kernels/matmul/emu_gemv.cpp src/backends/cuda/matmul/plan.cpp -o /tmp/emu_gemv && /tmp/emu_gemv
 // Options: a case-name filter (substring, e.g. "mma"), then a seed, then "exact-mma"; or --plans
 // (the plans of both kernels for the lab's model shapes, no emulation).
-#include "backends/cuda/matmul/gemv.cuh"
-#include "backends/cuda/matmul/gemv_mma.cuh"
+#include "backends/cuda/matmul/gemv_kernels.cuh"
+#include "backends/cuda/matmul/gemv_mma_kernels.cuh"
 #include "backends/cuda/matmul/tuning.h"
-#include "backends/cuda/pdl.cuh"  // the PDL model (dev/emu)
+#include "backends/cuda/common/pdl.cuh"  // the PDL model (dev/emu)
 
 #include <algorithm>
 #include <cmath>
@@ -588,7 +590,7 @@ int main(int argc, char ** argv) {
     }
     const std::string filter = argc > 1 ? argv[1] : "";
     if (argc > 2) rng.seed(std::stoull(argv[2]));
-    if (argc > 3 && std::string(argv[3]) == "exact-mma") mma_truncate() = false;
+    if (argc > 3 && std::string(argv[3]) == "exact-mma") emu::mma_sum() = emu::MmaSum::Exact;
     const Spec specs[] = {
         {WeightFormat::INT4, 128, false, false, 0, 0, "int4-sym-g128"},
         {WeightFormat::INT4, 128, true, true, 0, 0, "int4-asym-g128-bf16s"},
@@ -654,7 +656,7 @@ int main(int argc, char ** argv) {
         if (mma) check_multi(specs[1], {40, 17, 20}, 1152, 1, {1, 2, 2, 1}, filter, mma);
     }
 
-    // The tensor-core decode (gemv_mma.cuh): INT4 (groups of 128 and 256, one group, zero points, bf16
+    // The tensor-core decode (gemv_mma_kernels.cuh): INT4 (groups of 128 and 256, one group, zero points, bf16
     // scales) and NVFP4; rows 1..8, plain and fused; K = 1280 (10 blocks of 128) and K = 576 (a half
     // last block); every work split; activations of a wide range (per-block scaling).
     const Spec mma_specs[] = {specs[0], specs[1], specs[4], specs[5], {WeightFormat::INT4, 256, false, false, 0, 0, "int4-sym-g256"}};
@@ -689,7 +691,7 @@ int main(int argc, char ** argv) {
         check_moe(s, 33, 1152, 16, 4, 2, 1, true, {1, 2, 2, 1}, filter, true);
     }
     std::printf("worst MMA nmse %.1e (tensor-core sums modelled %s)\n", g_worst_mma,
-                mma_truncate() ? "with truncation to 2^(e_max - 23)" : "exactly");
+                emu::mma_sum() == emu::MmaSum::Truncating ? "with truncation to 2^(e_max - 23)" : "exactly");
     std::printf("%d of %d cases failed; %d PDL launch checks, %d failed\n", g_fail, g_cases, pdl::model::checks(), pdl::model::failures());
     return g_fail || pdl::model::failures() ? 1 : 0;
 }

@@ -6,11 +6,12 @@
 //   profiler.h     SPARK_PROFILE_OPS: per-op GPU times
 #include "backends/cuda/cuda_backend.h"
 
-#include "backends/cuda/arch.h"
+#include "backends/cuda/common/arch.h"
+#include "backends/cuda/common/launch.h"
 #include "backends/cuda/cuda_common.h"
 #include "backends/cuda/fusion.h"
 #include "backends/cuda/graph_cache.h"
-#include "backends/cuda/matmul/launch.h"
+#include "backends/cuda/matmul/matmul.h"
 #include "backends/cuda/ops.h"
 #include "backends/cuda/profiler.h"
 #include "backends/cuda/weight_batch.h"
@@ -259,7 +260,7 @@ private:
     }
 
     // A decode or verify step: every matmul has at most the GEMV's row count (prefill steps have
-    // more and launch without PDL, cuda_common.h).
+    // more and launch without PDL, common/launch.h).
     static bool decode_sized(const std::vector<Tensor *> & nodes) {
         for (const Tensor * n : nodes) {
             if (n->op != Op::MATMUL && n->op != Op::MATMUL_ID) continue;

@@ -1,11 +1,11 @@
-// Error checking and small shared pieces of the CUDA backend (host side; includes no kernels).
+// Error checking of the CUDA backend (host side; includes no kernels). The launch helpers are in
+// common/launch.h.
 #pragma once
 
 #include "common/error.h"
 
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 
 // Any CUDA error becomes spark::Error(SPARK_ERR_DEVICE) (or SPARK_ERR_OUT_OF_MEMORY), with the call
@@ -24,75 +24,5 @@ namespace spark::cuda {
 [[noreturn]] void throw_cuda_error(cudaError_t err, const char * call, const char * file, int line);
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// Whether kernels on the current device are launched with programmatic dependent launch (pdl.cuh):
-// sm_90 and newer, unless SPARK_PDL=0 (A/B runs) or the calling thread is inside a PdlStep that
-// turned it off.
-bool pdl_enabled();
-
-// For the launches of one step on this thread: PDL on or off. Decode and verify steps (a few rows,
-// latency-bound kernels) use it; prefill steps do not: their long kernels gained nothing, and
-// prefill at depth was measured slower with it (H100, Qwen3-30B-A3B int4 pp512 at depth 8192:
-// 9066 -> 8103 tokens/s).
-class PdlStep {
-public:
-    explicit PdlStep(bool on);
-    ~PdlStep();
-    PdlStep(const PdlStep &)             = delete;
-    PdlStep & operator=(const PdlStep &) = delete;
-
-private:
-    bool previous_;
-};
-
-#ifdef __CUDACC__  // (kernel files only: the CPU warp emulators of dev/kernels include this header too)
-// The dynamic shared memory a kernel has been allowed per device so far (one per kernel: a static
-// of its launch function).
-struct SmemLimit {
-    std::atomic<int> bytes[64] = {};  // devices past 64: set at every launch
-};
-
-// Raises `kernel`'s dynamic shared-memory limit to at least `bytes` on the current device (above the
-// default 48 KB; once per device and larger size). cudaFuncSetAttribute is not a stream operation,
-// and the first run of a step shape is eager, so this never happens during graph capture.
-inline void raise_smem_limit(const void * kernel, int bytes, SmemLimit & limit) {
-    if (bytes <= 48 * 1024) return;
-    int dev = 0;
-    SPARK_CUDA_CHECK(cudaGetDevice(&dev));
-    if (dev < 64 && limit.bytes[dev].load(std::memory_order_acquire) >= bytes) return;
-    SPARK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-    if (dev < 64) {
-        int seen = limit.bytes[dev].load(std::memory_order_relaxed);
-        while (seen < bytes && !limit.bytes[dev].compare_exchange_weak(seen, bytes, std::memory_order_release)) {
-        }
-    }
-}
-
-// kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream serialization when `pdl`
-// (sm_90+): the kernel may start while the previous kernel of the stream finishes, and waits for it
-// in-kernel (pdl::wait, pdl.cuh) before it reads that kernel's outputs. Launch errors throw. Every
-// kernel launched this way must follow the rules of pdl.cuh.
-template <class... KernelArgs, class... Args>
-void launch_kernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool pdl,
-                   Args &&... args) {
-    cudaLaunchAttribute attr[1];
-    attr[0].id                                         = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg                             = {};
-    cfg.gridDim                                        = grid;
-    cfg.blockDim                                       = block;
-    cfg.dynamicSmemBytes                               = smem;
-    cfg.stream                                         = stream;
-    cfg.attrs                                          = pdl ? attr : nullptr;
-    cfg.numAttrs                                       = pdl ? 1 : 0;
-    SPARK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<Args &&>(args)...));
-}
-
-// The same with PDL as pdl_enabled() says: how the ops launch their kernels.
-template <class... KernelArgs, class... Args>
-void launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args &&... args) {
-    launch_kernel(kernel, grid, block, smem, stream, pdl_enabled(), static_cast<Args &&>(args)...);
-}
-#endif
 
 }  // namespace spark::cuda

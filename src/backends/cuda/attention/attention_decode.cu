@@ -1,10 +1,11 @@
 // Fused decode (append + split-KV decode + in-kernel combine), the fallback combine kernel and the
-// prefill path's append kernel (attention_kernels.cuh, attention_append.cuh), instantiated for
+// prefill path's append kernel (attention_kernels.cuh, append_kernels.cuh), instantiated for
 // head_dim 64, 128 and 256; the decode launch helpers (arrival counters, programmatic dependent
 // launch).
-#include "backends/cuda/arch.h"
-#include "backends/cuda/attention/attention_append.cuh"
+#include "backends/cuda/attention/append_kernels.cuh"
 #include "backends/cuda/attention/attention_kernels.cuh"
+#include "backends/cuda/common/arch.h"
+#include "backends/cuda/common/launch.h"
 #include "backends/cuda/cuda_common.h"
 
 #include <cstdlib>

@@ -1,11 +1,11 @@
 // Attention kernels (design: attention.h). Included by attention_decode.cu / attention_prefill.cu
-// and by the CPU warp emulator (dev/kernels/attention/emu), so only the wrappers of ptx.cuh and
-// plain CUDA built-ins are used here.
+// and by the CPU warp emulator (dev/kernels/attention/emu_test.cpp), so only the wrappers of
+// common/ptx_sm80.cuh and plain CUDA built-ins are used here.
 #pragma once
 
 #include "backends/cuda/attention/attention.h"
-#include "backends/cuda/attention/ptx.cuh"
-#include "backends/cuda/pdl.cuh"
+#include "backends/cuda/common/pdl.cuh"
+#include "backends/cuda/common/ptx_sm80.cuh"
 
 #include <cmath>
 #include <cstdint>
@@ -120,7 +120,7 @@ __device__ __forceinline__ void fresh_f16x8(const float * src, uint32_t (&h)[4])
 template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_decode_kernel(const AttnParams p) {
     using C = DecodeCfg<D>;
     constexpr int kN = C::kN, kStr = C::kStr, kPStr = C::kPStr, kPW = C::kPW, kDW = C::kDW, kS = C::kStages;
-    SPARK_DYNAMIC_SMEM(smem);
+    SPARK_DYNAMIC_SMEM(unsigned char, smem);
     uint16_t * q_hi    = reinterpret_cast<uint16_t *>(smem + C::kOffQhi);
     uint16_t * q_lo    = reinterpret_cast<uint16_t *>(smem + C::kOffQlo);
     uint16_t * kv_s    = reinterpret_cast<uint16_t *>(smem + C::kOffKV);
@@ -279,14 +279,14 @@ template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_decode_kern
 #pragma unroll
             for (int kk = 0; kk < D / 16; ++kk) {
                 uint32_t ah[4], al[4];
-                ptx::ldsm_x4(ah, q_hi + (lane & 15) * kStr + kk * 16 + (lane >> 4) * 8);
-                ptx::ldsm_x4(al, q_lo + (lane & 15) * kStr + kk * 16 + (lane >> 4) * 8);
+                ptx::ldmatrix_x4(ah, q_hi + (lane & 15) * kStr + kk * 16 + (lane >> 4) * 8);
+                ptx::ldmatrix_x4(al, q_lo + (lane & 15) * kStr + kk * 16 + (lane >> 4) * 8);
 #pragma unroll
                 for (int j = 0; j < kPW / 8; ++j) {
                     uint32_t b[2];
-                    ptx::ldsm_x2(b, ks + (warp * kPW + j * 8 + (lane & 7)) * kStr + kk * 16 + ((lane >> 3) & 1) * 8);
-                    ptx::mma_f16(sc[j], ah, b[0], b[1]);
-                    ptx::mma_f16(sc[j], al, b[0], b[1]);
+                    ptx::ldmatrix_x2(b, ks + (warp * kPW + j * 8 + (lane & 7)) * kStr + kk * 16 + ((lane >> 3) & 1) * 8);
+                    ptx::mma_m16n8k16<__half>(sc[j], ah, b[0], b[1]);
+                    ptx::mma_m16n8k16<__half>(sc[j], al, b[0], b[1]);
                 }
             }
             // ---- undo the Q scales, mask, per-row maximum over the block's kN positions
@@ -360,16 +360,16 @@ template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_decode_kern
 #pragma unroll
             for (int kk = 0; kk < kN / 16; ++kk) {
                 uint32_t ah[4], al[4];
-                ptx::ldsm_x4(ah, p_hi + (lane & 15) * kPStr + kk * 16 + (lane >> 4) * 8);
-                ptx::ldsm_x4(al, p_lo + (lane & 15) * kPStr + kk * 16 + (lane >> 4) * 8);
+                ptx::ldmatrix_x4(ah, p_hi + (lane & 15) * kPStr + kk * 16 + (lane >> 4) * 8);
+                ptx::ldmatrix_x4(al, p_lo + (lane & 15) * kPStr + kk * 16 + (lane >> 4) * 8);
 #pragma unroll
                 for (int np = 0; np < kDW / 16; ++np) {
                     uint32_t b[4];
-                    ptx::ldsm_x4_trans(b, vs + (kk * 16 + (lane & 15)) * kStr + warp * kDW + np * 16 + (lane >> 4) * 8);
-                    ptx::mma_f16(o[2 * np], ah, b[0], b[1]);
-                    ptx::mma_f16(o[2 * np], al, b[0], b[1]);
-                    ptx::mma_f16(o[2 * np + 1], ah, b[2], b[3]);
-                    ptx::mma_f16(o[2 * np + 1], al, b[2], b[3]);
+                    ptx::ldmatrix_x4_trans(b, vs + (kk * 16 + (lane & 15)) * kStr + warp * kDW + np * 16 + (lane >> 4) * 8);
+                    ptx::mma_m16n8k16<__half>(o[2 * np], ah, b[0], b[1]);
+                    ptx::mma_m16n8k16<__half>(o[2 * np], al, b[0], b[1]);
+                    ptx::mma_m16n8k16<__half>(o[2 * np + 1], ah, b[2], b[3]);
+                    ptx::mma_m16n8k16<__half>(o[2 * np + 1], al, b[2], b[3]);
                 }
             }
         }
@@ -515,7 +515,7 @@ template <int D> __global__ void __launch_bounds__(kThreads) attn_prefill_kernel
     pdl::wait();
     using C = PrefillCfg<D>;
     constexpr int kN = C::kN, kStr = C::kStr;
-    SPARK_DYNAMIC_SMEM(smem);
+    SPARK_DYNAMIC_SMEM(unsigned char, smem);
     uint16_t * q_s     = reinterpret_cast<uint16_t *>(smem + C::kOffQ);
     uint16_t * k_s     = reinterpret_cast<uint16_t *>(smem + C::kOffK);
     uint16_t * v_s     = reinterpret_cast<uint16_t *>(smem + C::kOffV);
@@ -599,12 +599,12 @@ template <int D> __global__ void __launch_bounds__(kThreads) attn_prefill_kernel
 #pragma unroll
                 for (int kk = 0; kk < D / 16; ++kk) {
                     uint32_t a[4];
-                    ptx::ldsm_x4(a, q_s + (warp * 16 + (lane & 15)) * kStr + kk * 16 + (lane >> 4) * 8);
+                    ptx::ldmatrix_x4(a, q_s + (warp * 16 + (lane & 15)) * kStr + kk * 16 + (lane >> 4) * 8);
 #pragma unroll
                     for (int j = 0; j < kN / 8; ++j) {
                         uint32_t b[2];
-                        ptx::ldsm_x2(b, k_s + (j * 8 + (lane & 7)) * kStr + kk * 16 + ((lane >> 3) & 1) * 8);
-                        ptx::mma_f16(sc[j], a, b[0], b[1]);
+                        ptx::ldmatrix_x2(b, k_s + (j * 8 + (lane & 7)) * kStr + kk * 16 + ((lane >> 3) & 1) * 8);
+                        ptx::mma_m16n8k16<__half>(sc[j], a, b[0], b[1]);
                     }
                 }
                 float mx[2] = {-INFINITY, -INFINITY};
@@ -655,9 +655,9 @@ template <int D> __global__ void __launch_bounds__(kThreads) attn_prefill_kernel
 #pragma unroll
                     for (int np = 0; np < D / 16; ++np) {
                         uint32_t b[4];
-                        ptx::ldsm_x4_trans(b, v_s + (kk * 16 + (lane & 15)) * kStr + np * 16 + (lane >> 4) * 8);
-                        ptx::mma_f16(o[2 * np], a, b[0], b[1]);
-                        ptx::mma_f16(o[2 * np + 1], a, b[2], b[3]);
+                        ptx::ldmatrix_x4_trans(b, v_s + (kk * 16 + (lane & 15)) * kStr + np * 16 + (lane >> 4) * 8);
+                        ptx::mma_m16n8k16<__half>(o[2 * np], a, b[0], b[1]);
+                        ptx::mma_m16n8k16<__half>(o[2 * np + 1], a, b[2], b[3]);
                     }
                 }
             }

@@ -1,6 +1,7 @@
 // ATTENTION on CUDA: validates the node (graph.h, Graph::attention), fills AttnParams, takes the
 // decode workspace and enqueues the kernels (attention.h). Host code only; never synchronises.
 #include "backends/cuda/attention/attention.h"
+#include "backends/cuda/common/kernel_args.h"
 #include "backends/cuda/cuda_common.h"
 #include "backends/cuda/ops.h"
 
@@ -12,8 +13,6 @@
 namespace spark::cuda {
 
 namespace {
-
-bool rows_of_f32(const Tensor & x) { return x.type == DType::F32 && x.nb[0] == 4 && x.ne[3] == 1; }
 
 bool aligned16(const void * p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
@@ -35,7 +34,7 @@ void op_attention(const Tensor & t, const OpContext & ctx) {
         fail(SPARK_ERR_UNSUPPORTED, "attention (CUDA): the KV cache must be F16 (got %s / %s)", dtype_name(kc.type), dtype_name(vc.type));
     if (!attn::head_dim_supported(int(hd)))
         fail(SPARK_ERR_UNSUPPORTED, "attention (CUDA): head_dim %lld is not supported (64, 128 or 256)", (long long)hd);
-    if (!rows_of_f32(q) || !rows_of_f32(k) || !rows_of_f32(v))
+    if (!f32_rows(q) || !f32_rows(k) || !f32_rows(v) || q.ne[3] != 1 || k.ne[3] != 1 || v.ne[3] != 1)
         fail(SPARK_ERR_UNSUPPORTED, "attention (CUDA): q, k, v must be F32 with contiguous rows");
     SPARK_ASSERT(n_kv > 0 && n_head % n_kv == 0 && k.ne[0] == hd && v.ne[0] == hd && v.ne[1] == n_kv);
     SPARK_ASSERT(k.ne[2] == n_tok && v.ne[2] == n_tok);
@@ -56,15 +55,9 @@ void op_attention(const Tensor & t, const OpContext & ctx) {
         fail(SPARK_ERR_UNSUPPORTED, "attention (CUDA): cache or batch too large");
 
     attn::AttnParams p;
-    p.q           = static_cast<const char *>(q.data);
-    p.q_nb1       = int64_t(q.nb[1]);
-    p.q_nb2       = int64_t(q.nb[2]);
-    p.k           = static_cast<const char *>(k.data);
-    p.k_nb1       = int64_t(k.nb[1]);
-    p.k_nb2       = int64_t(k.nb[2]);
-    p.v           = static_cast<const char *>(v.data);
-    p.v_nb1       = int64_t(v.nb[1]);
-    p.v_nb2       = int64_t(v.nb[2]);
+    std::tie(p.q, p.q_nb1, p.q_nb2) = head_rows(q);
+    std::tie(p.k, p.k_nb1, p.k_nb2) = head_rows(k);
+    std::tie(p.v, p.v_nb1, p.v_nb2) = head_rows(v);
     p.k_cache     = static_cast<uint16_t *>(kc.data);
     p.v_cache     = static_cast<uint16_t *>(vc.data);
     p.pos         = static_cast<const int32_t *>(ps.data);

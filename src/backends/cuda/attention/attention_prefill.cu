@@ -1,6 +1,7 @@
 // Tiled (flash-attention 2 style) prefill kernel (attention_kernels.cuh), instantiated for head_dim
 // 64, 128 and 256.
 #include "backends/cuda/attention/attention_kernels.cuh"
+#include "backends/cuda/common/launch.h"
 #include "backends/cuda/cuda_common.h"
 
 namespace spark::cuda::attn {

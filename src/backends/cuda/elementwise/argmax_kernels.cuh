@@ -2,10 +2,12 @@
 // (dev/kernels/elementwise/emu_test.cpp; not the cluster kernel). See argmax.cu.
 #pragma once
 
-#include "backends/cuda/pdl.cuh"
+#include "backends/cuda/common/arch.h"
+#include "backends/cuda/common/pdl.cuh"
+#include "backends/cuda/common/ptx_sm90.cuh"
 #include "backends/cuda/elementwise/ew_common.cuh"
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if SPARK_ARCH_HOPPER_PLUS
 #include <cooperative_groups.h>
 #endif
 
@@ -107,13 +109,13 @@ template <int V> __global__ void __launch_bounds__(kArgmaxThreads) argmax_row_ke
 template <int V> __global__ void __launch_bounds__(kClusterThr) argmax_cluster_kernel(const ArgmaxArgs args) {
     pdl::launch_dependents();
     pdl::wait();
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if SPARK_ARCH_HOPPER_PLUS
     namespace cg = cooperative_groups;
     __shared__ Best scratch[kClusterThr / 32];
     __shared__ Best ranks[kClusterN];
     // Phase 1 of the "all CTAs have started" barrier, required before touching another CTA's
     // shared memory; its wait comes after the scan, so it costs nothing.
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+    ptx::barrier_cluster_arrive_relaxed();
     cg::cluster_group cluster = cg::this_cluster();
     const unsigned    rank    = cluster.block_rank();
     const int64_t     r       = blockIdx.y;
@@ -126,11 +128,11 @@ template <int V> __global__ void __launch_bounds__(kClusterThr) argmax_cluster_k
     Best          b{-INFINITY, kNone};
     scan<V, kClusterThr>(b, row, beg, end, threadIdx.x);
     b = block_best<kClusterThr>(b, scratch);
-    asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+    ptx::barrier_cluster_wait();
     if (threadIdx.x == 0) *cluster.map_shared_rank(&ranks[rank], 0) = b;
     // Release our write to CTA 0, acquire everybody's there.
-    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+    ptx::barrier_cluster_arrive_release();
+    ptx::barrier_cluster_wait();
     if (rank == 0 && threadIdx.x < 32) {
         b = warp_best(threadIdx.x < kClusterN ? ranks[threadIdx.x] : Best{-INFINITY, kNone});
         if (threadIdx.x == 0) args.out[r] = finish(b, x0);

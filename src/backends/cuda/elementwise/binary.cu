@@ -3,7 +3,7 @@
 //
 // Every value is computed with the CPU backend's exact expression (IEEE division and expf, no
 // contraction opportunities), so results differ from the CPU only by expf's last-ulp differences.
-#include "backends/cuda/pdl.cuh"
+#include "backends/cuda/common/pdl.cuh"
 #include "backends/cuda/elementwise/ew_common.cuh"
 
 namespace spark::cuda {
@@ -17,7 +17,7 @@ enum class BinOp : int { ADD, MUL, SWIGLU, MUL_SIGMOID, SCALE };
 template <BinOp OP> __device__ __forceinline__ float apply(float x, float y) {
     if constexpr (OP == BinOp::ADD) return x + y;
     if constexpr (OP == BinOp::MUL) return x * y;
-    if constexpr (OP == BinOp::SWIGLU) return x / (1.0f + expf(-x)) * y;  // silu(x) * y
+    if constexpr (OP == BinOp::SWIGLU) return silu(x) * y;
     if constexpr (OP == BinOp::MUL_SIGMOID) return x * (1.0f / (1.0f + expf(-y)));
     if constexpr (OP == BinOp::SCALE) return x * y;  // y is the scale
     return 0.0f;

@@ -3,7 +3,7 @@
 //
 // Copies move bytes with the widest vector (16/8/4/2/1 bytes) that every row start, stride and row
 // length allows, so a contiguous F32 copy is one 16-byte load and store per thread.
-#include "backends/cuda/pdl.cuh"
+#include "backends/cuda/common/pdl.cuh"
 #include "backends/cuda/elementwise/ew_common.cuh"
 #include "quant/formats.h"
 

@@ -4,6 +4,8 @@
 // stay within an ulp or two of the CPU backend.
 #pragma once
 
+#include "backends/cuda/common/launch.h"
+#include "backends/cuda/common/math.cuh"
 #include "backends/cuda/cuda_common.h"
 #include "backends/cuda/ops.h"
 #include "graph/dtype.h"
@@ -133,13 +135,7 @@ __device__ __forceinline__ float from_ordered_key(uint32_t k) {
     return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
 
-// ---- reductions
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
+// ---- reductions (warp_sum: common/math.cuh)
 
 // Sum over a group of G threads (G = 32: the warp; G > 32: the whole block, blockDim.x == G).
 // `scratch` holds 32 floats of shared memory; every thread of the group gets the total.

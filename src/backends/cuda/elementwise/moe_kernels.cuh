@@ -2,7 +2,7 @@
 // test (dev/kernels/elementwise/emu_test.cpp). See moe.cu.
 #pragma once
 
-#include "backends/cuda/pdl.cuh"
+#include "backends/cuda/common/pdl.cuh"
 #include "backends/cuda/elementwise/ew_common.cuh"
 
 namespace spark::cuda::ew {

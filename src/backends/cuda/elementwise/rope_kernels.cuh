@@ -2,7 +2,7 @@
 // the CPU warp emulator test (dev/kernels/elementwise/emu_test.cpp). See rope.cu.
 #pragma once
 
-#include "backends/cuda/pdl.cuh"
+#include "backends/cuda/common/pdl.cuh"
 #include "backends/cuda/elementwise/ew_common.cuh"
 
 namespace spark::cuda::ew {

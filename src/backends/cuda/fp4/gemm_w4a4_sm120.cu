@@ -14,10 +14,11 @@
 //
 // Out-of-range tile rows (N or rows not a multiple of the tile) load a clamped, valid row and are
 // never stored. This file could only be compiled here (no sm_120 GPU): see docs/SM120.md.
-#include "backends/cuda/pdl.cuh"
-#include "backends/cuda/arch.h"
+#include "backends/cuda/common/arch.h"
+#include "backends/cuda/common/launch.h"
+#include "backends/cuda/common/pdl.cuh"
+#include "backends/cuda/common/ptx_sm120.cuh"
 #include "backends/cuda/cuda_common.h"
-#include "backends/cuda/fp4/ptx_fp4.cuh"
 #include "backends/cuda/fp4/w4a4.h"
 #include "common/error.h"
 
@@ -107,7 +108,7 @@ __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N) gemm_w4a4_kernel(const
 #pragma unroll
         for (int i = 0; i < MT; ++i)
 #pragma unroll
-            for (int j = 0; j < NT; ++j) ptx::mma_nvf4_m16n8k64(acc[i][j], a[i], b[j], sfa[i], sfb[j]);
+            for (int j = 0; j < NT; ++j) ptx::mma_m16n8k64_nvf4(acc[i][j], a[i], b[j], sfa[i], sfb[j]);
     }
 
     // d[0] = (feature g, token 2t), d[1] = (g, 2t+1), d[2] = (g+8, 2t), d[3] = (g+8, 2t+1).

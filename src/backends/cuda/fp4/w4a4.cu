@@ -5,13 +5,14 @@
 // Quantizer: one thread per 16-element block (one NVFP4 scale): 4 float4 loads, the block's amax,
 // scale and divisor from fp4/nvfp4_act_ref.h, 16 codes stored as one 8-byte word, one scale byte.
 // Adjacent threads take adjacent blocks of a row, so loads and stores are coalesced.
-#include "backends/cuda/pdl.cuh"
 #include "backends/cuda/fp4/w4a4.h"
 
-#include "backends/cuda/arch.h"
+#include "backends/cuda/common/arch.h"
+#include "backends/cuda/common/launch.h"
+#include "backends/cuda/common/pdl.cuh"
+#include "backends/cuda/common/ptx_sm120.cuh"
 #include "backends/cuda/cuda_common.h"
 #include "backends/cuda/fp4/nvfp4_act_ref.h"
-#include "backends/cuda/fp4/ptx_fp4.cuh"
 #include "common/error.h"
 
 #include <algorithm>

@@ -18,10 +18,10 @@
 #pragma once
 
 #include "backends/cuda/device_weight.h"
-#include "backends/cuda/matmul/ptx.cuh"
 #include "quant/formats.h"
 
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 
 #include <cstdint>
 

@@ -1,6 +1,6 @@
 // Prefill GEMM instantiations for f32 weights (one format per file: the 6-target build compiles
 // them in parallel).
-#include "backends/cuda/matmul/gemm.cuh"
+#include "backends/cuda/matmul/gemm_kernels.cuh"
 
 namespace spark::cuda::mm {
 

@@ -1,6 +1,6 @@
 // Decode GEMV instantiations for f16 weights (kept one format per file so the 6-target build
 // compiles them in parallel).
-#include "backends/cuda/matmul/gemv.cuh"
+#include "backends/cuda/matmul/gemv_kernels.cuh"
 
 namespace spark::cuda::mm {
 

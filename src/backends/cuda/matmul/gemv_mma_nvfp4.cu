@@ -1,6 +1,6 @@
 // MMA decode GEMV instantiations for nvfp4 weights (one format per file: the 6-target build compiles
 // them in parallel).
-#include "backends/cuda/matmul/gemv_mma.cuh"
+#include "backends/cuda/matmul/gemv_mma_kernels.cuh"
 
 namespace spark::cuda::mm {
 

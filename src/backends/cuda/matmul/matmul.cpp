@@ -2,10 +2,10 @@
 // launch parameters and the workspace, one object for both) and launches what the plan says (never
 // synchronises, never allocates except through ctx.workspace, reads no device data). The paths:
 //
-//   MATMUL      rows <= 8                 decode GEMV: tensor-core decode (gemv_mma.cuh) for INT4
+//   MATMUL      rows <= 8                 decode GEMV: tensor-core decode (gemv_mma_kernels.cuh) for INT4
 //                                         with groups of a multiple of 128 and NVFP4, else the FMA
-//                                         decode (gemv.cuh); SPARK_GEMV_MMA=0 keeps the FMA one
-//               rows > 8, K % 32 == 0     tensor-core GEMM (gemm.cuh): F16 operands (activations
+//                                         decode (gemv_kernels.cuh); SPARK_GEMV_MMA=0 keeps the FMA one
+//               rows > 8, K % 32 == 0     tensor-core GEMM (gemm_kernels.cuh): F16 operands (activations
 //                                         row-scaled by powers of two), F32 accumulation, K split
 //                                         across blocks where the tiles leave SMs idle (plan_gemm)
 //               other chunkable shapes    GEMV over row batches of 8
@@ -22,9 +22,10 @@
 // "Chunkable": K a multiple of the 16-byte chunk (4 f32, 8 f16/bf16, 16 fp8, 32 int4/nvfp4
 // elements), INT4 groups of a multiple of 32 (or one group), FP8 k-blocks of a multiple of 16 (or
 // one block).
-#include "backends/cuda/arch.h"
+#include "backends/cuda/common/arch.h"
+#include "backends/cuda/common/launch.h"
 #include "backends/cuda/cuda_common.h"
-#include "backends/cuda/matmul/launch.h"
+#include "backends/cuda/matmul/matmul.h"
 #include "backends/cuda/matmul/op_plan.h"
 #include "backends/cuda/matmul/tuning.h"
 #include "backends/cuda/ops.h"

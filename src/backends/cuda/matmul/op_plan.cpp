@@ -1,6 +1,6 @@
 #include "backends/cuda/matmul/op_plan.h"
 
-#include "backends/cuda/arch.h"
+#include "backends/cuda/common/arch.h"
 #include "backends/cuda/cuda_common.h"
 #include "backends/cuda/matmul/tuning.h"
 

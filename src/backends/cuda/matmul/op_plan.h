@@ -6,7 +6,7 @@
 // on representative weights. The CPU suite tests it without a GPU (tests/matmul_plan/).
 #pragma once
 
-#include "backends/cuda/matmul/launch.h"
+#include "backends/cuda/matmul/matmul.h"
 #include "backends/cuda/ops.h"
 
 #include <cstddef>

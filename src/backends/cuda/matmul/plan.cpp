@@ -1,8 +1,8 @@
 // Host-side planning shared by the dispatch (matmul.cpp) and the kernel lab (dev/kernels/matmul):
 // which weights the chunked kernels take, and how the GEMV splits its work.
-#include "backends/cuda/arch.h"
+#include "backends/cuda/common/arch.h"
 #include "backends/cuda/cuda_common.h"
-#include "backends/cuda/matmul/launch.h"
+#include "backends/cuda/matmul/matmul.h"
 #include "backends/cuda/matmul/tuning.h"
 
 #include <algorithm>
@@ -89,7 +89,7 @@ GemvCost gemv_cost(WeightFormat f, int r) {
     return {1.0, 1.0 + r};
 }
 
-// The MMA kernel (gemv_mma.cuh): the same model over K-warps and K splits, with its own costs: 2 x 16
+// The MMA kernel (gemv_mma_kernels.cuh): the same model over K-warps and K splits, with its own costs: 2 x 16
 // rows x 128 K per warp step, ~2 (INT4) / ~2.9 (NVFP4) instructions per weight for any row count up to
 // 2 (+0.15 per further 8 B columns), a prologue that splits the block's K range of the activations
 // into shared memory (~12 instructions per element and ~0.3 us of latency, partly behind the first

@@ -1,10 +1,12 @@
 // The small kernels around the matmuls: activation staging (F32 rows for the GEMV, row-scaled F16
 // rows for the GEMM, both applying act-order permutations), the device-built MoE grouping of the
 // grouped GEMM, the unfused SwiGLU, and the generic per-element fallback.
-#include "backends/cuda/pdl.cuh"
+#include "backends/cuda/common/launch.h"
+#include "backends/cuda/common/math.cuh"
+#include "backends/cuda/common/pdl.cuh"
 #include "backends/cuda/cuda_common.h"
 #include "backends/cuda/matmul/formats.cuh"
-#include "backends/cuda/matmul/launch.h"
+#include "backends/cuda/matmul/matmul.h"
 
 #include <algorithm>
 

@@ -1,4 +1,6 @@
 // CONV1D_SSM and GATED_DELTA on CUDA: node validation and launches (design: ssm.h).
+#include "backends/cuda/common/kernel_args.h"
+#include "backends/cuda/common/launch.h"
 #include "backends/cuda/cuda_common.h"
 #include "backends/cuda/ops.h"
 #include "backends/cuda/ssm/ssm_kernels.cuh"
@@ -36,8 +38,6 @@ void launch_gated_delta(const GdnParams & p, cudaStream_t stream) {
 }  // namespace ssm
 
 namespace {
-bool f32_rows(const Tensor & x) { return x.type == DType::F32 && x.nb[0] == 4; }
-
 // A ring state [state_size, R, n_slots] (graph.h: "Recurrent state with rollback") and the step's
 // positions, which the kernels index by token.
 void check_state_and_pos(const Tensor & st, int64_t state_size, const Tensor & pos, int64_t n_tok) {
@@ -68,9 +68,7 @@ void op_conv1d_ssm(const Tensor & t, const OpContext & ctx) {
         const Tensor & x = *t.src[i == 0 ? 0 : 2 + i];
         if (!f32_rows(x)) fail(SPARK_ERR_UNSUPPORTED, "conv1d_ssm (CUDA): x must be F32 with contiguous rows");
         SPARK_ASSERT(x.ne[2] == T && x.ne[3] == 1);
-        p.part[i].x      = static_cast<const char *>(x.data);
-        p.part[i].nb1    = int64_t(x.nb[1]);
-        p.part[i].nb2    = int64_t(x.nb[2]);
+        std::tie(p.part[i].x, p.part[i].nb1, p.part[i].nb2) = head_rows(x);
         p.part[i].len    = int(x.ne[0]);
         p.part[i].groups = int(x.ne[1]);
         channels += x.ne[0] * x.ne[1];
@@ -111,15 +109,9 @@ void op_gated_delta(const Tensor & t, const OpContext & ctx) {
     SPARK_ASSERT(n_kh > 0 && n_vh % n_kh == 0);
     check_state_and_pos(st, dk * dv * n_vh, pos, q.ne[2]);
     ssm::GdnParams p;
-    p.q       = static_cast<const char *>(q.data);
-    p.q_nb1   = int64_t(q.nb[1]);
-    p.q_nb2   = int64_t(q.nb[2]);
-    p.k       = static_cast<const char *>(k.data);
-    p.k_nb1   = int64_t(k.nb[1]);
-    p.k_nb2   = int64_t(k.nb[2]);
-    p.v       = static_cast<const char *>(v.data);
-    p.v_nb1   = int64_t(v.nb[1]);
-    p.v_nb2   = int64_t(v.nb[2]);
+    std::tie(p.q, p.q_nb1, p.q_nb2) = head_rows(q);
+    std::tie(p.k, p.k_nb1, p.k_nb2) = head_rows(k);
+    std::tie(p.v, p.v_nb1, p.v_nb2) = head_rows(v);
     SPARK_ASSERT(a.ne[0] * a.ne[1] == n_vh && b.ne[0] * b.ne[1] == n_vh && a.ne[2] == q.ne[2] && b.ne[2] == q.ne[2]);
     p.a       = static_cast<const char *>(a.data);  // [r, groups, T] (graph.h)
     p.a_nbg   = int64_t(a.nb[1]);

@@ -1,9 +1,9 @@
 // Kernels of the linear-attention ops (design: ssm.h). Included by ssm.cu and by the CPU warp
-// emulator (dev/kernels/attention/emu): plain CUDA built-ins only.
+// emulator (dev/kernels/attention/emu_test.cpp): plain CUDA built-ins only.
 #pragma once
 
-#include "backends/cuda/pdl.cuh"
-#include "backends/cuda/attention/ptx.cuh"
+#include "backends/cuda/common/math.cuh"
+#include "backends/cuda/common/pdl.cuh"
 #include "backends/cuda/ssm/ssm.h"
 
 #include <cmath>
@@ -11,7 +11,6 @@
 
 namespace spark::cuda::ssm {
 
-__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }  // torch threshold 20
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 
@@ -77,7 +76,7 @@ __global__ void __launch_bounds__(256) conv1d_ssm_kernel(const ConvParams p) {
 #pragma unroll
             for (int j = 0; j < kConvMaxK - 1; ++j)
                 if (j < K - 1) acc += wr[j] * input(i - (K - 1) + j);
-            reinterpret_cast<float *>(reinterpret_cast<char *>(p.out) + int64_t(first + i) * p.out_nb1)[c] = silu_f(acc);
+            reinterpret_cast<float *>(reinterpret_cast<char *>(p.out) + int64_t(first + i) * p.out_nb1)[c] = silu(acc);
         }
     }
     __syncthreads();  // every thread has read the old state of its channel: the ring may be overwritten

@@ -1,6 +1,5 @@
-// Emulator stand-in for src/backends/cuda/pdl.cuh (found first on the include path of every CPU warp
-// emulator in dev/kernels: -Idev/emu comes before -Isrc), shared by the three of them:
-// one model for every kernel.
+// Emulator stand-in for src/backends/cuda/common/pdl.cuh (found first on the include path of every
+// kernel lab in dev/kernels: -Idev/emu comes before -Isrc): one model for every kernel.
 //
 // The model of one launch with programmatic dependent launch (PDL), armed by the test around it:
 //   arm      before the launch the test names the launch's dependent inputs (buffers an earlier

@@ -39,7 +39,7 @@ int elems_per_chunk(WeightFormat f);
 bool chunk_ok(const DeviceWeight & w);
 
 struct GemvPlan {
-    bool    mma    = false;  // the tensor-core decode kernel (gemv_mma.cuh) instead of the FMA one
+    bool    mma    = false;  // the tensor-core decode kernel (gemv_mma_kernels.cuh) instead of the FMA one
     int     r_tmpl = 1, wk = 1, lpr = 32, ksplit = 1;
     int64_t cps    = 0;  // per split (gridDim.y blocks cover K): chunks (FMA kernel), 128-K blocks (MMA)
     int     rows_per_block = 0;  // output rows of one block (multi-weight launches tile each weight by it)
@@ -89,7 +89,7 @@ constexpr int gemv_min_blocks(int r, WeightFormat f) {
     return r == 1 ? (f == WeightFormat::NVFP4 ? 2 : 3) : r <= 4 ? 2 : 1;
 }
 
-// MMA decode GEMV (gemv_mma.cuh). A warp owns row tiles of 16 weight rows (2 tiles per step: two of
+// MMA decode GEMV (gemv_mma_kernels.cuh). A warp owns row tiles of 16 weight rows (2 tiles per step: two of
 // one weight, or gate and up), a step is one 128-K block of them (8 mma.sync m16n8k16 per tile).
 constexpr int kMmaK = 128;                                                     // K per step
 constexpr int gemv_mma_tiles(int nw) { return nw == 2 ? 1 : 2; }               // row tiles per warp (per weight)

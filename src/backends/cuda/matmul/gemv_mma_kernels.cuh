@@ -1,5 +1,5 @@
 // Decode GEMV on the tensor cores (1..8 activation rows; INT4 with groups of a multiple of 128 or
-// one group per row, NVFP4). The FMA kernel (gemv.cuh) spends ~3.8 instructions per INT4 weight
+// one group per row, NVFP4). The FMA kernel (gemv_kernels.cuh) spends ~3.8 instructions per INT4 weight
 // (decode to f32, then one FMA per weight and activation row). Here the decode makes f16 MMA operands
 // (INT4: 8 nibbles -> four f16x2 with one SHF, four LOP3 and four HSUB2/HFMA2, 1.1 per weight; NVFP4
 // 2 per weight with its block scale folded in), an mma.sync m16n8k16 takes 256 weights of a warp,
@@ -69,7 +69,7 @@
 // (gemv_splitk_finish), as the FMA kernel.
 #pragma once
 
-#include "backends/cuda/matmul/gemv.cuh"
+#include "backends/cuda/matmul/gemv_kernels.cuh"
 
 namespace spark::cuda::mm {
 
@@ -144,10 +144,10 @@ struct MmaInt4 {
         const uint32_t z1  = kAsym ? c.z1[h] : 0x64086408u;   // 1032 = 1024 + 8
         const uint32_t nz2 = kAsym ? c.nz2[h] : 0xD480D480u;  // -72 = -(64 + 8)
         const uint32_t w8  = w >> 8;
-        v[0]               = hsub2_bits(and_or<0x000F000Fu>(w, 0x64006400u), z1);
-        v[1]               = hfma2_bits(and_or<0x00F000F0u>(w, 0x64006400u), 0x2C002C00u, nz2);  // 0x2C00 = 1/16
-        v[2]               = hsub2_bits(and_or<0x000F000Fu>(w8, 0x64006400u), z1);
-        v[3]               = hfma2_bits(and_or<0x00F000F0u>(w8, 0x64006400u), 0x2C002C00u, nz2);
+        v[0]               = ptx::hsub2_bits(ptx::and_or<0x000F000Fu>(w, 0x64006400u), z1);
+        v[1]               = ptx::hfma2_bits(ptx::and_or<0x00F000F0u>(w, 0x64006400u), 0x2C002C00u, nz2);  // 0x2C00 = 1/16
+        v[2]               = ptx::hsub2_bits(ptx::and_or<0x000F000Fu>(w8, 0x64006400u), z1);
+        v[3]               = ptx::hfma2_bits(ptx::and_or<0x00F000F0u>(w8, 0x64006400u), 0x2C002C00u, nz2);
     }
     __device__ __forceinline__ static float factor(const Cst & c, int h) { return c.s[h]; }
     __device__ __forceinline__ static float final_factor(const DeviceWeight &) { return 1.0f; }
@@ -183,7 +183,7 @@ struct MmaNvfp4 {
         for (int h = 0; h < 2; ++h) {
             // Both codes into f16 as e4m3 * 2^-8 (formats.cuh), then * 2^15 (exact: at most 57344).
             const uint32_t t  = __byte_perm(sc.s >> (16 * h), 0u, 0x1404u);
-            const uint32_t f  = hmul2_bits(((t >> 1) & 0x3F803F80u) | (t & 0x80008000u), 0x78007800u);
+            const uint32_t f  = ptx::hmul2_bits(((t >> 1) & 0x3F803F80u) | (t & 0x80008000u), 0x78007800u);
             c.sh[h][0]        = __byte_perm(f, 0u, 0x1010u);
             c.sh[h][1]        = __byte_perm(f, 0u, 0x3232u);
         }
@@ -197,12 +197,12 @@ struct MmaNvfp4 {
     __device__ __forceinline__ static void decode(uint32_t w, const Cst & c, int h, int i, uint32_t (&v)[4]) {
         const uint32_t s  = c.sh[h][i >> 1];
         const uint32_t w3 = (w << 3) | (w >> 29);
-        const uint32_t pe = and_or_not<0x07070707u>(w, w3);  // (w & m) | (w3 & ~m)
-        const uint32_t po = and_or_not<0x70707070u>(w, w3);
-        v[0]              = hmul2_bits((pe << 9) & 0x8E008E00u, s);                 // n0, n4
-        v[1]              = hmul2_bits((po << 5) & 0x8E008E00u, s);                 // n1, n5
-        v[2]              = hmul2_bits((pe << 1) & 0x8E008E00u, s);                 // n2, n6
-        v[3]              = hmul2_bits(((po >> 3) | (po << 29)) & 0x8E008E00u, s);  // n3, n7
+        const uint32_t pe = ptx::and_or_not<0x07070707u>(w, w3);  // (w & m) | (w3 & ~m)
+        const uint32_t po = ptx::and_or_not<0x70707070u>(w, w3);
+        v[0]              = ptx::hmul2_bits((pe << 9) & 0x8E008E00u, s);                 // n0, n4
+        v[1]              = ptx::hmul2_bits((po << 5) & 0x8E008E00u, s);                 // n1, n5
+        v[2]              = ptx::hmul2_bits((pe << 1) & 0x8E008E00u, s);                 // n2, n6
+        v[3]              = ptx::hmul2_bits(((po >> 3) | (po << 29)) & 0x8E008E00u, s);  // n3, n7
     }
     __device__ __forceinline__ static float factor(const Cst &, int) { return 1.0f; }
     __device__ __forceinline__ static float final_factor(const DeviceWeight & w) { return w.global_scale * 128.0f; }
@@ -258,12 +258,12 @@ __device__ __forceinline__ void gemv_mma_split(const float * const (&xr)[R], uin
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 const float  a0 = e[j] * sc, a1 = e[j + 4] * sc;
-                hi[j]           = pack_f16x2(a0, a1);
-                const float2 h  = unpack_f16x2(hi[j]);
+                hi[j]           = ptx::pack_f16x2(a0, a1);
+                const float2 h  = ptx::unpack_f16x2(hi[j]);
                 // Non-finite: everything in hi (x - hi would be NaN for an infinity).
                 const float r0 = (__float_as_uint(a0) & 0x7FFFFFFFu) < 0x7F800000u ? a0 - h.x : 0.0f;
                 const float r1 = (__float_as_uint(a1) & 0x7FFFFFFFu) < 0x7F800000u ? a1 - h.y : 0.0f;
-                lo[j]           = pack_f16x2(r0, r1);
+                lo[j]           = ptx::pack_f16x2(r0, r1);
             }
             uint4 * dst = smem + ((size_t(b) * 4 + i) * P + 2 * r) * 4 + q;
             dst[0]      = make_uint4(hi[0], hi[1], hi[2], hi[3]);
@@ -289,7 +289,7 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R)) gemv_mma
     constexpr int CS     = gemv_mma_col_stride(R);
     constexpr int D      = gemv_mma_depth(R);
     constexpr int kWarps = kGemvThreads / 32;
-    SPARK_GEMV_DYNAMIC_SMEM(uint4, gemv_mma_smem_buf);
+    SPARK_DYNAMIC_SMEM(uint4, gemv_mma_smem_buf);
 
     const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
     const int g = lane >> 2, q = lane & 3;
@@ -358,7 +358,7 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R)) gemv_mma
     for (int s = 0; s < D; ++s)
 #pragma unroll
         for (int t = 0; t < T; ++t) raw[s][t][0] = raw[s][t][1] = make_uint4(0, 0, 0, 0);
-    const uint64_t policy = l2_evict_first_policy();
+    const uint64_t policy = ptx::l2_evict_first_policy();
 
     // Steps are issued in order, j = 0, 1, ...: running local block and weight pointers.
     uint32_t bl_next = uint32_t(kw) << kp;
@@ -377,7 +377,7 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R)) gemv_mma
                 const bool     block_ok = bl < nblk, ok = block_ok && c < KC;
                 if (ok) {
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) raw[slot][t][h] = ld_stream_v4(wp[t][h], policy);
+                    for (int h = 0; h < 2; ++h) raw[slot][t][h] = ptx::ld_stream_v4(wp[t][h], policy);
                 }
                 sc[slot][t] = F::load_scale(w[t / U], wt[t / U], rr[t], cb + bl, c, ok, block_ok);
 #pragma unroll
@@ -419,8 +419,8 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R)) gemv_mma
                 const uint32_t fa[4] = {v0[0], v1[0], v0[1], v1[1]}, fb[4] = {v0[2], v1[2], v0[3], v1[3]};
 #pragma unroll
                 for (int nb = 0; nb < NB; ++nb) {
-                    mma_f16_16816(d[t][nb], fa, bv[t][nb].x, bv[t][nb].y);
-                    mma_f16_16816(d[t][nb], fb, bv[t][nb].z, bv[t][nb].w);
+                    ptx::mma_m16n8k16<__half>(d[t][nb], fa, bv[t][nb].x, bv[t][nb].y);
+                    ptx::mma_m16n8k16<__half>(d[t][nb], fb, bv[t][nb].z, bv[t][nb].w);
                 }
             }
         }

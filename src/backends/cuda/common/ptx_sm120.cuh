@@ -1,15 +1,16 @@
-// Typed wrappers of the Blackwell-GeForce FP4 instructions (sm_120a, sm_121a): the hardware
-// f32 -> E2M1 convert and the block-scaled FP4 tensor-core MMA. They exist only in device passes
-// where arch.h's SPARK_ARCH_FP4_MMA_SYNC is 1 (the arch-specific `a` targets of the 12.x family);
-// elsewhere the header declares nothing, so a stray use fails to compile instead of running a
-// software imitation.
+// The PTX of the Blackwell-GeForce generation (sm_120a, sm_121a): typed wrappers of the hardware
+// f32 -> E2M1 convert and the block-scaled FP4 tensor-core MMA (the sm_80 baseline is
+// ptx_sm80.cuh). They exist only in device passes where common/arch.h's SPARK_ARCH_FP4_MMA_SYNC is 1
+// (the arch-specific `a` targets of the 12.x family); elsewhere the header declares nothing, so a
+// stray use fails to compile instead of running a software imitation (and the CPU warp emulator
+// has no shadow of it).
 //
 // Sources: PTX ISA 8.7+ `cvt` (.e2m1x2) and `mma` (block scaling, kind::mxf4nvf4), summarised in
 // docs/FORMATS.md §1.1 and §5; operand layouts cross-checked against CUTLASS's SM120_16x8x64_TN_VS
 // traits (cute/atom/mma_traits_sm120.hpp).
 #pragma once
 
-#include "backends/cuda/arch.h"
+#include "backends/cuda/common/arch.h"
 
 #include <cstdint>
 
@@ -48,7 +49,7 @@ __device__ __forceinline__ uint32_t cvt_e2m1x8(float v0, float v1, float v2, flo
 //   sfb  = the 4 scales of B column g                                   (lanes with l % 4 == 0 are read)
 // with the selectors {byte-id, thread-id} = {0, 0}: with scale_vec::4X a whole 32-bit register is
 // one row's four scales.
-__device__ __forceinline__ void mma_nvf4_m16n8k64(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], uint32_t sfa,
+__device__ __forceinline__ void mma_m16n8k64_nvf4(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], uint32_t sfa,
                                                   uint32_t sfb) {
     asm volatile(
         "mma.sync.aligned.m16n8k64.row.col.kind::mxf4nvf4.block_scale.scale_vec::4X.f32.e2m1.e2m1.f32.ue4m3 "

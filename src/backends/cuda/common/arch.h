@@ -27,6 +27,7 @@ constexpr bool cc_has_fp4_mma_sync(int cc) { return cc >= kCcBlackwellGeforce &&
 #if defined(__CUDA_ARCH__)
 #define SPARK_ARCH_AMPERE_PLUS (__CUDA_ARCH__ >= 800)
 #define SPARK_ARCH_FP8_MMA (__CUDA_ARCH__ >= 890)
+#define SPARK_ARCH_HOPPER_PLUS (__CUDA_ARCH__ >= 900)  // thread block clusters, griddepcontrol (PDL)
 #define SPARK_ARCH_HOPPER (__CUDA_ARCH__ >= 900 && __CUDA_ARCH__ < 1000)
 #if (__CUDA_ARCH__ >= 1200 && __CUDA_ARCH__ < 1300) && (defined(__CUDA_ARCH_SPECIFIC__) || defined(__CUDA_ARCH_FAMILY_SPECIFIC__))
 #define SPARK_ARCH_FP4_MMA_SYNC 1  // cvt.rn.satfinite.e2m1x2.f32, mma.sync ... kind::mxf4nvf4.block_scale
@@ -36,6 +37,7 @@ constexpr bool cc_has_fp4_mma_sync(int cc) { return cc >= kCcBlackwellGeforce &&
 #else
 #define SPARK_ARCH_AMPERE_PLUS 0
 #define SPARK_ARCH_FP8_MMA 0
+#define SPARK_ARCH_HOPPER_PLUS 0
 #define SPARK_ARCH_HOPPER 0
 #define SPARK_ARCH_FP4_MMA_SYNC 0
 #endif

@@ -36,16 +36,18 @@
 // plain one-weight block of that weight's rows and output.
 //
 // INT4 with groups of a multiple of 128 (or one group) and NVFP4 take the tensor-core decode kernel
-// of gemv_mma.cuh instead (plan.mma), which shares the helpers below the decoders.
+// of gemv_mma_kernels.cuh instead (plan.mma), which shares the helpers below the decoders.
 //
 // The CPU emulation dev/kernels/matmul/emu_gemv.cpp runs this kernel (every format, split and path)
 // against a double reference without a GPU.
 #pragma once
 
-#include "backends/cuda/cuda_common.h"
+#include "backends/cuda/common/launch.h"
+#include "backends/cuda/common/math.cuh"
+#include "backends/cuda/common/pdl.cuh"
+#include "backends/cuda/common/ptx_sm80.cuh"
 #include "backends/cuda/matmul/formats.cuh"
-#include "backends/cuda/matmul/launch.h"
-#include "backends/cuda/pdl.cuh"
+#include "backends/cuda/matmul/matmul.h"
 
 namespace spark::cuda::mm {
 
@@ -78,37 +80,12 @@ struct ChunkDiv {
     }
 };
 
-// (a & kMask) | b in one LOP3 with b in a register (the compiler would otherwise split a mask and an
-// OR of two immediates into two instructions).
-template <uint32_t kMask>
-__device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t b) {
-#if defined(__CUDA_ARCH__)
-    uint32_t d;
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "n"(kMask), "r"(b));  // 0xEA: (a & b) | c
-    return d;
-#else
-    return (a & kMask) | b;
-#endif
-}
-
-// (a & kMask) | (b & ~kMask) in one LOP3.
-template <uint32_t kMask>
-__device__ __forceinline__ uint32_t and_or_not(uint32_t a, uint32_t b) {
-#if defined(__CUDA_ARCH__)
-    uint32_t d;
-    asm("lop3.b32 %0, %1, %2, %3, 0xE2;" : "=r"(d) : "r"(a), "n"(kMask), "r"(b));  // 0xE2: (a & b) | (c & ~b)
-    return d;
-#else
-    return (a & kMask) | (b & ~kMask);
-#endif
-}
-
 // F32 / F16 / BF16: no scales; the formats.cuh decoders.
 template <class F>
 struct GvPlain {
     static constexpr WeightFormat kFormat = F::kFormat;
     static constexpr int          E = F::E, SUB = F::SUB, NSUB = F::NSUB, SPS = 0;
-    static constexpr int          kMinBlocksR1 = gemv_min_blocks(1, kFormat);  // see launch.h
+    static constexpr int          kMinBlocksR1 = gemv_min_blocks(1, kFormat);  // see matmul.h
     struct Wt {};
     struct Row {};
     struct Sc {};
@@ -176,8 +153,8 @@ struct GvInt4 {
     __device__ __forceinline__ static void pair(uint32_t w, uint32_t hi, const Cst & cs, float (&v)[SUB]) {
         constexpr uint32_t kMask = 0xFu << (4 * j), kExpo = uint32_t(150 - 4 * j) << 23;
         const float        b     = kAsym ? cs.c[j] : magic(j) + 8.0f;
-        v[j]                     = __uint_as_float(and_or<kMask>(w, kExpo)) - b;
-        v[j + 4]                 = __uint_as_float(and_or<kMask>(hi, kExpo)) - b;
+        v[j]                     = __uint_as_float(ptx::and_or<kMask>(w, kExpo)) - b;
+        v[j + 4]                 = __uint_as_float(ptx::and_or<kMask>(hi, kExpo)) - b;
     }
     __device__ __forceinline__ static void sub(const uint4 & raw, int s, const Cst & cs, float (&v)[SUB]) {
         const uint32_t w = word_of(raw, s), hi = w >> 16;
@@ -321,7 +298,7 @@ __device__ __forceinline__ void gemv_chunk(const uint4 (&raw)[NW][U], const type
     }
 }
 
-// ---- shared by the FMA kernel (below) and the MMA kernel (gemv_mma.cuh) ----------------------------
+// ---- shared by the FMA kernel (below) and the MMA kernel (gemv_mma_kernels.cuh) ----------------------------
 
 // Which weight of a multi-weight launch this block computes, and its block x within that weight.
 struct GemvMat {
@@ -470,7 +447,7 @@ __global__ void __launch_bounds__(kGemvThreads, R == 1 ? F::kMinBlocksR1 : gemv_
     // The register ring: slot d holds step j with j % D == d.
     uint4          raw[D][NW][U];
     typename F::Sc sc[D][NW][U];
-    const uint64_t policy = l2_evict_first_policy();
+    const uint64_t policy = ptx::l2_evict_first_policy();
     auto issue = [&](const int slot, const int j) {
         const uint32_t c = c0 + uint32_t(j) * stride;
         if (c < c_end) {
@@ -478,7 +455,7 @@ __global__ void __launch_bounds__(kGemvThreads, R == 1 ? F::kMinBlocksR1 : gemv_
             for (int i = 0; i < NW; ++i)
 #pragma unroll
                 for (int u = 0; u < U; ++u)
-                    raw[slot][i][u] = ld_stream_v4(static_cast<const uint4 *>(w[i].data) + (roff[u] + c), policy);
+                    raw[slot][i][u] = ptx::ld_stream_v4(static_cast<const uint4 *>(w[i].data) + (roff[u] + c), policy);
 #pragma unroll
             for (int i = 0; i < NW; ++i)
 #pragma unroll

@@ -44,29 +44,16 @@
 // tiles alone would leave them idle (q/o/down projections at 512 rows: 128 tiles on 132 SMs).
 #pragma once
 
-#include "backends/cuda/cuda_common.h"
-#include "backends/cuda/pdl.cuh"
+#include "backends/cuda/common/launch.h"
+#include "backends/cuda/common/math.cuh"
+#include "backends/cuda/common/pdl.cuh"
+#include "backends/cuda/common/ptx_sm80.cuh"
 #include "backends/cuda/matmul/formats.cuh"
-#include "backends/cuda/matmul/launch.h"
+#include "backends/cuda/matmul/matmul.h"
 
 namespace spark::cuda::mm {
 
 constexpr int kGemmLds = kGemmBK + 8;  // shared-memory row length in F16 elements (80 bytes)
-
-// ---- PTX used only by the GEMM (kept here rather than in ptx.cuh, which the GEMV shares; the f16
-// mma.sync, mma_f16_16816, is in ptx.cuh: the MMA decode GEMV uses it too) ----------------------------
-
-// Two floats -> f16x2 (round to nearest even), lo in the low half, saturating: a finite or infinite
-// value beyond +-65504 becomes +-65504, NaN stays NaN (cvt.rn.satfinite.f16x2.f32, one F2FP).
-__device__ __forceinline__ uint32_t pack_f16x2_satfinite(float lo, float hi) {
-    uint32_t r = 0;
-#if SPARK_ARCH_AMPERE_PLUS
-    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-#else
-    __trap();
-#endif
-    return r;
-}
 
 // A short pause in the split-K wait loop (nanosleep: the waiting warp leaves the issue slots to the
 // block's other warps and the SM's other block).
@@ -159,7 +146,7 @@ __global__ void __launch_bounds__(kGemmThreads, gemm_min_blocks(MT)) gemm_kernel
             const int     r  = p / 4, col = (p % 4) * 8;
             const int64_t gr = row0 + r;
             const bool    ok = gr < row_end;
-            cp_async_16(&sA[buf][r][col], a.a + (ok ? gr : 0) * a.lda + kt * kGemmBK + col, ok ? 16u : 0u);
+            ptx::cp_async_16(&sA[buf][r][col], a.a + (ok ? gr : 0) * a.lda + kt * kGemmBK + col, ok);
         }
     };
     // F16 weights: cp.async (4 pieces of 16 bytes per row and stage).
@@ -167,7 +154,7 @@ __global__ void __launch_bounds__(kGemmThreads, gemm_min_blocks(MT)) gemm_kernel
 #pragma unroll
         for (int i = 0; i < CPT; ++i) {
             const int q = tid + i * kGemmThreads;
-            if (q < BCH) cp_async_16(&sB[buf][q / CPR][(q % CPR) * F::E], brow[i] + (kt * CPR + q % CPR) * 16, 16u);
+            if (q < BCH) ptx::cp_async_16(&sB[buf][q / CPR][(q % CPR) * F::E], brow[i] + (kt * CPR + q % CPR) * 16, true);
         }
     };
 
@@ -179,7 +166,7 @@ __global__ void __launch_bounds__(kGemmThreads, gemm_min_blocks(MT)) gemm_kernel
             const int q = tid + i * kGemmThreads;
             if (q < BCH) {
                 const int64_t c = kt * CPR + q % CPR;
-                braw[i]         = ld_nc_v4(brow[i] + c * 16);
+                braw[i]         = ptx::ld_nc_v4(brow[i] + c * 16);
                 // (a by-value select: indexing w[] with a runtime value would put it in local memory)
                 const DeviceWeight ws = (NW > 1 && bwi[i] != 0) ? w[NW - 1] : w[0];
                 bsc[i]                = F::load_scale(ws, bn[i], c, 1.0f);
@@ -200,7 +187,7 @@ __global__ void __launch_bounds__(kGemmThreads, gemm_min_blocks(MT)) gemm_kernel
                     if constexpr (F::SPS > 0) f = F::factor(bsc[i], s / F::SPS);
                     uint32_t packed[F::SUB / 2];
 #pragma unroll
-                    for (int e = 0; e < F::SUB / 2; ++e) packed[e] = pack_f16x2_satfinite(v[2 * e] * f, v[2 * e + 1] * f);
+                    for (int e = 0; e < F::SUB / 2; ++e) packed[e] = ptx::pack_f16x2_satfinite(v[2 * e] * f, v[2 * e + 1] * f);
                     if constexpr (F::SUB == 8)
                         *reinterpret_cast<uint4 *>(dst + s * 8) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
                     else
@@ -225,9 +212,9 @@ __global__ void __launch_bounds__(kGemmThreads, gemm_min_blocks(MT)) gemm_kernel
     } else {
         load_b_regs(kt0);
     }
-    cp_async_commit();
+    ptx::cp_async_commit();
     if constexpr (!kDirect) store_b(0);
-    cp_async_wait_all();
+    ptx::cp_async_wait<0>();
     __syncthreads();
 
     for (int64_t kt = kt0; kt < kt1; ++kt) {
@@ -236,7 +223,7 @@ __global__ void __launch_bounds__(kGemmThreads, gemm_min_blocks(MT)) gemm_kernel
         if (more) {
             load_a(nxt, kt + 1);
             if constexpr (kDirect) load_b_direct(nxt, kt + 1);
-            cp_async_commit();
+            ptx::cp_async_commit();
             if constexpr (!kDirect) load_b_regs(kt + 1);
         }
 #pragma unroll
@@ -244,13 +231,13 @@ __global__ void __launch_bounds__(kGemmThreads, gemm_min_blocks(MT)) gemm_kernel
             uint32_t af[MT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
-                ldmatrix_x4(af[mt], &sA[cur][wm * MT * 16 + mt * 16 + (lane % 16)][kk * 16 + (lane / 16) * 8]);
+                ptx::ldmatrix_x4(af[mt], &sA[cur][wm * MT * 16 + mt * 16 + (lane % 16)][kk * 16 + (lane / 16) * 8]);
             uint32_t bfr[4][2];
 #pragma unroll
             for (int np = 0; np < 2; ++np) {
                 const int brow0 = GLU ? np * 64 + wn * 16 : wn * 32 + np * 16;
                 uint32_t  r[4];
-                ldmatrix_x4(r, &sB[cur][brow0 + (lane % 8) + (lane / 16) * 8][kk * 16 + ((lane / 8) % 2) * 8]);
+                ptx::ldmatrix_x4(r, &sB[cur][brow0 + (lane % 8) + (lane / 16) * 8][kk * 16 + ((lane / 8) % 2) * 8]);
                 bfr[2 * np][0]     = r[0];
                 bfr[2 * np][1]     = r[1];
                 bfr[2 * np + 1][0] = r[2];
@@ -259,12 +246,12 @@ __global__ void __launch_bounds__(kGemmThreads, gemm_min_blocks(MT)) gemm_kernel
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int nt = 0; nt < 4; ++nt) mma_f16_16816(acc[mt][nt], af[mt], bfr[nt][0], bfr[nt][1]);
+                for (int nt = 0; nt < 4; ++nt) ptx::mma_m16n8k16<__half>(acc[mt][nt], af[mt], bfr[nt][0], bfr[nt][1]);
         }
         if constexpr (!kDirect) {
             if (more) store_b(nxt);
         }
-        cp_async_wait_all();
+        ptx::cp_async_wait<0>();
         __syncthreads();
     }
 

@@ -1,5 +1,6 @@
-// pdl_enabled() (cuda_common.h): whether this device's kernels use programmatic dependent launch.
-#include "backends/cuda/cuda_common.h"
+// pdl_enabled() and PdlStep (launch.h): whether this device's kernels use programmatic dependent
+// launch.
+#include "backends/cuda/common/launch.h"
 
 #include <atomic>
 #include <cstdlib>

@@ -1,8 +1,8 @@
-// Emulator stand-in for <cuda_fp16.h>: the f16 types and conversions formats.cuh uses, through the
-// bit-exact host converters of quant/formats.h.
+// Emulator stand-in for <cuda_fp16.h>: the f16 types and the conversions matmul/formats.cuh uses,
+// through the bit-exact host converters of quant/formats.h.
 #pragma once
 
-#include "emu_matmul.h"
+#include "emu_runtime.h"
 
 struct __half {
     uint16_t bits;

@@ -1,6 +1,7 @@
-// Programmatic dependent launch (PDL, sm_90+), the one place its PTX lives.
+// Programmatic dependent launch (PDL, sm_90+): the device half of the launch helpers of launch.h, and
+// the one place its PTX (griddepcontrol) lives.
 //
-// Every kernel the ops launch goes through launch() (cuda_common.h) with
+// Every kernel the ops launch goes through launch() (launch.h) with
 // cudaLaunchAttributeProgrammaticStreamSerialization, so it may be scheduled while the kernel before
 // it in the stream is still running:
 //   wait()               blocks until the previous kernel has completed and its writes are visible.
@@ -28,21 +29,24 @@
 // (GemvArgs::ids_early; the dispatch decides, cuda_backend.cpp).
 //
 // Both are no-ops below sm_90 and for a kernel launched without the attribute (plain stream order).
-// The CPU warp emulators (dev/kernels) shadow this header with a model that checks both rules.
+// The CPU warp emulator shadows this header with a model that checks both rules
+// (dev/emu/backends/cuda/common/pdl.cuh).
 #pragma once
+
+#include "backends/cuda/common/arch.h"
 
 #include <cuda_runtime.h>
 
 namespace spark::cuda::pdl {
 
 __device__ __forceinline__ void wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if SPARK_ARCH_HOPPER_PLUS
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
 
 __device__ __forceinline__ void launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if SPARK_ARCH_HOPPER_PLUS
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }

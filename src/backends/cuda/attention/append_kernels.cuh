@@ -3,10 +3,10 @@
 // attention_decode.cu only (one definition) and by the CPU warp emulator.
 #pragma once
 
-#include "backends/cuda/pdl.cuh"
 #include "backends/cuda/attention/attention.h"
 #include "backends/cuda/attention/attention_kernels.cuh"
-#include "backends/cuda/attention/ptx.cuh"
+#include "backends/cuda/common/pdl.cuh"
+#include "backends/cuda/common/ptx_sm80.cuh"
 
 #include <cmath>
 #include <cstdint>
