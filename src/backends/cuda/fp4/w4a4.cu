@@ -1,72 +1,18 @@
-// The generic part of the W4A4 NVFP4 path: the activation quantizer (compiled for every target; on
-// sm_120a / sm_121a it rounds with the hardware convert, elsewhere with the software encoder, to
-// the same bytes) and the dispatch to the sm_120-family GEMM (fp4/gemm_w4a4_sm120.cu).
-//
-// Quantizer: one thread per 16-element block (one NVFP4 scale): 4 float4 loads, the block's amax,
-// scale and divisor from fp4/nvfp4_act_ref.h, 16 codes stored as one 8-byte word, one scale byte.
-// Adjacent threads take adjacent blocks of a row, so loads and stores are coalesced.
+// The generic part of the W4A4 NVFP4 path: the launcher of the activation quantizer
+// (fp4/quantize_nvfp4_kernels.cuh, compiled for every target; on sm_120a / sm_121a it rounds with
+// the hardware convert, elsewhere with the software encoder, to the same bytes) and the dispatch to
+// the sm_120-family GEMM (fp4/gemm_w4a4_sm120.cu).
 #include "backends/cuda/fp4/w4a4.h"
 
 #include "backends/cuda/common/arch.h"
 #include "backends/cuda/common/launch.h"
-#include "backends/cuda/common/pdl.cuh"
-#include "backends/cuda/common/ptx_sm120.cuh"
 #include "backends/cuda/cuda_common.h"
-#include "backends/cuda/fp4/nvfp4_act_ref.h"
+#include "backends/cuda/fp4/quantize_nvfp4_kernels.cuh"
 #include "common/error.h"
-
-#include <algorithm>
 
 namespace spark::cuda {
 
 namespace {
-
-constexpr int kQuantThreads = 256;
-
-template <bool VEC>
-__global__ void __launch_bounds__(kQuantThreads)
-    quantize_nvfp4_kernel(const float * __restrict__ x, int64_t rows, int64_t k, int64_t row_stride, float global_scale,
-                          uint8_t * __restrict__ codes, uint8_t * __restrict__ scales) {
-    pdl::launch_dependents();
-    pdl::wait();
-    const int64_t per_row = k / fp4::kNvfp4Block;
-    const int64_t total   = rows * per_row;
-    for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += int64_t(gridDim.x) * blockDim.x) {
-        const int64_t r  = idx / per_row;
-        const int64_t b  = idx - r * per_row;
-        const float * xb = x + r * row_stride + b * fp4::kNvfp4Block;
-        float         v[fp4::kNvfp4Block];
-        if constexpr (VEC) {
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                const float4 f = reinterpret_cast<const float4 *>(xb)[q];
-                v[4 * q + 0]   = f.x;
-                v[4 * q + 1]   = f.y;
-                v[4 * q + 2]   = f.z;
-                v[4 * q + 3]   = f.w;
-            }
-        } else {
-#pragma unroll
-            for (int i = 0; i < fp4::kNvfp4Block; ++i) v[i] = xb[i];
-        }
-        uint32_t lo, hi;
-        uint8_t  scale;
-#if SPARK_ARCH_FP4_MMA_SYNC
-        {
-            scale               = fp4::nvfp4_act_scale_code(fp4::nvfp4_act_amax(v), global_scale);
-            const float divisor = fp4::nvfp4_act_divisor(scale, global_scale);
-#pragma unroll
-            for (int i = 0; i < fp4::kNvfp4Block; ++i) v[i] = fp4::nvfp4_act_scaled(v[i], divisor);
-            lo = ptx::cvt_e2m1x8(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
-            hi = ptx::cvt_e2m1x8(v[8], v[9], v[10], v[11], v[12], v[13], v[14], v[15]);
-        }
-#else
-        scale = fp4::nvfp4_act_quantize_block(v, global_scale, lo, hi);
-#endif
-        *reinterpret_cast<uint2 *>(codes + r * (k / 2) + b * (fp4::kNvfp4Block / 2)) = make_uint2(lo, hi);
-        scales[r * per_row + b]                                                       = scale;
-    }
-}
 
 int current_cc() {
     int dev = 0, major = 0, minor = 0;
@@ -102,11 +48,11 @@ void quantize_activations_nvfp4(const float * x, int64_t rows, int64_t k, int64_
     if (!x || !codes || !scales) fail(SPARK_ERR_INVALID_ARGUMENT, "quantize_activations_nvfp4: null buffer");
     if (reinterpret_cast<uintptr_t>(codes) % 8 != 0) fail(SPARK_ERR_UNSUPPORTED, "quantize_activations_nvfp4: codes must be 8-byte aligned");
     if (reinterpret_cast<uintptr_t>(x) % 4 != 0) fail(SPARK_ERR_UNSUPPORTED, "quantize_activations_nvfp4: x must be 4-byte aligned");
-    const bool    vec    = reinterpret_cast<uintptr_t>(x) % 16 == 0 && row_stride % 4 == 0;
+    const bool    vec    = fp4::quantize_nvfp4_vec(x, row_stride);
     const int64_t total  = rows * (k / fp4::kNvfp4Block);
-    const int64_t blocks = std::min<int64_t>(ceil_div(total, kQuantThreads), int64_t(1) << 20);
-    if (vec) launch(quantize_nvfp4_kernel<true>, unsigned(blocks), kQuantThreads, 0, stream, x, rows, k, row_stride, global_scale, codes, scales);
-    else launch(quantize_nvfp4_kernel<false>, unsigned(blocks), kQuantThreads, 0, stream, x, rows, k, row_stride, global_scale, codes, scales);
+    const int64_t blocks = fp4::quantize_nvfp4_blocks(total);
+    if (vec) launch(fp4::quantize_nvfp4_kernel<true>, unsigned(blocks), fp4::kQuantThreads, 0, stream, x, rows, k, row_stride, global_scale, codes, scales);
+    else launch(fp4::quantize_nvfp4_kernel<false>, unsigned(blocks), fp4::kQuantThreads, 0, stream, x, rows, k, row_stride, global_scale, codes, scales);
     SPARK_CUDA_CHECK_LAUNCH();
 }
 
