@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The checked builds CI runs after the main test command (docs/RELIABILITY.md):
 #   1. the CPU test suite built with ASan + UBSan (clang; any report fails the test), with the CPU
-#      warp emulators of the elementwise and GEMV kernels (emu-attention, 5 min under ASan, runs
+#      warp emulators of the elementwise, GEMV and W4A4 kernels (emu-attention, 5 min under ASan, runs
 #      unsanitized in the main suite only, to keep CI within its time), and spark-server through the
 #      openai client with its hostile bodies (its load, --spec and browser tests run unsanitized in
 #      the main suite only, for the same reason);

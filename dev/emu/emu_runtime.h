@@ -8,7 +8,8 @@
 // barrier deadlocks, which the scheduler reports. The shadow of the PTX wrappers
 // (backends/cuda/common/ptx_sm80.cuh beside this file) follows the PTX fragment layouts for ldmatrix
 // and mma and checks that ldmatrix and cp.async addresses lie inside the block's dynamic shared
-// memory, 16-byte aligned;
+// memory, 16-byte aligned (ptx_sm120.cuh does the same for the FP4 convert and block-scaled mma of
+// sm_120a, for a lab that compiles its kernels as an sm_120a pass: arch.h beside it);
 // cp.async copies land either at issue or only at the matching cp.async.wait_group (randomly per
 // launch); shared memory starts filled with NaN bytes. Blocks run one after another (static
 // __shared__ arrays are plain statics), so a block that reads what another block of the same grid
@@ -25,7 +26,8 @@
 //                             undefined then); otherwise a collective after an exit deadlocks.
 //
 // Not modelled: timing, bank conflicts, register limits, memory-model subtleties, the tensor cores'
-// internal rounding (emu::mma_sum in the shadow says how it sums); the float functions are glibc's
+// internal rounding (emu::mma_sum in ptx_sm80.cuh and emu::nvf4_add in ptx_sm120.cuh say how the
+// shadows sum); the float functions are glibc's
 // (expf, sincosf), not CUDA's, so results are compared with tolerances where the CPU backend would.
 #pragma once
 
