@@ -572,8 +572,7 @@ double g_worst_nmse = 0.0;
 
 // y = W A^T for weight W [n][k] and activations A [rows][k]; `force_other` runs the configuration
 // the launcher would not pick for this token count.
-void check_gemm(const std::string & tag, const Operand & w, float w_global, const Operand & act, float a_global, bool force_other,
-                const std::string & name) {
+void check_gemm(const Operand & w, float w_global, const Operand & act, float a_global, bool force_other, const std::string & name) {
     const int64_t n = w.rows, k = w.k, rows = act.rows;
     const bool    small = (rows <= fp4::kW4A4SmallRows) != force_other;
     const int64_t ys    = n + 3;
@@ -642,7 +641,6 @@ void check_gemm(const std::string & tag, const Operand & w, float w_global, cons
     char b[240];
     std::snprintf(b, sizeof b, "%s grid=%ux%u: %zu differ, %zu padding writes, nmse vs double %.1e (%.2f s emulated, %.2f s total)",
                   small ? "16x8/warp" : "32x32/warp", grid.x, grid.y, bad, bad_pad, e, t_emu, seconds_since(t0));
-    (void) tag;
     report(bad == 0 && bad_pad == 0 && pdl_ok, name, b + first);
 }
 
@@ -653,13 +651,11 @@ void gemm_case(const std::string & tag, int64_t n, int64_t k, int64_t rows, bool
     if (!selected(name)) return;
     const Operand w        = random_operand(n, k);
     const float   w_global = 0.37f / 448.0f;
-    if (!pipeline) return check_gemm(tag, w, w_global, random_operand(rows, k), 1.5f / 448.0f, force_other, name);
+    if (!pipeline) return check_gemm(w, w_global, random_operand(rows, k), 1.5f / 448.0f, force_other, name);
     // The real pipeline: x quantized by the emulated quantizer kernel (itself checked bit for bit),
-    // then the GEMM on its bytes.
+    // then the GEMM on its bytes (a_global only scales alpha: any positive value serves).
     const QuantOut q = check_quant(rows, k, 0, 0, Data::Random, 0, false, "(for " + name + ")", true);
-    // The calibrated global the quantizer case used is not returned; any positive value serves the
-    // GEMM (it only scales alpha).
-    check_gemm(tag, w, w_global, operand_of(q, rows, k), 0.0123f, force_other, name);
+    check_gemm(w, w_global, operand_of(q, rows, k), 0.0123f, force_other, name);
 }
 
 }  // namespace
