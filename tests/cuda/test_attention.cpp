@@ -215,7 +215,7 @@ TEST_CASE("attention: unsupported shapes are clear errors") {
         FAIL("head_dim 96 ran");
     } catch (const spark::Error & e) {
         CHECK(e.status() == SPARK_ERR_UNSUPPORTED);
-        MESSAGE(e.what());
+        MESSAGE(std::string(e.what()));
     }
 }
 
@@ -241,7 +241,7 @@ TEST_CASE("attention: a KV cache that is not F16 is a clear error") {
             FAIL("attention ran on a " << spark::dtype_name(type) << " cache");
         } catch (const spark::Error & e) {
             CHECK(e.status() == SPARK_ERR_UNSUPPORTED);
-            MESSAGE(e.what());
+            MESSAGE(std::string(e.what()));
         }
     }
 }

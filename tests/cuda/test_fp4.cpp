@@ -112,8 +112,8 @@ void check_bit_exact(const std::vector<float> & x, int64_t rows, int64_t k, int6
 
 TEST_CASE("fp4: activation quantizer is bit-exact with the reference (random data, strided rows)") {
     const int cc = device_cc();
-    MESSAGE("NVFP4 activation quantizer on cc " << cc / 100 << "." << cc % 100 / 10 << ": " << nvfp4_quantizer_path(cc)
-                                                 << (w4a4_compiled() ? " [sm_120a/121a compiled]" : " [sm_120 family not compiled]"));
+    MESSAGE("NVFP4 activation quantizer on cc " << cc / 100 << "." << cc % 100 / 10 << ": " << std::string(nvfp4_quantizer_path(cc))
+                                                 << std::string(w4a4_compiled() ? " [sm_120a/121a compiled]" : " [sm_120 family not compiled]"));
     std::mt19937                    rng(1);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     for (int64_t k : {int64_t(16), int64_t(2048), int64_t(4096)})
@@ -260,7 +260,7 @@ TEST_CASE("fp4: W4A4 GEMM (sm_120a / sm_121a) against the dequantized operands")
     const int cc = device_cc();
     if (!w4a4_available(cc)) {
         MESSAGE("W4A4 GEMM skipped: needs a compute capability 12.x GPU and a build with sm_120a/sm_121a (this device: "
-                << cc / 100 << "." << cc % 100 / 10 << ", family " << (w4a4_compiled() ? "compiled" : "not compiled") << ")");
+                << cc / 100 << "." << cc % 100 / 10 << ", family " << std::string(w4a4_compiled() ? "compiled" : "not compiled") << ")");
         DeviceWeight w;
         w.format = WeightFormat::NVFP4;
         w.n = 64, w.k = 64;

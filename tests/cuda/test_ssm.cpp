@@ -208,7 +208,7 @@ TEST_CASE("linear attention: unsupported shapes are clear errors") {
             FAIL(what << " ran");
         } catch (const spark::Error & e) {
             CHECK(e.status() == SPARK_ERR_UNSUPPORTED);
-            MESSAGE(e.what());
+            MESSAGE(std::string(e.what()));
         }
     };
     expect_unsupported("conv kernel 9", [](OpBuilder & b) {

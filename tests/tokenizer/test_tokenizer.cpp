@@ -343,7 +343,7 @@ TEST_CASE("truncated and corrupt tokenizer.json never crash and report INVALID_F
         } catch (const spark::Error & e) {
             ++failures;
             const bool expected = e.status() == SPARK_ERR_INVALID_FORMAT || e.status() == SPARK_ERR_UNSUPPORTED;
-            CHECK_MESSAGE(expected, e.what());
+            CHECK_MESSAGE(expected, std::string(e.what()));
         }
     }
     CHECK(failures > 0);
