@@ -270,11 +270,9 @@ Tensor * Graph::conv1d_ssm(std::initializer_list<Tensor *> parts, Tensor * w, Te
     SPARK_ASSERT(state->ne[0] == (kernel - 1) * channels && state->ne[1] >= 1 && state->ne[3] == 1);
     int64_t  ne[2] = {channels, n_tok};
     Tensor * t     = new_tensor(DType::F32, ne, 2, Op::CONV1D_SSM);
-    t->src[0]      = p[0];
+    for (size_t i = 0; i < parts.size(); ++i) t->src[kConvPartSrc[i]] = p[i];
     t->src[1]      = w;
     t->src[2]      = state;
-    t->src[3]      = parts.size() > 1 ? p[1] : nullptr;
-    t->src[4]      = parts.size() > 2 ? p[2] : nullptr;
     t->src[5]      = step.pos;
     t->src[6]      = step.seq;
     t->src[7]      = step.seq_ranges;

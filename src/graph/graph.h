@@ -108,6 +108,9 @@ struct StepInputs {
     Tensor * seq_ranges  = nullptr;  // I32 [3, S]: (slot, first token, n tokens) of each sequence
 };
 
+// The source slots of CONV1D_SSM's input parts (Graph::conv1d_ssm): part i is src[kConvPartSrc[i]].
+constexpr int kConvPartSrc[3] = {0, 3, 4};
+
 // Graph::gated_delta: whether q and k are l2-normalised (and q scaled) inside the op.
 struct QkNorm {
     bool  l2_norm = false;

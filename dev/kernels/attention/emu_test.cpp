@@ -491,7 +491,7 @@ void run_conv(const std::string & label, int C, int K, int R, const std::vector<
         spark::Tensor tp = make_tensor(DType::I32, {T}, m.pos.data());
         spark::Tensor tr = make_tensor(DType::I32, {3, int64_t(rs.size())}, m.ranges.data());
         spark::Tensor to = make_tensor(DType::F32, {C, T}, cpu_out.data());
-        for (size_t i = 0; i < tx.size(); ++i) to.src[i == 0 ? 0 : 2 + i] = &tx[i];
+        for (size_t i = 0; i < tx.size(); ++i) to.src[spark::kConvPartSrc[i]] = &tx[i];
         to.ip[0]  = int32_t(tx.size());
         to.src[1] = &tw;
         to.src[2] = &ts;

@@ -51,7 +51,7 @@ StateRing ring_of(const Tensor & st, const Tensor & pos, const SeqRange & r) {
 class ConvInput {
 public:
     explicit ConvInput(const Tensor & t) {
-        for (int i = 0; i < t.ip[0]; ++i) parts_[n_++] = t.src[i == 0 ? 0 : 2 + i];
+        for (int i = 0; i < t.ip[0]; ++i) parts_[n_++] = t.src[kConvPartSrc[i]];
     }
     float at(int64_t c, int64_t tok) const {
         for (int i = 0; i < n_; ++i) {

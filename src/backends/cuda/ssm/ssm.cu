@@ -65,7 +65,7 @@ void op_conv1d_ssm(const Tensor & t, const OpContext & ctx) {
     p.n_parts = t.ip[0];
     int64_t channels = 0;
     for (int i = 0; i < p.n_parts; ++i) {  // [len, groups, T] parts (graph.h)
-        const Tensor & x = *t.src[i == 0 ? 0 : 2 + i];
+        const Tensor & x = *t.src[kConvPartSrc[i]];
         if (!f32_rows(x)) fail(SPARK_ERR_UNSUPPORTED, "conv1d_ssm (CUDA): x must be F32 with contiguous rows");
         SPARK_ASSERT(x.ne[2] == T && x.ne[3] == 1);
         std::tie(p.part[i].x, p.part[i].nb1, p.part[i].nb2) = head_rows(x);
