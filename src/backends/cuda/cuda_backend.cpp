@@ -4,6 +4,7 @@
 //   graph_cache.h  CUDA-graph capture and replay of the steps that repeat
 //   fusion.h       which nodes one launch covers (peephole fusion)
 //   profiler.h     SPARK_PROFILE_OPS: per-op GPU times
+//   step_trace.h   SPARK_STEP_TRACE builds: when each kernel of a replayed step was released
 #include "backends/cuda/cuda_backend.h"
 
 #include "backends/cuda/common/arch.h"
@@ -14,6 +15,7 @@
 #include "backends/cuda/matmul/matmul.h"
 #include "backends/cuda/ops.h"
 #include "backends/cuda/profiler.h"
+#include "backends/cuda/step_trace.h"
 #include "backends/cuda/weight_batch.h"
 
 #include <cstdlib>
@@ -114,6 +116,7 @@ public:
         ctx_.backend      = this;
         ctx_.expert_table = &CudaBackend::expert_table_thunk;
         profiler_         = cuda::OpProfiler::from_env();
+        tracer_           = cuda::StepTracer::from_env();
         graphs_ = std::make_unique<cuda::GraphCache>(stream_, /*enabled=*/!profiler_, &CudaBackend::expert_table_if_built, this);
     }
 
@@ -219,7 +222,9 @@ public:
 
     void compute(Graph & graph, Executor *) override {
         activate();
-        graphs_->run(graph, [&] { run_nodes(graph); });
+        if (tracer_) tracer_->begin_step(stream_);
+        const cuda::GraphCache::Ran ran = graphs_->run(graph, [&] { run_nodes(graph); });
+        if (tracer_) tracer_->end_step(stream_, ran.fingerprint, ran.replayed);
     }
 
     void activate() const { cudaSetDevice(device_); }
@@ -281,6 +286,7 @@ private:
             ctx_.ids_before_wait  = early_ids_enabled() && ctx_.last_waits_first && fusion.ids_written_before_previous(l);
             ctx_.last_waits_first = false;
             const cuda::OpTimer timer(profiler_.get(), stream_, *l.nodes[0], l.label);
+            if (tracer_) tracer_->set_label(cuda::launch_key(*l.nodes[0], l.label));
             launch(l);
         }
         ctx_.ids_before_wait = ctx_.last_waits_first = false;  // (nothing outside a step reads them)
@@ -387,6 +393,7 @@ private:
     void *                   staging_        = nullptr;
     size_t                   staging_used_   = 0;
     std::unique_ptr<cuda::OpProfiler> profiler_;
+    std::unique_ptr<cuda::StepTracer> tracer_;  // SPARK_STEP_TRACE builds with SPARK_STEP_TRACE_OUT set
     std::unique_ptr<cuda::GraphCache> graphs_;
     std::mutex                        exclusive_;  // contexts of the model take it around their steps (exclusive())
 };

@@ -33,13 +33,23 @@ public:
     GraphCache(const GraphCache &)             = delete;
     GraphCache & operator=(const GraphCache &) = delete;
 
+    // What run() did: the step's fingerprint, and whether its launches were a replay of a captured
+    // graph (else they ran eagerly, or were captured and then launched once).
+    struct Ran {
+        uint64_t fingerprint;
+        bool     replayed;
+    };
+
     // Runs the step `graph` computes: replays its captured graph, or calls launch() to enqueue its
     // kernels on the stream, eagerly or under capture.
     template <class Launch>
-    void run(const Graph & graph, Launch && launch) {
+    Ran run(const Graph & graph, Launch && launch) {
         Step & step = find(graph);
-        if (replay(step)) return;
-        if (!capture_now(step)) return launch();
+        if (replay(step)) return {step.fingerprint, true};
+        if (!capture_now(step)) {
+            launch();
+            return {step.fingerprint, false};
+        }
         begin_capture();
         try {
             launch();
@@ -48,6 +58,7 @@ public:
             throw;
         }
         end_capture(step);
+        return {step.fingerprint, false};
     }
 
     // Whether a capture is under way (nothing may allocate or synchronise).

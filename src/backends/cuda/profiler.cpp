@@ -50,14 +50,18 @@ OpTimer::~OpTimer() {
     cudaEvent_t end;
     cudaEventCreate(&end);
     cudaEventRecord(end, stream_);
-    std::string key = label_ ? label_ : op_name(node_.op);
-    key += " [" + std::to_string(node_.ne[0]) + "," + std::to_string(node_.ne[1]) + "," + std::to_string(node_.ne[2]) + "]";
+    prof_->add(launch_key(node_, label_), begin_, end);
+}
+
+std::string launch_key(const Tensor & node, const char * label) {
+    std::string key = label ? label : op_name(node.op);
+    key += " [" + std::to_string(node.ne[0]) + "," + std::to_string(node.ne[1]) + "," + std::to_string(node.ne[2]) + "]";
     // A fused launch is named by its first node (e.g. the SWIGLU): the weight is its source's.
-    const QWeight * w = node_.weight ? node_.weight : node_.experts;
-    if (!w && label_ && node_.src[0] && node_.src[0]->weight) w = node_.src[0]->weight;
-    if (!w && label_ && node_.src[0] && node_.src[0]->experts) w = node_.src[0]->experts;
+    const QWeight * w = node.weight ? node.weight : node.experts;
+    if (!w && label && node.src[0] && node.src[0]->weight) w = node.src[0]->weight;
+    if (!w && label && node.src[0] && node.src[0]->experts) w = node.src[0]->experts;
     if (w) key += std::string(" ") + weight_format_name(w->format) + " " + std::to_string(w->n) + "x" + std::to_string(w->k);
-    prof_->add(key, begin_, end);
+    return key;
 }
 
 }  // namespace spark::cuda

@@ -37,6 +37,10 @@ private:
     std::map<std::string, std::pair<double, int64_t>> totals_;  // key -> (microseconds, launches)
 };
 
+// The name of a launch in the profiles: its op (or `label`, the name of a fused launch), the shape
+// of its first node and its weight's format and shape.
+std::string launch_key(const Tensor & node, const char * label);
+
 // Times the launches enqueued during its lifetime as one entry keyed by the op (or `label`, the
 // name of a fused launch), its shape and its weight. Does nothing without a profiler.
 class OpTimer {

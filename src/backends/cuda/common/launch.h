@@ -32,6 +32,11 @@ private:
     bool previous_;
 };
 
+#if defined(SPARK_STEP_TRACE)
+// Trace builds: the launch joins the step trace's list of the step under way (step_trace.h).
+void trace_note_launch(const void * kernel, dim3 grid);
+#endif
+
 #ifdef __CUDACC__  // (kernel files only: the CPU warp emulator compiles the kernel headers that include this)
 // The dynamic shared memory a kernel has been allowed per device so far (one per kernel: a static
 // of its launch function).
@@ -59,20 +64,41 @@ inline void raise_smem_limit(const void * kernel, int bytes, SmemLimit & limit) 
 // (sm_90+): the kernel may start while the previous kernel of the stream finishes, and waits for it
 // in-kernel (pdl::wait, pdl.cuh) before it reads that kernel's outputs. Launch errors throw. Every
 // kernel launched this way must follow the rules of pdl.cuh.
+// cluster_x > 0: thread block clusters of cluster_x blocks along x (sm_90+).
+template <class... KernelArgs, class... Args>
+void launch_kernel_cluster(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, unsigned cluster_x, size_t smem, cudaStream_t stream,
+                           bool pdl, Args &&... args) {
+    cudaLaunchAttribute attr[2];
+    unsigned            n = 0;
+    if (cluster_x > 0) {
+        attr[n].id               = cudaLaunchAttributeClusterDimension;
+        attr[n].val.clusterDim.x = cluster_x;
+        attr[n].val.clusterDim.y = 1;
+        attr[n].val.clusterDim.z = 1;
+        ++n;
+    }
+    if (pdl) {
+        attr[n].id                                         = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[n].val.programmaticStreamSerializationAllowed = 1;
+        ++n;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim            = grid;
+    cfg.blockDim           = block;
+    cfg.dynamicSmemBytes   = smem;
+    cfg.stream             = stream;
+    cfg.attrs              = n ? attr : nullptr;
+    cfg.numAttrs           = n;
+#if defined(SPARK_STEP_TRACE)
+    trace_note_launch(reinterpret_cast<const void *>(kernel), grid);
+#endif
+    SPARK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<Args &&>(args)...));
+}
+
 template <class... KernelArgs, class... Args>
 void launch_kernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool pdl,
                    Args &&... args) {
-    cudaLaunchAttribute attr[1];
-    attr[0].id                                         = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg                             = {};
-    cfg.gridDim                                        = grid;
-    cfg.blockDim                                       = block;
-    cfg.dynamicSmemBytes                               = smem;
-    cfg.stream                                         = stream;
-    cfg.attrs                                          = pdl ? attr : nullptr;
-    cfg.numAttrs                                       = pdl ? 1 : 0;
-    SPARK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<Args &&>(args)...));
+    launch_kernel_cluster(kernel, grid, block, 0, smem, stream, pdl, static_cast<Args &&>(args)...);
 }
 
 // The same with PDL as pdl_enabled() says: how the ops launch their kernels.

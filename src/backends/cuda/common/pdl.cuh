@@ -34,14 +34,21 @@
 #pragma once
 
 #include "backends/cuda/common/arch.h"
+#include "backends/cuda/common/step_trace.cuh"
 
 #include <cuda_runtime.h>
 
 namespace spark::cuda::pdl {
 
 __device__ __forceinline__ void wait() {
+#if defined(SPARK_STEP_TRACE)  // (-DSPARK_STEP_TRACE=ON builds: step_trace.cuh)
+    const uint64_t arrive_ns = trace::now_ns();
+#endif
 #if SPARK_ARCH_HOPPER_PLUS
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+#if defined(SPARK_STEP_TRACE)
+    trace::record_wait(arrive_ns);
 #endif
 }
 

@@ -29,21 +29,8 @@ namespace {
 using namespace ew;
 
 template <int V> void launch_cluster(const ArgmaxArgs & args, const OpContext & ctx) {
-    cudaLaunchConfig_t   cfg{};
-    cudaLaunchAttribute  attr[2];
-    attr[0].id               = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = kClusterN;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    attr[1].id               = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.gridDim              = dim3(kClusterN, unsigned(args.nrows), 1);
-    cfg.blockDim             = dim3(kClusterThr, 1, 1);
-    cfg.dynamicSmemBytes     = 0;
-    cfg.stream               = ctx.stream;
-    cfg.attrs                = attr;
-    cfg.numAttrs             = pdl_enabled() ? 2 : 1;
-    SPARK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, argmax_cluster_kernel<V>, args));
+    launch_kernel_cluster(argmax_cluster_kernel<V>, dim3(kClusterN, unsigned(args.nrows), 1), dim3(kClusterThr, 1, 1), kClusterN, 0,
+                          ctx.stream, pdl_enabled(), args);
 }
 
 // Whether this build's code for the current device has the cluster kernel's body (compiled for
