@@ -177,6 +177,56 @@ TEST_CASE("attention decode: fused append at page boundaries (T = 1..8 at contex
     run(h, {64, 64, 2, {{0, 129, 3}}, 8}, kDecodeTol);
 }
 
+TEST_CASE("attention decode: a layer's q / k RMS_NORM + RoPE folded into the decode kernel") {
+    // The per-head q and k norms and their RoPE directly before the attention (a Qwen3 layer): the
+    // backend runs the five nodes as one decode launch (op_attention_norm_rope, attention.h
+    // NormRope) where every dim rotates, and as the norm + RoPE pair and the attention otherwise
+    // (partial rotation, a prefill step). Either way it must be the CPU's ops in turn, at the decode
+    // tolerance (the norm's and sincosf's ulps move q and k by ~1e-7 relative, far below the f16
+    // cache's rounding). The CPU warp emulator checks that the fused kernel's output and cache are
+    // bit for bit the unfused kernels' (dev/kernels/attention, "normrope" cases). Replayed from a
+    // captured graph too (set_replay_check).
+    struct C {
+        int  hd, n_head, n_kv, start, n, n_rot;
+        bool zc;
+    };
+    const C cases[] = {
+        {128, 32, 4, 0, 1, 128, false},    {128, 32, 4, 299, 1, 128, false}, {128, 32, 8, 4095, 1, 128, false},
+        {128, 16, 2, 62, 4, 128, true},    {64, 8, 4, 40, 2, 64, false},     {256, 16, 2, 130, 3, 256, false},
+        {128, 16, 2, 20, 1, 64, false},  // partial rotation: the pair and the attention
+        {128, 16, 2, 3, 24, 128, false},  // prefill: the pair and the append + prefill kernels
+    };
+    OpHarness h(108);
+    h.set_replay_check(true);
+    for (const C & c : cases) {
+        const std::string name = "q/k norm + rope + attention hd" + std::to_string(c.hd) + " heads " + std::to_string(c.n_head) + "/" +
+                                 std::to_string(c.n_kv) + " pos " + std::to_string(c.start) + "+" + std::to_string(c.n) + " n_rot " +
+                                 std::to_string(c.n_rot) + (c.zc ? " zero-centred" : "");
+        h.check(name, c.n > 8 ? kPrefillTol : kDecodeTol, [&](OpBuilder & b) {
+            const int            pages = (c.start + c.n + kPage - 1) / kPage;
+            std::vector<int32_t> pos, table(static_cast<size_t>(pages));
+            for (int i = 0; i < c.n; ++i) pos.push_back(c.start + i);
+            for (int p = 0; p < pages; ++p) table[size_t(p)] = (p * 7 + 3) % (pages + 2);  // distinct, out of order
+            spark::Graph &    g  = b.graph();
+            Tensor *          q  = b.input({c.hd, c.n_head, c.n}, 3.0f);
+            Tensor *          k  = b.input({c.hd, c.n_kv, c.n}, 3.0f);
+            Tensor *          v  = b.input({c.hd, c.n_kv, c.n});
+            Tensor *          qw = b.param({c.hd}, 0.2f, c.zc ? 0.0f : 1.0f);
+            Tensor *          kw = b.param({c.hd}, 0.2f, c.zc ? 0.0f : 1.0f);
+            Tensor *          kc = b.state({int64_t(c.hd) * c.n_kv, kPage, pages + 2}, 1.0f, true);
+            Tensor *          vc = b.state({int64_t(c.hd) * c.n_kv, kPage, pages + 2}, 1.0f, true);
+            spark::StepInputs step;
+            step.pos         = b.input_i32({c.n}, pos);
+            step.seq         = b.input_i32({c.n}, std::vector<int32_t>(static_cast<size_t>(c.n), 0));
+            step.block_table = b.input_i32({pages, 1}, table);
+            // As build_attention: q norm, q rope, k norm, k rope, then the attention.
+            Tensor * qr = g.rope(g.rms_norm(q, qw, 1e-6f, c.zc), step.pos, c.n_rot, 1e6f);
+            Tensor * kr = g.rope(g.rms_norm(k, kw, 1e-6f, c.zc), step.pos, c.n_rot, 1e6f);
+            return g.attention(qr, kr, v, kc, vc, step, 1.0f / std::sqrt(float(c.hd)));
+        });
+    }
+}
+
 TEST_CASE("attention prefill: one sequence") {
     OpHarness h(105);
     run(h, {128, 32, 4, {{0, 0, 64}}}, kPrefillTol);

@@ -25,6 +25,7 @@
 #include "backends/cuda/attention/append_kernels.cuh"
 #include "backends/cuda/attention/attention_kernels.cuh"
 #include "backends/cuda/common/pdl.cuh"  // the PDL model (dev/emu)
+#include "backends/cuda/elementwise/rope_kernels.cuh"
 #include "backends/cuda/ssm/ssm_kernels.cuh"
 
 #include <algorithm>
@@ -120,6 +121,11 @@ struct AttnCase {
     double tol_kernel = 0.0;    // 0: the path's default (below)
     float  q_spread   = 0.0f;   // each q row (token, head) also times 2^u, u uniform in [-q_spread, q_spread]
     bool   separate_combine = false;  // decode: no arrival counters, the combine kernel merges the splits
+    // Decode: q and k enter as the inputs of a per-head RMS_NORM + ROPE the kernel applies itself
+    // (AttnParams::norm_rope). The references see the rope kernel's output (run on the emulator as
+    // the unfused step does), and the fused kernel must match the plain decode kernel run on that
+    // output bit for bit (output and cache).
+    bool   norm_rope = false;
 };
 
 // The cache's value of x: RNE f16, saturated at +-65504 (attention_kernels.cuh: f16_saturate).
@@ -179,6 +185,26 @@ void run_attention(const AttnCase & tc) {
             pos.push_back(s.start + i);
             seq.push_back(s.slot);
         }
+    // Fused norm + RoPE: q, k above are the norms' inputs; from here on q, k are the rope kernel's
+    // output (one q / k pair launch, as op_rms_norm_rope_pair), which the references read.
+    std::vector<float> q_raw, k_raw, q_w(static_cast<size_t>(D)), k_w(static_cast<size_t>(D));
+    const RopeFreqs    freqs = rope_freqs(1e6f, D);
+    if (tc.norm_rope) {
+        q_raw = q, k_raw = k;
+        for (auto & x : q_w) x = 1.0f + 0.2f * randn();
+        for (auto & x : k_w) x = 1.0f + 0.2f * randn();
+        ew::RopeArgs a;
+        a.x = reinterpret_cast<const char *>(q_raw.data()), a.o = reinterpret_cast<char *>(q.data()), a.pos = pos.data();
+        a.x_nb1 = a.o_nb1 = int64_t(q_row) * 4, a.x_nb2 = a.o_nb2 = int64_t(H) * q_row * 4;
+        a.hd = D, a.nh = H, a.n_rot = D, a.items = H * T, a.w = q_w.data(), a.eps = 1e-6f;
+        a.second = ew::RopeHeads{reinterpret_cast<const char *>(k_raw.data()), reinterpret_cast<char *>(k.data()), k_w.data(),
+                                 int64_t(D) * 4, int64_t(KV) * D * 4, int64_t(D) * 4, int64_t(KV) * D * 4, KV, KV * T};
+        const unsigned blocks = unsigned((a.items + a.second.items + ew::kRopeWarps - 1) / ew::kRopeWarps);
+        auto rope = [&](auto kernel) { emu::launch(dim3(blocks), dim3(32 * ew::kRopeWarps), [&] { kernel(a, freqs); }); };
+        if (D == 64) rope(ew::rope_kernel<1, 0, true>);
+        if (D == 128) rope(ew::rope_kernel<2, 0, true>);
+        if (D == 256) rope(ew::rope_kernel<4, 0, true>);
+    }
 
     auto cache_row = [&](int slot, int p) { return int64_t(bt[size_t(slot) * tc.max_pages + p / page]) * page + p % page; };
     // This step's rows of the cache hold NaN before the step: a kernel that reads one of them from the
@@ -276,21 +302,54 @@ void run_attention(const AttnCase & tc) {
     const dim3     grid(plan.grid_x, plan.grid_y, plan.grid_z);
     bool           stores_ok = true;
     const std::string Ds = "<" + std::to_string(D) + "> " + tc.name;
+    const std::vector<uint16_t> kc_before = kc, vc_before = vc;  // (norm_rope: for the plain kernel's run)
     if (plan.path == attn::AttnPath::Decode) {
         // One launch (as launch_decode): the decode kernel appends this step's k / v itself.
         emu::S().global_stores.clear();
         auto run = [&](auto kernel, int smem) { emu::launch(grid, dim3(attn::kThreads), size_t(smem), [&] { kernel(p); }, seed + 1); };
+        auto run_nr = [&](auto kernel, int smem) {
+            emu::launch(grid, dim3(attn::kThreads), size_t(smem), [&] { kernel(p, freqs); }, seed + 1);
+        };
+        attn::AttnParams p_plain = p;  // (norm_rope: the plain kernel on the rope kernel's output, below)
+        if (tc.norm_rope) {
+            p.q                = reinterpret_cast<const char *>(q_raw.data());
+            p.k                = reinterpret_cast<const char *>(k_raw.data());
+            p.norm_rope        = {true, q_w.data(), k_w.data(), 1e-6f, false};
+        }
         {
             // PDL: q, k, v, the cache (earlier steps' rows) and the arrival counters come from earlier
             // kernels; out and the split workspace must not be written before the wait. (pos, seq and
-            // the block table are uploaded by the host before the step: not armed.)
-            PdlGuard g({in(q.data(), bytes_of(q)), in(k.data(), bytes_of(k)), in(v.data(), bytes_of(v)), in(kc.data(), bytes_of(kc)),
+            // the block table are uploaded by the host before the step, the norm weights at load time:
+            // not armed.)
+            const std::vector<float> & qin = tc.norm_rope ? q_raw : q;
+            const std::vector<float> & kin = tc.norm_rope ? k_raw : k;
+            PdlGuard g({in(qin.data(), bytes_of(qin)), in(kin.data(), bytes_of(kin)), in(v.data(), bytes_of(v)), in(kc.data(), bytes_of(kc)),
                         in(vc.data(), bytes_of(vc)), in(p.counters, p.counters ? bytes_of(counters) : 0), pdl::model::out(out.data(), bytes_of(out)),
                         pdl::model::out(ws.data(), bytes_of(ws))});
-            if (D == 64) run(attn::attn_decode_kernel<64>, attn::DecodeCfg<64>::kSmem);
-            if (D == 128) run(attn::attn_decode_kernel<128>, attn::DecodeCfg<128>::kSmem);
-            if (D == 256) run(attn::attn_decode_kernel<256>, attn::DecodeCfg<256>::kSmem);
-            g.check("attn_decode_kernel" + Ds);
+            if (tc.norm_rope) {
+                if (D == 64) run_nr(attn::attn_decode_norm_rope_kernel<64>, attn::DecodeCfg<64>::kSmem);
+                if (D == 128) run_nr(attn::attn_decode_norm_rope_kernel<128>, attn::DecodeCfg<128>::kSmem);
+                if (D == 256) run_nr(attn::attn_decode_norm_rope_kernel<256>, attn::DecodeCfg<256>::kSmem);
+            } else {
+                if (D == 64) run(attn::attn_decode_kernel<64>, attn::DecodeCfg<64>::kSmem);
+                if (D == 128) run(attn::attn_decode_kernel<128>, attn::DecodeCfg<128>::kSmem);
+                if (D == 256) run(attn::attn_decode_kernel<256>, attn::DecodeCfg<256>::kSmem);
+            }
+            g.check(std::string(tc.norm_rope ? "attn_decode_norm_rope_kernel" : "attn_decode_kernel") + Ds);
+        }
+        if (tc.norm_rope && (plan.n_splits == 1 || p.counters)) {
+            // The plain kernel on the rope kernel's q, k (the unfused step) gives the same bits.
+            std::vector<uint16_t> kc2 = kc_before, vc2 = vc_before;
+            std::vector<float>    out2(out.size(), NAN);
+            p_plain.k_cache = kc2.data(), p_plain.v_cache = vc2.data(), p_plain.out = out2.data();
+            std::vector<const void *> stores = emu::S().global_stores;
+            auto run2 = [&](auto kernel, int smem) { emu::launch(grid, dim3(attn::kThreads), size_t(smem), [&] { kernel(p_plain); }, seed + 3); };
+            if (D == 64) run2(attn::attn_decode_kernel<64>, attn::DecodeCfg<64>::kSmem);
+            if (D == 128) run2(attn::attn_decode_kernel<128>, attn::DecodeCfg<128>::kSmem);
+            if (D == 256) run2(attn::attn_decode_kernel<256>, attn::DecodeCfg<256>::kSmem);
+            emu::S().global_stores = stores;
+            const bool same = std::memcmp(out2.data(), out.data(), bytes_of(out)) == 0 && kc2 == kc && vc2 == vc;
+            report(tc.name, same ? 0.0 : 1.0, 0.0, "fused = unfused, bit for bit", 0);
         }
         // Exactly one 16-byte store per (token, KV head, 8 dims) of K and of V, at its cache row.
         std::vector<const void *> want, got = emu::S().global_stores;
@@ -781,6 +840,20 @@ int main(int argc, char ** argv) {
         // the outliers prefill case checks saturation and finiteness, its kernel bound is loose.
         {"range prefill d64 g2 outliers", 64, 8, 4, {{0, 30, 20}}, 1, 1, 132, kPrefillTol, false, 1.0f, 1.0f, false, true, 1e-4},
     };
+    // The q / k norm + RoPE folded into the decode kernel (Qwen3 layers): one token at short and
+    // long contexts, split-KV with the in-kernel combine, verify batches, several sequences, head
+    // dims 64 / 128 / 256.
+    for (AttnCase c : std::vector<AttnCase>{
+             {"normrope d128 g8 ctx1", 128, 32, 4, {{0, 0, 1}}, 2, 1},
+             {"normrope d128 g4 ctx300", 128, 32, 8, {{0, 299, 1}}, 8, 1},
+             {"normrope d128 g8 ctx4096", 128, 32, 4, {{0, 4095, 1}}, 72, 1, 16},
+             {"normrope d128 g8 T=4", 128, 16, 2, {{0, 62, 4}}, 4, 1},
+             {"normrope d64 g2 2 seqs", 64, 8, 4, {{1, 40, 2}, {0, 300, 1}}, 8, 2, 16},
+             {"normrope d256 g8 T=3", 256, 16, 2, {{0, 130, 3}}, 4, 1},
+         }) {
+        c.norm_rope = true;
+        cases.push_back(c);
+    }
     // The fused decode at page boundaries: T = 1..8 tokens of one sequence, the first at context ctx
     // (positions ctx-1 .. ctx+T-2), with a 4608-token block table (36 splits: the in-kernel combine)
     // and with just enough pages (one split up to 128 tokens).

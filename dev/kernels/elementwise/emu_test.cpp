@@ -28,6 +28,7 @@
 #include <vector>
 
 using namespace spark::cuda::ew;
+using spark::cuda::RopeFreqs;
 namespace pdl = spark::cuda::pdl;
 using PdlGuard = pdl::model::Guard;
 

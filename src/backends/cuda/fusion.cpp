@@ -32,7 +32,7 @@ bool FusionPass::next(FusedLaunch & l) {
         // MATMULs over the same activations with only views between them (q/k/v; in_proj_qkvz
         // + in_proj_ba): one multi-weight GEMV launch where the matmul layer supports it.
         if (n->op == Op::MATMUL) {
-            const Tensor * group[FusedLaunch::kMaxNodes];
+            const Tensor * group[FusedLaunch::kMaxMatmuls];
             const int      count = matmul_group(i_, group);
             if (count > 1 && matmul_multi_supported(group, count, ctx_)) {
                 static const char * const kLabels[] = {"", "", "MATMUL x2", "MATMUL x3", "MATMUL x4"};
@@ -59,6 +59,17 @@ bool FusionPass::next(FusedLaunch & l) {
         // k pair: one launch for both.
         if (norm_rope_at(i_)) {
             const bool pair = norm_rope_at(i_ + 2);
+            // The pair and the attention that reads both rotations (views between launch nothing).
+            if (const Tensor * at = pair ? attention_after_pair(i_) : nullptr) {
+                l.kind  = FusedLaunch::Kind::AttentionNormRope;
+                l.count = 5;
+                for (int j = 1; j < 4; ++j) l.nodes[j] = nodes_[i_ + size_t(j)];
+                l.nodes[4]                = at;
+                l.label                   = "ATTENTION+RMS_NORM+ROPE x2";
+                skip_[size_t(at->id)]     = true;  // (computed by this launch)
+                i_ += 4;
+                return true;
+            }
             l.kind          = pair ? FusedLaunch::Kind::RmsNormRopePair : FusedLaunch::Kind::RmsNormRope;
             l.count         = pair ? 4 : 2;
             for (int j = 1; j < l.count; ++j) l.nodes[j] = nodes_[i_ + size_t(j)];
@@ -104,13 +115,30 @@ bool FusionPass::norm_rope_at(size_t i) const {
            !(n->flags & TENSOR_OUTPUT);
 }
 
+// The ATTENTION that follows the q / k norm + RoPE pair at nodes[i .. i + 3] (only views between),
+// reads the two rotations as its q and k and is their only reader; else nullptr.
+const Tensor * FusionPass::attention_after_pair(size_t i) const {
+    const Tensor * rq = nodes_[i + 1];
+    const Tensor * rk = nodes_[i + 3];
+    for (size_t j = i + 4; j < nodes_.size(); ++j) {
+        const Tensor * n = nodes_[j];
+        if (n->op == Op::VIEW || n->op == Op::NONE) continue;
+        const bool reads_both = n->op == Op::ATTENTION && n->src[0] == rq && n->src[1] == rk;
+        if (!reads_both || uses_[size_t(rq->id)] != 1 || uses_[size_t(rk->id)] != 1 || (rq->flags & TENSOR_OUTPUT) ||
+            (rk->flags & TENSOR_OUTPUT))
+            return nullptr;
+        return n;
+    }
+    return nullptr;
+}
+
 // The MATMUL at nodes[first] and the following MATMULs on the same input, up to the first node
 // that is neither such a matmul nor a view (views launch nothing and allocate nothing, so every
 // output already exists and the input is still live when the group runs at `first`).
 int FusionPass::matmul_group(size_t first, const Tensor ** group) const {
     const Tensor * x     = nodes_[first]->src[0];
     int            count = 0;
-    for (size_t j = first; j < nodes_.size() && count < FusedLaunch::kMaxNodes; ++j) {
+    for (size_t j = first; j < nodes_.size() && count < FusedLaunch::kMaxMatmuls; ++j) {
         const Tensor * n = nodes_[j];
         if (n->op == Op::VIEW || n->op == Op::NONE) continue;
         if (n->op != Op::MATMUL || n->src[0] != x || skip_[size_t(n->id)]) break;

@@ -5,6 +5,7 @@
 //   MATMULs over the same activations with only views between them   op_matmul_multi
 //   ADD directly followed by the RMS_NORM of its sum                 op_add_rms_norm
 //   per-head RMS_NORM read only by the ROPE after it (q, then k)     op_rms_norm_rope(_pair)
+//   ... whose two ROPE outputs only the next ATTENTION reads          op_attention_norm_rope
 // Views and NONE nodes launch nothing; the nodes a fused launch computes are not launched again.
 #pragma once
 
@@ -17,11 +18,13 @@
 namespace spark::cuda {
 
 struct FusedLaunch {
-    enum class Kind { Node, MatmulSwiglu, MatmulMulti, AddRmsNorm, RmsNormRope, RmsNormRopePair };
-    static constexpr int kMaxNodes = 4;
+    enum class Kind { Node, MatmulSwiglu, MatmulMulti, AddRmsNorm, RmsNormRope, RmsNormRopePair, AttentionNormRope };
+    static constexpr int kMaxNodes    = 5;
+    static constexpr int kMaxMatmuls  = 4;  // of a MatmulMulti launch
 
     Kind           kind  = Kind::Node;
-    int            count = 1;  // nodes[0 .. count): MatmulMulti the matmuls; RmsNormRopePair norm q, rope q, norm k, rope k
+    int            count = 1;  // nodes[0 .. count): MatmulMulti the matmuls; RmsNormRopePair norm q, rope q, norm k,
+                               // rope k; AttentionNormRope those and the attention
     const Tensor * nodes[kMaxNodes] = {};
     const char *   label = nullptr;  // the op profiler's name of a fused launch (nullptr: the node's op)
 };
@@ -43,6 +46,7 @@ public:
 private:
     bool fusable_swiglu(const Tensor & sw) const;
     bool norm_rope_at(size_t i) const;
+    const Tensor * attention_after_pair(size_t i) const;
     int  matmul_group(size_t first, const Tensor ** group) const;
 
     const std::vector<Tensor *> & nodes_;

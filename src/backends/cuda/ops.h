@@ -112,6 +112,14 @@ DeviceWeight random_device_weight(const RandomWeightSpec & spec, void * (*alloc)
 // ATTENTION: append k/v to the paged FP16 cache, then causal GQA attention; split-KV decode for
 // few query tokens, tiled for prefill.
 void op_attention(const Tensor & t, const OpContext & ctx);
+// The q / k norm + RoPE pair of a layer (op_rms_norm_rope_pair's nodes) together with the ATTENTION
+// `attn` that reads the two ROPE outputs as its q and k (and is their only reader): one decode
+// launch that normalises and rotates q and this step's k itself (attention.h, NormRope). The
+// ROPE and RMS_NORM outputs are left unwritten. Where that does not apply (a prefill step, partial
+// rotation, norms or rotations that differ between q and k, other positions than the attention's),
+// the pair and the attention run as two launches.
+void op_attention_norm_rope(const Tensor & norm_q, const Tensor & rope_q, const Tensor & norm_k, const Tensor & rope_k,
+                            const Tensor & attn, const OpContext & ctx);
 
 // ---- linear attention (src/backends/cuda/ssm/) ----
 void op_conv1d_ssm(const Tensor & t, const OpContext & ctx);

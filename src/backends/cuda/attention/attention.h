@@ -11,6 +11,8 @@
 //      graph capture on a stream that never ran an eager decode step, or more columns than the
 //      counter buffer holds) or with SPARK_ATTN_COMBINE=0.
 //   prefill (larger T): the append kernel, then the prefill kernel.
+// Decode steps of a Qwen3 layer also fold the q / k RMSNorm + RoPE before the attention into the
+// decode kernel (NormRope below): q and k then arrive as the norms' inputs.
 // The append rounds this step's k, v (f32) to f16 (IEEE half, round to nearest even, saturating at
 // +-65504) and writes them at (seq[t], pos[t]) of the cache; the decode kernel does the same
 // conversion, so the cache and the outputs are bit-identical between the two ways.
@@ -73,12 +75,28 @@
 // and softmax in f32. A warp skips the tiles past its rows' positions (causal).
 #pragma once
 
+#include "backends/cuda/common/rope_freqs.h"
+
 #include <cstddef>
 #include <cstdint>
 
 #include <cuda_runtime.h>
 
 namespace spark::cuda::attn {
+
+// Decode only: q and k are the inputs of the per-head RMS_NORM + ROPE the graph applies to them (a
+// Qwen3 layer's q / k norms; fusion.cpp, op_attention_norm_rope), and the decode kernel normalises
+// and rotates each q row and this step's k rows itself, with the rope kernel's arithmetic
+// (common/rope.cuh), so those ops cost no launch of their own (each launch is a dependency: ~2.2 us
+// of a decode step's critical path on an H100 / H200, docs/PERF.md). Every head_dim dim rotates
+// (n_rot = head_dim); the frequency table is the kernel's second parameter (launch_attention).
+struct NormRope {
+    bool          on  = false;
+    const float * q_w = nullptr;  // the norms' weights [head_dim] (nullptr: none)
+    const float * k_w = nullptr;
+    float         eps = 0.0f;
+    bool          zc  = false;  // zero-centred weights: times (1 + w)
+};
 
 struct AttnParams {
     // q [D, n_head, T], k, v [D, n_kv, T]: f32, contiguous along D, byte strides for heads / tokens.
@@ -105,6 +123,7 @@ struct AttnParams {
     int   page_size = 0, n_pages = 0, max_pages = 0, n_slots = 0;
     int   n_splits = 1;
     float scale_log2 = 0.0f;  // softmax scale * log2(e): scores are kept in the log2 domain
+    NormRope norm_rope;       // decode only (above)
 };
 
 constexpr int kDecodeMaxTokens = 8;   // T above this takes the prefill kernel
@@ -134,7 +153,9 @@ template <int D> struct DecodeCfg {
     static constexpr int kOffTok = kOffRed + 2 * 4 * kRows * 4;  // i32 pos[16], seq[16]
     static constexpr int kOffQInv = kOffTok + 2 * kRows * 4;     // f32 q_inv[16] (1 / the rows' Q scales)
     static constexpr int kOffFlag = kOffQInv + kRows * 4;        // i32 flag[4] (last block of the column)
-    static constexpr int kSmem    = kOffFlag + 16;
+    static constexpr int kFStr    = D + 8;                        // fused norm + RoPE: this step's k rows as
+    static constexpr int kOffFresh = kOffFlag + 16;               // f16 [kDecodeMaxTokens][kFStr]
+    static constexpr int kSmem    = kOffFresh + kDecodeMaxTokens * kFStr * 2;
     static_assert(D % 64 == 0 && kPW % 8 == 0 && kDW % 16 == 0 && kN % 16 == 0, "decode tile shape");
     // The in-kernel combine keeps its split weights [16 rows][n_splits <= 1024] f32 in the K/V stages.
     static_assert(kStages * 2 * kTileBytes >= kRows * 1024 * 4, "combine weights fit the K/V stages");
@@ -229,8 +250,9 @@ constexpr int decode_active_splits(int L, int chunk) { return L > 0 ? (L + chunk
 // arrival counters), or append + prefill. `p` must have head_dim supported and, for decode with
 // plan.n_splits > 1, part_o / part_ml pointing into plan.workspace_bytes of scratch (part_ml right
 // after the n_splits * T * n_head * D floats of part_o); p.counters is filled in by launch_decode.
+// With p.norm_rope.on (decode only) `freqs` is the rotation's table (rope_freqs(theta, head_dim)).
 // Throws spark::Error.
-void launch_attention(const AttnParams & p, const AttnPlan & plan, cudaStream_t stream);
+void launch_attention(const AttnParams & p, const AttnPlan & plan, cudaStream_t stream, const RopeFreqs * freqs = nullptr);
 
 // Resident decode blocks per SM on the current device for head_dim d (occupancy query, cached per
 // device; at least 1).
@@ -245,7 +267,7 @@ uint32_t * decode_counters(cudaStream_t stream, int64_t count);
 // The pieces (attention_decode.cu / attention_prefill.cu). launch_decode fills p.counters (and
 // launches the combine kernel when it has none); the decode kernel appends this step's k, v itself.
 void launch_append(const AttnParams & p, cudaStream_t stream);
-void launch_decode(const AttnParams & p, const AttnPlan & plan, cudaStream_t stream);
+void launch_decode(const AttnParams & p, const AttnPlan & plan, cudaStream_t stream, const RopeFreqs * freqs = nullptr);
 void launch_prefill(const AttnParams & p, const AttnPlan & plan, cudaStream_t stream);
 
 }  // namespace spark::cuda::attn

@@ -1,5 +1,5 @@
-// Fused decode (append + split-KV decode + in-kernel combine), the fallback combine kernel and the
-// prefill path's append kernel (attention_kernels.cuh, append_kernels.cuh), instantiated for
+// Fused decode (append + split-KV decode + in-kernel combine; with or without the fused q / k norm
+// + RoPE), the fallback combine kernel and the prefill path's append kernel (attention_kernels.cuh, append_kernels.cuh), instantiated for
 // head_dim 64, 128 and 256; the decode launch helpers (arrival counters, programmatic dependent
 // launch).
 #include "backends/cuda/attention/append_kernels.cuh"
@@ -29,10 +29,18 @@ bool fused_combine_enabled() {
     return on;
 }
 
-template <int D> void decode_d(const AttnParams & p, const AttnPlan & plan, cudaStream_t stream) {
-    static SmemLimit smem_set;
-    raise_smem_limit(reinterpret_cast<const void *>(&attn_decode_kernel<D>), DecodeCfg<D>::kSmem, smem_set);
-    launch(attn_decode_kernel<D>, dim3(plan.grid_x, plan.grid_y, plan.grid_z), dim3(kThreads), DecodeCfg<D>::kSmem, stream, p);
+template <int D> void decode_d(const AttnParams & p, const AttnPlan & plan, cudaStream_t stream, const RopeFreqs * freqs) {
+    const dim3 grid(plan.grid_x, plan.grid_y, plan.grid_z);
+    if (p.norm_rope.on) {
+        if (!freqs) fail(SPARK_ERR_INTERNAL, "attention decode: the fused norm + RoPE has no frequency table");
+        static SmemLimit smem_set;
+        raise_smem_limit(reinterpret_cast<const void *>(&attn_decode_norm_rope_kernel<D>), DecodeCfg<D>::kSmem, smem_set);
+        launch(attn_decode_norm_rope_kernel<D>, grid, dim3(kThreads), DecodeCfg<D>::kSmem, stream, p, *freqs);
+    } else {
+        static SmemLimit smem_set;
+        raise_smem_limit(reinterpret_cast<const void *>(&attn_decode_kernel<D>), DecodeCfg<D>::kSmem, smem_set);
+        launch(attn_decode_kernel<D>, grid, dim3(kThreads), DecodeCfg<D>::kSmem, stream, p);
+    }
     if (plan.n_splits > 1 && !p.counters) launch(attn_combine_kernel<D>, dim3(p.n_head, p.n_tok), dim3(D), 0, stream, p);
 }
 
@@ -96,24 +104,25 @@ void launch_append(const AttnParams & p, cudaStream_t stream) {
     SPARK_CUDA_CHECK_LAUNCH();
 }
 
-void launch_decode(const AttnParams & params, const AttnPlan & plan, cudaStream_t stream) {
+void launch_decode(const AttnParams & params, const AttnPlan & plan, cudaStream_t stream, const RopeFreqs * freqs) {
     if (plan.n_splits > 1 && (!params.part_o || !params.part_ml))
         fail(SPARK_ERR_INTERNAL, "attention decode: no workspace for %d splits", plan.n_splits);
     AttnParams p = params;
     p.counters   = plan.n_splits > 1 && fused_combine_enabled() ? decode_counters(stream, int64_t(plan.grid_x) * plan.grid_z) : nullptr;
     switch (p.head_dim) {
-        case 64: return decode_d<64>(p, plan, stream);
-        case 128: return decode_d<128>(p, plan, stream);
-        case 256: return decode_d<256>(p, plan, stream);
+        case 64: return decode_d<64>(p, plan, stream, freqs);
+        case 128: return decode_d<128>(p, plan, stream, freqs);
+        case 256: return decode_d<256>(p, plan, stream, freqs);
     }
     fail(SPARK_ERR_UNSUPPORTED, "attention (CUDA): head_dim %d is not supported (64, 128, 256)", p.head_dim);
 }
 
-void launch_attention(const AttnParams & p, const AttnPlan & plan, cudaStream_t stream) {
+void launch_attention(const AttnParams & p, const AttnPlan & plan, cudaStream_t stream, const RopeFreqs * freqs) {
     if (p.n_tok <= 0) return;
     if (plan.path == AttnPath::Decode) {
-        launch_decode(p, plan, stream);  // appends this step's k, v itself
+        launch_decode(p, plan, stream, freqs);  // appends this step's k, v itself
     } else {
+        if (p.norm_rope.on) fail(SPARK_ERR_INTERNAL, "attention: the fused norm + RoPE is a decode path");
         launch_append(p, stream);
         launch_prefill(p, plan, stream);
     }

@@ -6,6 +6,7 @@
 #include "backends/cuda/attention/attention.h"
 #include "backends/cuda/common/pdl.cuh"
 #include "backends/cuda/common/ptx_sm80.cuh"
+#include "backends/cuda/common/rope.cuh"
 
 #include <cmath>
 #include <cstdint>
@@ -98,6 +99,46 @@ __device__ __forceinline__ void load_q_row(const AttnParams & p, bool valid, int
     if (lane == 0) q_inv[r] = inv;
 }
 
+// load_q_row of a row that first goes through the fused RMS_NORM + ROPE (AttnParams::norm_rope): the
+// head is normalised and rotated in registers (rope_head: lane l holds dims l + 32 k and their
+// partners l + 32 k + D / 2), then scaled and split as load_q_row does, element by element, so the
+// row's f16 hi / lo and 1 / s are bit for bit what load_q_row makes of the rope kernel's output.
+template <int D, int kStr, class Freqs>
+__device__ __forceinline__ void load_q_row_norm_rope(const AttnParams & p, const Freqs & f, bool valid, int t, int h, int r, int32_t pos,
+                                                     uint16_t * q_hi, uint16_t * q_lo, float * q_inv, int lane) {
+    constexpr int NP = D / 64, kHalf = D / 2;  // every dim rotates: D / 2 pairs over 32 lanes
+    float         y[2][NP], yc[1];
+    if (valid) {
+        rope_head<NP, 0, true>(reinterpret_cast<const float *>(p.q + t * p.q_nb2 + h * p.q_nb1), p.norm_rope.q_w, p.norm_rope.eps,
+                               p.norm_rope.zc, D, D, pos, f, lane, y[0], y[1], yc);
+    } else {
+#pragma unroll
+        for (int k = 0; k < NP; ++k) y[0][k] = y[1][k] = 0.0f;
+    }
+    float amax = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+#pragma unroll
+        for (int k = 0; k < NP; ++k) {
+            y[e][k] = y[e][k] * p.scale_log2;
+            amax    = fmaxf(amax, fabsf(y[e][k]));
+        }
+    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    float       inv = 1.0f;
+    const float sc  = q_row_scale(amax, inv);
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+#pragma unroll
+        for (int k = 0; k < NP; ++k) {
+            const int   d  = lane + 32 * k + e * kHalf;
+            const float x  = y[e][k] * sc;
+            const float hi = ptx::f16_round(x);
+            q_hi[r * kStr + d] = ptx::f16_bits(hi);
+            q_lo[r * kStr + d] = ptx::f16_bits(x - hi);
+        }
+    if (lane == 0) q_inv[r] = inv;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Decode: split-KV, 16 rows per block, this step's k / v appended on the way, splits combined by the
 // column's last block. grid (row groups, n_splits, n_kv), block kThreads. (attention.h, "Decode".)
@@ -117,7 +158,9 @@ __device__ __forceinline__ void fresh_f16x8(const float * src, uint32_t (&h)[4])
     for (int j = 0; j < 4; ++j) h[j] = ptx::pack_f16x2(f16_saturate(src[2 * j]), f16_saturate(src[2 * j + 1]));
 }
 
-template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_decode_kernel(const AttnParams p) {
+// The decode kernel's body. NR: the fused q / k norm + RoPE (AttnParams::norm_rope), f its frequency
+// table (without NR: unused).
+template <int D, bool NR, class Freqs> __device__ __forceinline__ void attn_decode(const AttnParams & p, const Freqs & f) {
     using C = DecodeCfg<D>;
     constexpr int kN = C::kN, kStr = C::kStr, kPStr = C::kPStr, kPW = C::kPW, kDW = C::kDW, kS = C::kStages;
     SPARK_DYNAMIC_SMEM(unsigned char, smem);
@@ -132,6 +175,7 @@ template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_decode_kern
     int *      tok_seq = tok_pos + 16;
     float *    q_inv   = reinterpret_cast<float *>(smem + C::kOffQInv);
     int *      flag    = reinterpret_cast<int *>(smem + C::kOffFlag);
+    uint16_t * fresh_k = reinterpret_cast<uint16_t *>(smem + C::kOffFresh);  // NR: this step's k rows, f16
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
     const int split = blockIdx.y, kvh = blockIdx.z;
@@ -166,6 +210,25 @@ template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_decode_kern
     }
     if (!has_work) return;  // past every run's length (most splits at short contexts)
 
+    // NR: this step's k rows of this KV head (all tokens: a run's fresh positions may come from
+    // tokens of other row groups), normalised, rotated and rounded to the cache's f16 as the append
+    // rounds them, for load_tile below (the values fresh_f16x8 makes of the rope kernel's output).
+    if constexpr (NR) {
+        constexpr int NP = D / 64;
+        for (int u = warp; u < p.n_tok; u += 4) {
+            float y0[NP], y1[NP], yc[1];
+            rope_head<NP, 0, true>(reinterpret_cast<const float *>(p.k + u * p.k_nb2 + kvh * p.k_nb1), p.norm_rope.k_w, p.norm_rope.eps,
+                                   p.norm_rope.zc, D, D, tok_pos[u], f, lane, y0, y1, yc);
+#pragma unroll
+            for (int k = 0; k < NP; ++k) {
+                const int d = lane + 32 * k;
+                fresh_k[u * C::kFStr + d]         = ptx::f16_bits(f16_saturate(y0[k]));
+                fresh_k[u * C::kFStr + d + D / 2] = ptx::f16_bits(f16_saturate(y1[k]));
+            }
+        }
+        __syncthreads();
+    }
+
     // This thread's two rows (mma C layout): g and g + 8.
     int row_tok[2], row_pos[2], row_head[2];
     for (int rr = 0; rr < 2; ++rr) {
@@ -184,7 +247,11 @@ template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_decode_kern
     auto load_q = [&]() {
         for (int r = warp; r < 16; r += 4) {
             const int R = R0 + r;
-            load_q_row<D, kStr, true>(p, R < n_rows, R / p.group, kvh * p.group + R % p.group, r, q_hi, q_lo, q_inv, lane);
+            if constexpr (NR)
+                load_q_row_norm_rope<D, kStr>(p, f, R < n_rows, R / p.group, kvh * p.group + R % p.group, r,
+                                              R < n_rows ? tok_pos[R / p.group] : 0, q_hi, q_lo, q_inv, lane);
+            else
+                load_q_row<D, kStr, true>(p, R < n_rows, R / p.group, kvh * p.group + R % p.group, r, q_hi, q_lo, q_inv, lane);
         }
     };
     bool q_loaded = false;
@@ -239,7 +306,12 @@ template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_decode_kern
                 }
                 const bool writer = u >= t && u < te && (u * p.group) / 16 == int(blockIdx.x);
                 uint32_t   hk[4], hv[4];
-                fresh_f16x8(reinterpret_cast<const float *>(p.k + u * p.k_nb2 + kvh * p.k_nb1) + cc * 8, hk);
+                if constexpr (NR) {
+                    const uint4 h4 = *reinterpret_cast<const uint4 *>(fresh_k + u * C::kFStr + cc * 8);
+                    hk[0] = h4.x, hk[1] = h4.y, hk[2] = h4.z, hk[3] = h4.w;
+                } else {
+                    fresh_f16x8(reinterpret_cast<const float *>(p.k + u * p.k_nb2 + kvh * p.k_nb1) + cc * 8, hk);
+                }
                 fresh_f16x8(reinterpret_cast<const float *>(p.v + u * p.v_nb2 + kvh * p.v_nb1) + cc * 8, hv);
                 uint32_t * dk = reinterpret_cast<uint32_t *>(ks + r * kStr + cc * 8);
                 uint32_t * dv = reinterpret_cast<uint32_t *>(vs + r * kStr + cc * 8);
@@ -477,6 +549,16 @@ template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_decode_kern
         }
         t = te;
     }
+}
+
+template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_decode_kernel(const AttnParams p) {
+    struct NoRope {};
+    attn_decode<D, false>(p, NoRope{});
+}
+
+// With the fused q / k norm + RoPE (AttnParams::norm_rope).
+template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_decode_norm_rope_kernel(const AttnParams p, const RopeFreqs f) {
+    attn_decode<D, true>(p, f);
 }
 
 // ---------------------------------------------------------------------------------------------

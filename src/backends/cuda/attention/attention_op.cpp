@@ -1,5 +1,7 @@
 // ATTENTION on CUDA: validates the node (graph.h, Graph::attention), fills AttnParams, takes the
-// decode workspace and enqueues the kernels (attention.h). Host code only; never synchronises.
+// decode workspace and enqueues the kernels (attention.h); with a layer's q / k norm + RoPE folded
+// into the decode kernel where it applies (op_attention_norm_rope). Host code only; never
+// synchronises.
 #include "backends/cuda/attention/attention.h"
 #include "backends/cuda/common/kernel_args.h"
 #include "backends/cuda/cuda_common.h"
@@ -9,6 +11,8 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
 namespace spark::cuda {
 
@@ -16,11 +20,9 @@ namespace {
 
 bool aligned16(const void * p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-}  // namespace
-
-void op_attention(const Tensor & t, const OpContext & ctx) {
-    const Tensor & q  = *t.src[0];
-    const Tensor & k  = *t.src[1];
+// Validates the ATTENTION node t, with q and k its sources or (a fused norm + RoPE) the inputs of
+// their norms, and fills the kernels' parameters; n_tok = 0: nothing to do.
+attn::AttnParams attention_params(const Tensor & t, const Tensor & q, const Tensor & k, const OpContext & ctx) {
     const Tensor & v  = *t.src[2];
     const Tensor & kc = *t.src[3];
     const Tensor & vc = *t.src[4];
@@ -38,7 +40,8 @@ void op_attention(const Tensor & t, const OpContext & ctx) {
         fail(SPARK_ERR_UNSUPPORTED, "attention (CUDA): q, k, v must be F32 with contiguous rows");
     SPARK_ASSERT(n_kv > 0 && n_head % n_kv == 0 && k.ne[0] == hd && v.ne[0] == hd && v.ne[1] == n_kv);
     SPARK_ASSERT(k.ne[2] == n_tok && v.ne[2] == n_tok);
-    if (n_tok == 0) return;
+    attn::AttnParams p;
+    if (n_tok == 0) return p;
 
     const int64_t page_size = kc.ne[1], n_pages = kc.ne[2];
     SPARK_ASSERT(kc.ne[0] == hd * n_kv && vc.ne[0] == kc.ne[0] && vc.ne[1] == page_size && vc.ne[2] == n_pages);
@@ -54,7 +57,6 @@ void op_attention(const Tensor & t, const OpContext & ctx) {
     if (bt.ne[0] * page_size > INT32_MAX || n_tok * n_head > INT32_MAX || n_pages > INT32_MAX)
         fail(SPARK_ERR_UNSUPPORTED, "attention (CUDA): cache or batch too large");
 
-    attn::AttnParams p;
     std::tie(p.q, p.q_nb1, p.q_nb2) = head_rows(q);
     std::tie(p.k, p.k_nb1, p.k_nb2) = head_rows(k);
     std::tie(p.v, p.v_nb1, p.v_nb2) = head_rows(v);
@@ -75,7 +77,11 @@ void op_attention(const Tensor & t, const OpContext & ctx) {
     p.max_pages   = int(bt.ne[0]);
     p.n_slots     = int(bt.ne[1]);
     p.scale_log2  = t.fp[0] * 1.4426950408889634f;
+    return p;
+}
 
+// Plans the step (decode or prefill), takes the decode workspace and enqueues the kernels.
+void enqueue(attn::AttnParams p, const OpContext & ctx, const RopeFreqs * freqs) {
     const int smem_need = p.n_tok <= attn::kDecodeMaxTokens ? attn::decode_smem(p.head_dim) : attn::prefill_smem(p.head_dim);
     if (smem_need > ctx.props->max_smem_per_block)
         fail(SPARK_ERR_UNSUPPORTED, "attention (CUDA): head_dim %d needs %d bytes of shared memory per block, the device has %d",
@@ -87,9 +93,71 @@ void op_attention(const Tensor & t, const OpContext & ctx) {
     if (plan.workspace_bytes) {
         float * ws = static_cast<float *>(ctx.workspace->get(plan.workspace_bytes));
         p.part_o   = ws;
-        p.part_ml  = ws + int64_t(plan.n_splits) * n_tok * n_head * hd;
+        p.part_ml  = ws + int64_t(plan.n_splits) * p.n_tok * p.n_head * p.head_dim;
     }
-    attn::launch_attention(p, plan, ctx.stream);
+    attn::launch_attention(p, plan, ctx.stream, freqs);
+}
+
+// The weight of a q / k RMS_NORM as the fused kernel reads it ([head_dim] F32, contiguous), or
+// false when it has another form.
+bool norm_weight_of(const Tensor & norm, int64_t hd, const float *& w) {
+    w               = nullptr;
+    const Tensor * t = norm.src[1];
+    if (!t) return true;
+    if (t->type != DType::F32 || t->ne[0] != hd || t->nrows() != 1 || t->nb[0] != sizeof(float)) return false;
+    w = static_cast<const float *>(t->data);
+    return true;
+}
+
+// SPARK_ATTN_NORM_ROPE=0: the q / k norm + RoPE pair runs as its own launch (A/B timing).
+bool norm_rope_fusion_enabled() {
+    static const bool on = [] {
+        const char * e = std::getenv("SPARK_ATTN_NORM_ROPE");
+        return !(e && std::string(e) == "0");
+    }();
+    return on;
+}
+
+}  // namespace
+
+void op_attention(const Tensor & t, const OpContext & ctx) {
+    const attn::AttnParams p = attention_params(t, *t.src[0], *t.src[1], ctx);
+    if (p.n_tok > 0) enqueue(p, ctx, nullptr);
+}
+
+void op_attention_norm_rope(const Tensor & norm_q, const Tensor & rope_q, const Tensor & norm_k, const Tensor & rope_k,
+                            const Tensor & attn, const OpContext & ctx) {
+    SPARK_ASSERT(attn.op == Op::ATTENTION && attn.src[0] == &rope_q && attn.src[1] == &rope_k);
+    SPARK_ASSERT(rope_q.op == Op::ROPE && rope_k.op == Op::ROPE && rope_q.src[0] == &norm_q && rope_k.src[0] == &norm_k);
+    SPARK_ASSERT(norm_q.op == Op::RMS_NORM && norm_k.op == Op::RMS_NORM);
+    const Tensor & xq = *norm_q.src[0];
+    const Tensor & xk = *norm_k.src[0];
+    const int64_t  hd = rope_q.ne[0];
+    attn::NormRope nr;
+    nr.on  = true;
+    nr.eps = norm_q.fp[0];
+    nr.zc  = norm_q.ip[0] != 0;
+    // One decode launch: every dim rotates, q and k normalise and rotate alike at the attention's
+    // positions, plain (ungated) norms over F32 rows shaped as their outputs.
+    const bool fusable = norm_rope_fusion_enabled() && rope_q.ne[2] <= attn::kDecodeMaxTokens && rope_q.ip[0] == hd &&
+                         rope_k.ip[0] == hd && rope_k.ne[0] == hd && rope_q.fp[0] == rope_k.fp[0] && rope_q.src[1] == attn.src[5] &&
+                         rope_k.src[1] == attn.src[5] && norm_k.fp[0] == nr.eps && (norm_k.ip[0] != 0) == nr.zc && !norm_q.src[2] &&
+                         !norm_k.src[2] && hd / 2 <= kMaxRotHalf && f32_rows(xq) && f32_rows(xk) && f32_rows(norm_q) && f32_rows(norm_k) &&
+                         xq.ne[0] == hd && xk.ne[0] == hd && xq.ne[1] == rope_q.ne[1] && xk.ne[1] == rope_k.ne[1] &&
+                         xq.ne[2] == rope_q.ne[2] && xk.ne[2] == rope_k.ne[2] && norm_weight_of(norm_q, hd, nr.q_w) &&
+                         norm_weight_of(norm_k, hd, nr.k_w) &&
+                         // every block reads all of this step's k rows of its KV head: no output may lie on them
+                         !overlaps(attn, xq) && !overlaps(attn, xk);
+    if (!fusable) {
+        op_rms_norm_rope_pair(norm_q, rope_q, norm_k, rope_k, ctx);
+        op_attention(attn, ctx);
+        return;
+    }
+    attn::AttnParams p = attention_params(attn, xq, xk, ctx);
+    if (p.n_tok == 0) return;
+    p.norm_rope             = nr;
+    const RopeFreqs freqs = rope_freqs(rope_q.fp[0], int(hd));
+    enqueue(p, ctx, &freqs);
 }
 
 }  // namespace spark::cuda

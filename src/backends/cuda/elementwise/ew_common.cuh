@@ -4,6 +4,7 @@
 // stay within an ulp or two of the CPU backend.
 #pragma once
 
+#include "backends/cuda/common/kernel_args.h"
 #include "backends/cuda/common/launch.h"
 #include "backends/cuda/common/math.cuh"
 #include "backends/cuda/cuda_common.h"
@@ -101,13 +102,6 @@ inline const float * norm_weight(const Tensor & norm, int64_t n, bool & aligned)
     require(w->ne[0] == n && w->nrows() == 1, "RMS_NORM", "weight must be [ne0]");
     aligned = reinterpret_cast<uintptr_t>(w->data) % 16 == 0;
     return static_cast<const float *>(w->data);
-}
-
-// Whether the byte spans of two tensors intersect.
-inline bool overlaps(const Tensor & p, const Tensor & q) {
-    const char * p0 = static_cast<const char *>(p.data);
-    const char * q0 = static_cast<const char *>(q.data);
-    return p.nelements() > 0 && q.nelements() > 0 && p0 < q0 + q.nbytes() && q0 < p0 + p.nbytes();
 }
 
 // Blocks for a grid-stride loop over `items` work items: enough to fill the device, never more

@@ -122,7 +122,7 @@ void op_add_rms_norm(const Tensor & add, const Tensor & norm, const OpContext & 
     // the other (the sum never aliases a, b or out). Verify steps of speculative decoding (3-5
     // rows) take the fused kernel.
     auto in_place = [&](const Tensor & x) { return x.data == norm.data && x.nb[1] == norm.nb[1] && x.nrows() == norm.nrows(); };
-    const bool shifted = (ew::overlaps(norm, a) && !in_place(a)) || (ew::overlaps(norm, b) && !in_place(b));
+    const bool shifted = (overlaps(norm, a) && !in_place(a)) || (overlaps(norm, b) && !in_place(b));
     if ((a.nrows() > 1 && shifted) || norm.src[2]) {  // (a gated norm has no fused form)
         op_binary(add, ctx);
         op_rms_norm(norm, ctx);

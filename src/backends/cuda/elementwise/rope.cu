@@ -3,13 +3,14 @@
 // (op_rms_norm_rope: q/k norm, then RoPE of the normalised head, in one pass).
 //
 // Frequencies are bit-identical to the CPU backend's: the launcher evaluates the very same host
-// expression inv_freq[i] = 1.0f / std::pow(theta, float(2i) / float(n_rot)) and passes the table by
-// value as a kernel parameter (so a captured CUDA graph carries it). On the device the angle is
-// the same single float multiply pos * inv_freq[i]; sin/cos are the precise sincosf (not the
-// __sinf intrinsic), and the rotation is evaluated without FMA contraction, in the CPU's order.
-// The fused norm is the RMS_NORM kernel's arithmetic: float32 sum of squares (per lane, then a warp
-// butterfly), inv = 1 / sqrtf(mean + eps) (IEEE), y = (x * inv) * w or * (1 + w); the rotation then
-// reads y exactly as the CPU's ROPE reads the RMS_NORM output.
+// expression inv_freq[i] = 1.0f / std::pow(theta, float(2i) / float(n_rot)) (common/rope_freqs.h)
+// and passes the table by value as a kernel parameter (so a captured CUDA graph carries it). On the
+// device the angle is the same single float multiply pos * inv_freq[i]; sin/cos are the precise
+// sincosf (not the __sinf intrinsic), and the rotation is evaluated without FMA contraction, in the
+// CPU's order. The fused norm is the RMS_NORM kernel's arithmetic: float32 sum of squares (per lane,
+// then a warp butterfly), inv = 1 / sqrtf(mean + eps) (IEEE), y = (x * inv) * w or * (1 + w); the
+// rotation then reads y exactly as the CPU's ROPE reads the RMS_NORM output. A head's arithmetic is
+// common/rope.cuh (rope_head), which the attention decode kernel also runs for a fused q/k norm.
 //
 // One warp per (token, head), 4 per block, no shared memory and no barrier: lane l owns the rotation
 // pairs j = l + 32 k (elements j and j + n_rot / 2) and the copied dims n_rot + l + 32 c, all in
@@ -28,10 +29,8 @@ namespace spark::cuda {
 namespace {
 
 using ew::kMaxCopyReg;
-using ew::kMaxRotHalf;
 using ew::kRopeWarps;
 using ew::RopeArgs;
-using ew::RopeFreqs;
 using ew::RopeHeads;
 
 template <int NP, int NC, bool NORM> void launch_np_nc(const RopeArgs & args, const RopeFreqs & freqs, const OpContext & ctx) {
@@ -71,10 +70,7 @@ void setup_rope(const Tensor & t, const Tensor & x, RopeArgs & args, RopeFreqs &
     ew::require(n_rot / 2 <= kMaxRotHalf, "ROPE", "n_rot above 512 is not supported");
     ew::require(x.ne[0] <= 0x7fffffff && x.ne[1] * x.ne[2] <= 0x7fffffff - kRopeWarps, "ROPE", "too many heads x tokens for one launch");
 
-    // Exactly the CPU backend's table (src/backends/cpu/ops_elementwise.cpp, op_rope).
-    const float theta = t.fp[0];
-    const int   half  = n_rot / 2;
-    for (int i = 0; i < half; ++i) freqs.inv_freq[i] = 1.0f / std::pow(theta, float(2 * i) / float(n_rot));
+    freqs = rope_freqs(t.fp[0], n_rot);  // exactly the CPU backend's table
 
     args.x     = static_cast<const char *>(x.data);
     args.o     = static_cast<char *>(t.data);
@@ -118,7 +114,7 @@ bool setup_norm_rope(const Tensor & norm, const Tensor & rope, RopeArgs & args, 
     bool in_place = x.data == rope.data;
     for (int d = 1; d < kMaxDims; ++d) in_place = in_place && (x.ne[d] == 1 || x.nb[d] == rope.nb[d]);
     // (A gated norm, rms_norm_gated, has no fused form: never a q/k norm.)
-    return !(norm.src[2] || x.ne[0] - rope.ip[0] > kMaxCopyReg || (!in_place && ew::overlaps(rope, x)));
+    return !(norm.src[2] || x.ne[0] - rope.ip[0] > kMaxCopyReg || (!in_place && overlaps(rope, x)));
 }
 
 }  // namespace
@@ -143,8 +139,8 @@ void op_rms_norm_rope_pair(const Tensor & norm_q, const Tensor & rope_q, const T
     // way round).
     const bool both = setup_norm_rope(norm_q, rope_q, q, fq) && setup_norm_rope(norm_k, rope_k, k, fk);
     if (!both || q.pos != k.pos || q.hd != k.hd || q.n_rot != k.n_rot || q.eps != k.eps || q.zc != k.zc ||
-        std::memcmp(&fq, &fk, sizeof fq) != 0 || ew::overlaps(rope_k, *norm_q.src[0]) || ew::overlaps(rope_k, rope_q) ||
-        ew::overlaps(rope_q, *norm_k.src[0])) {
+        std::memcmp(&fq, &fk, sizeof fq) != 0 || overlaps(rope_k, *norm_q.src[0]) || overlaps(rope_k, rope_q) ||
+        overlaps(rope_q, *norm_k.src[0])) {
         op_rms_norm_rope(norm_q, rope_q, ctx);
         op_rms_norm_rope(norm_k, rope_k, ctx);
         return;

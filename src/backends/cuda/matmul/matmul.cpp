@@ -23,6 +23,7 @@
 // elements), INT4 groups of a multiple of 32 (or one group), FP8 k-blocks of a multiple of 16 (or
 // one block).
 #include "backends/cuda/common/arch.h"
+#include "backends/cuda/common/kernel_args.h"
 #include "backends/cuda/common/launch.h"
 #include "backends/cuda/cuda_common.h"
 #include "backends/cuda/matmul/matmul.h"
@@ -356,13 +357,6 @@ void exec_moe(const Moe & m, const OpContext & ctx) {
     run_planned(c, plan, scratch, ctx, run_moe_launch, pairs, m.w0[0].n);
 }
 
-// Whether the byte spans of two tensors overlap.
-bool overlaps(const Tensor & a, const Tensor & b) {
-    const auto * pa = static_cast<const char *>(a.data);
-    const auto * pb = static_cast<const char *>(b.data);
-    return pa < pb + b.nbytes() && pb < pa + a.nbytes();
-}
-
 void check_output(const Tensor & t, int64_t n) {
     if (t.type != DType::F32 || !t.is_contiguous() || t.ne[0] != n)
         fail(SPARK_ERR_INTERNAL, "matmul: output must be contiguous F32 with %lld columns", (long long) n);
@@ -525,7 +519,7 @@ void op_matmul_swiglu(const Tensor & swiglu, const OpContext & ctx) {
         d.x       = mm::dense_rows(x);
         d.rows    = x.nrows();
         d.y       = static_cast<float *>(swiglu.data);
-        d.stage_x = mm::overlaps(swiglu, x);
+        d.stage_x = overlaps(swiglu, x);
         mm::exec_dense(d, ctx);
         return;
     }
@@ -540,8 +534,8 @@ void op_matmul_swiglu(const Tensor & swiglu, const OpContext & ctx) {
     m.ids_early = ctx.ids_before_wait;
     mm::check_output(swiglu, m.w0[0].n);
     m.y         = static_cast<float *>(swiglu.data);
-    m.stage_x   = mm::overlaps(swiglu, *g->src[0]);
-    m.ids_bytes = mm::overlaps(swiglu, *g->src[1]) ? g->src[1]->nbytes() : 0;
+    m.stage_x   = overlaps(swiglu, *g->src[0]);
+    m.ids_bytes = overlaps(swiglu, *g->src[1]) ? g->src[1]->nbytes() : 0;
     mm::exec_moe(m, ctx);
 }
 
