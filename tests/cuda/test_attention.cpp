@@ -206,7 +206,7 @@ TEST_CASE("attention decode: a layer's q / k RMS_NORM + RoPE folded into the dec
             const int            pages = (c.start + c.n + kPage - 1) / kPage;
             std::vector<int32_t> pos, table(static_cast<size_t>(pages));
             for (int i = 0; i < c.n; ++i) pos.push_back(c.start + i);
-            for (int p = 0; p < pages; ++p) table[size_t(p)] = (p * 7 + 3) % (pages + 2);  // distinct, out of order
+            for (int p = 0; p < pages; ++p) table[size_t(p)] = pages + 1 - p;  // distinct pages, in reverse order
             spark::Graph &    g  = b.graph();
             Tensor *          q  = b.input({c.hd, c.n_head, c.n}, 3.0f);
             Tensor *          k  = b.input({c.hd, c.n_kv, c.n}, 3.0f);

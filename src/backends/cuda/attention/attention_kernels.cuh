@@ -99,30 +99,22 @@ __device__ __forceinline__ void load_q_row(const AttnParams & p, bool valid, int
     if (lane == 0) q_inv[r] = inv;
 }
 
-// load_q_row of a row that first goes through the fused RMS_NORM + ROPE (AttnParams::norm_rope): the
-// head is normalised and rotated in registers (rope_head: lane l holds dims l + 32 k and their
-// partners l + 32 k + D / 2), then scaled and split as load_q_row does, element by element, so the
-// row's f16 hi / lo and 1 / s are bit for bit what load_q_row makes of the rope kernel's output.
-template <int D, int kStr, class Freqs>
-__device__ __forceinline__ void load_q_row_norm_rope(const AttnParams & p, const Freqs & f, bool valid, int t, int h, int r, int32_t pos,
-                                                     uint16_t * q_hi, uint16_t * q_lo, float * q_inv, int lane) {
-    constexpr int NP = D / 64, kHalf = D / 2;  // every dim rotates: D / 2 pairs over 32 lanes
-    float         y[2][NP], yc[1];
-    if (valid) {
-        rope_head<NP, 0, true>(reinterpret_cast<const float *>(p.q + t * p.q_nb2 + h * p.q_nb1), p.norm_rope.q_w, p.norm_rope.eps,
-                               p.norm_rope.zc, D, D, pos, f, lane, y[0], y[1], yc);
-    } else {
+// load_q_row's scaling and split of a row the fused RMS_NORM + ROPE produced in registers
+// (AttnParams::norm_rope; rope_apply's layout: lane l holds dims l + 32 k and l + 32 k + D / 2), element
+// by element, so the row's f16 hi / lo and 1 / s are bit for bit what load_q_row makes of the rope
+// kernel's output. !valid: a zero row.
+template <int D, int kStr>
+__device__ __forceinline__ void store_q_row(const RopeRegs<D / 64, 0> & y, bool valid, int r, float scale_log2, uint16_t * q_hi,
+                                            uint16_t * q_lo, float * q_inv, int lane) {
+    constexpr int NP = D / 64, kHalf = D / 2;
+    float         x[2][NP];
+    float         amax = 0.0f;
 #pragma unroll
-        for (int k = 0; k < NP; ++k) y[0][k] = y[1][k] = 0.0f;
+    for (int k = 0; k < NP; ++k) {
+        x[0][k] = valid ? y.x0[k] * scale_log2 : 0.0f;
+        x[1][k] = valid ? y.x1[k] * scale_log2 : 0.0f;
+        amax    = fmaxf(amax, fmaxf(fabsf(x[0][k]), fabsf(x[1][k])));
     }
-    float amax = 0.0f;
-#pragma unroll
-    for (int e = 0; e < 2; ++e)
-#pragma unroll
-        for (int k = 0; k < NP; ++k) {
-            y[e][k] = y[e][k] * p.scale_log2;
-            amax    = fmaxf(amax, fabsf(y[e][k]));
-        }
     for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
     float       inv = 1.0f;
     const float sc  = q_row_scale(amax, inv);
@@ -131,10 +123,10 @@ __device__ __forceinline__ void load_q_row_norm_rope(const AttnParams & p, const
 #pragma unroll
         for (int k = 0; k < NP; ++k) {
             const int   d  = lane + 32 * k + e * kHalf;
-            const float x  = y[e][k] * sc;
-            const float hi = ptx::f16_round(x);
+            const float v  = x[e][k] * sc;
+            const float hi = ptx::f16_round(v);
             q_hi[r * kStr + d] = ptx::f16_bits(hi);
-            q_lo[r * kStr + d] = ptx::f16_bits(x - hi);
+            q_lo[r * kStr + d] = ptx::f16_bits(v - hi);
         }
     if (lane == 0) q_inv[r] = inv;
 }
@@ -210,23 +202,61 @@ template <int D, bool NR, class Freqs> __device__ __forceinline__ void attn_deco
     }
     if (!has_work) return;  // past every run's length (most splits at short contexts)
 
-    // NR: this step's k rows of this KV head (all tokens: a run's fresh positions may come from
-    // tokens of other row groups), normalised, rotated and rounded to the cache's f16 as the append
-    // rounds them, for load_tile below (the values fresh_f16x8 makes of the rope kernel's output).
+    // NR: the fused q / k norm + RoPE, for this block's 16 q rows (warp w: rows w, w + 4, w + 8,
+    // w + 12, into q_hi / q_lo as load_q would) and this step's k rows of its KV head (all tokens: a
+    // run's fresh positions may come from tokens of other row groups; warp w: tokens w, w + 4),
+    // rounded to the cache's f16 as the append rounds them, for load_tile below. Every row's load is
+    // issued before any arithmetic, and rows of one token share their angles.
+    bool q_loaded = false;
     if constexpr (NR) {
-        constexpr int NP = D / 64;
-        for (int u = warp; u < p.n_tok; u += 4) {
-            float y0[NP], y1[NP], yc[1];
-            rope_head<NP, 0, true>(reinterpret_cast<const float *>(p.k + u * p.k_nb2 + kvh * p.k_nb1), p.norm_rope.k_w, p.norm_rope.eps,
-                                   p.norm_rope.zc, D, D, tok_pos[u], f, lane, y0, y1, yc);
+        constexpr int     NP = D / 64;
+        const NormRope &  nr = p.norm_rope;
+        RopeRegs<NP, 0>   qw, kw, qv[4], kv[2];
+        rope_load_weight(nr.q_w, D, D, lane, qw);
+        rope_load_weight(nr.k_w, D, D, lane, kw);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int R = R0 + warp + 4 * i;
+            if (R < n_rows)
+                rope_load(reinterpret_cast<const float *>(p.q + (R / p.group) * p.q_nb2 + (kvh * p.group + R % p.group) * p.q_nb1), D, D,
+                          lane, qv[i]);
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int u = warp + 4 * i;
+            if (u < p.n_tok) rope_load(reinterpret_cast<const float *>(p.k + u * p.k_nb2 + kvh * p.k_nb1), D, D, lane, kv[i]);
+        }
+        float sn[NP], cs[NP];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int u = warp + 4 * i;
+            if (u >= p.n_tok) continue;  // (warp-uniform)
+            rope_angles(tok_pos[u], f, D, lane, sn, cs);
+            rope_apply<NP, 0, true>(kv[i], kw, nr.k_w != nullptr, nr.eps, nr.zc, D, D, lane, sn, cs);
 #pragma unroll
             for (int k = 0; k < NP; ++k) {
                 const int d = lane + 32 * k;
-                fresh_k[u * C::kFStr + d]         = ptx::f16_bits(f16_saturate(y0[k]));
-                fresh_k[u * C::kFStr + d + D / 2] = ptx::f16_bits(f16_saturate(y1[k]));
+                fresh_k[u * C::kFStr + d]         = ptx::f16_bits(f16_saturate(kv[i].x0[k]));
+                fresh_k[u * C::kFStr + d + D / 2] = ptx::f16_bits(f16_saturate(kv[i].x1[k]));
             }
         }
-        __syncthreads();
+        int angle_tok = -1;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int  r = warp + 4 * i, R = R0 + r;
+            const bool valid = R < n_rows;
+            if (valid) {  // (warp-uniform)
+                const int t = R / p.group;
+                if (t != angle_tok) {
+                    rope_angles(tok_pos[t], f, D, lane, sn, cs);
+                    angle_tok = t;
+                }
+                rope_apply<NP, 0, true>(qv[i], qw, nr.q_w != nullptr, nr.eps, nr.zc, D, D, lane, sn, cs);
+            }
+            store_q_row<D, kStr>(qv[i], valid, r, p.scale_log2, q_hi, q_lo, q_inv, lane);
+        }
+        __syncthreads();  // fresh_k for load_tile (q_hi / q_lo are published by the tile loop's first barrier as well)
+        q_loaded = true;
     }
 
     // This thread's two rows (mma C layout): g and g + 8.
@@ -247,14 +277,9 @@ template <int D, bool NR, class Freqs> __device__ __forceinline__ void attn_deco
     auto load_q = [&]() {
         for (int r = warp; r < 16; r += 4) {
             const int R = R0 + r;
-            if constexpr (NR)
-                load_q_row_norm_rope<D, kStr>(p, f, R < n_rows, R / p.group, kvh * p.group + R % p.group, r,
-                                              R < n_rows ? tok_pos[R / p.group] : 0, q_hi, q_lo, q_inv, lane);
-            else
-                load_q_row<D, kStr, true>(p, R < n_rows, R / p.group, kvh * p.group + R % p.group, r, q_hi, q_lo, q_inv, lane);
+            load_q_row<D, kStr, true>(p, R < n_rows, R / p.group, kvh * p.group + R % p.group, r, q_hi, q_lo, q_inv, lane);
         }
     };
-    bool q_loaded = false;
 
     for (int t = t_begin; t < t_end;) {
         int       L  = 0;

@@ -13,90 +13,113 @@
 
 namespace spark::cuda {
 
-// Head x (hd floats, loaded here); lane l holds on return the rotation pairs j = l + 32 k of the
-// output (y0[k] = o[j], y1[k] = o[j + n_rot / 2], j < n_rot / 2) and the copied dims
-// n_rot + l + 32 c (yc[c], i < hd); lanes past the ends hold zeros there. NP: rotation pairs per
-// lane (ceil(n_rot / 64), a power of two); NC: copied dims per lane (0, 2 or 8); NORM: RMS-normalise
-// the head first, y = (x * inv) * w or * (1 + w) with zc (w nullptr: no weight), inv =
-// 1 / sqrtf(mean x^2 + eps) from a float sum of squares (per lane, then the warp butterfly). pos: the
-// token's position; the angle is the single float product pos * inv_freq[j], sin / cos the precise
-// sincosf, and the rotation runs without FMA contraction in the CPU's order (o[j] = x0 c - x1 s,
-// o[j + half] = x1 c + x0 s). Every load is issued before the arithmetic.
-template <int NP, int NC, bool NORM>
-__device__ __forceinline__ void rope_head(const float * x, const float * w, float eps, bool zc, int hd, int n_rot, int32_t pos,
-                                          const RopeFreqs & f, int lane, float (&y0)[NP], float (&y1)[NP], float (&yc)[NC > 0 ? NC : 1]) {
+// One warp's (RMS_NORM +) RoPE of a head, in three steps that callers may interleave over several
+// heads (the attention decode kernel issues the loads of all its rows before any arithmetic and
+// shares the angles of rows at one position); rope_head runs them in turn.
+// Lane l holds the rotation pairs j = l + 32 k (elements j and j + n_rot / 2, k < NP; NP = ceil(n_rot
+// / 64), a power of two) and the copied dims n_rot + l + 32 c (c < NC: 0, 2 or 8); lanes past the
+// ends hold zeros there.
+template <int NP, int NC> struct RopeRegs {
+    float x0[NP], x1[NP], xc[NC > 0 ? NC : 1];
+};
+
+// The head x (hd floats) into registers.
+template <int NP, int NC> __device__ __forceinline__ void rope_load(const float * x, int hd, int n_rot, int lane, RopeRegs<NP, NC> & v) {
     const int half = n_rot >> 1;
-    float     w0[NP], w1[NP], wc[NC > 0 ? NC : 1];
-    if (NORM && w) {
-#pragma unroll
-        for (int k = 0; k < NP; ++k) {
-            const int j = lane + 32 * k;
-            if (j < half) {
-                w0[k] = __ldg(w + j);
-                w1[k] = __ldg(w + j + half);
-            }
-        }
-#pragma unroll
-        for (int c = 0; c < NC; ++c) {
-            const int i = n_rot + lane + 32 * c;
-            if (i < hd) wc[c] = __ldg(w + i);
-        }
-    }
-    float x0[NP], x1[NP];
 #pragma unroll
     for (int k = 0; k < NP; ++k) {
         const int j = lane + 32 * k;
-        x0[k]       = j < half ? x[j] : 0.0f;
-        x1[k]       = j < half ? x[j + half] : 0.0f;
+        v.x0[k]     = j < half ? x[j] : 0.0f;
+        v.x1[k]     = j < half ? x[j + half] : 0.0f;
     }
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
         const int i = n_rot + lane + 32 * c;
-        yc[c]       = i < hd ? x[i] : 0.0f;
+        v.xc[c]     = i < hd ? x[i] : 0.0f;
     }
+}
 
-    // ---- angles (need only the position)
-    const float p = float(pos);
-    float       sn[NP], cs[NP];
+// The norm weight w (hd floats, or nullptr) into the same layout.
+template <int NP, int NC> __device__ __forceinline__ void rope_load_weight(const float * w, int hd, int n_rot, int lane, RopeRegs<NP, NC> & v) {
+    if (!w) return;
+    const int half = n_rot >> 1;
+#pragma unroll
+    for (int k = 0; k < NP; ++k) {
+        const int j = lane + 32 * k;
+        if (j < half) {
+            v.x0[k] = __ldg(w + j);
+            v.x1[k] = __ldg(w + j + half);
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+        const int i = n_rot + lane + 32 * c;
+        if (i < hd) v.xc[c] = __ldg(w + i);
+    }
+}
+
+// The angles of position pos: the single float product pos * inv_freq[j], sin / cos the precise
+// sincosf.
+template <int NP> __device__ __forceinline__ void rope_angles(int32_t pos, const RopeFreqs & f, int n_rot, int lane, float (&sn)[NP], float (&cs)[NP]) {
+    const int   half = n_rot >> 1;
+    const float p    = float(pos);
 #pragma unroll
     for (int k = 0; k < NP; ++k) {
         const int j = lane + 32 * k;
         if (j < half) sincosf(__fmul_rn(p, f.inv_freq[j]), &sn[k], &cs[k]);
     }
+}
 
-    // ---- the RMS norm of the whole head
+// NORM: RMS-normalise the head first, y = (x * inv) * w or * (1 + w) with zc (hw: a weight w is
+// given), inv = 1 / sqrtf(mean x^2 + eps) from a float sum of squares (per lane, then the warp
+// butterfly). Then the rotation without FMA contraction in the CPU's order (o[j] = x0 c - x1 s,
+// o[j + half] = x1 c + x0 s): v becomes the output (x0 = o[j], x1 = o[j + half], xc the copied dims).
+template <int NP, int NC, bool NORM>
+__device__ __forceinline__ void rope_apply(RopeRegs<NP, NC> & v, const RopeRegs<NP, NC> & w, bool hw, float eps, bool zc, int hd,
+                                           int n_rot, int lane, const float (&sn)[NP], const float (&cs)[NP]) {
+    const int half = n_rot >> 1;
     if constexpr (NORM) {
         float ss = 0.0f;
 #pragma unroll
-        for (int k = 0; k < NP; ++k) ss += x0[k] * x0[k] + x1[k] * x1[k];
+        for (int k = 0; k < NP; ++k) ss += v.x0[k] * v.x0[k] + v.x1[k] * v.x1[k];
 #pragma unroll
-        for (int c = 0; c < NC; ++c) ss += yc[c] * yc[c];
+        for (int c = 0; c < NC; ++c) ss += v.xc[c] * v.xc[c];
         ss              = warp_sum(ss);
         const float inv = 1.0f / sqrtf(ss / float(hd) + eps);
-        const bool  hw  = w != nullptr;
 #pragma unroll
         for (int k = 0; k < NP; ++k) {
-            x0[k] = x0[k] * inv;
-            x1[k] = x1[k] * inv;
+            v.x0[k] = v.x0[k] * inv;
+            v.x1[k] = v.x1[k] * inv;
             if (hw) {
-                x0[k] = x0[k] * (zc ? 1.0f + w0[k] : w0[k]);
-                x1[k] = x1[k] * (zc ? 1.0f + w1[k] : w1[k]);
+                v.x0[k] = v.x0[k] * (zc ? 1.0f + w.x0[k] : w.x0[k]);
+                v.x1[k] = v.x1[k] * (zc ? 1.0f + w.x1[k] : w.x1[k]);
             }
         }
 #pragma unroll
         for (int c = 0; c < NC; ++c) {
-            yc[c] = yc[c] * inv;
-            if (hw) yc[c] = yc[c] * (zc ? 1.0f + wc[c] : wc[c]);
+            v.xc[c] = v.xc[c] * inv;
+            if (hw) v.xc[c] = v.xc[c] * (zc ? 1.0f + w.xc[c] : w.xc[c]);
         }
     }
-
-    // ---- rotate
 #pragma unroll
     for (int k = 0; k < NP; ++k) {
-        const int j = lane + 32 * k;
-        y0[k]       = j < half ? __fsub_rn(__fmul_rn(x0[k], cs[k]), __fmul_rn(x1[k], sn[k])) : 0.0f;
-        y1[k]       = j < half ? __fadd_rn(__fmul_rn(x1[k], cs[k]), __fmul_rn(x0[k], sn[k])) : 0.0f;
+        const int   j  = lane + 32 * k;
+        const float x0 = v.x0[k], x1 = v.x1[k];
+        v.x0[k]        = j < half ? __fsub_rn(__fmul_rn(x0, cs[k]), __fmul_rn(x1, sn[k])) : 0.0f;
+        v.x1[k]        = j < half ? __fadd_rn(__fmul_rn(x1, cs[k]), __fmul_rn(x0, sn[k])) : 0.0f;
     }
+}
+
+// The three steps for one head x at position pos (the rope kernel): every load issued first.
+template <int NP, int NC, bool NORM>
+__device__ __forceinline__ void rope_head(const float * x, const float * w, float eps, bool zc, int hd, int n_rot, int32_t pos,
+                                          const RopeFreqs & f, int lane, RopeRegs<NP, NC> & v) {
+    RopeRegs<NP, NC> wv;
+    if (NORM) rope_load_weight(w, hd, n_rot, lane, wv);
+    rope_load(x, hd, n_rot, lane, v);
+    float sn[NP], cs[NP];
+    rope_angles(pos, f, n_rot, lane, sn, cs);
+    rope_apply<NP, NC, NORM>(v, wv, NORM && w != nullptr, eps, zc, hd, n_rot, lane, sn, cs);
 }
 
 }  // namespace spark::cuda

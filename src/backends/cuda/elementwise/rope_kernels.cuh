@@ -50,20 +50,20 @@ template <int NP, int NC, bool NORM> __global__ void __launch_bounds__(32 * kRop
     const float * x    = reinterpret_cast<const float *>(s.x + h * s.x_nb1 + tok * s.x_nb2);
     float *       o    = reinterpret_cast<float *>(s.o + h * s.o_nb1 + tok * s.o_nb2);
 
-    float y0[NP], y1[NP], yc[NC > 0 ? NC : 1];
-    rope_head<NP, NC, NORM>(x, s.w, a.eps, a.zc, a.hd, a.n_rot, __ldg(a.pos + tok), f, lane, y0, y1, yc);
+    RopeRegs<NP, NC> y;
+    rope_head<NP, NC, NORM>(x, s.w, a.eps, a.zc, a.hd, a.n_rot, __ldg(a.pos + tok), f, lane, y);
 #pragma unroll
     for (int k = 0; k < NP; ++k) {
         const int j = lane + 32 * k;
         if (j < half) {
-            o[j]        = y0[k];
-            o[j + half] = y1[k];
+            o[j]        = y.x0[k];
+            o[j + half] = y.x1[k];
         }
     }
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
         const int i = a.n_rot + lane + 32 * c;
-        if (i < a.hd) o[i] = yc[c];
+        if (i < a.hd) o[i] = y.xc[c];
     }
     if constexpr (!NORM) {  // copied dims beyond the registers (head_dim - n_rot > 256; no model does)
         for (int i = a.n_rot + 32 * NC + lane; i < a.hd; i += 32) o[i] = x[i];
