@@ -88,18 +88,23 @@ def main():
         print(f"| {key} | {'/'.join(sorted(e[4]))} | {c} | {e[1] / c / 1000:.2f} | {e[1] / 1000:.1f} | "
               f"{100 * e[1] / step_ns:.1f}% | {e[2] / c / 1000:.2f} | {e[3] / c / 1000:.2f} | {e[5] // c} |")
     if a.layer >= 0:
-        # The step's repeating pattern: the label sequence between two occurrences of the first
-        # kernel key that repeats most often.
+        # The step's repeating pattern (a decoder layer): the smallest period P with which the kernel
+        # keys repeat over most of the step, starting at the first kernel from which they do.
         labels = [rows0[i]["label"] for i in range(n)]
-        counts = defaultdict(int)
-        for l in labels:
-            counts[l] += 1
-        period_key = max(counts, key=lambda k: (counts[k], -labels.index(k)))
-        starts = [i for i, l in enumerate(labels) if l == period_key]
-        if a.layer + 1 >= len(starts):
-            sys.exit(f"only {len(starts)} repetitions of {period_key}")
-        b, e = starts[a.layer], starts[a.layer + 1]
-        print(f"\nrepetition {a.layer} ({e - b} kernels, {sum(share[b:e]) / 1000:.2f} us):")
+        period, start = 0, 0
+        for p in range(2, max(3, n // 3)):
+            hits = [labels[i] == labels[i + p] for i in range(n - p)]
+            if sum(hits) >= 0.9 * len(hits):
+                period = p
+                start = next(i for i in range(n - 2 * p) if all(hits[i:i + 2 * p]))
+                break
+        if not period:
+            sys.exit("no repeating layer pattern found")
+        b = start + a.layer * period
+        if b + period > n:
+            sys.exit(f"only {(n - start) // period} repetitions of {period} kernels")
+        e = b + period
+        print(f"\nrepetition {a.layer} of the {period}-kernel pattern from kernel {start} ({sum(share[b:e]) / 1000:.2f} us):")
         print("| # | op (key) | kernel | blocks | us | lead us | spread us |")
         print("|---:|---|---|---:|---:|---:|---:|")
         for i in range(b, e):
