@@ -1,9 +1,11 @@
 // What one dependency between two ops costs on the GPU at batch-1 decode: a kernel boundary (with and
 // without programmatic dependent launch, inside a CUDA graph, as spark's decode steps run) against a
 // grid-wide barrier inside one persistent kernel (an arrival counter released and acquired through
-// L2: what a persistent decode kernel would pay instead). Each hop also reads a 2048-float
-// activation vector the previous hop wrote (a decode step's hidden state) and one block writes the
-// next one, so the numbers include the L2 round trip of the data itself.
+// L2: what a persistent decode kernel would pay instead) and against flags carried in the data words
+// themselves (NCCL's LL protocol: no counter, no fence). Each hop also reads a 2048-float activation
+// vector the previous hop wrote (a decode step's hidden state) and one block writes the next one,
+// so the numbers include the L2 round trip of the data itself; a chain of empty kernels gives the
+// launch boundary alone. Results (H100): docs/PERF.md, "The replayed step on its critical path".
 //
 // Build and run (repository root; -arch as the GPU):
 //   nvcc -O3 -std=c++20 --expt-relaxed-constexpr -arch=sm_90a -Isrc -Iinclude dev/kernels/sync/bench_sync.cu src/backends/cuda/common/launch.cpp src/common/error.cpp -o /tmp/bench_sync && /tmp/bench_sync
