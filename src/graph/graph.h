@@ -218,6 +218,14 @@ public:
     uint64_t generation() const { return generation_; }
     void     bump_generation() { ++generation_; }
 
+    // A prompt step: some of its rows produce no logits anybody reads (a prompt's tokens before its
+    // last). Its rows need not compute exactly what one-row decode steps compute, so a backend may use
+    // arithmetic that only pays for many rows and rounds differently (W4A4 NVFP4 on sm_120a /
+    // sm_121a: docs/SM120.md). Decode and speculative-verify steps, whose every row is read and must
+    // match a one-row step, are not prompt steps. Set by the builder of the step (the context).
+    bool prompt_step() const { return prompt_step_; }
+    void set_prompt_step(bool on) { prompt_step_ = on; }
+
     // Name the most recent tensor ("attn_norm-3"), for debugging and dumps.
     Tensor * named(Tensor * t, const std::string & name, int layer = -1);
 
@@ -231,6 +239,7 @@ private:
     std::vector<Tensor *> nodes_;
     uint64_t              uid_        = next_uid();
     uint64_t              generation_ = 0;
+    bool                  prompt_step_ = false;
     static uint64_t       next_uid();
 };
 

@@ -48,6 +48,11 @@ struct QWeight {
     const int32_t * g_idx  = nullptr;
 
     float     global_scale = 1.0f;  // NVFP4
+    // NVFP4: the activations' global scale a W4A4 checkpoint calibrated (multiplier: x ~ e2m1 *
+    // e4m3(block scale) * act_scale; ModelOpt input_scale, 1 / compressed-tensors
+    // input_global_scale); 0 when the checkpoint has none (W4A16 only). Only the W4A4 path of
+    // Blackwell GeForce / DGX Spark reads it (docs/SM120.md).
+    float     act_scale    = 0.0f;
     int32_t   group_size   = 0;     // INT4 (K when per-channel)
     int32_t   n_groups     = 0;     // INT4: rows of scales/zeros
     int32_t   zero_offset  = 0;     // INT4

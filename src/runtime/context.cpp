@@ -87,6 +87,7 @@ Context::StepGraph & Context::step_graph(int32_t n, int32_t n_seqs, int32_t n_ou
         gc.hidden_in = s->hidden_in = g.external(DType::F32, {w, n}, s->hidden_buf->data(), "hidden_in");
     }
     s->logits = model_.arch->build(gc);
+    g.set_prompt_step(n_out < n);  // rows without logits: a prompt (graph.h)
     SPARK_ASSERT(s->logits->ne[0] == model_.hparams.n_vocab && s->logits->ne[1] == n_out);
     // Greedy choice on the backend: a greedy loop copies one id per step, not the logits.
     s->best = model_.arch->greedy_tokens(gc, s->logits);

@@ -5,6 +5,7 @@
 #include "quant/formats.h"
 #include "quant/repack.h"
 
+#include <cmath>
 #include <cstring>
 
 namespace spark {
@@ -102,6 +103,15 @@ float WeightResolver::scalar_f32(const TensorInfo & t) {
     return to_f32(t, 0);
 }
 
+// An NVFP4 checkpoint's activation scale (ModelOpt input_scale, compressed-tensors
+// input_global_scale): a positive finite scalar, or the file is refused.
+float WeightResolver::activation_scale(const TensorInfo & t) {
+    const float v = scalar_f32(t);
+    if (!(v > 0.0f) || !std::isfinite(v) || !std::isfinite(1.0f / v))
+        fail(SPARK_ERR_INVALID_FORMAT, "tensor '%s' (an activation scale) must be positive and finite, got %g", t.name.c_str(), double(v));
+    return v;
+}
+
 QWeight WeightResolver::dense(const std::string & name, int64_t n, int64_t k) {
     const TensorInfo & t = src_.get(name);
     expect_dtype(t, {DType::F32, DType::F16, DType::BF16}, "a dense weight");
@@ -134,7 +144,10 @@ QWeight WeightResolver::linear(const std::string & m, int64_t n, int64_t k) {
         const TensorInfo & gs     = src_.get(m + ".weight_global_scale");
         const float        div    = scalar_f32(gs);
         if (!(div > 0.0f)) fail(SPARK_ERR_INVALID_FORMAT, "tensor '%s' must be positive", gs.name.c_str());
-        return nvfp4(m, packed, src_.get(m + ".weight_scale"), 1.0f / div, n, k);
+        QWeight q = nvfp4(m, packed, src_.get(m + ".weight_scale"), 1.0f / div, n, k);
+        // W4A4 checkpoints: the activations' global scale, a divisor as well.
+        if (const TensorInfo * ig = src_.find(m + ".input_global_scale")) q.act_scale = 1.0f / activation_scale(*ig);
+        return q;
     }
     const TensorInfo * w = src_.find(m + ".weight");
     if (!w) fail(SPARK_ERR_MISSING_TENSOR, "no weight for '%s' in %s (looked for .weight, .qweight, .weight_packed)", m.c_str(), src_.describe().c_str());
@@ -145,7 +158,10 @@ QWeight WeightResolver::linear(const std::string & m, int64_t n, int64_t k) {
         case DType::U8: {  // ModelOpt NVFP4: the global scale (weight_scale_2) is a multiplier
             const TensorInfo & packed = src_.get(m + ".weight");
             const TensorInfo & s2     = src_.get(m + ".weight_scale_2");
-            return nvfp4(m, packed, src_.get(m + ".weight_scale"), scalar_f32(s2), n, k);
+            QWeight            q      = nvfp4(m, packed, src_.get(m + ".weight_scale"), scalar_f32(s2), n, k);
+            // W4A4 checkpoints (quant_algo NVFP4): the activations' global scale, a multiplier.
+            if (const TensorInfo * is = src_.find(m + ".input_scale")) q.act_scale = activation_scale(*is);
+            return q;
         }
         case DType::F8_E4M3: {
             const TensorInfo & wt = src_.get(m + ".weight");

@@ -60,6 +60,7 @@ private:
     QWeight int4_ct_packed(const std::string & m, int64_t n, int64_t k);
     QWeight fp8(const std::string & m, const io::TensorInfo & w, const io::TensorInfo & scale, int64_t n, int64_t k);
     float   scalar_f32(const io::TensorInfo & t);
+    float   activation_scale(const io::TensorInfo & t);
     std::vector<uint8_t> read_small(const io::TensorInfo & t) const;
 
     const io::TensorSource &                  src_;

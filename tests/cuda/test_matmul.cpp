@@ -28,6 +28,8 @@
 // NaN and inf) is checked row by row against a double reference ("GEMM row scaling" below).
 #include "op_harness.h"
 
+#include "backends/cuda/fp4/nvfp4_act_ref.h"
+#include "backends/cuda/fp4/w4a4.h"
 #include "backends/cuda/matmul/matmul.h"
 #include "backends/cuda/matmul/tuning.h"
 #include "backends/cuda/ops.h"
@@ -1451,5 +1453,72 @@ TEST_CASE("matmul: op_matmul_multi (q/k/v-like weights in one launch)") {
                 }
             }
         }
+    }
+}
+
+// ---- W4A4: NVFP4 weights with activation scales on sm_120a / sm_121a -------------------------------
+TEST_CASE("matmul: NVFP4 with activation scales takes W4A4 for prefill rows on sm_120a / sm_121a, W4A16 elsewhere") {
+    // op_matmul on an NVFP4 weight whose checkpoint calibrated its activations (QWeight::act_scale;
+    // docs/SM120.md, "When W4A4 runs"): a prompt step's GEMM rows quantize the activations to NVFP4
+    // with that scale and run the FP4 GEMM; decode rows and verify steps keep W4A16. The reference is exactly that: the
+    // activations quantized on the host (fp4/nvfp4_act_ref.h, the bytes the device quantizer must
+    // produce) times the dequantized weight, in double: nmse <= 1e-9 as the FP4 GEMM's own test
+    // (its accumulation in the tensor core, expected ~1e-13). On other devices the same op is W4A16
+    // and matches the W4A16 reference (kGemm / kGemv). A gate/up pair (SWIGLU) too.
+    OpHarness                                   h(48);
+    spark::Backend &                            be = h.cuda();
+    std::vector<std::unique_ptr<spark::Buffer>> storage;
+    HostWeights                                 host;
+    TestCtx                                     tc;
+    tc.props.w4a4         = spark::cuda::w4a4_runs_here(tc.props.cc);
+    const bool    w4a4    = tc.props.w4a4;
+    const int64_t n = 768, k = 2048;
+    MESSAGE("device cc " << tc.props.cc << ": W4A4 " << (w4a4 ? "runs here" : "does not run here (W4A16 expected)"));
+    QWeight gate = host.nvfp4(n, k, 200), up = host.nvfp4(n, k, 201);
+    // (rows, a prompt step): a verify step of 64 rows (every row's logits read) stays W4A16.
+    const std::pair<int64_t, bool> steps[] = {{1, true}, {8, true}, {9, true}, {64, true}, {64, false}};
+    for (const auto & [rows, prompt] : steps) {
+        tc.ctx.prompt_step = prompt;
+        const std::vector<float> xv = normals(size_t(rows * k), 1.0f, 300 + uint64_t(rows));
+        float                    amax = 0.0f;
+        for (float v : xv) amax = std::max(amax, std::fabs(v));
+        gate.act_scale = up.act_scale = amax / (6.0f * 448.0f);  // ModelOpt's calibration: amax / (6 * 448)
+        const QWeight pg = be.prepare_weight(gate, storage), pu = be.prepare_weight(up, storage);
+        const bool    fp4 = w4a4 && prompt && rows > mm::kGemvMaxRows;
+        // The activations as W4A4 sees them (quantized, dequantized exactly) or as they are.
+        std::vector<float> xa = xv;
+        if (fp4) {
+            std::vector<uint8_t> codes(size_t(rows * k / 2)), scales(size_t(rows * k / 16));
+            spark::cuda::fp4::quantize_activations_nvfp4_ref(xv.data(), rows, k, k, gate.act_scale, codes.data(), scales.data());
+            for (int64_t r = 0; r < rows; ++r)
+                for (int64_t i = 0; i < k; ++i)
+                    xa[size_t(r * k + i)] = spark::e2m1_to_f32(uint8_t((codes[size_t(r * k / 2 + i / 2)] >> (4 * (i % 2))) & 0xF)) *
+                                            spark::e4m3_to_f32(scales[size_t(r * k / 16 + i / 16)]) * gate.act_scale;
+        }
+        spark::Graph gr;
+        Tensor *     x  = gr.input(DType::F32, {k, rows}, "x");
+        Tensor *     yg = gr.matmul(x, pg);
+        Tensor *     yu = gr.matmul(x, pu);
+        Tensor *     sw = gr.swiglu(yg, yu);
+        for (Tensor * t : {yg, yu, sw}) gr.mark_output(t);
+        const spark::MemoryPlan plan  = spark::plan_memory(gr);
+        auto                    arena = be.alloc(std::max<size_t>(plan.arena_bytes, 256));
+        spark::bind_memory(gr, plan, arena->data());
+        be.upload(x->data, xv.data(), xv.size() * 4);
+        be.synchronize();
+        INFO("rows " << rows << (prompt ? " (prompt step)" : " (verify step)") << (fp4 ? " (w4a4)" : " (w4a16)"));
+        spark::cuda::op_matmul(*yg, tc.ctx);
+        spark::cuda::op_matmul(*yu, tc.ctx);
+        REQUIRE(cudaStreamSynchronize(tc.stream) == cudaSuccess);
+        const std::vector<double> rg = reference(xa, rows, dequantized(gate), n, k), ru = reference(xa, rows, dequantized(up), n, k);
+        const double tol = fp4 ? 1e-9 : rows > 8 ? kGemm : kGemv;
+        CHECK(nmse_of(download(be, *yg), rg) <= tol);
+        CHECK(nmse_of(download(be, *yu), ru) <= tol);
+        // The fused gate/up (two FP4 GEMMs one after the other under W4A4) against the separate ones.
+        spark::cuda::op_matmul_swiglu(*sw, tc.ctx);
+        REQUIRE(cudaStreamSynchronize(tc.stream) == cudaSuccess);
+        std::vector<double> rs(rg.size());
+        for (size_t i = 0; i < rs.size(); ++i) rs[i] = rg[i] / (1.0 + std::exp(-rg[i])) * ru[i];
+        CHECK(nmse_of(download(be, *sw), rs) <= tol * 4);
     }
 }

@@ -4,6 +4,7 @@
 // dev/emu's stand-in for <cuda_runtime.h> (as the emu-gemv lab builds plan.cpp).
 #include "backends/cuda/matmul/op_plan.h"
 #include "backends/cuda/matmul/tuning.h"
+#include "backends/cuda/fp4/w4a4.h"
 
 #include <doctest/doctest.h>
 
@@ -98,8 +99,9 @@ void check_carve(const mm::OpPlan & p) {
         const mm::ScratchPieces & q = p.launch[i].scratch;
         const mm::ScratchPtrs     c = mm::carve(q, s);
         CHECK(s.used <= bytes);
-        const std::pair<const void *, size_t> pieces[] = {{c.x_f32, q.x_f32},         {c.route, q.route},     {c.x_f16, q.x_f16},
-                                                          {c.inv_scale, q.inv_scale}, {c.partial, q.partial}, {c.counters, q.counters}};
+        const std::pair<const void *, size_t> pieces[] = {{c.x_f32, q.x_f32},         {c.route, q.route},       {c.x_f16, q.x_f16},
+                                                          {c.inv_scale, q.inv_scale}, {c.partial, q.partial},   {c.counters, q.counters},
+                                                          {c.a4_codes, q.a4_codes},   {c.a4_scales, q.a4_scales}};
         const char * end = nullptr;
         for (const auto & [ptr, size] : pieces) {
             CHECK((ptr != nullptr) == (size > 0));
@@ -269,4 +271,114 @@ TEST_CASE("kernel_paths: derived from the plans") {
     DeviceProps turing = h100();
     turing.cc          = 750;
     CHECK(spark::cuda::kernel_paths(turing).find("unsupported") != std::string::npos);
+}
+
+// The W4A4 dispatch (docs/SM120.md, "When W4A4 runs") on injected devices: which kernel each NVFP4
+// matmul takes on Ampere (8.0), Ada (8.9), Hopper (9.0), RTX PRO 6000 / RTX 50xx (12.0) and DGX Spark
+// (12.1), with and without the arch-specific cubins of the build (fp4/w4a4.h: w4a4_device), for a
+// checkpoint with activation scales (a W4A4 ModelOpt / compressed-tensors export) and one without
+// (W4A16, or NVFP4 made by spark-convert), at decode / verify row counts and prefill row counts.
+TEST_CASE("W4A4 dispatch: the kernel each NVFP4 matmul takes, by device, build and checkpoint") {
+    OverrideGuard guard;
+    struct Device {
+        const char * name;
+        int          cc, sms;
+        bool         cubin;  // the build has a cubin for the device's exact sm_12Xa target
+        bool         w4a4;   // expected: the device runs W4A4
+    };
+    const Device devices[] = {
+        {"A100 (8.0)", 800, 108, false, false},
+        {"L40S (8.9)", 890, 142, false, false},
+        {"H100 (9.0)", 900, 132, false, false},
+        {"RTX PRO 6000 (12.0), sm_120a built", 1200, 188, true, true},
+        {"RTX PRO 6000 (12.0), no sm_120a cubin (a plain sm_120 or a 121a-only build)", 1200, 188, false, false},
+        {"DGX Spark GB10 (12.1), sm_121a built", 1210, 48, true, true},
+        {"DGX Spark GB10 (12.1), only sm_120a built", 1210, 48, false, false},
+    };
+    DeviceWeight scaled = weight(WeightFormat::NVFP4, 4096, 4096), w4a16 = scaled;
+    scaled.act_scale    = 0.0021f;
+    for (const Device & d : devices) {
+        DeviceProps dev        = h100();
+        dev.cc                 = d.cc;
+        dev.sm_count           = d.sms;
+        dev.w4a4               = spark::cuda::w4a4_device(d.cc, d.cubin);
+        CAPTURE(d.name);
+        CHECK(dev.w4a4 == d.w4a4);
+        for (const int64_t rows : {int64_t(1), int64_t(3), int64_t(8), int64_t(9), int64_t(64), int64_t(512)}) {
+            CAPTURE(rows);
+            const bool gemm = rows > mm::kGemvMaxRows;
+            // With activation scales: W4A4 for the prompt steps' GEMMs where the device runs it.
+            mm::Dense prompt = dense(&scaled, rows);
+            prompt.prompt    = true;
+            const mm::OpPlan a = mm::plan_dense(prompt, dev);
+            CHECK(std::string(mm::path_name(a.launch[0])) == (gemm ? (d.w4a4 ? "w4a4" : "gemm-f16") : "gemv-mma"));
+            CHECK(mm::w4a4_takes(scaled, rows, true, dev) == (d.w4a4 && gemm));
+            // A verify step of as many rows (every row's logits read): W4A16, as one-row decode.
+            const mm::OpPlan v = mm::plan_dense(dense(&scaled, rows), dev);
+            CHECK(std::string(mm::path_name(v.launch[0])) == (gemm ? "gemm-f16" : "gemv-mma"));
+            CHECK_FALSE(mm::w4a4_takes(scaled, rows, false, dev));
+            // Without activation scales: W4A16 everywhere.
+            mm::Dense plain = dense(&w4a16, rows);
+            plain.prompt    = true;
+            const mm::OpPlan b = mm::plan_dense(plain, dev);
+            CHECK(std::string(mm::path_name(b.launch[0])) == (gemm ? "gemm-f16" : "gemv-mma"));
+            CHECK_FALSE(mm::w4a4_takes(w4a16, rows, true, dev));
+            // A gate/up pair: W4A4 runs them one after the other (one weight per FP4 GEMM launch).
+            mm::Dense pair = dense(&scaled, rows, 2);
+            pair.prompt    = true;
+            const mm::OpPlan g = mm::plan_dense(pair, dev);
+            CHECK(g.unfused == (d.w4a4 && gemm));
+            if (g.unfused) {
+                CHECK(std::string(mm::path_name(g.launch[0])) == "w4a4");
+                CHECK(std::string(mm::path_name(g.launch[1])) == "w4a4");
+                CHECK(g.up_y == size_t(rows * 4096) * 4);
+            }
+            check_carve(a);
+            check_carve(g);
+            if (a.launch[0].path == mm::Path::W4A4) {
+                CHECK(a.launch[0].scratch.a4_codes == size_t(rows * 4096 / 2));
+                CHECK(a.launch[0].scratch.a4_scales == size_t(rows * 4096 / 16));
+                CHECK(a.launch[0].scratch.x_f32 == 0);  // one row stride: quantized in place
+            }
+        }
+        // kernel_paths names the choice for both kinds of checkpoint.
+        const std::string p = spark::cuda::kernel_paths(dev);
+        CHECK(p.find(d.w4a4 ? "nvfp4=gemv-mma/gemm-f16(w4a16),w4a4(act-scaled)" : "nvfp4=gemv-mma/gemm-f16 ") != std::string::npos);
+    }
+
+    DeviceProps spark_gb10 = h100();
+    spark_gb10.cc          = 1210;
+    spark_gb10.sm_count    = 48;
+    spark_gb10.w4a4        = true;
+    // K not a multiple of the FP4 MMA's 64: W4A16.
+    DeviceWeight odd_k = weight(WeightFormat::NVFP4, 512, 4128);
+    odd_k.act_scale    = 0.5f;
+    mm::Dense odd = dense(&odd_k, 64);
+    odd.prompt    = true;
+    CHECK(std::string(mm::path_name(mm::plan_dense(odd, spark_gb10).launch[0])) == "gemm-f16");
+    // Rows of two strides (a [K, 8, 8] view with a gap after every 8 rows): gathered first.
+    mm::Dense strided = dense(&scaled, 64);
+    strided.prompt    = true;
+    strided.x.ne1     = 8;
+    strided.x.ne2     = 8;
+    strided.x.nb2     = strided.x.nb1 * 9;
+    const mm::OpPlan sp = mm::plan_dense(strided, spark_gb10);
+    REQUIRE(sp.launch[0].path == mm::Path::W4A4);
+    CHECK(sp.launch[0].scratch.x_f32 == size_t(64 * 4096) * 4);
+    check_carve(sp);
+    // Other weight formats never take it.
+    DeviceWeight int4 = weight(WeightFormat::INT4, 4096, 4096);
+    int4.act_scale    = 1.0f;
+    CHECK_FALSE(mm::w4a4_takes(int4, 512, true, spark_gb10));
+
+    // SPARK_W4A4=0: never; =1: decode and verify steps too (A/B runs); a forced path wins over it.
+    mm::Dense prompt512 = dense(&scaled, 512);
+    prompt512.prompt    = true;
+    mm::overrides().w4a4 = 0;
+    CHECK(std::string(mm::path_name(mm::plan_dense(prompt512, spark_gb10).launch[0])) == "gemm-f16");
+    mm::overrides().w4a4 = 1;
+    CHECK(std::string(mm::path_name(mm::plan_dense(dense(&scaled, 1), spark_gb10).launch[0])) == "w4a4");
+    CHECK_FALSE(mm::w4a4_takes(w4a16, 1, false, spark_gb10));
+    mm::overrides().path = mm::ForcePath::Gemm;
+    CHECK(std::string(mm::path_name(mm::plan_dense(prompt512, spark_gb10).launch[0])) == "gemm-f16");
 }

@@ -8,11 +8,14 @@
 #include "common/error.h"
 #include "converter.h"
 #include "harness.h"
+#include "runtime/model.h"
 
 #include <nlohmann/json.hpp>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 using namespace test;
 namespace fs = std::filesystem;
@@ -262,6 +265,28 @@ TEST_CASE("corrupt quantized checkpoints give clear errors") {
         });
         CHECK(load_status(p.string(), msg) == SPARK_ERR_SHAPE_MISMATCH);
     }
+    SUBCASE("an NVFP4 activation scale that is not a positive finite number") {
+        for (const float bad : {0.0f, -0.5f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(), 1e-45f}) {
+            CAPTURE(bad);
+            TempDir tmp;
+            auto p = edited_fixture(tmp, "qwen3-nvfp4-modelopt", [bad](Safetensors & st) {
+                const auto & off = st.header.at("model.layers.1.mlp.down_proj.input_scale").at("data_offsets");
+                std::memcpy(st.data.data() + off[0].get<size_t>(), &bad, 4);
+            });
+            CHECK(load_status(p.string(), msg) == SPARK_ERR_INVALID_FORMAT);
+            CHECK(msg.find("model.layers.1.mlp.down_proj.input_scale") != std::string::npos);
+        }
+    }
+    SUBCASE("an NVFP4 activation scale that is not a scalar") {
+        TempDir tmp;
+        auto p = edited_fixture(tmp, "qwen3-nvfp4-ct", [](Safetensors & st) {
+            auto & t    = st.header["model.layers.0.self_attn.k_proj.input_global_scale"];
+            t["dtype"]  = "F16";  // the same 4 bytes as two halves
+            t["shape"]  = {2};
+        });
+        CHECK(load_status(p.string(), msg) == SPARK_ERR_SHAPE_MISMATCH);
+        CHECK(msg.find("input_global_scale") != std::string::npos);
+    }
     SUBCASE("truncated spark file") {
         TempDir tmp;
         const std::string file = (tmp.path / "m.spark").string();
@@ -284,6 +309,39 @@ TEST_CASE("corrupt quantized checkpoints give clear errors") {
         f.close();
         CHECK(load_status(file, msg) == SPARK_ERR_INVALID_FORMAT);
     }
+}
+
+TEST_CASE("NVFP4 activation scales (W4A4 checkpoints) are read with their meaning; checkpoints without them have none") {
+    // ModelOpt's input_scale is the activations' global scale (a multiplier), compressed-tensors'
+    // input_global_scale its inverse; only the W4A4 path of sm_120a / sm_121a reads it (QWeight::
+    // act_scale, docs/SM120.md). The spark file keeps the tensors, spark-convert's own NVFP4 has none.
+    auto scalar = [](const char * fixture, const std::string & name) {
+        const Safetensors st  = Safetensors::read(fs::path(model_dir(fixture)) / "model.safetensors");
+        const auto &      off = st.header.at(name).at("data_offsets");
+        float             v   = 0.0f;
+        std::memcpy(&v, st.data.data() + off[0].get<size_t>(), 4);
+        return v;
+    };
+    auto act_scale = [](const std::string & path, bool moe) {
+        spark_model_params p = spark_model_default_params();
+        p.load_tokenizer     = false;
+        auto m               = spark::load_model(path, p);
+        return moe ? m->layers[0].exp_gate[0].act_scale : m->layers[0].wq.act_scale;
+    };
+    const float mo = scalar("qwen3-nvfp4-modelopt", "model.layers.0.self_attn.q_proj.input_scale");
+    REQUIRE(mo > 0.0f);
+    CHECK(act_scale(model_dir("qwen3-nvfp4-modelopt"), false) == mo);
+    const float ct = scalar("qwen3-nvfp4-ct", "model.layers.0.self_attn.q_proj.input_global_scale");
+    REQUIRE(ct > 0.0f);
+    CHECK(act_scale(model_dir("qwen3-nvfp4-ct"), false) == 1.0f / ct);
+    CHECK(act_scale(model_dir("qwen3_moe-nvfp4-modelopt"), true) ==
+          scalar("qwen3_moe-nvfp4-modelopt", "model.layers.0.mlp.experts.0.gate_proj.input_scale"));
+    TempDir           tmp;
+    const std::string file = (tmp.path / "m.spark").string(), own = (tmp.path / "own.spark").string();
+    convert(model_dir("qwen3-nvfp4-modelopt"), file);
+    CHECK(act_scale(file, false) == mo);
+    convert(model_dir("qwen3-bf16"), own, spark::convert::Quantize::NVFP4);
+    CHECK(act_scale(own, false) == 0.0f);
 }
 
 TEST_CASE("INT4 zero points that are all 8 (symmetric checkpoints store them too) run as symmetric, with the same results") {

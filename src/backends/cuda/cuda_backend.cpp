@@ -10,6 +10,7 @@
 #include "backends/cuda/common/arch.h"
 #include "backends/cuda/common/launch.h"
 #include "backends/cuda/cuda_common.h"
+#include "backends/cuda/fp4/w4a4.h"
 #include "backends/cuda/fusion.h"
 #include "backends/cuda/graph_cache.h"
 #include "backends/cuda/matmul/matmul.h"
@@ -109,6 +110,7 @@ public:
         total_memory_ = uint64_t(prop.totalGlobalMem);
         name_                     = prop.name;
         SPARK_CUDA_CHECK(cudaSetDevice(device));
+        props_.w4a4 = cuda::w4a4_runs_here(props_.cc);  // (asks the current device for its cubin)
         SPARK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
         ctx_.stream       = stream_;
         ctx_.workspace    = &workspace_;
@@ -278,6 +280,7 @@ private:
 
     void run_nodes(const Graph & graph) {
         const cuda::PdlStep pdl_step(decode_sized(graph.nodes()));
+        ctx_.prompt_step = graph.prompt_step();
         cuda::FusionPass    fusion(graph, ctx_);
         ctx_.last_waits_first = false;
         for (cuda::FusedLaunch l; fusion.next(l);) {
@@ -437,7 +440,7 @@ void cuda_device_describe(int index, spark_device_info & out) {
     if (index < 0 || index >= n) fail(SPARK_ERR_INVALID_ARGUMENT, "CUDA device %d does not exist (%d devices)", index, n);
     cudaDeviceProp p{};
     SPARK_CUDA_CHECK(cudaGetDeviceProperties(&p, index));
-    const cuda::DeviceProps dev = device_props(p);
+    cuda::DeviceProps dev = device_props(p);
     out          = spark_device_info{};
     std::snprintf(out.name, sizeof out.name, "%.*s", int(sizeof out.name - 1), p.name);  // a longer name is cut, on purpose
     out.compute_capability = p.major * 10 + p.minor;
@@ -446,7 +449,10 @@ void cuda_device_describe(int index, spark_device_info & out) {
     size_t free_b = 0, total_b = 0;
     int    prev   = 0;
     cudaGetDevice(&prev);
-    if (cudaSetDevice(index) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) out.free_memory = free_b;
+    if (cudaSetDevice(index) == cudaSuccess) {
+        if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) out.free_memory = free_b;
+        dev.w4a4 = cuda::cc_supported(dev.cc) && cuda::w4a4_runs_here(dev.cc);
+    }
     cudaGetLastError();
     cudaSetDevice(prev);
     std::snprintf(out.kernel_paths, sizeof out.kernel_paths, "%s", cuda::kernel_paths(dev).c_str());

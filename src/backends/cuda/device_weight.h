@@ -34,6 +34,7 @@ struct DeviceWeight {
     int64_t         n            = 0;
     int64_t         k            = 0;
     float           global_scale = 1.0f;            // NVFP4
+    float           act_scale    = 0.0f;            // NVFP4: QWeight::act_scale (0: W4A16 only)
     const void *    data         = nullptr;
     const void *    scales       = nullptr;
     const uint8_t * zeros        = nullptr;         // INT4
@@ -54,6 +55,7 @@ inline DeviceWeight device_weight_shape(const QWeight & w) {
     d.block_n      = w.block_n;
     d.block_k      = w.block_k;
     d.global_scale = w.global_scale;
+    d.act_scale    = w.act_scale;
     return d;
 }
 

@@ -134,6 +134,8 @@ uint64_t GraphCache::fingerprint(const Graph & graph) {
     // The matmul test / lab knobs choose kernels too (a test that forces another path on the
     // same graph must not replay the launches captured before).
     mix(&mm::overrides(), sizeof(mm::Overrides));
+    const bool prompt = graph.prompt_step();  // (chooses kernels: W4A4)
+    mix(&prompt, sizeof prompt);
     return h;
 }
 

@@ -32,6 +32,9 @@ struct DeviceProps {
     int sm_count            = 0;
     int max_smem_per_block  = 0;  // opt-in maximum (bytes)
     size_t l2_bytes         = 0;
+    // The W4A4 NVFP4 kernels run here: a 12.x device and this build's cubin for its exact
+    // arch-specific target (fp4/w4a4.h, w4a4_device; the dispatch tests inject it).
+    bool w4a4 = false;
 };
 
 struct OpContext {
@@ -45,6 +48,8 @@ struct OpContext {
     // only after that launch's own wait, and this node's expert ids were written before that launch
     // (pdl.cuh): a MATMUL_ID GEMV may read them before its wait (GemvArgs::ids_early).
     bool ids_before_wait = false;
+    // The step is a prompt step (Graph::prompt_step): matmuls may take W4A4 (op_plan.h, w4a4_takes).
+    bool prompt_step = false;
     // Set by an op: its last launch lets the next kernel start only after its own wait (a MATMUL_ID
     // GEMV that waited for its ids first). The dispatch clears it before each node.
     mutable bool last_waits_first = false;

@@ -34,6 +34,14 @@ bool w4a4_compiled() {
 
 bool w4a4_available(int cc) { return w4a4_compiled() && cc_has_fp4_mma_sync(cc); }
 
+bool w4a4_runs_here(int cc) {
+#if defined(SPARK_CUDA_BUILT_SM120)
+    return w4a4_device(cc, cc_has_fp4_mma_sync(cc) && fp4_detail::gemm_nvfp4_w4a4_sm120_runs_here());
+#else
+    return w4a4_device(cc, false);
+#endif
+}
+
 const char * nvfp4_quantizer_path(int cc) {
     // The generic library carries sm_120a/sm_121a code exactly when the family was built.
     return w4a4_available(cc) ? "hardware cvt (cvt.rn.satfinite.e2m1x2.f32)" : "software (formats.h f32_to_e2m1)";

@@ -9,6 +9,7 @@
 // for this device) are thrown as spark::Error.
 #pragma once
 
+#include "backends/cuda/common/arch.h"
 #include "backends/cuda/device_weight.h"
 
 #include <cuda_runtime.h>
@@ -16,6 +17,13 @@
 #include <cstdint>
 
 namespace spark::cuda {
+
+// The W4A4 dispatch's device half, as data (DeviceProps::w4a4; the dispatch tests inject both): a
+// 12.x device and a cubin of this build for its exact arch-specific target (an sm_120a cubin runs
+// only on 12.0, an sm_121a one only on 12.1).
+constexpr bool w4a4_device(int cc, bool cubin_for_device) { return cc_has_fp4_mma_sync(cc) && cubin_for_device; }
+// w4a4_device for the current device (capability cc) with this build.
+bool w4a4_runs_here(int cc);
 
 // True when this build contains sm_120a / sm_121a code (CMake builds the *_sm120.cu family and
 // defines SPARK_CUDA_BUILT_SM120 for the generic library).

@@ -26,6 +26,7 @@
 #include "backends/cuda/common/kernel_args.h"
 #include "backends/cuda/common/launch.h"
 #include "backends/cuda/cuda_common.h"
+#include "backends/cuda/fp4/w4a4.h"
 #include "backends/cuda/matmul/matmul.h"
 #include "backends/cuda/matmul/op_plan.h"
 #include "backends/cuda/matmul/tuning.h"
@@ -165,11 +166,29 @@ void run_generic_dense(const Dense & d, const OpContext & ctx) {
     generic_matmul(a, ctx.stream);
 }
 
+// W4A4 (one NVFP4 weight with activation scales, sm_120a / sm_121a): the activations quantized to
+// NVFP4 with the checkpoint's activation scale, then the block-scaled FP4 GEMM (fp4/w4a4.h).
+void run_w4a4(const Dense & d, const LaunchPlan & lp, Scratch & scratch, const OpContext & ctx) {
+    const DeviceWeight & w = *d.w[0];
+    const ScratchPtrs    s = carve(lp.scratch, scratch);
+    const float *        x = row_ptr(d.x, 0);
+    int64_t              stride = d.x.nb1 / 4;  // rows of one stride (op_plan.cpp: else gathered)
+    if (s.x_f32) {
+        x_to_f32_rows(d.x, d.rows, w.k, nullptr, nullptr, Ids{}, s.x_f32, ctx.stream);
+        x      = s.x_f32;
+        stride = w.k;
+    }
+    if (d.rows == 1) stride = w.k;
+    quantize_activations_nvfp4(x, d.rows, w.k, stride, w.act_scale, s.a4_codes, s.a4_scales, ctx.stream);
+    gemm_nvfp4_w4a4(w, s.a4_codes, s.a4_scales, w.act_scale, d.rows, d.y, w.n, ctx.stream);
+}
+
 void run_dense_launch(const Dense & d, const LaunchPlan & lp, Scratch & scratch, const OpContext & ctx) {
     switch (lp.path) {
         case Path::Gemv: return run_gemv(d, lp, scratch, ctx);
         case Path::Gemm: return run_gemm(d, lp, scratch, ctx);
         case Path::Generic: return run_generic_dense(d, ctx);
+        case Path::W4A4: return run_w4a4(d, lp, scratch, ctx);
     }
 }
 
@@ -295,6 +314,7 @@ void run_moe_launch(const Moe & m, const LaunchPlan & lp, Scratch & scratch, con
         case Path::Gemv: return run_moe_gemv(m, lp, scratch, ctx);
         case Path::Gemm: return run_moe_grouped(m, lp, scratch, ctx);
         case Path::Generic: return run_moe_generic(m, ctx);
+        case Path::W4A4: break;  // (not planned for experts)
     }
 }
 
@@ -373,9 +393,10 @@ void op_matmul(const Tensor & t, const OpContext & ctx) {
     if (x.ne[0] != d.w[0]->k)
         fail(SPARK_ERR_SHAPE_MISMATCH, "matmul: input has %lld columns, weight expects %lld", (long long) x.ne[0], (long long) d.w[0]->k);
     mm::check_output(t, d.w[0]->n);
-    d.x    = mm::dense_rows(x);
-    d.rows = x.nrows();
-    d.y    = static_cast<float *>(t.data);
+    d.x      = mm::dense_rows(x);
+    d.rows   = x.nrows();
+    d.y      = static_cast<float *>(t.data);
+    d.prompt = ctx.prompt_step;
     mm::exec_dense(d, ctx);
 }
 
@@ -384,7 +405,7 @@ namespace mm {
 namespace {
 
 // The reason a set of MATMUL nodes cannot share one launch, or nullptr.
-const char * multi_refusal(const Tensor * const * mms, int count) {
+const char * multi_refusal(const Tensor * const * mms, int count, const OpContext & ctx) {
     static_assert(kGemvMaxMats == kGemmMaxMats);
     if (count < 2 || count > kGemvMaxMats) return "count";
     const Tensor * x = mms[0] ? mms[0]->src[0] : nullptr;
@@ -405,6 +426,7 @@ const char * multi_refusal(const Tensor * const * mms, int count) {
         if (!chunk_ok(w) || w.perm) return "layout";  // act-order weights read x in their own orders
         if (t->type != DType::F32 || !t->is_contiguous() || t->ne[0] != w.n || t->nrows() != rows) return "output";
         if (overlaps(*t, *x)) return "output overlaps the input";
+        if (w4a4_takes(w, rows, ctx.prompt_step, *ctx.props)) return "W4A4 (one weight per GEMM launch)";
         for (int j = 0; j < i; ++j)
             if (overlaps(*t, *mms[j])) return "outputs overlap";
     }
@@ -480,12 +502,12 @@ void exec_multi(const Tensor * const * mms, int count, const OpContext & ctx) {
 }  // namespace
 }  // namespace mm
 
-bool matmul_multi_supported(const Tensor * const * matmuls, int count, const OpContext &) {
-    return mm::multi_refusal(matmuls, count) == nullptr;
+bool matmul_multi_supported(const Tensor * const * matmuls, int count, const OpContext & ctx) {
+    return mm::multi_refusal(matmuls, count, ctx) == nullptr;
 }
 
 void op_matmul_multi(const Tensor * const * matmuls, int count, const OpContext & ctx) {
-    if (mm::multi_refusal(matmuls, count) != nullptr) {
+    if (mm::multi_refusal(matmuls, count, ctx) != nullptr) {
         for (int i = 0; i < count; ++i) op_matmul(*matmuls[i], ctx);
         return;
     }
@@ -520,6 +542,7 @@ void op_matmul_swiglu(const Tensor & swiglu, const OpContext & ctx) {
         d.rows    = x.nrows();
         d.y       = static_cast<float *>(swiglu.data);
         d.stage_x = overlaps(swiglu, x);
+        d.prompt  = ctx.prompt_step;
         mm::exec_dense(d, ctx);
         return;
     }

@@ -15,7 +15,7 @@ size_t scratch_aligned(size_t bytes) { return (bytes + 255) & ~size_t(255); }
 
 size_t ScratchPieces::bytes() const {
     return scratch_aligned(x_f32) + scratch_aligned(route) + scratch_aligned(x_f16) + scratch_aligned(inv_scale) +
-           scratch_aligned(partial) + scratch_aligned(counters);
+           scratch_aligned(partial) + scratch_aligned(counters) + scratch_aligned(a4_codes) + scratch_aligned(a4_scales);
 }
 
 ScratchPtrs carve(const ScratchPieces & p, Scratch & s) {
@@ -27,7 +27,16 @@ ScratchPtrs carve(const ScratchPieces & p, Scratch & s) {
     c.inv_scale = static_cast<float *>(take(p.inv_scale));
     c.partial   = static_cast<float *>(take(p.partial));
     c.counters  = static_cast<uint32_t *>(take(p.counters));
+    c.a4_codes  = static_cast<uint8_t *>(take(p.a4_codes));
+    c.a4_scales = static_cast<uint8_t *>(take(p.a4_scales));
     return c;
+}
+
+bool w4a4_takes(const DeviceWeight & w, int64_t rows, bool prompt_step, const DeviceProps & dev) {
+    const int forced = overrides().w4a4;
+    if (forced == 0 || overrides().path != ForcePath::Auto) return false;
+    if (w.format != WeightFormat::NVFP4 || !(w.act_scale > 0.0f) || !dev.w4a4 || w.k % 64 != 0 || rows <= 0) return false;
+    return forced == 1 || (prompt_step && rows > kGemvMaxRows);
 }
 
 size_t OpPlan::scratch_bytes() const {
@@ -74,6 +83,13 @@ bool rows_aligned(const XRows & x, int64_t rows) {
     return true;
 }
 
+// Whether row r of the activations sits at x.base + r * x.nb1 for every r < rows (one row stride).
+bool uniform_rows(const XRows & x, int64_t rows) {
+    if (rows <= x.ne1) return true;
+    if (x.nb2 != x.ne1 * x.nb1) return false;
+    return rows <= x.ne1 * x.ne2 || x.nb3 == x.ne2 * x.nb2;
+}
+
 bool pairs_aligned(const XRows & x) { return reinterpret_cast<uintptr_t>(x.base) % 16 == 0 && x.nb1 % 16 == 0 && x.nb2 % 16 == 0; }
 
 // The GEMV options of a set of weights (all of one format and K): the tensor-core decode where every
@@ -110,12 +126,19 @@ bool chunkable(const Dense & d) {
     return chunk_ok(w0) && (d.nw == 1 || (chunk_ok(*d.w[1]) && d.w[1]->format == w0.format && d.w[1]->n == w0.n && d.w[1]->k == w0.k));
 }
 
-// A gate/up pair whose weights read the activations in their own (act-order) orders: two launches.
-bool must_unfuse(const Dense & d) { return d.nw == 2 && (d.w[0]->perm || d.w[1]->perm); }
+// Every weight of the op takes W4A4 (a gate/up pair: both, each with its own activation scale).
+bool w4a4(const Dense & d, const DeviceProps & dev) {
+    return w4a4_takes(*d.w[0], d.rows, d.prompt, dev) && (d.nw == 1 || w4a4_takes(*d.w[1], d.rows, d.prompt, dev));
+}
 
-Path choose(const Dense & d) {
+// A gate/up pair whose weights read the activations in their own (act-order) orders, or that takes
+// W4A4 (one weight per GEMM launch): two launches.
+bool must_unfuse(const Dense & d, const DeviceProps & dev) { return d.nw == 2 && (d.w[0]->perm || d.w[1]->perm || w4a4(d, dev)); }
+
+Path choose(const Dense & d, const DeviceProps & dev) {
     const DeviceWeight & w0    = *d.w[0];
     const ForcePath      force = overrides().path;
+    if (d.nw == 1 && w4a4(d, dev)) return Path::W4A4;
     if (!chunkable(d) || force == ForcePath::Generic) return Path::Generic;  // the generic kernel fuses too
     if (force == ForcePath::Gemv) return Path::Gemv;
     if (force == ForcePath::Gemm && w0.k % kGemmBK == 0) return Path::Gemm;
@@ -126,8 +149,15 @@ Path choose(const Dense & d) {
 LaunchPlan plan_dense_launch(const Dense & d, bool x_aligned, const DeviceProps & dev) {
     const DeviceWeight & w = *d.w[0];
     LaunchPlan           p;
-    p.path = choose(d);
+    p.path = choose(d, dev);
     switch (p.path) {
+        case Path::W4A4:
+            // The activations as NVFP4 (rows with a uniform stride are read in place; others are
+            // gathered into contiguous F32 rows first).
+            p.scratch.a4_codes  = size_t(d.rows * w.k / 2);
+            p.scratch.a4_scales = size_t(d.rows * w.k / 16);
+            if (!d.stage_x && !uniform_rows(d.x, d.rows)) p.scratch.x_f32 = size_t(d.rows * w.k) * 4;  // (a copy is contiguous)
+            break;
         case Path::Gemv: {
             // Row batches of 8 run one after the other on the stream and share the split-K buffers.
             const GemvOpts o = gemv_opts(d.w, d.nw, dev);
@@ -198,7 +228,8 @@ LaunchPlan plan_moe_launch(const Moe & m, bool x_aligned, bool ids_early, const 
             p.scratch.route         = size_t(moe_route_ints(pairs, m.ids.n_experts, max_tiles)) * 4;
             break;
         }
-        case Path::Generic: break;
+        case Path::Generic:
+        case Path::W4A4: break;  // (not for experts: choose(Moe) never takes it)
     }
     return p;
 }
@@ -211,7 +242,7 @@ OpPlan plan_dense(const Dense & d, const DeviceProps & dev) {
     p.x_copy = d.stage_x ? size_t(d.rows * K) * 4 : 0;
     // The launches read the copy when there is one: contiguous rows from a 256-byte aligned piece.
     const bool x_aligned = d.stage_x ? d.rows <= 1 || K % 4 == 0 : rows_aligned(d.x, d.rows);
-    if (choose(d) != Path::Generic && must_unfuse(d)) {
+    if (choose(d, dev) != Path::Generic && must_unfuse(d, dev)) {
         p.unfused = true;
         p.up_y    = size_t(d.rows * d.w[0]->n) * 4;
         for (int i = 0; i < 2; ++i) p.launch[i] = plan_dense_launch(half_of(d, i), x_aligned, dev);
@@ -276,6 +307,7 @@ const char * path_name(const LaunchPlan & p) {
         case Path::Gemv: return p.gemv[0].mma ? "gemv-mma" : "gemv-fma";
         case Path::Gemm: return "gemm-f16";
         case Path::Generic: return "generic";
+        case Path::W4A4: return "w4a4";
     }
     return "?";
 }
@@ -309,10 +341,11 @@ XRows rows_of(int64_t rows, int64_t k) {
 
 std::string dense_path(const DeviceWeight * w, int nw, int64_t rows, const DeviceProps & dev) {
     Dense d;
-    d.w[0] = w;
-    d.w[1] = w;
-    d.nw   = nw;
-    d.rows = rows;
+    d.w[0]   = w;
+    d.w[1]   = w;
+    d.nw     = nw;
+    d.rows   = rows;
+    d.prompt = rows > kDecodeRows;  // the prefill chunk of a prompt
     d.x    = rows_of(rows, w->k);
     return op_path_name(plan_dense(d, dev));
 }
@@ -362,19 +395,21 @@ std::string kernel_paths(const DeviceProps & dev) {
     struct Format {
         const char *              key;
         WeightFormat              f;
-        std::vector<const char *> labels;  // INT4: the group sizes checkpoints use
+        std::vector<const char *> labels;  // INT4: the group sizes checkpoints use; NVFP4: with or without activation scales
         std::vector<int32_t>      groups;
+        std::vector<bool>         act_scaled;
     };
     const Format formats[] = {
-        {"f32", WeightFormat::F32, {""}, {0}},   {"f16", WeightFormat::F16, {""}, {0}},
-        {"bf16", WeightFormat::BF16, {""}, {0}}, {"nvfp4", WeightFormat::NVFP4, {""}, {0}},
-        {"int4", WeightFormat::INT4, {"g128", "g32"}, {128, 32}}, {"fp8", WeightFormat::FP8, {""}, {0}},
+        {"f32", WeightFormat::F32, {""}, {0}, {false}},   {"f16", WeightFormat::F16, {""}, {0}, {false}},
+        {"bf16", WeightFormat::BF16, {""}, {0}, {false}}, {"nvfp4", WeightFormat::NVFP4, {"w4a16", "act-scaled"}, {0, 0}, {false, true}},
+        {"int4", WeightFormat::INT4, {"g128", "g32"}, {128, 32}, {false, false}}, {"fp8", WeightFormat::FP8, {""}, {0}, {false}},
     };
     std::string out;
     for (const Format & fmt : formats) {
         std::vector<std::pair<std::string, std::string>> decode, prefill;
         for (size_t i = 0; i < fmt.groups.size(); ++i) {
-            const DeviceWeight w = weight_shape(fmt.f, kHidden, kHidden, fmt.groups[i]);
+            DeviceWeight w = weight_shape(fmt.f, kHidden, kHidden, fmt.groups[i]);
+            if (fmt.act_scaled[i]) w.act_scale = 1.0f;
             decode.emplace_back(fmt.labels[i], dense_path(&w, 1, kDecodeRows, dev));
             prefill.emplace_back(fmt.labels[i], dense_path(&w, 1, kPrefillRows, dev));
         }

@@ -37,6 +37,8 @@ struct ScratchPieces {
     size_t inv_scale = 0;  // GEMM input: one f32 inverse row scale per row
     size_t partial   = 0;  // split-K partial sums (f32)
     size_t counters  = 0;  // split-K arrival counters (u32, zeroed on the stream before each launch)
+    size_t a4_codes  = 0;  // W4A4 input: the activations as NVFP4 codes [rows][k / 2]
+    size_t a4_scales = 0;  //             and their E4M3 block scales [rows][k / 16]
     size_t bytes() const;
 };
 struct ScratchPtrs {
@@ -46,6 +48,8 @@ struct ScratchPtrs {
     float *    inv_scale = nullptr;
     float *    partial   = nullptr;
     uint32_t * counters  = nullptr;
+    uint8_t *  a4_codes  = nullptr;
+    uint8_t *  a4_scales = nullptr;
 };
 ScratchPtrs carve(const ScratchPieces & pieces, Scratch & scratch);
 
@@ -67,6 +71,8 @@ struct Dense {
     // The output overlaps the activations (a fused SWIGLU whose output the memory plan placed over
     // the matmuls' input, which is dead after the second matmul node): copy them first.
     bool stage_x = false;
+    // A prompt step (OpContext::prompt_step): W4A4 may apply.
+    bool prompt = false;
 };
 
 // MATMUL_ID, or its fused gate/up + SwiGLU (nw = 2): every (slot, token) pair's expert.
@@ -107,7 +113,17 @@ enum class Path {
               // beyond 8; MATMUL_ID: one launch over all pairs, expert ids read on the device
     Gemm,     // the tensor-core GEMM; MATMUL_ID: grouped by expert (device-built routing)
     Generic,  // the per-element fallback (exact, slow)
+    W4A4,     // NVFP4 with activation scales on sm_120a / sm_121a: the activations quantized to NVFP4,
+              // then the block-scaled FP4 GEMM (fp4/w4a4.h); one weight per launch
 };
+
+// Whether an NVFP4 weight takes the W4A4 path for `rows` activation rows on `dev` (docs/SM120.md,
+// "When W4A4 runs"): the checkpoint calibrated its activations (act_scale), the device runs the
+// kernels, K is a multiple of the FP4 MMA's 64, and the step is a prompt step (Graph::prompt_step)
+// with more rows than the decode GEMV takes: decode and speculative-verify steps keep W4A16, so that
+// a verify step computes what one-row decode does. SPARK_W4A4 (Overrides::w4a4): 0 never, 1 any
+// step and row count (A/B runs).
+bool w4a4_takes(const DeviceWeight & w, int64_t rows, bool prompt_step, const DeviceProps & dev);
 
 // One launch path and everything it needs.
 struct LaunchPlan {
@@ -157,7 +173,7 @@ DeviceWeight weight_shape(WeightFormat f, int64_t n, int64_t k, int32_t group = 
 Dense half_of(const Dense & d, int i);
 Moe   half_of(const Moe & m, int i);
 
-// The name of a planned launch path ("gemv-mma", "gemv-fma", "gemm-f16", "generic"), as
+// The name of a planned launch path ("gemv-mma", "gemv-fma", "gemm-f16", "w4a4", "generic"), as
 // kernel_paths() reports it.
 const char * path_name(const LaunchPlan & p);
 

@@ -17,6 +17,8 @@ Overrides & overrides() {
         const char * e = std::getenv("SPARK_MATMUL_PATH");  // A/B runs: force one path (docs/ENVIRONMENT.md)
         const std::string v = e ? e : "";
         d.path = v == "gemv" ? ForcePath::Gemv : v == "gemm" ? ForcePath::Gemm : v == "generic" ? ForcePath::Generic : ForcePath::Auto;
+        const char * w = std::getenv("SPARK_W4A4");  // A/B runs on Blackwell GeForce / DGX Spark (docs/SM120.md)
+        if (w && *w) d.w4a4 = std::string(w) == "0" ? 0 : 1;
         return d;
     }();
     return o;

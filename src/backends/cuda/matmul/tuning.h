@@ -21,6 +21,9 @@ struct Overrides {
     int       gemv_lpr    = 0;   // > 0: FMA kernel, only this many lanes per row
     int       gemv_kpair  = -1;  // 0 / 1: MMA kernel, only plans without / with the K-pair mapping
     int       gemm_ksplit = 0;   // > 0: the dense GEMM splits K across this many blocks (as far as K allows)
+    // W4A4 for NVFP4 weights with activation scales on devices that run it (op_plan.cpp, w4a4_takes):
+    // -1 as SPARK_W4A4 (unset: prefill steps only), 0 never, 1 every row count (decode too; A/B runs).
+    int       w4a4        = -1;
 };
 
 Overrides & overrides();
