@@ -382,3 +382,71 @@ TEST_CASE("W4A4 dispatch: the kernel each NVFP4 matmul takes, by device, build a
     mm::overrides().path = mm::ForcePath::Gemm;
     CHECK(std::string(mm::path_name(mm::plan_dense(prompt512, spark_gb10).launch[0])) == "gemm-f16");
 }
+
+// The decode GEMV planner takes the device's bandwidth and issue rate from its attributes
+// (op_plan.h, device_rates). On the H100 they reproduce the rates the cost model was fitted with, so
+// its plans are the plans of before (the constants of an H100 SXM: 2619 MHz HBM3 on a 5120-bit bus,
+// 1980 MHz SM clock); on other devices the plans follow their own rates.
+TEST_CASE("GEMV planner: device rates from the attributes; the H100's plans unchanged") {
+    OverrideGuard guard;
+    DeviceProps   fitted = h100();  // rates 0: the model's fitted H100 values
+    DeviceProps   h      = h100();
+    mm::device_rates(h, 2619000, 5120, 1980000);
+    MESSAGE("H100 rates: " << h.bw_bytes_per_us << " B/us, " << h.issue_per_sm_us << " lanes/us per SM");
+    CHECK(std::abs(h.bw_bytes_per_us / 3.0e6 - 1.0) < 2e-4);
+    CHECK(std::abs(h.issue_per_sm_us / (128 * 1750.0) - 1.0) < 2e-4);
+    struct Shape {
+        int64_t n, k, jobs;
+        int     nw;
+    };
+    // Qwen3-8B, Qwen3-30B-A3B and Qwen3-Next-80B-A3B projections (experts as jobs of 8 / 10 pairs).
+    const Shape shapes[] = {{6144, 4096, 1, 1}, {4096, 4096, 1, 1}, {12288, 4096, 1, 2}, {4096, 12288, 1, 1}, {5120, 2048, 1, 1},
+                            {2048, 4096, 1, 1}, {128, 2048, 1, 1},  {768, 2048, 8, 2},   {2048, 768, 8, 1},   {512, 2048, 10, 2},
+                            {2048, 512, 10, 1}, {12288, 2048, 1, 1}, {151936, 2048, 1, 1}};
+    int compared = 0;
+    for (const WeightFormat f : {WeightFormat::INT4, WeightFormat::NVFP4, WeightFormat::FP8, WeightFormat::BF16})
+        for (const Shape & s : shapes)
+            for (const int rows : {1, 2, 3, 4, 8}) {
+                const DeviceWeight w = weight(f, s.n, s.k);
+                for (const bool mma : {false, true}) {
+                    if (mma && !mm::gemv_mma_ok(w)) continue;
+                    mm::GemvOpts a, b;
+                    a.mma = b.mma = mma;
+                    a.smem_optin = b.smem_optin = fitted.max_smem_per_block;
+                    b.bw_per_us                 = h.bw_bytes_per_us;
+                    b.issue_per_sm_us           = h.issue_per_sm_us;
+                    const mm::GemvPlan p = mm::plan_gemv(f, s.n, s.k, s.jobs, rows, s.nw, 132, a);
+                    const mm::GemvPlan q = mm::plan_gemv(f, s.n, s.k, s.jobs, rows, s.nw, 132, b);
+                    CAPTURE(s.n);
+                    CAPTURE(s.k);
+                    CAPTURE(rows);
+                    CHECK(p.mma == q.mma);
+                    CHECK(p.wk == q.wk);
+                    CHECK(p.lpr == q.lpr);
+                    CHECK(p.ksplit == q.ksplit);
+                    CHECK(p.mma_kpair == q.mma_kpair);
+                    CHECK(p.grid.x == q.grid.x);
+                    ++compared;
+                }
+            }
+    MESSAGE(compared << " H100 plans compared");
+
+    // RTX PRO 6000 (GDDR7 at 1.79 TB/s over 188 SMs) and DGX Spark GB10 (LPDDR5X at 273 GB/s over 48
+    // SMs), from the rates their specifications give: plans exist and differ from the H100's where
+    // the bandwidth per SM does.
+    DeviceProps pro6000 = h100(), gb10 = h100();
+    pro6000.cc = 1200, pro6000.sm_count = 188;
+    gb10.cc = 1210, gb10.sm_count = 48;
+    mm::device_rates(pro6000, 14000000, 512, 2617000);  // 28 Gb/s per pin (clock x 2) on a 512-bit bus
+    gb10.bw_bytes_per_us = 273e3 * mm::kAchievableBw;  // (as a copy measured at load would give it)
+    MESSAGE("RTX PRO 6000 rates: " << pro6000.bw_bytes_per_us << " B/us; GB10: " << gb10.bw_bytes_per_us << " B/us");
+    for (const DeviceProps & d : {pro6000, gb10}) {
+        const DeviceWeight w = weight(WeightFormat::INT4, 768, 2048);
+        const mm::OpPlan   p = mm::plan_moe(moe(w, 1), d);
+        CHECK(p.launch[0].path == mm::Path::Gemv);
+        CHECK(p.launch[0].gemv[0].grid.x > 0);
+        MESSAGE("30B-A3B experts' gate/up on " << d.sm_count << " SMs: wk " << p.launch[0].gemv[0].wk << ", ksplit "
+                << p.launch[0].gemv[0].ksplit << ", grid " << p.launch[0].gemv[0].grid.x << " x " << p.launch[0].gemv[0].grid.y << " x "
+                << p.launch[0].gemv[0].grid.z);
+    }
+}

@@ -14,11 +14,13 @@
 #include "backends/cuda/fusion.h"
 #include "backends/cuda/graph_cache.h"
 #include "backends/cuda/matmul/matmul.h"
+#include "backends/cuda/matmul/op_plan.h"
 #include "backends/cuda/ops.h"
 #include "backends/cuda/profiler.h"
 #include "backends/cuda/step_trace.h"
 #include "backends/cuda/weight_batch.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -44,12 +46,20 @@ namespace {
 
 using cuda::DeviceWeight;
 
-cuda::DeviceProps device_props(const cudaDeviceProp & p) {
+cuda::DeviceProps device_props(const cudaDeviceProp & p, int device) {
     cuda::DeviceProps d;
     d.cc                 = p.major * 100 + p.minor * 10;
     d.sm_count           = p.multiProcessorCount;
     d.max_smem_per_block = int(p.sharedMemPerBlockOptin);
     d.l2_bytes           = size_t(p.l2CacheSize);
+    // The planner's device rates (matmul/op_plan.h, device_rates): from the attributes, not a
+    // measurement, so that a device always gets the same plans (and the same rounding).
+    int mem_khz = 0, bus_bits = 0, sm_khz = 0;
+    if (cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, device) != cudaSuccess) mem_khz = 0;
+    if (cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device) != cudaSuccess) bus_bits = 0;
+    if (cudaDeviceGetAttribute(&sm_khz, cudaDevAttrClockRate, device) != cudaSuccess) sm_khz = 0;
+    cudaGetLastError();
+    cuda::mm::device_rates(d, mem_khz, bus_bits, sm_khz);
     return d;
 }
 
@@ -103,7 +113,7 @@ public:
         if (device < 0 || device >= count) fail(SPARK_ERR_UNSUPPORTED, "CUDA device %d does not exist (%d devices)", device, count);
         cudaDeviceProp prop{};
         SPARK_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-        props_ = device_props(prop);
+        props_ = device_props(prop, device);
         if (!cuda::cc_supported(props_.cc))
             fail(SPARK_ERR_UNSUPPORTED, "GPU '%s' has compute capability %d.%d; spark needs 8.0 or newer (Ampere, Ada, Hopper, Blackwell)",
                  prop.name, prop.major, prop.minor);
@@ -120,6 +130,13 @@ public:
         profiler_         = cuda::OpProfiler::from_env();
         tracer_           = cuda::StepTracer::from_env();
         graphs_ = std::make_unique<cuda::GraphCache>(stream_, /*enabled=*/!profiler_, &CudaBackend::expert_table_if_built, this);
+        // A device without a memory clock attribute (an integrated GPU may report none): the planner
+        // takes the copy bandwidth measured now, to two significant digits (the same plans run to run
+        // unless the machine changes).
+        if (props_.bw_bytes_per_us <= 0.0) {
+            const double bw = copy_bandwidth() / 1e6, unit = std::pow(10.0, std::floor(std::log10(bw)) - 1.0);
+            props_.bw_bytes_per_us = bw > 0.0 ? std::round(bw / unit) * unit : 0.0;
+        }
     }
 
     ~CudaBackend() override {
@@ -440,7 +457,7 @@ void cuda_device_describe(int index, spark_device_info & out) {
     if (index < 0 || index >= n) fail(SPARK_ERR_INVALID_ARGUMENT, "CUDA device %d does not exist (%d devices)", index, n);
     cudaDeviceProp p{};
     SPARK_CUDA_CHECK(cudaGetDeviceProperties(&p, index));
-    cuda::DeviceProps dev = device_props(p);
+    cuda::DeviceProps dev = device_props(p, index);
     out          = spark_device_info{};
     std::snprintf(out.name, sizeof out.name, "%.*s", int(sizeof out.name - 1), p.name);  // a longer name is cut, on purpose
     out.compute_capability = p.major * 10 + p.minor;

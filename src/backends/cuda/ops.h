@@ -35,6 +35,12 @@ struct DeviceProps {
     // The W4A4 NVFP4 kernels run here: a 12.x device and this build's cubin for its exact
     // arch-specific target (fp4/w4a4.h, w4a4_device; the dispatch tests inject it).
     bool w4a4 = false;
+    // What the decode GEMV planner's cost model takes from the device (matmul/op_plan.h,
+    // device_rates): the DRAM bandwidth a streaming kernel reaches (bytes per microsecond) and one
+    // SM's sustained instruction issue (lanes per microsecond). 0: an H100's, where the model's other
+    // costs were fitted (docs/PERF.md, "What the planners take from the device").
+    double bw_bytes_per_us = 0.0;
+    double issue_per_sm_us = 0.0;
 };
 
 struct OpContext {

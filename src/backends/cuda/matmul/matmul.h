@@ -55,6 +55,10 @@ struct GemvOpts {
     int             smem_optin = 48 * 1024;  // opt-in shared memory per block of the device (DeviceProps)
     int             n_mats     = 1;          // > 1: a multi-weight launch over mat_n[0 .. n_mats) rows (N = sum)
     const int64_t * mat_n      = nullptr;
+    // The device's streaming bandwidth (bytes per microsecond) and one SM's issue rate (lanes per
+    // microsecond; DeviceProps); 0: an H100's, 3.0e6 and 128 x 1750, where the costs were fitted.
+    double          bw_per_us       = 0.0;
+    double          issue_per_sm_us = 0.0;
 };
 // The GEMV launch for `rows` (<= 8) activation rows, `jobs` MATMUL_ID pairs (1 for MATMUL), nw
 // weights (2: fused gate/up): a small cost model over lanes per row (FMA kernel), K-warps and K

@@ -99,6 +99,8 @@ GemvOpts gemv_opts(const DeviceWeight * const * w, int count, const DeviceProps 
     o.mma = gemv_mma_enabled(dev.cc);
     for (int i = 0; i < count; ++i) o.mma = o.mma && gemv_mma_ok(*w[i]);
     if (dev.max_smem_per_block > 0) o.smem_optin = dev.max_smem_per_block;
+    o.bw_per_us       = dev.bw_bytes_per_us;
+    o.issue_per_sm_us = dev.issue_per_sm_us;
     return o;
 }
 

@@ -117,6 +117,18 @@ enum class Path {
               // then the block-scaled FP4 GEMM (fp4/w4a4.h); one weight per launch
 };
 
+// The device rates of the GEMV cost model (DeviceProps::bw_bytes_per_us, issue_per_sm_us) from the
+// device's attributes: DRAM peak = 2 x memory clock x bus width, of which a streaming kernel reaches
+// kAchievableBw; issue = 4 schedulers x 32 lanes x the SM clock x kSustainedClock. Both factors were
+// fitted on an H100 SXM (2619 MHz x 5120 bits, 1980 MHz) so that its rates are the 3.0e6 B/us and
+// 128 x 1750 lanes/us the model was fitted with: its plans do not change. A zero attribute (an
+// integrated GPU may report no memory clock) leaves the rate 0 (then the caller measures).
+constexpr double kAchievableBw = 0.8949, kSustainedClock = 0.8838;
+inline void device_rates(DeviceProps & d, int mem_clock_khz, int bus_bits, int sm_clock_khz) {
+    d.bw_bytes_per_us = mem_clock_khz > 0 && bus_bits > 0 ? 2.0 * double(mem_clock_khz) * 1e3 * double(bus_bits) / 8.0 * kAchievableBw / 1e6 : 0.0;
+    d.issue_per_sm_us = sm_clock_khz > 0 ? 128.0 * double(sm_clock_khz) / 1e3 * kSustainedClock : 0.0;
+}
+
 // Whether an NVFP4 weight takes the W4A4 path for `rows` activation rows on `dev` (docs/SM120.md,
 // "When W4A4 runs"): the checkpoint calibrated its activations (act_scale), the device runs the
 // kernels, K is a multiple of the FP4 MMA's 64, and the step is a prompt step (Graph::prompt_step)

@@ -70,8 +70,9 @@ bool chunk_ok(const DeviceWeight & w) {
 //                resident warps and by idle lanes
 //   time       = latency + max(memory, compute) + a block start when blocks exceed one wave
 //                + the K-warp smem reduction + the split-K partial round trip
-// Constants are an H100's (3 TB/s over 132 SMs, ~1 us loaded DRAM latency, 4 x 32 lanes x 1.75 GHz
-// issue); only the ranking of the candidates matters.
+// The device's bandwidth and issue rate come from GemvOpts (the device's attributes, op_plan.h
+// device_rates); the latencies and per-launch costs are an H100's (~1 us loaded DRAM latency, block
+// starts, split-K round trips), fitted there. Only the ranking of the candidates matters.
 namespace {
 
 struct GemvCost {
@@ -97,7 +98,7 @@ GemvCost gemv_cost(WeightFormat f, int r) {
 // into shared memory (~12 instructions per element and ~0.3 us of latency, partly behind the first
 // weight loads), and shared memory that may limit the blocks per SM.
 GemvPlan plan_gemv_mma(WeightFormat f, const int64_t * mat_n, int n_mats, int64_t K, int64_t jobs, int rows, int nw, int sm_count,
-                       int smem_optin) {
+                       int smem_optin, double kBw, double kIssueSm) {
     GemvPlan p;
     p.mma             = true;
     p.lpr             = 0;
@@ -118,7 +119,7 @@ GemvPlan plan_gemv_mma(WeightFormat f, const int64_t * mat_n, int n_mats, int64_
 
     // kLatLoaded: DRAM latency under load, fitted to the 8B gate/up plans measured with
     // bench_matmul --sweep on an H100 (one block alone streams ~16 KB/us).
-    constexpr double kLat = 1.0, kBw = 3.0e6, kLatLoaded = 2.0, kIssueSm = 128 * 1750.0, kBlockStart = 0.5, kPro = 0.3;
+    constexpr double kLat = 1.0, kLatLoaded = 2.0, kBlockStart = 0.5, kPro = 0.3;
     constexpr double kSplitCost = 0.8, kLowOcc = 0.5;
 
     const int forced = overrides().gemv_ksplit;
@@ -185,8 +186,10 @@ GemvPlan plan_gemv(WeightFormat f, int64_t N, int64_t K, int64_t jobs, int rows,
     const int64_t   one_n[1] = {N};
     const int64_t * mat_n    = o.n_mats > 1 ? o.mat_n : one_n;
     const int       n_mats   = o.n_mats > 1 ? o.n_mats : 1;
+    const double bw    = o.bw_per_us > 0.0 ? o.bw_per_us : 3.0e6;               // an H100 (fitted there)
+    const double issue = o.issue_per_sm_us > 0.0 ? o.issue_per_sm_us : 128 * 1750.0;
     if (o.mma) {
-        const GemvPlan m = plan_gemv_mma(f, mat_n, n_mats, K, jobs, rows, nw, sm_count, o.smem_optin);
+        const GemvPlan m = plan_gemv_mma(f, mat_n, n_mats, K, jobs, rows, nw, sm_count, o.smem_optin, bw, issue);
         if (m.grid.x > 0) return m;  // else: no split fits the shared memory; the FMA kernel
     }
     GemvPlan p;
@@ -200,7 +203,8 @@ GemvPlan plan_gemv(WeightFormat f, int64_t N, int64_t K, int64_t jobs, int rows,
     const int     warps = kGemvThreads / 32;
     const GemvCost cost = gemv_cost(f, p.r_tmpl);
 
-    constexpr double kLat = 1.0, kBwSm = 3.0e6 / 132, kIssueSm = 128 * 1750.0, kBlockStart = 0.5;
+    constexpr double kLat = 1.0, kBlockStart = 0.5;
+    const double     kBwSm = bw / double(sms), kIssueSm = issue;
     constexpr double kSplitCost = 0.8, kWkCost = 0.05;
 
     const int forced = overrides().gemv_ksplit;
