@@ -235,7 +235,10 @@ typedef struct spark_model_info {
     uint64_t kv_bytes_per_token;       /* KV-cache bytes per cached token (read once per step) */
     uint64_t recurrent_bytes;          /* linear-attention state of one sequence (read and written
                                           once per step) */
-    uint64_t reserved[8];         /* zero: room for fields of later versions (same struct size) */
+    uint64_t weight_bytes_in_place;    /* of weight_bytes: used by the GPU where the checkpoint file is
+                                          mapped instead of copied (a GPU that shares the host's memory,
+                                          e.g. DGX Spark; SPARK_WEIGHTS_IN_PLACE); 0 elsewhere */
+    uint64_t reserved[7];         /* zero: room for fields of later versions (same struct size) */
 } spark_model_info;
 
 SPARK_API spark_status spark_model_get_info(const spark_model * model, spark_model_info * out);

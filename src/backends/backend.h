@@ -92,6 +92,14 @@ public:
     virtual void read(void * dst, const void * src, size_t bytes) const = 0;
     // A hint that [src, src + bytes) will be read soon: a file starts reading it in the background.
     virtual void prefetch(const void * src, size_t bytes) const { (void) src, (void) bytes; }
+    // The whole read-only file mapping [base, base + bytes) that holds [src, src + size), which lives
+    // as long as the model (a backend may use weights in place there: cuda/weight_placement.h);
+    // {nullptr, 0} when the range is in no mapping.
+    struct Mapping {
+        const void * base  = nullptr;
+        size_t       bytes = 0;
+    };
+    virtual Mapping mapping(const void * src, size_t size) const { return (void) src, (void) size, Mapping{}; }
 };
 
 // Reports bytes moved so far out of the total; returning false cancels (SPARK_ERR_ABORTED).
@@ -114,6 +122,8 @@ public:
     virtual void    commit(const HostReader & reader, const WeightProgress & progress) = 0;
     // Bytes commit() moves in all (the progress total).
     virtual uint64_t bytes() const = 0;
+    // Weight bytes used in place from the checkpoint's mapping instead (cuda/weight_placement.h).
+    virtual uint64_t bytes_in_place() const { return 0; }
 };
 
 class Backend {
@@ -139,9 +149,11 @@ public:
     virtual QWeight prepare_weight(const QWeight & host, std::vector<std::unique_ptr<Buffer>> & storage) = 0;
 
     // A batch for the weights of one load, whose memory goes to `storage`; commit() may use up to
-    // `n_threads` threads (<= 0: the machine's). The default prepares each weight at once
-    // (prepare_weight) and has nothing left to move at commit.
-    virtual std::unique_ptr<WeightBatch> begin_weights(std::vector<std::unique_ptr<Buffer>> & storage, int n_threads);
+    // `n_threads` threads (<= 0: the machine's). `source` (or nullptr) is the reader commit() will
+    // get, asked at add() whether a weight lies in a file mapping it may use in place. The default
+    // prepares each weight at once (prepare_weight) and has nothing left to move at commit.
+    virtual std::unique_ptr<WeightBatch> begin_weights(std::vector<std::unique_ptr<Buffer>> & storage, int n_threads,
+                                                       const HostReader * source = nullptr);
 
     // A random weight in this backend's layout (see RandomWeightSpec); memory goes to `storage`.
     virtual QWeight random_weight(const RandomWeightSpec & spec, std::vector<std::unique_ptr<Buffer>> & storage) = 0;
@@ -198,7 +210,7 @@ private:
     uint64_t                               bytes_ = 0;
 };
 
-inline std::unique_ptr<WeightBatch> Backend::begin_weights(std::vector<std::unique_ptr<Buffer>> & storage, int) {
+inline std::unique_ptr<WeightBatch> Backend::begin_weights(std::vector<std::unique_ptr<Buffer>> & storage, int, const HostReader *) {
     return std::make_unique<ImmediateWeightBatch>(*this, storage);
 }
 

@@ -9,6 +9,10 @@
 #include "backends/cuda/matmul/tuning.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 
 using namespace test;
 
@@ -106,6 +110,62 @@ TEST_CASE("GPU: device info reports the device, its compute capability and kerne
     MESSAGE("device: " << info.name << " cc " << info.compute_capability << " SMs " << info.multiprocessors << " paths: " << info.kernel_paths);
     CHECK(info.compute_capability >= 80);
     CHECK(std::string(info.kernel_paths).find("nvfp4") != std::string::npos);
+}
+
+namespace {
+
+// The fixture `name` in `dir` with its safetensors header padded with spaces (the format allows it)
+// so that the data starts 16-byte aligned: every tensor then is (the fixtures' offsets are multiples
+// of 16), as in a spark file, and may be used in place.
+void aligned_copy(const std::string & name, const std::filesystem::path & dir) {
+    namespace fs = std::filesystem;
+    for (const auto & e : fs::directory_iterator(model_dir(name)))
+        if (e.path().filename() != "model.safetensors" && e.path().filename() != "golden.safetensors") fs::copy_file(e.path(), dir / e.path().filename());
+    std::ifstream in(fs::path(model_dir(name)) / "model.safetensors", std::ios::binary);
+    std::string   bytes((std::istreambuf_iterator<char>(in)), {});
+    uint64_t      n = 0;
+    std::memcpy(&n, bytes.data(), 8);
+    std::string header = bytes.substr(8, n);
+    while ((8 + header.size()) % 16 != 0) header += ' ';
+    const uint64_t m = header.size();
+    std::ofstream  out(dir / "model.safetensors", std::ios::binary);
+    out.write(reinterpret_cast<const char *>(&m), 8);
+    out << header << bytes.substr(8 + n);
+}
+
+}  // namespace
+
+TEST_CASE("GPU: weights used in place from the mapped checkpoint (forced on a discrete GPU) give the same logits, bit for bit") {
+    // cuda/weight_placement.h: on a GPU that shares the host's memory (DGX Spark) the weights the
+    // kernels read in the checkpoint's layout stay where the file is mapped, registered with the
+    // device. SPARK_WEIGHTS_IN_PLACE=1 takes that path on any GPU (here the reads cross PCIe), so a
+    // discrete GPU tests it: the same kernels on the same bytes, so the same logits to the bit as with
+    // the weights copied; INT4 (repacked at load) is copied either way.
+    const NoW4A4 w4a16;
+    for (const char * name : {"qwen3-bf16", "qwen3-nvfp4-modelopt", "qwen3_moe-fp8-block", "qwen3-int4-autoround"}) {
+        CAPTURE(name);
+        TempDir tmp;
+        aligned_copy(name, tmp.path.string());
+        const Golden g = load_golden(model_dir(name));
+        auto         run = [&](const char * in_place, uint64_t & bytes_in_place) {
+            setenv("SPARK_WEIGHTS_IN_PLACE", in_place, 1);
+            ModelPtr m = load_model(tmp.path.string(), SPARK_DEVICE_CUDA);
+            unsetenv("SPARK_WEIGHTS_IN_PLACE");
+            spark_model_info info{};
+            REQUIRE(spark_model_get_info(m.get(), &info) == SPARK_OK);
+            bytes_in_place = info.weight_bytes_in_place;
+            ContextPtr ctx = new_context(m.get());
+            return prompt_logits(ctx.get(), g.prompt, int32_t(g.n_vocab), {1});  // token by token: the decode kernels
+        };
+        uint64_t copied_bytes = 0, in_place_bytes = 0;
+        const std::vector<float> copied   = run("0", copied_bytes);
+        const std::vector<float> in_place = run("1", in_place_bytes);
+        MESSAGE(name << ": " << in_place_bytes << " weight bytes used in place");
+        CHECK(copied_bytes == 0);
+        if (std::string(name).find("int4") == std::string::npos) CHECK(in_place_bytes > 0);
+        REQUIRE(in_place.size() == copied.size());
+        CHECK(std::memcmp(in_place.data(), copied.data(), copied.size() * sizeof(float)) == 0);
+    }
 }
 
 TEST_CASE("GPU: contexts beyond the device memory give SPARK_ERR_OUT_OF_MEMORY; those before keep working") {

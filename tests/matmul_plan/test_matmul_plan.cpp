@@ -5,6 +5,7 @@
 #include "backends/cuda/matmul/op_plan.h"
 #include "backends/cuda/matmul/tuning.h"
 #include "backends/cuda/fp4/w4a4.h"
+#include "backends/cuda/weight_placement.h"
 
 #include <doctest/doctest.h>
 
@@ -448,5 +449,35 @@ TEST_CASE("GEMV planner: device rates from the attributes; the H100's plans unch
         MESSAGE("30B-A3B experts' gate/up on " << d.sm_count << " SMs: wk " << p.launch[0].gemv[0].wk << ", ksplit "
                 << p.launch[0].gemv[0].ksplit << ", grid " << p.launch[0].gemv[0].grid.x << " x " << p.launch[0].gemv[0].grid.y << " x "
                 << p.launch[0].gemv[0].grid.z);
+    }
+}
+
+// Where the weights go (weight_placement.h), on injected device and host properties.
+TEST_CASE("weight placement: in place from the mapped file only where the GPU's memory is the host's") {
+    using spark::cuda::MemoryFacts;
+    using spark::cuda::WeightPlacement;
+    using spark::cuda::choose_weight_placement;
+    constexpr uint64_t GB = uint64_t(1) << 30;
+    struct Case {
+        const char * name;
+        MemoryFacts  facts;
+        WeightPlacement expect;
+    };
+    const Case cases[] = {
+        {"H100 SXM in an x86 server (discrete, HMM off)", {false, false, 80 * GB, 2048 * GB}, WeightPlacement::Device},
+        {"RTX PRO 6000 in a workstation (discrete; HMM may let it reach pageable memory, over PCIe)", {false, false, 96 * GB, 256 * GB},
+         WeightPlacement::Device},
+        {"DGX Spark GB10 (the host's LPDDR5X through its page tables, all of it the GPU's)", {false, true, 119 * GB, 128 * GB},
+         WeightPlacement::InPlace},
+        {"DGX Spark GB10 reporting itself integrated", {true, true, 119 * GB, 128 * GB}, WeightPlacement::InPlace},
+        {"Jetson AGX Orin (integrated)", {true, false, 61 * GB, 64 * GB}, WeightPlacement::InPlace},
+        {"GH200 (ATS, but 96 GB of its own HBM beside 480 GB of LPDDR5X)", {false, true, 96 * GB, 480 * GB}, WeightPlacement::Device},
+        {"host memory unknown", {false, true, 119 * GB, 0}, WeightPlacement::Device},
+    };
+    for (const Case & c : cases) {
+        CAPTURE(c.name);
+        CHECK(choose_weight_placement(c.facts, -1) == c.expect);
+        CHECK(choose_weight_placement(c.facts, 0) == WeightPlacement::Device);   // SPARK_WEIGHTS_IN_PLACE=0
+        CHECK(choose_weight_placement(c.facts, 1) == WeightPlacement::InPlace);  // =1 (tests of the path on discrete GPUs)
     }
 }

@@ -937,6 +937,10 @@ int main(int argc, char ** argv) {
         spark_model_get_info(model, &info);
         std::fprintf(stderr, "spark-bench: %s: %.2f GB of weights, %.3f GB read per decode step at depth 0, loaded in %.1f s; copy bandwidth %.0f GB/s\n",
                      path.c_str(), double(info.weight_bytes) / 1e9, step_bytes(info, 0) / 1e9, load_s, bandwidth / 1e9);
+        // A GPU sharing the host's memory reads weights where the file is mapped (SPARK_WEIGHTS_IN_PLACE).
+        std::fprintf(stderr, "spark-bench: %s: weights %s\n", path.c_str(),
+                     info.weight_bytes_in_place == 0 ? "copied to the device"
+                                                     : (std::to_string(info.weight_bytes_in_place / 1000000) + " MB used in place from the mapped file, the rest copied").c_str());
         const std::string name   = path.rfind("synthetic:", 0) == 0 ? path.substr(10, path.rfind(':') - 10) : path;
         const std::string format = path.rfind("synthetic:", 0) == 0 ? path.substr(path.rfind(':') + 1) : info.weight_format;
         try {

@@ -19,6 +19,7 @@
 #include "backends/cuda/profiler.h"
 #include "backends/cuda/step_trace.h"
 #include "backends/cuda/weight_batch.h"
+#include "backends/cuda/weight_placement.h"
 
 #include <cmath>
 #include <cstdlib>
@@ -202,10 +203,13 @@ public:
         return remember(host, cuda::upload_weight(host, &Owner::alloc, &owner, stream_));
     }
 
-    std::unique_ptr<WeightBatch> begin_weights(std::vector<std::unique_ptr<Buffer>> & storage, int n_threads) override {
+    std::unique_ptr<WeightBatch> begin_weights(std::vector<std::unique_ptr<Buffer>> & storage, int n_threads,
+                                               const HostReader * source) override {
         activate();
+        const cuda::WeightPlacement place = cuda::choose_weight_placement(cuda::memory_facts(device_), cuda::weights_in_place_override());
         return cuda::make_weight_batch(device_, size_t(total_memory_), n_threads, storage,
-                                       [this](const QWeight & host, const DeviceWeight & dw) { return remember(host, dw); });
+                                       [this](const QWeight & host, const DeviceWeight & dw) { return remember(host, dw); },
+                                       place == cuda::WeightPlacement::InPlace ? source : nullptr);
     }
 
     QWeight random_weight(const RandomWeightSpec & spec, std::vector<std::unique_ptr<Buffer>> & storage) override {

@@ -24,6 +24,7 @@
 #include <exception>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 
 namespace spark::cuda {
 
@@ -105,19 +106,43 @@ struct Lane {
     }
 };
 
+// A file mapping registered with the device for weights used in place (weight_placement.h): mapped
+// into the device's address space, read-only, until the model (whose storage holds this) goes, which
+// is before its source unmaps the file.
+class HostRegistration final : public Buffer {
+public:
+    HostRegistration(int device, const void * base, size_t bytes) : device_(device) {
+        data_ = const_cast<void *>(base);
+        size_ = bytes;
+    }
+    ~HostRegistration() override {
+        cudaSetDevice(device_);
+        cudaHostUnregister(data_);
+    }
+
+private:
+    int device_;
+};
+
 class CudaWeightBatch final : public WeightBatch {
 public:
     CudaWeightBatch(int device, size_t device_memory, int n_threads, std::vector<std::unique_ptr<Buffer>> & storage,
-                    std::function<QWeight(const QWeight &, const DeviceWeight &)> remember)
-        : device_(device), n_threads_(n_threads), remember_(std::move(remember)) {
+                    std::function<QWeight(const QWeight &, const DeviceWeight &)> remember, const HostReader * in_place)
+        : device_(device), n_threads_(n_threads), remember_(std::move(remember)), storage_(&storage), in_place_(in_place) {
         auto arena = std::make_unique<WeightArena>(device, device_memory);
         arena_     = arena.get();
         storage.push_back(std::move(arena));  // owned by the model: freed with it, also after a failed load
+        int page_tables = 0;
+        if (in_place_ && cudaDeviceGetAttribute(&page_tables, cudaDevAttrPageableMemoryAccessUsesHostPageTables, device) != cudaSuccess)
+            page_tables = 0;
+        cudaGetLastError();
+        host_page_tables_ = page_tables != 0;
     }
 
     QWeight add(const QWeight & host) override {
         SPARK_CUDA_CHECK(cudaSetDevice(device_));  // the arena's fallback allocates as it goes
         WeightUploadPlan plan = plan_weight_upload(host);
+        if (in_place(host, plan)) return remember_(host, plan.layout);
         place_weight_upload(plan, &CudaWeightBatch::take, arena_);
         const DeviceWeight & d = plan.layout;
         if (!plan.repack) {
@@ -154,6 +179,7 @@ public:
     }
 
     uint64_t bytes() const override { return bytes_; }
+    uint64_t bytes_in_place() const override { return bytes_in_place_; }
 
     void commit(const HostReader & reader, const WeightProgress & progress) override {
         SPARK_CUDA_CHECK(cudaSetDevice(device_));
@@ -353,6 +379,56 @@ private:
     int                                                           device_;
     int                                                           n_threads_;
     std::function<QWeight(const QWeight &, const DeviceWeight &)> remember_;
+    std::vector<std::unique_ptr<Buffer>> *                        storage_;
+    const HostReader *                                            in_place_;  // non-null: weights may stay in the file's mapping
+    bool                                                          host_page_tables_ = false;
+    std::unordered_map<const void *, const char *>                mapped_;  // mapping base -> its device address (nullptr: not mappable)
+    uint64_t                                                      bytes_in_place_ = 0;
+
+    // In place (weight_placement.h): a weight the kernels read in the checkpoint's layout (no
+    // repack), whose data and scales lie 16-byte aligned in the source's file mappings, points into
+    // them (each mapping registered with the device once) and has nothing to move at commit. False:
+    // the weight is copied as usual.
+    bool in_place(const QWeight & host, WeightUploadPlan & plan) {
+        if (!in_place_ || plan.repack || !plan.perm.empty() || plan.host.zeros || plan.host.g_idx) return false;
+        const void * parts[2] = {host.data, host.scales};
+        const size_t sizes[2] = {plan.host.data, plan.host.scales};
+        const char * dev[2]   = {nullptr, nullptr};
+        for (int i = 0; i < 2; ++i) {
+            if (sizes[i] == 0) continue;
+            if (reinterpret_cast<uintptr_t>(parts[i]) % 16 != 0) return false;  // (the kernels' 16-byte loads)
+            const HostReader::Mapping m = in_place_->mapping(parts[i], sizes[i]);
+            const char *              d = m.base ? device_address(m) : nullptr;
+            if (!d) return false;
+            dev[i] = d + (static_cast<const char *>(parts[i]) - static_cast<const char *>(m.base));
+        }
+        plan.layout.data   = dev[0];
+        plan.layout.scales = dev[1];
+        bytes_in_place_ += sizes[0] + sizes[1];
+        return true;
+    }
+
+    // The device address of a mapping: the host's own on a GPU that walks its page tables, else the
+    // mapping registered read-only (its pages read ahead first). nullptr when it cannot be.
+    const char * device_address(const HostReader::Mapping & m) {
+        auto it = mapped_.find(m.base);
+        if (it != mapped_.end()) return it->second;
+        const char * d = nullptr;
+        if (host_page_tables_) {
+            d = static_cast<const char *>(m.base);
+        } else {
+            in_place_->prefetch(m.base, m.bytes);  // the registration faults every page in: let the disk run ahead
+            void * base = const_cast<void *>(m.base);
+            if (cudaHostRegister(base, m.bytes, cudaHostRegisterMapped | cudaHostRegisterReadOnly) == cudaSuccess) {
+                storage_->push_back(std::make_unique<HostRegistration>(device_, m.base, m.bytes));
+                void * dp = nullptr;
+                if (cudaHostGetDevicePointer(&dp, base, 0) == cudaSuccess) d = static_cast<const char *>(dp);
+            }
+            cudaGetLastError();  // a mapping that cannot be registered is copied instead
+        }
+        mapped_[m.base] = d;
+        return d;
+    }
     WeightArena *                                                 arena_ = nullptr;
     std::vector<Job>                                              jobs_;
     std::vector<std::pair<size_t, size_t>>                        groups_;  // [first, last) jobs, in file order
@@ -363,8 +439,9 @@ private:
 }  // namespace
 
 std::unique_ptr<WeightBatch> make_weight_batch(int device, size_t device_memory, int n_threads, std::vector<std::unique_ptr<Buffer>> & storage,
-                                               std::function<QWeight(const QWeight &, const DeviceWeight &)> remember) {
-    return std::make_unique<CudaWeightBatch>(device, device_memory, n_threads, storage, std::move(remember));
+                                               std::function<QWeight(const QWeight &, const DeviceWeight &)> remember,
+                                               const HostReader * in_place) {
+    return std::make_unique<CudaWeightBatch>(device, device_memory, n_threads, storage, std::move(remember), in_place);
 }
 
 }  // namespace spark::cuda

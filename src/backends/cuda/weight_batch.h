@@ -13,8 +13,11 @@ namespace spark::cuda {
 
 // `remember` turns a host weight and its device layout into the QWeight the kernels use (the
 // backend keeps the layout); `device_memory` bounds the arena; `n_threads` (<= 0: the machine's
-// cores, at most 8: more measured no faster) stream the bytes.
+// cores, at most 8: more measured no faster) stream the bytes. `in_place` (non-null: the weights go
+// in place, weight_placement.h): weights in the kernels' layout that lie in one of its mappings are
+// used there, registered with the device, instead of copied.
 std::unique_ptr<WeightBatch> make_weight_batch(int device, size_t device_memory, int n_threads, std::vector<std::unique_ptr<Buffer>> & storage,
-                                               std::function<QWeight(const QWeight &, const DeviceWeight &)> remember);
+                                               std::function<QWeight(const QWeight &, const DeviceWeight &)> remember,
+                                               const HostReader * in_place = nullptr);
 
 }  // namespace spark::cuda

@@ -50,6 +50,12 @@ public:
                 return;
             }
     }
+    // The checkpoint's mappings live as long as the model (Model::source).
+    Mapping mapping(const void * src, size_t size) const override {
+        for (const io::MappedFile * f : files_)
+            if (f->contains(src) && size <= f->size() - size_t(static_cast<const uint8_t *>(src) - f->data())) return {f->data(), f->size()};
+        return {};
+    }
 
 private:
     std::vector<const io::MappedFile *> files_;
@@ -58,7 +64,8 @@ private:
 }  // namespace
 
 CheckpointLoader::CheckpointLoader(Model & model, WeightResolver & resolver, const spark_model_params & params)
-    : ModelLoader(model, params), resolver_(resolver), batch_(model.backend->begin_weights(model.storage, params.n_threads)) {
+    : ModelLoader(model, params), resolver_(resolver), reader_(std::make_unique<SourceReader>(*model.source)),
+      batch_(model.backend->begin_weights(model.storage, params.n_threads, reader_.get())) {
     report(0, 0);  // before any work: the total is known once every tensor is resolved
     // The resolver reads some tensors on the host through the mapping: vectors (norms, g_idx to
     // check), GPTQ zero points (to recognise symmetric ones) and the scales of FP8 / pack-quantized
@@ -103,10 +110,11 @@ void * CheckpointLoader::store(const void * host, size_t bytes) { return batch_-
 void CheckpointLoader::finish() {
     const uint64_t total = batch_->bytes();
     report(0, total);
-    batch_->commit(SourceReader(*model_.source), [this](uint64_t done, uint64_t all) {
+    batch_->commit(*reader_, [this](uint64_t done, uint64_t all) {
         report(done, all);
         return true;
     });
+    model_.info.weight_bytes_in_place = batch_->bytes_in_place();
 }
 
 std::vector<QWeight> ModelLoader::linears(const std::vector<LinearSpec> & specs, uint64_t * counter) {

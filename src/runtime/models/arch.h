@@ -77,6 +77,7 @@ private:
     void * store(const void * host, size_t bytes) override;
 
     WeightResolver &             resolver_;
+    std::unique_ptr<HostReader>  reader_;  // the checkpoint's bytes, for the batch (before it: it is asked at add())
     std::unique_ptr<WeightBatch> batch_;
 };
 
