@@ -3,6 +3,7 @@
 #include "common/checked.h"
 #include "common/error.h"
 #include "io/config_fields.h"
+#include "runtime/models/arch.h"
 
 #include <algorithm>
 #include <cmath>
@@ -41,8 +42,6 @@ void parse_rope(const Fields & f, HParams & hp) {
 
 }  // namespace
 
-bool is_supported_arch(const std::string & t) { return t == "qwen3" || t == "qwen3_moe" || t == "qwen3_next"; }
-
 bool HParams::is_moe_layer(int64_t il) const {
     if (n_expert == 0) return false;
     if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), int(il)) != mlp_only_layers.end()) return false;
@@ -65,15 +64,52 @@ int64_t HParams::ssm_state_floats() const {
     return product_or_fail(SPARK_ERR_INVALID_FORMAT, "config.json: the linear-attention state", {ssm_k_dim, ssm_v_dim, ssm_n_v_heads});
 }
 
+void parse_rotary(const ConfigFields & f, HParams & hp, double default_factor) {
+    const double partial = f.number("partial_rotary_factor", default_factor, 0.0, 1.0, true);
+    hp.n_rot             = int64_t(double(hp.head_dim) * partial);
+    if (hp.n_rot <= 0 || hp.n_rot % 2) f.bad("partial_rotary_factor", "= %g gives %lld rotated dims of %lld (must be even and positive)", partial, (long long) hp.n_rot, (long long) hp.head_dim);
+}
+
+void parse_moe_fields(const ConfigFields & f, HParams & hp, bool norm_topk_default) {
+    const int64_t local = f.integer("num_local_experts", 0, 0, kMaxExperts);
+    hp.n_expert         = f.integer("num_experts", local, 0, kMaxExperts);
+    if (hp.n_expert == 0) f.bad(f.find("num_experts") ? "num_experts" : "num_local_experts", "must be positive for a mixture of experts");
+    hp.n_expert_used    = f.integer("num_experts_per_tok", 0, 1, hp.n_expert, true);
+    hp.n_ff_expert      = f.integer("moe_intermediate_size", 0, 1, kMaxFF, true);
+    hp.norm_topk_prob   = f.boolean("norm_topk_prob", norm_topk_default);
+    hp.sparse_step      = f.integer("decoder_sparse_step", 1, 1, kMaxLayers);
+    if (const json * m = f.find("mlp_only_layers")) {
+        if (!m->is_array()) f.bad("mlp_only_layers", "must be a list");
+        for (const json & x : *m) {
+            const bool in_range = x.is_number_integer() && (x.is_number_unsigned() ? x.get<uint64_t>() < uint64_t(hp.n_layer)
+                                                                                   : x.get<int64_t>() >= 0 && x.get<int64_t>() < hp.n_layer);
+            if (!in_range)
+                f.bad("mlp_only_layers", "entries must be layer indices in [0, %lld), not %s", (long long) hp.n_layer, Fields::shown(x).c_str());
+            hp.mlp_only_layers.push_back(int(x.get<int64_t>()));
+        }
+    }
+}
+
+void require_full_attention(const ConfigFields & f) {
+    // Qwen3 lists "full_attention" / "sliding_attention"; sliding windows are not supported.
+    if (const json * lt = f.find("layer_types"))
+        if (lt->is_array())
+            for (const json & v : *lt)
+                if (!v.is_string() || v.get<std::string>() != "full_attention")
+                    fail(SPARK_ERR_UNSUPPORTED, "%s: layer type '%s' is not supported", f.origin().c_str(), Fields::shown(v).c_str());
+}
+
 HParams parse_hparams(const json & j, const std::string & origin) {
     if (!j.is_object()) fail(SPARK_ERR_INVALID_FORMAT, "%s is not a JSON object", origin.c_str());
     const Fields f(j, origin);
     HParams      hp;
     const json * mt = f.find("model_type");
     if (!mt || !mt->is_string()) f.bad("model_type", "is missing or not a string");
-    hp.arch = mt->get<std::string>();
-    if (!is_supported_arch(hp.arch))
-        fail(SPARK_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported (supported: qwen3, qwen3_moe, qwen3_next)", origin.c_str(), hp.arch.c_str());
+    hp.arch                   = mt->get<std::string>();
+    const Architecture * arch = find_architecture(hp.arch);
+    if (!arch)
+        fail(SPARK_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported (supported: %s)", origin.c_str(), hp.arch.c_str(),
+             architecture_names().c_str());
 
     hp.n_vocab        = f.integer("vocab_size", 0, 1, kMaxVocab, true);
     hp.n_embd         = f.integer("hidden_size", 0, 1, kMaxEmbd, true);
@@ -90,65 +126,10 @@ HParams parse_hparams(const json & j, const std::string & origin) {
     if (hp.head_dim == 0 || hp.head_dim % 2) f.bad("head_dim", "must be even and positive (got %lld)", (long long) hp.head_dim);
 
     parse_rope(f, hp);
-    const double partial = f.number("partial_rotary_factor", hp.arch == "qwen3_next" ? 0.25 : 1.0, 0.0, 1.0, true);
-    hp.n_rot             = int64_t(double(hp.head_dim) * partial);
-    if (hp.n_rot <= 0 || hp.n_rot % 2) f.bad("partial_rotary_factor", "= %g gives %lld rotated dims of %lld (must be even and positive)", partial, (long long) hp.n_rot, (long long) hp.head_dim);
-
-    if (hp.arch == "qwen3_moe" || hp.arch == "qwen3_next") {
-        const int64_t local = f.integer("num_local_experts", 0, 0, kMaxExperts);
-        hp.n_expert         = f.integer("num_experts", local, 0, kMaxExperts);
-        if (hp.n_expert == 0) f.bad(f.find("num_experts") ? "num_experts" : "num_local_experts", "must be positive for a mixture of experts");
-        hp.n_expert_used    = f.integer("num_experts_per_tok", 0, 1, hp.n_expert, true);
-        hp.n_ff_expert      = f.integer("moe_intermediate_size", 0, 1, kMaxFF, true);
-        hp.norm_topk_prob   = f.boolean("norm_topk_prob", hp.arch == "qwen3_next");
-        hp.sparse_step      = f.integer("decoder_sparse_step", 1, 1, kMaxLayers);
-        if (const json * m = f.find("mlp_only_layers")) {
-            if (!m->is_array()) f.bad("mlp_only_layers", "must be a list");
-            for (const json & x : *m) {
-                const bool in_range = x.is_number_integer() && (x.is_number_unsigned() ? x.get<uint64_t>() < uint64_t(hp.n_layer)
-                                                                                       : x.get<int64_t>() >= 0 && x.get<int64_t>() < hp.n_layer);
-                if (!in_range)
-                    f.bad("mlp_only_layers", "entries must be layer indices in [0, %lld), not %s", (long long) hp.n_layer, Fields::shown(x).c_str());
-                hp.mlp_only_layers.push_back(int(x.get<int64_t>()));
-            }
-        }
-    }
-
+    parse_rotary(f, hp, 1.0);
     hp.layer_kinds.assign(size_t(hp.n_layer), LayerKind::Attention);
-    if (hp.arch == "qwen3_next") {
-        hp.n_ff_shexp      = f.integer("shared_expert_intermediate_size", 0, 0, kMaxFF);
-        hp.ssm_conv_kernel = f.integer("linear_conv_kernel_dim", 4, 2, kMaxConvKernel);
-        hp.ssm_n_k_heads   = f.integer("linear_num_key_heads", 0, 1, kMaxHeads, true);
-        hp.ssm_n_v_heads   = f.integer("linear_num_value_heads", 0, 1, kMaxHeads, true);
-        hp.ssm_k_dim       = f.integer("linear_key_head_dim", 0, 1, kMaxHeadDim, true);
-        hp.ssm_v_dim       = f.integer("linear_value_head_dim", 0, 1, kMaxHeadDim, true);
-        hp.n_mtp_layers    = f.integer("num_nextn_predict_layers", 0, 0, kMaxLayers);
-        if (hp.ssm_n_v_heads % hp.ssm_n_k_heads != 0)
-            f.bad("linear_num_value_heads", "(%lld) is not a multiple of linear_num_key_heads (%lld)", (long long) hp.ssm_n_v_heads, (long long) hp.ssm_n_k_heads);
-        if (const json * lt = f.find("layer_types")) {
-            if (!lt->is_array() || int64_t(lt->size()) != hp.n_layer) f.bad("layer_types", "must list one type per layer (%lld)", (long long) hp.n_layer);
-            for (size_t i = 0; i < lt->size(); ++i) {
-                const json & v = (*lt)[i];
-                std::string  s = v.is_string() ? v.get<std::string>() : Fields::shown(v);
-                if (s == "linear_attention") hp.layer_kinds[i] = LayerKind::LinearAttention;
-                else if (s == "full_attention") hp.layer_kinds[i] = LayerKind::Attention;
-                else fail(SPARK_ERR_UNSUPPORTED, "%s: layer type '%s' is not supported", origin.c_str(), s.c_str());
-            }
-        } else {
-            const int64_t interval = f.integer("full_attention_interval", 4, 1, INT64_MAX);
-            for (int64_t i = 0; i < hp.n_layer; ++i)
-                hp.layer_kinds[size_t(i)] = (i + 1) % interval == 0 ? LayerKind::Attention : LayerKind::LinearAttention;
-        }
-        // Sized here once, so that an overflow is reported as a bad config.json.
-        (void) hp.conv_state_floats();
-        (void) hp.ssm_state_floats();
-    } else if (const json * lt = f.find("layer_types")) {
-        // Qwen3 lists "full_attention" / "sliding_attention"; sliding windows are not supported.
-        if (lt->is_array())
-            for (const json & v : *lt)
-                if (!v.is_string() || v.get<std::string>() != "full_attention")
-                    fail(SPARK_ERR_UNSUPPORTED, "%s: layer type '%s' is not supported", origin.c_str(), Fields::shown(v).c_str());
-    }
+    arch->parse_hparams(f, hp);  // its own fields (experts, linear attention, ...)
+
     if (f.boolean("use_sliding_window", false)) fail(SPARK_ERR_UNSUPPORTED, "%s: sliding-window attention is not supported", origin.c_str());
     if (f.boolean("attention_bias", false)) fail(SPARK_ERR_UNSUPPORTED, "%s: attention_bias is not supported", origin.c_str());
     if (const json * act = f.find("hidden_act"))

@@ -3,6 +3,8 @@
 // rope_parameters; num_experts or num_local_experts; layer_types or full_attention_interval).
 #pragma once
 
+#include "io/config_fields.h"
+
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -14,7 +16,7 @@ namespace spark {
 enum class LayerKind : uint8_t { Attention, LinearAttention };
 
 struct HParams {
-    std::string arch;  // model_type: "qwen3", "qwen3_moe", "qwen3_next"
+    std::string arch;  // config.json's model_type (models/arch.h: architectures())
 
     int64_t n_vocab     = 0;  // logits per token
     int64_t n_vocab_in  = 0;  // token ids the embedding takes, when they differ (an EAGLE3 head)
@@ -63,9 +65,16 @@ struct HParams {
 // Throws Error(SPARK_ERR_INVALID_FORMAT) for missing, ill-typed or implausible fields (every
 // dimension has an upper bound, docs/RELIABILITY.md), Error(SPARK_ERR_UNSUPPORTED) for unknown
 // architectures or rope scaling types. Messages start with `origin`, the file the JSON came from.
+// The common fields are read here, the architecture's own by its parse_hparams (models/arch.h).
 HParams parse_hparams(const nlohmann::json & config, const std::string & origin = "config.json");
 
-// The architecture names spark runs.
-bool is_supported_arch(const std::string & model_type);
+// Building blocks of the architectures' parse_hparams.
+// n_rot from partial_rotary_factor (default `default_factor`) and head_dim.
+void parse_rotary(const ConfigFields & f, HParams & hp, double default_factor);
+// A mixture of experts' fields (num_experts / num_local_experts, num_experts_per_tok,
+// moe_intermediate_size, norm_topk_prob, decoder_sparse_step, mlp_only_layers).
+void parse_moe_fields(const ConfigFields & f, HParams & hp, bool norm_topk_default);
+// layer_types, where given, lists only full attention (no sliding windows).
+void require_full_attention(const ConfigFields & f);
 
 }  // namespace spark

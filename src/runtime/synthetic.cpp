@@ -19,42 +19,16 @@ using json = nlohmann::json;
 
 namespace {
 
-// config.json of each shape, as published (only the fields spark reads).
+// config.json of each shape, as published (only the fields spark reads): the architectures' own
+// (Architecture::synthetic_shapes).
 json preset(const std::string & shape) {
-    if (shape == "qwen3-8b")
-        return {{"model_type", "qwen3"}, {"vocab_size", 151936}, {"hidden_size", 4096}, {"intermediate_size", 12288},
-                {"num_hidden_layers", 36}, {"num_attention_heads", 32}, {"num_key_value_heads", 8}, {"head_dim", 128},
-                {"max_position_embeddings", 40960}, {"rms_norm_eps", 1e-6}, {"rope_theta", 1000000.0}, {"tie_word_embeddings", false}};
-    if (shape == "qwen3-30b-a3b")
-        return {{"model_type", "qwen3_moe"}, {"vocab_size", 151936}, {"hidden_size", 2048}, {"intermediate_size", 6144},
-                {"num_hidden_layers", 48}, {"num_attention_heads", 32}, {"num_key_value_heads", 4}, {"head_dim", 128},
-                {"max_position_embeddings", 40960}, {"rms_norm_eps", 1e-6}, {"rope_theta", 1000000.0}, {"tie_word_embeddings", false},
-                {"num_experts", 128}, {"num_experts_per_tok", 8}, {"moe_intermediate_size", 768}, {"norm_topk_prob", true},
-                {"decoder_sparse_step", 1}, {"mlp_only_layers", json::array()}};
-    if (shape == "qwen3-next-80b-a3b")
-        return {{"model_type", "qwen3_next"}, {"vocab_size", 151936}, {"hidden_size", 2048}, {"intermediate_size", 5120},
-                {"num_hidden_layers", 48}, {"num_attention_heads", 16}, {"num_key_value_heads", 2}, {"head_dim", 256},
-                {"max_position_embeddings", 262144}, {"rms_norm_eps", 1e-6}, {"rope_theta", 10000000.0}, {"tie_word_embeddings", false},
-                {"partial_rotary_factor", 0.25}, {"full_attention_interval", 4}, {"linear_conv_kernel_dim", 4},
-                {"linear_key_head_dim", 128}, {"linear_value_head_dim", 128}, {"linear_num_key_heads", 16}, {"linear_num_value_heads", 32},
-                {"num_experts", 512}, {"num_experts_per_tok", 10}, {"moe_intermediate_size", 512}, {"shared_expert_intermediate_size", 512},
-                {"norm_topk_prob", true}, {"decoder_sparse_step", 1}, {"mlp_only_layers", json::array()}, {"num_nextn_predict_layers", 1}};
-    // Tiny variants of the same families, for tests.
-    if (shape == "tiny-qwen3")
-        return {{"model_type", "qwen3"}, {"vocab_size", 512}, {"hidden_size", 128}, {"intermediate_size", 256}, {"num_hidden_layers", 2},
-                {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 64}, {"rope_theta", 1000000.0}};
-    if (shape == "tiny-qwen3-moe")
-        return {{"model_type", "qwen3_moe"}, {"vocab_size", 512}, {"hidden_size", 128}, {"intermediate_size", 256}, {"num_hidden_layers", 2},
-                {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 64}, {"rope_theta", 1000000.0},
-                {"num_experts", 8}, {"num_experts_per_tok", 2}, {"moe_intermediate_size", 128}, {"norm_topk_prob", true}};
-    if (shape == "tiny-qwen3-next")
-        return {{"model_type", "qwen3_next"}, {"vocab_size", 512}, {"hidden_size", 128}, {"intermediate_size", 256}, {"num_hidden_layers", 4},
-                {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 64}, {"rope_theta", 1000000.0},
-                {"full_attention_interval", 2}, {"linear_key_head_dim", 64}, {"linear_value_head_dim", 64}, {"linear_num_key_heads", 1},
-                {"linear_num_value_heads", 2}, {"num_experts", 8}, {"num_experts_per_tok", 2}, {"moe_intermediate_size", 128},
-                {"shared_expert_intermediate_size", 128}, {"num_nextn_predict_layers", 1}};
-    fail(SPARK_ERR_INVALID_ARGUMENT, "unknown synthetic shape '%s' (qwen3-8b, qwen3-30b-a3b, qwen3-next-80b-a3b, tiny-qwen3, tiny-qwen3-moe, tiny-qwen3-next)",
-         shape.c_str());
+    std::string names;
+    for (const Architecture * a : architectures())
+        for (const auto & [name, config] : a->synthetic_shapes()) {
+            if (name == shape) return config;
+            names += (names.empty() ? "" : ", ") + name;
+        }
+    fail(SPARK_ERR_INVALID_ARGUMENT, "unknown synthetic shape '%s' (%s)", shape.c_str(), names.c_str());
 }
 
 bool ends_with(const std::string & s, const char * suffix) {
@@ -69,15 +43,6 @@ WeightFormat synthetic_linear_format(const std::string & module, int64_t n, int6
     const WeightFormat f  = keep_dense ? WeightFormat::BF16 : format;
     if ((f == WeightFormat::NVFP4 && k % 16) || (f == WeightFormat::INT4 && (k % 8 || n % 8))) return WeightFormat::BF16;
     return f;
-}
-
-// How a synthetic parameter's values are made (synthetic_param_value).
-SyntheticTensor::Init synthetic_param_init(const std::string & arch, const std::string & name) {
-    if (ends_with(name, "A_log")) return SyntheticTensor::Init::ALog;
-    if (ends_with(name, "dt_bias")) return SyntheticTensor::Init::DtBias;
-    if (ends_with(name, "conv1d.weight")) return SyntheticTensor::Init::Conv;
-    const bool zero_centred = arch == "qwen3_next" && !ends_with(name, "linear_attn.norm.weight");
-    return zero_centred ? SyntheticTensor::Init::NormZeroCentred : SyntheticTensor::Init::Norm;
 }
 
 class SyntheticLoader final : public ModelLoader {
@@ -95,7 +60,7 @@ public:
         for (int64_t d : shape) numel *= d;
         std::vector<float>          v(static_cast<size_t>(numel));
         const uint64_t              seed = std::hash<std::string>{}(name);
-        const SyntheticTensor::Init init = synthetic_param_init(model_.hparams.arch, name);
+        const SyntheticTensor::Init init = model_.arch->synthetic_param_init(name);
         for (int64_t i = 0; i < numel; ++i) {
             const float u = float((seed * 6364136223846793005ull + uint64_t(i) * 1442695040888963407ull) >> 40) / 16777216.0f;  // [0, 1)
             v[size_t(i)]  = synthetic_param_value(init, u);
@@ -196,7 +161,7 @@ public:
         t.kind  = SyntheticTensor::Kind::Param;
         t.name  = name;
         t.shape = shape;
-        t.init  = synthetic_param_init(model_.hparams.arch, name);
+        t.init  = model_.arch->synthetic_param_init(name);
         out_.push_back(std::move(t));
         return Param{nullptr, ggml_dims(name, shape)};  // no data
     }

@@ -8,6 +8,7 @@
 #include "quant/dequant.h"
 #include "quant/quantize.h"
 #include "runtime/hparams.h"
+#include "runtime/models/arch.h"
 
 #include <nlohmann/json.hpp>
 
@@ -50,13 +51,6 @@ void refuse_output_among_inputs(const std::string & output, const std::vector<st
     }
 }
 
-// llama.cpp's architecture names (docs/FORMAT.md).
-std::string gguf_arch(const std::string & model_type) {
-    if (model_type == "qwen3_moe") return "qwen3moe";
-    if (model_type == "qwen3_next") return "qwen3next";
-    return model_type;
-}
-
 // What one output tensor is made of.
 struct Piece {
     const TensorInfo * source = nullptr;
@@ -88,7 +82,7 @@ public:
         if (opt_.quantize != Quantize::None) config_["quantization_config"] = quantization_config();
 
         io::GgufWriter w;
-        const std::string arch = gguf_arch(hp.arch);
+        const std::string arch = architecture_of(hp.arch).file_arch();  // llama.cpp's name (docs/FORMAT.md)
         w.set_string("general.architecture", arch);
         std::string name = opt_.input;
         while (!name.empty() && name.back() == '/') name.pop_back();
@@ -253,14 +247,7 @@ private:
         u32("expert_used_count", hp.n_expert_used);
         u32("expert_feed_forward_length", hp.n_ff_expert);
         u32("expert_shared_feed_forward_length", hp.n_ff_shexp);
-        if (hp.arch == "qwen3_next") {
-            u32("ssm.conv_kernel", hp.ssm_conv_kernel);
-            u32("ssm.state_size", hp.ssm_k_dim);
-            u32("ssm.group_count", hp.ssm_n_k_heads);
-            u32("ssm.time_step_rank", hp.ssm_n_v_heads);
-            u32("ssm.inner_size", hp.ssm_v_dim * hp.ssm_n_v_heads);
-            u32("nextn_predict_layers", hp.n_mtp_layers);
-        }
+        architecture_of(hp.arch).file_hparams(hp, u32);  // its own keys
     }
 
     // ---- streaming the data

@@ -5,6 +5,7 @@
 #include "quant/formats.h"
 #include "quant/random_weights.h"
 #include "runtime/hparams.h"
+#include "runtime/models/arch.h"
 #include "runtime/synthetic.h"
 
 #include <nlohmann/json.hpp>
@@ -369,20 +370,13 @@ std::vector<Shard> make_shards(std::vector<FileTensor> & tensors, uint64_t max_b
 // ---------------------------------------------------------------------------------------------
 // config.json and friends
 
-std::string architecture_class(const std::string & model_type) {
-    if (model_type == "qwen3") return "Qwen3ForCausalLM";
-    if (model_type == "qwen3_moe") return "Qwen3MoeForCausalLM";
-    if (model_type == "qwen3_next") return "Qwen3NextForCausalLM";
-    fail(SPARK_ERR_UNSUPPORTED, "no transformers class known for model_type '%s'", model_type.c_str());
-}
-
 // transformers 4.57's config.json of the shape: the fields its config class writes (with the
 // values that are also spark's defaults where the preset leaves them out), then the preset's.
 json make_config(const json & preset, const HParams & hp, WeightFormat format) {
-    const std::string & mt = hp.arch;
+    const Architecture & arch = architecture_of(hp.arch);
     const bool          qwen_vocab = hp.n_vocab > 151645;  // the real tokenizer's ids exist
     json c = json::object();
-    c["architectures"]           = json::array({architecture_class(mt)});
+    c["architectures"]           = json::array({arch.hf_class()});
     c["attention_bias"]          = false;
     c["attention_dropout"]       = 0.0;
     c["bos_token_id"]            = qwen_vocab ? json(151643) : json(nullptr);
@@ -397,31 +391,7 @@ json make_config(const json & preset, const HParams & hp, WeightFormat format) {
     c["torch_dtype"]             = "bfloat16";
     c["transformers_version"]    = "4.57.1";
     c["use_cache"]               = true;
-    json layer_types             = json::array();
-    for (LayerKind k : hp.layer_kinds) layer_types.push_back(k == LayerKind::Attention ? "full_attention" : "linear_attention");
-    if (mt == "qwen3") {
-        c["layer_types"]        = layer_types;
-        c["max_window_layers"]  = hp.n_layer;
-        c["sliding_window"]     = nullptr;
-        c["use_sliding_window"] = false;
-    }
-    if (mt == "qwen3_moe" || mt == "qwen3_next") {
-        c["decoder_sparse_step"]   = 1;
-        c["mlp_only_layers"]       = json::array();
-        c["norm_topk_prob"]        = mt == "qwen3_next";  // the classes' (and spark's) defaults
-        c["output_router_logits"]  = false;
-        c["router_aux_loss_coef"]  = 0.001;
-    }
-    if (mt == "qwen3_moe") {
-        c["sliding_window"]     = nullptr;
-        c["use_sliding_window"] = false;
-    }
-    if (mt == "qwen3_next") {
-        c["full_attention_interval"] = 4;
-        c["layer_types"]             = layer_types;
-        c["linear_conv_kernel_dim"]  = 4;
-        c["partial_rotary_factor"]   = 0.25;
-    }
+    arch.hf_config_defaults(hp, c);  // its class's own fields
     for (auto it = preset.begin(); it != preset.end(); ++it) c[it.key()] = it.value();
     switch (format) {
         case WeightFormat::INT4:

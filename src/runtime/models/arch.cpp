@@ -14,12 +14,57 @@ std::unique_ptr<Architecture> make_qwen3();
 std::unique_ptr<Architecture> make_qwen3_moe();
 std::unique_ptr<Architecture> make_qwen3_next();
 
-std::unique_ptr<Architecture> make_architecture(const std::string & model_type) {
-    if (model_type == "qwen3") return make_qwen3();
-    if (model_type == "qwen3_moe") return make_qwen3_moe();
-    if (model_type == "qwen3_next") return make_qwen3_next();
-    fail(SPARK_ERR_UNSUPPORTED, "architecture '%s' is not supported", model_type.c_str());
+namespace {
+
+// The one list of architectures: adding one is a file and a line here.
+using Factory = std::unique_ptr<Architecture> (*)();
+constexpr Factory kFactories[] = {make_qwen3, make_qwen3_moe, make_qwen3_next};
+
+struct Registry {
+    std::vector<std::unique_ptr<Architecture>> owned;
+    std::vector<const Architecture *>          list;
+    Registry() {
+        for (Factory f : kFactories) {
+            owned.push_back(f());
+            list.push_back(owned.back().get());
+        }
+    }
+};
+
+const Registry & registry() {
+    static const Registry r;
+    return r;
 }
+
+}  // namespace
+
+const std::vector<const Architecture *> & architectures() { return registry().list; }
+
+const Architecture * find_architecture(const std::string & t) {
+    for (const Architecture * a : architectures())
+        if (t == a->model_type()) return a;
+    return nullptr;
+}
+
+const Architecture & architecture_of(const std::string & t) {
+    if (const Architecture * a = find_architecture(t)) return *a;
+    fail(SPARK_ERR_UNSUPPORTED, "architecture '%s' is not supported (supported: %s)", t.c_str(), architecture_names().c_str());
+}
+
+std::string architecture_names() {
+    std::string s;
+    for (const Architecture * a : architectures()) s += (s.empty() ? "" : ", ") + std::string(a->model_type());
+    return s;
+}
+
+std::unique_ptr<Architecture> make_architecture(const std::string & model_type) {
+    const auto & list = architectures();
+    for (size_t i = 0; i < list.size(); ++i)
+        if (model_type == list[i]->model_type()) return kFactories[i]();
+    fail(SPARK_ERR_UNSUPPORTED, "architecture '%s' is not supported (supported: %s)", model_type.c_str(), architecture_names().c_str());
+}
+
+SyntheticTensor::Init Architecture::synthetic_param_init(const std::string &) const { return SyntheticTensor::Init::Norm; }
 
 QWeight ModelLoader::count(const QWeight & w, uint64_t * counter) {
     n_params_ += w.n * w.k;

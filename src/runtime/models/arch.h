@@ -3,11 +3,17 @@
 #pragma once
 
 #include "graph/graph.h"
+#include "io/config_fields.h"
 #include "runtime/model.h"
+#include "runtime/synthetic.h"
+
+#include <nlohmann/json.hpp>
 
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace spark {
 
@@ -101,9 +107,35 @@ struct GraphContext {
     std::vector<Tensor *> captured_parts;  // in the order of capture->layers
 };
 
+// One architecture, one unit (a file in this folder): what it is called, the config.json fields it
+// reads beyond the common ones, its synthetic shapes, its weights and its graph. architectures()
+// lists them; nothing outside their files names one.
 class Architecture {
 public:
     virtual ~Architecture() = default;
+
+    // ---- what it is
+    virtual const char * model_type() const = 0;  // config.json's "model_type" (a head: what it is)
+    virtual const char * hf_class() const { return ""; }  // transformers' class (config.json "architectures")
+    // general.architecture of a spark file: llama.cpp's name where it has one (docs/FORMAT.md).
+    virtual const char * file_arch() const { return model_type(); }
+    // Its config.json fields beyond the common ones (parse_hparams, hparams.cpp), read and bounded
+    // through `f`; it may also replace a common default (a partial rotary factor).
+    virtual void parse_hparams(const ConfigFields & f, HParams & hp) const { (void) f, (void) hp; }
+    // The hyper-parameters of its own a spark file stores (spark-convert), as (key, value) pairs.
+    virtual void file_hparams(const HParams & hp, const std::function<void(const char * key, int64_t value)> & put) const {
+        (void) hp, (void) put;
+    }
+    // The config.json fields transformers' class writes with their defaults (spark-convert --synthetic).
+    virtual void hf_config_defaults(const HParams & hp, nlohmann::json & config) const { (void) hp, (void) config; }
+    // Synthetic shapes ("synthetic:<name>:<format>"): the name and the config.json fields spark reads.
+    virtual std::vector<std::pair<std::string, nlohmann::json>> synthetic_shapes() const { return {}; }
+    // How the synthetic loader makes the values of parameter `name` (norm weights: around 1).
+    virtual SyntheticTensor::Init synthetic_param_init(const std::string & name) const;
+    // Whether its checkpoints may carry a multi-token-prediction head (spark_spec kind MTP).
+    virtual bool has_mtp_head() const { return false; }
+
+    // ---- what it does
     // Validates the hyper-parameters it needs and loads every tensor into model.layers etc.
     virtual void load(Model & model, ModelLoader & loader) = 0;
     // Builds the step graph; returns the logits [n_vocab, n_out] of the rows in gc.out_ids.
@@ -116,6 +148,16 @@ public:
     virtual int64_t hidden_output_width(const Model &) const { return 0; }
 };
 
+// Every architecture spark runs, in a fixed order (models/arch.cpp's list).
+const std::vector<const Architecture *> & architectures();
+// The architecture of config.json's model_type `t`, or nullptr.
+const Architecture * find_architecture(const std::string & t);
+// The architecture of model_type `t`; SPARK_ERR_UNSUPPORTED (naming the supported ones) for another.
+const Architecture & architecture_of(const std::string & t);
+// Their model types, "qwen3, qwen3_moe, ..." (for messages).
+std::string architecture_names();
+// A new instance of model_type's architecture; SPARK_ERR_UNSUPPORTED (naming the supported ones)
+// for another.
 std::unique_ptr<Architecture> make_architecture(const std::string & model_type);
 
 }  // namespace spark

@@ -27,6 +27,7 @@ using json = nlohmann::json;
 
 class Eagle3Head final : public Architecture {
 public:
+    const char * model_type() const override { return "eagle3"; }  // (a head: not in architectures())
     void load(Model &, ModelLoader &) override { fail(SPARK_ERR_INTERNAL, "EAGLE3 heads are loaded with load_eagle3_head"); }
 
     Tensor * build(GraphContext & gc) const override {

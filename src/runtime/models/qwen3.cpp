@@ -7,6 +7,30 @@
 
 namespace spark {
 
+void Qwen3::parse_hparams(const ConfigFields & f, HParams &) const { require_full_attention(f); }
+
+void Qwen3::hf_config_defaults(const HParams & hp, nlohmann::json & c) const {
+    nlohmann::json layer_types = nlohmann::json::array();
+    for (int64_t i = 0; i < hp.n_layer; ++i) layer_types.push_back("full_attention");
+    c["layer_types"]        = layer_types;
+    c["max_window_layers"]  = hp.n_layer;
+    c["sliding_window"]     = nullptr;
+    c["use_sliding_window"] = false;
+}
+
+std::vector<std::pair<std::string, nlohmann::json>> Qwen3::synthetic_shapes() const {
+    return {
+        {"qwen3-8b",
+         {{"model_type", "qwen3"}, {"vocab_size", 151936}, {"hidden_size", 4096}, {"intermediate_size", 12288}, {"num_hidden_layers", 36},
+          {"num_attention_heads", 32}, {"num_key_value_heads", 8}, {"head_dim", 128}, {"max_position_embeddings", 40960}, {"rms_norm_eps", 1e-6},
+          {"rope_theta", 1000000.0}, {"tie_word_embeddings", false}}},
+        // A tiny variant of the family, for tests.
+        {"tiny-qwen3",
+         {{"model_type", "qwen3"}, {"vocab_size", 512}, {"hidden_size", 128}, {"intermediate_size", 256}, {"num_hidden_layers", 2},
+          {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 64}, {"rope_theta", 1000000.0}}},
+    };
+}
+
 void Qwen3::load(Model & m, ModelLoader & ml) {
     const HParams & hp = m.hparams;
     const int64_t   E = hp.n_embd, hd = hp.head_dim;

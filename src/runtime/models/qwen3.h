@@ -7,6 +7,12 @@ namespace spark {
 
 class Qwen3 : public Architecture {
 public:
+    const char * model_type() const override { return "qwen3"; }
+    const char * hf_class() const override { return "Qwen3ForCausalLM"; }
+    void         parse_hparams(const ConfigFields & f, HParams & hp) const override;
+    void         hf_config_defaults(const HParams & hp, nlohmann::json & c) const override;
+    std::vector<std::pair<std::string, nlohmann::json>> synthetic_shapes() const override;
+
     void     load(Model & m, ModelLoader & ml) override;
     Tensor * build(GraphContext & gc) const override;
 

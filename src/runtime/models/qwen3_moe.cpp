@@ -33,6 +33,38 @@ void load_experts(Model & m, ModelLoader & ml, const std::string & mlp, LayerWei
 namespace {
 
 class Qwen3Moe final : public Qwen3 {
+public:
+    const char * model_type() const override { return "qwen3_moe"; }
+    const char * hf_class() const override { return "Qwen3MoeForCausalLM"; }
+    const char * file_arch() const override { return "qwen3moe"; }
+    void         parse_hparams(const ConfigFields & f, HParams & hp) const override {
+        Qwen3::parse_hparams(f, hp);
+        parse_moe_fields(f, hp, false);
+    }
+    void hf_config_defaults(const HParams &, nlohmann::json & c) const override {
+        c["decoder_sparse_step"]  = 1;
+        c["mlp_only_layers"]      = nlohmann::json::array();
+        c["norm_topk_prob"]       = false;  // the class's (and spark's) default
+        c["output_router_logits"] = false;
+        c["router_aux_loss_coef"] = 0.001;
+        c["sliding_window"]       = nullptr;
+        c["use_sliding_window"]   = false;
+    }
+    std::vector<std::pair<std::string, nlohmann::json>> synthetic_shapes() const override {
+        return {
+            {"qwen3-30b-a3b",
+             {{"model_type", "qwen3_moe"}, {"vocab_size", 151936}, {"hidden_size", 2048}, {"intermediate_size", 6144}, {"num_hidden_layers", 48},
+              {"num_attention_heads", 32}, {"num_key_value_heads", 4}, {"head_dim", 128}, {"max_position_embeddings", 40960},
+              {"rms_norm_eps", 1e-6}, {"rope_theta", 1000000.0}, {"tie_word_embeddings", false}, {"num_experts", 128},
+              {"num_experts_per_tok", 8}, {"moe_intermediate_size", 768}, {"norm_topk_prob", true}, {"decoder_sparse_step", 1},
+              {"mlp_only_layers", nlohmann::json::array()}}},
+            {"tiny-qwen3-moe",
+             {{"model_type", "qwen3_moe"}, {"vocab_size", 512}, {"hidden_size", 128}, {"intermediate_size", 256}, {"num_hidden_layers", 2},
+              {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 64}, {"rope_theta", 1000000.0}, {"num_experts", 8},
+              {"num_experts_per_tok", 2}, {"moe_intermediate_size", 128}, {"norm_topk_prob", true}}},
+        };
+    }
+
 protected:
     void load_ffn(Model & m, ModelLoader & ml, int64_t il) override {
         if (!m.hparams.is_moe_layer(il)) return Qwen3::load_ffn(m, ml, il);

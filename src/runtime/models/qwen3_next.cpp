@@ -8,6 +8,7 @@
 #include "runtime/memory/memory.h"
 
 #include <cmath>
+#include <cstring>
 
 namespace spark {
 
@@ -78,6 +79,7 @@ Tensor * build_ffn_block(GraphContext & gc, Tensor * h, const LayerWeights & L, 
 // state back (k > 1 applies the one layer repeatedly, as vLLM does). All norms are zero-centred.
 class Qwen3NextMtp final : public Architecture {
 public:
+    const char * model_type() const override { return "qwen3_next_mtp"; }  // (a head: not in architectures())
     void load(Model &, ModelLoader &) override { fail(SPARK_ERR_INTERNAL, "the MTP head is loaded with its target"); }
 
     Tensor * build(GraphContext & gc) const override {
@@ -137,8 +139,104 @@ void load_mtp_head(Model & m, ModelLoader & ml) {
     m.mtp             = std::move(head);
 }
 
+bool ends_with(const std::string & s, const char * suffix) {
+    const size_t n = std::strlen(suffix);
+    return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
+}
+
 class Qwen3Next final : public Architecture {
 public:
+    const char * model_type() const override { return "qwen3_next"; }
+    const char * hf_class() const override { return "Qwen3NextForCausalLM"; }
+    const char * file_arch() const override { return "qwen3next"; }
+    bool         has_mtp_head() const override { return true; }
+
+    void parse_hparams(const ConfigFields & f, HParams & hp) const override {
+        using namespace config_limits;
+        parse_rotary(f, hp, 0.25);
+        parse_moe_fields(f, hp, true);
+        hp.n_ff_shexp      = f.integer("shared_expert_intermediate_size", 0, 0, kMaxFF);
+        hp.ssm_conv_kernel = f.integer("linear_conv_kernel_dim", 4, 2, kMaxConvKernel);
+        hp.ssm_n_k_heads   = f.integer("linear_num_key_heads", 0, 1, kMaxHeads, true);
+        hp.ssm_n_v_heads   = f.integer("linear_num_value_heads", 0, 1, kMaxHeads, true);
+        hp.ssm_k_dim       = f.integer("linear_key_head_dim", 0, 1, kMaxHeadDim, true);
+        hp.ssm_v_dim       = f.integer("linear_value_head_dim", 0, 1, kMaxHeadDim, true);
+        hp.n_mtp_layers    = f.integer("num_nextn_predict_layers", 0, 0, kMaxLayers);
+        if (hp.ssm_n_v_heads % hp.ssm_n_k_heads != 0)
+            f.bad("linear_num_value_heads", "(%lld) is not a multiple of linear_num_key_heads (%lld)", (long long) hp.ssm_n_v_heads,
+                  (long long) hp.ssm_n_k_heads);
+        if (const nlohmann::json * lt = f.find("layer_types")) {
+            if (!lt->is_array() || int64_t(lt->size()) != hp.n_layer) f.bad("layer_types", "must list one type per layer (%lld)", (long long) hp.n_layer);
+            for (size_t i = 0; i < lt->size(); ++i) {
+                const nlohmann::json & v = (*lt)[i];
+                const std::string      s = v.is_string() ? v.get<std::string>() : ConfigFields::shown(v);
+                if (s == "linear_attention") hp.layer_kinds[i] = LayerKind::LinearAttention;
+                else if (s == "full_attention") hp.layer_kinds[i] = LayerKind::Attention;
+                else fail(SPARK_ERR_UNSUPPORTED, "%s: layer type '%s' is not supported", f.origin().c_str(), s.c_str());
+            }
+        } else {
+            const int64_t interval = f.integer("full_attention_interval", 4, 1, INT64_MAX);
+            for (int64_t i = 0; i < hp.n_layer; ++i)
+                hp.layer_kinds[size_t(i)] = (i + 1) % interval == 0 ? LayerKind::Attention : LayerKind::LinearAttention;
+        }
+        // Sized here once, so that an overflow is reported as a bad config.json.
+        (void) hp.conv_state_floats();
+        (void) hp.ssm_state_floats();
+    }
+
+    // llama.cpp's keys for the linear attention and the MTP head (docs/FORMAT.md).
+    void file_hparams(const HParams & hp, const std::function<void(const char *, int64_t)> & put) const override {
+        put("ssm.conv_kernel", hp.ssm_conv_kernel);
+        put("ssm.state_size", hp.ssm_k_dim);
+        put("ssm.group_count", hp.ssm_n_k_heads);
+        put("ssm.time_step_rank", hp.ssm_n_v_heads);
+        put("ssm.inner_size", hp.ssm_v_dim * hp.ssm_n_v_heads);
+        put("nextn_predict_layers", hp.n_mtp_layers);
+    }
+
+    void hf_config_defaults(const HParams & hp, nlohmann::json & c) const override {
+        nlohmann::json layer_types = nlohmann::json::array();
+        for (LayerKind k : hp.layer_kinds) layer_types.push_back(k == LayerKind::Attention ? "full_attention" : "linear_attention");
+        c["decoder_sparse_step"]     = 1;
+        c["mlp_only_layers"]         = nlohmann::json::array();
+        c["norm_topk_prob"]          = true;  // the class's (and spark's) default
+        c["output_router_logits"]    = false;
+        c["router_aux_loss_coef"]    = 0.001;
+        c["full_attention_interval"] = 4;
+        c["layer_types"]             = layer_types;
+        c["linear_conv_kernel_dim"]  = 4;
+        c["partial_rotary_factor"]   = 0.25;
+    }
+
+    std::vector<std::pair<std::string, nlohmann::json>> synthetic_shapes() const override {
+        return {
+            {"qwen3-next-80b-a3b",
+             {{"model_type", "qwen3_next"}, {"vocab_size", 151936}, {"hidden_size", 2048}, {"intermediate_size", 5120}, {"num_hidden_layers", 48},
+              {"num_attention_heads", 16}, {"num_key_value_heads", 2}, {"head_dim", 256}, {"max_position_embeddings", 262144},
+              {"rms_norm_eps", 1e-6}, {"rope_theta", 10000000.0}, {"tie_word_embeddings", false}, {"partial_rotary_factor", 0.25},
+              {"full_attention_interval", 4}, {"linear_conv_kernel_dim", 4}, {"linear_key_head_dim", 128}, {"linear_value_head_dim", 128},
+              {"linear_num_key_heads", 16}, {"linear_num_value_heads", 32}, {"num_experts", 512}, {"num_experts_per_tok", 10},
+              {"moe_intermediate_size", 512}, {"shared_expert_intermediate_size", 512}, {"norm_topk_prob", true}, {"decoder_sparse_step", 1},
+              {"mlp_only_layers", nlohmann::json::array()}, {"num_nextn_predict_layers", 1}}},
+            {"tiny-qwen3-next",
+             {{"model_type", "qwen3_next"}, {"vocab_size", 512}, {"hidden_size", 128}, {"intermediate_size", 256}, {"num_hidden_layers", 4},
+              {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 64}, {"rope_theta", 1000000.0}, {"full_attention_interval", 2},
+              {"linear_key_head_dim", 64}, {"linear_value_head_dim", 64}, {"linear_num_key_heads", 1}, {"linear_num_value_heads", 2},
+              {"num_experts", 8}, {"num_experts_per_tok", 2}, {"moe_intermediate_size", 128}, {"shared_expert_intermediate_size", 128},
+              {"num_nextn_predict_layers", 1}}},
+        };
+    }
+
+    // Its norms are zero-centred (1 + w: values around 0) except the gated norm inside linear
+    // attention; the linear attention's decay, step bias and conv have their own ranges.
+    SyntheticTensor::Init synthetic_param_init(const std::string & name) const override {
+        using Init = SyntheticTensor::Init;
+        if (ends_with(name, "A_log")) return Init::ALog;
+        if (ends_with(name, "dt_bias")) return Init::DtBias;
+        if (ends_with(name, "conv1d.weight")) return Init::Conv;
+        return ends_with(name, "linear_attn.norm.weight") ? Init::Norm : Init::NormZeroCentred;
+    }
+
     void load(Model & m, ModelLoader & ml) override {
         const HParams & hp = m.hparams;
         m.tok_embd = ml.dense("model.embed_tokens.weight", hp.n_vocab, hp.n_embd, &m.info.weight_bytes_embedding);

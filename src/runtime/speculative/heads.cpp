@@ -182,8 +182,13 @@ std::unique_ptr<DraftSource> make_head_source(Context & target, const SourceOpti
     Model & tm = target.model();
     if (o.kind == SPARK_SPEC_MTP) {
         if (!tm.mtp) {
-            if (tm.hparams.arch != "qwen3_next")
-                fail(SPARK_ERR_UNSUPPORTED, "%s is a %s model: it has no MTP head (MTP heads exist for qwen3_next models)", tm.path.c_str(), tm.hparams.arch.c_str());
+            if (!tm.arch->has_mtp_head()) {
+                std::string with;
+                for (const Architecture * a : architectures())
+                    if (a->has_mtp_head()) with += (with.empty() ? "" : ", ") + std::string(a->model_type());
+                fail(SPARK_ERR_UNSUPPORTED, "%s is a %s model: it has no MTP head (MTP heads exist for %s models)", tm.path.c_str(),
+                     tm.hparams.arch.c_str(), with.c_str());
+            }
             fail(SPARK_ERR_UNSUPPORTED, "%s has no MTP head (num_nextn_predict_layers = %lld, no mtp.* tensors in the checkpoint)",
                  tm.path.c_str(), (long long) tm.hparams.n_mtp_layers);
         }
