@@ -9,6 +9,52 @@
 
 namespace spark {
 
+AttentionWeights load_attention(ModelLoader & ml, const HParams & hp, const std::string & p, int64_t in, int64_t q_per_head, bool qk_norm,
+                                uint64_t * bytes) {
+    const int64_t    hd = hp.head_dim;
+    AttentionWeights w;
+    w.wq = ml.linear(p + ".q_proj", q_per_head * hp.n_head * hd, in, bytes);
+    w.wk = ml.linear(p + ".k_proj", hp.n_head_kv * hd, in, bytes);
+    w.wv = ml.linear(p + ".v_proj", hp.n_head_kv * hd, in, bytes);
+    w.wo = ml.linear(p + ".o_proj", hp.n_embd, hp.n_head * hd, bytes);
+    if (qk_norm) {
+        w.q_norm = ml.param(p + ".q_norm.weight", {hd}, bytes);
+        w.k_norm = ml.param(p + ".k_norm.weight", {hd}, bytes);
+    }
+    return w;
+}
+
+MlpWeights load_mlp(ModelLoader & ml, const std::string & p, int64_t n_ff, int64_t n_embd, uint64_t * bytes) {
+    MlpWeights w;
+    w.gate = ml.linear(p + ".gate_proj", n_ff, n_embd, bytes);
+    w.up   = ml.linear(p + ".up_proj", n_ff, n_embd, bytes);
+    w.down = ml.linear(p + ".down_proj", n_embd, n_ff, bytes);
+    return w;
+}
+
+MoeWeights load_moe(ModelLoader & ml, const HParams & hp, const std::string & p, uint64_t * bytes) {
+    MoeWeights w;
+    w.router = ml.linear(p + ".gate", hp.n_expert, hp.n_embd, bytes);
+    std::vector<LinearSpec> specs;
+    for (int64_t e = 0; e < hp.n_expert; ++e) {
+        const std::string x = p + ".experts." + std::to_string(e);
+        specs.push_back({x + ".gate_proj", hp.n_ff_expert, hp.n_embd});
+        specs.push_back({x + ".up_proj", hp.n_ff_expert, hp.n_embd});
+        specs.push_back({x + ".down_proj", hp.n_embd, hp.n_ff_expert});
+    }
+    const std::vector<QWeight> experts = ml.linears(specs, bytes);  // resolved in parallel
+    for (size_t e = 0; e < size_t(hp.n_expert); ++e) {
+        w.gate.push_back(experts[3 * e]);
+        w.up.push_back(experts[3 * e + 1]);
+        w.down.push_back(experts[3 * e + 2]);
+    }
+    if (hp.n_ff_shexp > 0) {
+        w.shared      = load_mlp(ml, p + ".shared_expert", hp.n_ff_shexp, hp.n_embd, bytes);
+        w.shared_gate = ml.linear(p + ".shared_expert_gate", 1, hp.n_embd, bytes);
+    }
+    return w;
+}
+
 Tensor * param(GraphContext & gc, const Param & p, const char * name) {
     SPARK_ASSERT(p.data != nullptr && !p.ne.empty());
     Tensor * t = nullptr;
@@ -30,28 +76,36 @@ Tensor * build_ffn(GraphContext & gc, Tensor * x, const QWeight & gate, const QW
     return g.named(g.matmul(h, down), "ffn_out", il);
 }
 
-Tensor * build_moe(GraphContext & gc, Tensor * x, const LayerWeights & L, int il, Tensor * shared, Tensor * shared_gate) {
+Tensor * build_moe(GraphContext & gc, Tensor * x, const MoeWeights & w, int il) {
     Graph &         g  = gc.graph;
     const HParams & hp = gc.model.hparams;
     const int64_t   T  = x->ne[1];
-    Tensor * logits = g.named(g.matmul(x, L.router), "router_logits", il);
+    // The shared expert first; its gate logit's matmul right before the router's (the CUDA backend
+    // runs adjacent matmuls of one input as one launch); its output joins the routed experts' in
+    // the combine.
+    Tensor * shared = nullptr, * shared_gate = nullptr;
+    if (w.shared.gate.n) {
+        shared      = build_ffn(gc, x, w.shared.gate, w.shared.up, w.shared.down, il);
+        shared_gate = g.matmul(x, w.shared_gate);
+    }
+    Tensor * logits = g.named(g.matmul(x, w.router), "router_logits", il);
     Tensor * route  = g.moe_route(logits, int32_t(hp.n_expert_used), hp.norm_topk_prob);
     Tensor * ids    = g.moe_ids(route);
     Tensor * xe     = g.reshape(x, {x->ne[0], 1, T});  // one input row shared by the k slots
     const int32_t ne = int32_t(hp.n_expert);
-    Tensor * gate   = g.matmul_id(xe, L.exp_gate.data(), ne, ids);
-    Tensor * up     = g.matmul_id(xe, L.exp_up.data(), ne, ids);
+    Tensor * gate   = g.matmul_id(xe, w.gate.data(), ne, ids);
+    Tensor * up     = g.matmul_id(xe, w.up.data(), ne, ids);
     Tensor * act    = g.swiglu(gate, up);                        // [n_ff_expert, k, T]
-    Tensor * down   = g.matmul_id(act, L.exp_down.data(), ne, ids);  // [n_embd, k, T]
+    Tensor * down   = g.matmul_id(act, w.down.data(), ne, ids);  // [n_embd, k, T]
     return g.named(g.moe_combine(down, g.moe_weights(route), shared, shared_gate), "moe_out", il);
 }
 
-Tensor * build_attention(GraphContext & gc, Tensor * x, const LayerWeights & L, int il, bool q_gated, bool zc) {
+Tensor * build_attention(GraphContext & gc, Tensor * x, const AttentionWeights & w, int il, bool q_gated, bool zc) {
     Graph &         g  = gc.graph;
     const HParams & hp = gc.model.hparams;
     const int64_t   T = x->ne[1], hd = hp.head_dim, nh = hp.n_head, nkv = hp.n_head_kv;
 
-    Tensor * q    = g.matmul(x, L.wq);
+    Tensor * q    = g.matmul(x, w.wq);
     Tensor * gate = nullptr;
     if (q_gated) {
         // q_proj rows are [q (hd) | gate (hd)] per head: split with strided views.
@@ -61,21 +115,21 @@ Tensor * build_attention(GraphContext & gc, Tensor * x, const LayerWeights & L, 
     } else {
         q = g.reshape(q, {hd, nh, T});
     }
-    Tensor * k = g.reshape(g.matmul(x, L.wk), {hd, nkv, T});
-    Tensor * v = g.reshape(g.matmul(x, L.wv), {hd, nkv, T});
+    Tensor * k = g.reshape(g.matmul(x, w.wk), {hd, nkv, T});
+    Tensor * v = g.reshape(g.matmul(x, w.wv), {hd, nkv, T});
 
     // Each norm directly followed by its RoPE: backends may fuse the pair. Llama-style layers (an
     // EAGLE3 head) have no q/k norms.
-    if (L.q_norm.data) q = g.rms_norm(q, param(gc, L.q_norm, "q_norm"), hp.rms_eps, zc);
+    if (w.q_norm.data) q = g.rms_norm(q, param(gc, w.q_norm, "q_norm"), hp.rms_eps, zc);
     q = g.named(g.rope(q, gc.step.pos, int32_t(hp.n_rot), hp.rope_theta), "q_rope", il);
-    if (L.k_norm.data) k = g.rms_norm(k, param(gc, L.k_norm, "k_norm"), hp.rms_eps, zc);
+    if (w.k_norm.data) k = g.rms_norm(k, param(gc, w.k_norm, "k_norm"), hp.rms_eps, zc);
     k = g.named(g.rope(k, gc.step.pos, int32_t(hp.n_rot), hp.rope_theta), "k_rope", il);
 
     Tensor * o = g.attention(q, k, v, gc.memory.k_cache(g, il), gc.memory.v_cache(g, il), gc.step,
                              1.0f / std::sqrt(float(hd)));
     g.named(o, "attn", il);
     if (gate) o = g.mul_sigmoid(o, g.reshape(g.cont(gate), {hd * nh, T}));
-    return g.named(g.matmul(o, L.wo), "attn_out", il);
+    return g.named(g.matmul(o, w.wo), "attn_out", il);
 }
 
 void capture_layer(GraphContext & gc, int il, Tensor * x) {

@@ -1,10 +1,29 @@
 // Building blocks shared by the architectures (llama.cpp's build_attn / build_ffn / build_norm):
-// each reads like a line of the model card and names its intermediates.
+// how a block's weights load (checkpoint names as transformers writes them) and how its graph is
+// built; each graph builder reads like a line of the model card and names its intermediates.
 #pragma once
 
 #include "runtime/models/arch.h"
 
 namespace spark {
+
+// ---- loading
+
+// Softmax attention "<prefix>" (a layer's self_attn): q/k/v/o over inputs of width `in` (n_embd;
+// an EAGLE3 head's 2 x n_embd), q_proj with `q_per_head` x head_dim rows per head (2: Qwen3-Next's
+// [q | gate]), and the per-head q_norm / k_norm where `qk_norm`. Bytes count into `bytes`.
+AttentionWeights load_attention(ModelLoader & ml, const HParams & hp, const std::string & prefix, int64_t in, int64_t q_per_head,
+                                bool qk_norm, uint64_t * bytes);
+
+// A SwiGLU MLP "<prefix>" ({gate,up,down}_proj) of n_ff over n_embd.
+MlpWeights load_mlp(ModelLoader & ml, const std::string & prefix, int64_t n_ff, int64_t n_embd, uint64_t * bytes);
+
+// A mixture of experts "<prefix>" (a layer's mlp): the router "gate", the routed experts
+// "experts.E.{gate,up,down}_proj" and, when hp.n_ff_shexp > 0, the shared expert
+// "shared_expert" with its gate "shared_expert_gate".
+MoeWeights load_moe(ModelLoader & ml, const HParams & hp, const std::string & prefix, uint64_t * bytes);
+
+// ---- building
 
 // A float32 parameter as a graph leaf.
 Tensor * param(GraphContext & gc, const Param & p, const char * name);
@@ -16,16 +35,15 @@ Tensor * build_norm(GraphContext & gc, Tensor * x, const Param & w, float eps, b
 Tensor * build_ffn(GraphContext & gc, Tensor * x, const QWeight & gate, const QWeight & up, const QWeight & down, int il);
 
 // Routed experts (softmax router, top-k, optional renormalisation), run only for the tokens routed
-// to them, weighted and summed: x [n_embd, T] -> [n_embd, T]. A shared expert's output [n_embd, T]
-// (optional) is added to the sum gated by sigmoid(shared_gate [1, T]).
-Tensor * build_moe(GraphContext & gc, Tensor * x, const LayerWeights & L, int il, Tensor * shared = nullptr,
-                   Tensor * shared_gate = nullptr);
+// to them, weighted and summed: x [n_embd, T] -> [n_embd, T]. A shared expert's output, where the
+// layer has one, is added to the sum gated by sigmoid(shared_gate(x)).
+Tensor * build_moe(GraphContext & gc, Tensor * x, const MoeWeights & w, int il);
 
 // Softmax attention with per-head q/k RMSNorm (when the layer has them) and (partial) NEOX RoPE
 // over the KV cache.
 // q_gated: Qwen3-Next's q_proj holds [q | gate] per head and the output is multiplied by
 // sigmoid(gate). Returns o_proj's output [n_embd, T].
-Tensor * build_attention(GraphContext & gc, Tensor * x, const LayerWeights & L, int il, bool q_gated, bool zero_centered_norms);
+Tensor * build_attention(GraphContext & gc, Tensor * x, const AttentionWeights & w, int il, bool q_gated, bool zero_centered_norms);
 
 // Final norm, the rows that want logits, and lm_head: -> [n_vocab, n_out]. Captures the final
 // normed hidden state of every row when gc.capture asks for it.

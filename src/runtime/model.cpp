@@ -27,6 +27,46 @@ using json = nlohmann::json;
 Model::Model()  = default;
 Model::~Model() = default;
 
+void AttentionWeights::visit(const WeightVisitor & v) const {
+    for (const QWeight * w : {&wq, &wk, &wv, &wo}) v(*w, WeightRole::Projection);
+    v(q_norm), v(k_norm);
+}
+
+void LinearAttentionWeights::visit(const WeightVisitor & v) const {
+    v(in_proj_qkvz, WeightRole::Projection);
+    v(in_proj_ba, WeightRole::Auxiliary);
+    v(out_proj, WeightRole::Projection);
+    for (const Param * p : {&conv, &A_log, &dt_bias, &norm}) v(*p);
+}
+
+void MlpWeights::visit(const WeightVisitor & v, WeightRole role) const {
+    for (const QWeight * w : {&gate, &up, &down}) v(*w, role);
+}
+
+void MoeWeights::visit(const WeightVisitor & v) const {
+    v(router, WeightRole::Auxiliary);
+    for (const auto * experts : {&gate, &up, &down})
+        for (const QWeight & w : *experts) v(w, WeightRole::Expert);
+    shared.visit(v, WeightRole::Auxiliary);
+    v(shared_gate, WeightRole::Auxiliary);
+}
+
+void LayerWeights::visit(const WeightVisitor & v) const {
+    v(attn_norm), v(ffn_norm);
+    attn.visit(v);
+    linear_attn.visit(v);
+    mlp.visit(v, WeightRole::Projection);
+    moe.visit(v);
+}
+
+void Model::visit_weights(const WeightVisitor & v) const {
+    v(tok_embd, WeightRole::Embedding);
+    for (const LayerWeights & L : layers) L.visit(v);
+    v(output_norm);
+    // A tied lm_head is the embedding, read whole by the logits' matmul.
+    v(output, WeightRole::Auxiliary);
+}
+
 uint64_t Model::fingerprint() const {
     std::call_once(fingerprint_once_, [this] {
         const HParams & h = hparams;
@@ -68,18 +108,15 @@ const char * format_label(WeightFormat f) {
 }
 
 // The format of the layers' big matrices ("mixed" when they differ).
+// The format of the layers' main projections and experts ("mixed" when they differ).
 std::string dominant_format(const Model & m) {
     std::string f;
-    auto        see = [&](const QWeight & w) {
-        if (!w.n) return;
-        std::string s = format_label(w.format);
-        f             = f.empty() || f == s ? s : "mixed";
-    };
-    for (const LayerWeights & L : m.layers) {
-        for (const QWeight * w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down, &L.in_proj_qkvz, &L.out_proj}) see(*w);
-        for (const auto * v : {&L.exp_gate, &L.exp_up, &L.exp_down})
-            for (const QWeight & w : *v) see(w);
-    }
+    m.visit_weights({[&](const QWeight & w, WeightRole r) {
+                         if (r != WeightRole::Projection && r != WeightRole::Expert) return;
+                         const std::string s = format_label(w.format);
+                         f                   = f.empty() || f == s ? s : "mixed";
+                     },
+                     [](const Param &) {}});
     return f.empty() ? "none" : f;
 }
 
@@ -104,21 +141,20 @@ void fill_info(Model & m, int64_t n_params) {
 
     // One decode step reads every weight except the embedding table (one row) and the experts the
     // token was not routed to.
-    auto bytes = [](const QWeight & w) -> uint64_t { return w.n ? qweight_bytes(w).total() : 0; };
-    auto pbytes = [](const Param & p) -> uint64_t {
-        uint64_t n = p.data ? 4 : 0;
-        for (int64_t d : p.ne) n *= uint64_t(d);
-        return n;
-    };
-    uint64_t step = bytes(m.tok_embd) / uint64_t(std::max<int64_t>(hp.n_vocab, 1)) + bytes(m.output) + pbytes(m.output_norm);
-    for (const LayerWeights & L : m.layers) {
-        for (const QWeight * w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down, &L.router, &L.shexp_gate, &L.shexp_up,
-                                  &L.shexp_down, &L.shexp_router, &L.in_proj_qkvz, &L.in_proj_ba, &L.out_proj})
-            step += bytes(*w);
-        for (const Param * p : {&L.attn_norm, &L.ffn_norm, &L.q_norm, &L.k_norm, &L.ssm_conv, &L.ssm_A_log, &L.ssm_dt_bias, &L.ssm_norm}) step += pbytes(*p);
-        if (!L.exp_gate.empty())
-            step += uint64_t(hp.n_expert_used) * (bytes(L.exp_gate[0]) + bytes(L.exp_up[0]) + bytes(L.exp_down[0]));
-    }
+    uint64_t step = 0, experts = 0;
+    m.visit_weights({[&](const QWeight & w, WeightRole r) {
+                         const uint64_t b = qweight_bytes(w).total();
+                         if (r == WeightRole::Embedding) step += b / uint64_t(std::max<int64_t>(hp.n_vocab, 1));
+                         else if (r == WeightRole::Expert) experts += b;
+                         else step += b;
+                     },
+                     [&](const Param & p) {
+                         uint64_t n = 4;
+                         for (int64_t d : p.ne) n *= uint64_t(d);
+                         step += n;
+                     }});
+    // The experts of a layer have one shape, so k of n of them are k/n of their bytes.
+    if (hp.n_expert > 0) step += experts * uint64_t(hp.n_expert_used) / uint64_t(hp.n_expert);
     i.decode_weight_bytes = step;
     const spark_status st = SPARK_ERR_INVALID_FORMAT;
     i.kv_bytes_per_token  = uint64_t(product_or_fail(st, "config.json: the KV cache per token",

@@ -11,6 +11,7 @@
 
 #include <spark/spark.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -29,26 +30,65 @@ struct Param {
     std::vector<int64_t> ne;  // ggml order (innermost first)
 };
 
-// Weights of one decoder layer; each architecture fills the members it uses.
-struct LayerWeights {
-    Param attn_norm, ffn_norm;
+// How a decode step reads a weight: what the byte counts and the reported format derive from
+// (fill_info, model.cpp). Each block below declares its weights through visit().
+enum class WeightRole : uint8_t {
+    Projection,  // a layer's main projection, read every step: these decide the format reported
+    Auxiliary,   // read every step, but often kept bf16 by the producers (lm_head, routers, gates,
+                 // shared experts, small projections): they do not decide the format
+    Expert,      // one of a layer's routed experts: a step reads n_expert_used of them
+    Embedding,   // the token embedding: a step reads one row
+};
 
-    // softmax attention
+// Sees every weight a model holds (the ones loaded: an unset member is skipped).
+struct WeightVisitor {
+    std::function<void(const QWeight &, WeightRole)> weight;
+    std::function<void(const Param &)>               param;
+    void operator()(const QWeight & w, WeightRole r) const {
+        if (w.n) weight(w, r);
+    }
+    void operator()(const Param & p) const {
+        if (p.data) param(p);
+    }
+};
+
+// Softmax attention (build_attention): q/k/v/o and the optional per-head q/k norms.
+struct AttentionWeights {
     QWeight wq, wk, wv, wo;
     Param   q_norm, k_norm;
+    void    visit(const WeightVisitor & v) const;
+};
 
-    // dense MLP
-    QWeight ffn_gate, ffn_up, ffn_down;
-
-    // MoE
-    QWeight              router;  // [n_expert, n_embd]
-    std::vector<QWeight> exp_gate, exp_up, exp_down;
-    QWeight              shexp_gate, shexp_up, shexp_down;
-    QWeight              shexp_router;  // [1, n_embd] sigmoid gate of the shared expert
-
-    // Gated DeltaNet (linear attention)
+// Gated DeltaNet linear attention (Qwen3-Next).
+struct LinearAttentionWeights {
     QWeight in_proj_qkvz, in_proj_ba, out_proj;
-    Param   ssm_conv, ssm_A_log, ssm_dt_bias, ssm_norm;
+    Param   conv, A_log, dt_bias, norm;  // conv1d kernel, decay, step bias, gated norm
+    void    visit(const WeightVisitor & v) const;
+};
+
+// SwiGLU MLP (build_ffn): down(silu(gate(x)) * up(x)).
+struct MlpWeights {
+    QWeight gate, up, down;
+    void    visit(const WeightVisitor & v, WeightRole role) const;
+};
+
+// A routed mixture of experts (build_moe), with an optional sigmoid-gated shared expert.
+struct MoeWeights {
+    QWeight              router;  // [n_expert, n_embd]
+    std::vector<QWeight> gate, up, down;  // one per expert
+    MlpWeights           shared;
+    QWeight              shared_gate;  // [1, n_embd]
+    void                 visit(const WeightVisitor & v) const;
+};
+
+// One decoder layer: its two norms and the blocks its architecture uses (the others stay empty).
+struct LayerWeights {
+    Param                  attn_norm, ffn_norm;
+    AttentionWeights       attn;
+    LinearAttentionWeights linear_attn;
+    MlpWeights             mlp;
+    MoeWeights             moe;
+    void                   visit(const WeightVisitor & v) const;
 };
 
 // What a speculative-decoding head has beyond its decoder layer (an EAGLE3 head, the Qwen3-Next MTP
@@ -95,6 +135,9 @@ struct Model {
 
     Model();
     ~Model();
+
+    // Every weight of the model (not of its MTP head, a Model of its own).
+    void visit_weights(const WeightVisitor & v) const;
 
     // Identity of the weights (saved sequence states are refused by other models): a hash of the
     // architecture, the hyper-parameters and every checkpoint tensor's name, type, shape and

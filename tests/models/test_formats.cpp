@@ -326,7 +326,7 @@ TEST_CASE("NVFP4 activation scales (W4A4 checkpoints) are read with their meanin
         spark_model_params p = spark_model_default_params();
         p.load_tokenizer     = false;
         auto m               = spark::load_model(path, p);
-        return moe ? m->layers[0].exp_gate[0].act_scale : m->layers[0].wq.act_scale;
+        return moe ? m->layers[0].moe.gate[0].act_scale : m->layers[0].attn.wq.act_scale;
     };
     const float mo = scalar("qwen3-nvfp4-modelopt", "model.layers.0.self_attn.q_proj.input_scale");
     REQUIRE(mo > 0.0f);

@@ -155,7 +155,7 @@ TEST_CASE("spark-convert keeps the MTP head: the spark file reproduces the MTP g
     spark::convert::convert(o);
     ModelPtr m = test::load_model(out);
     REQUIRE(m->impl->mtp != nullptr);
-    CHECK(m->impl->mtp->layers[0].wq.format == spark::WeightFormat::INT4);
+    CHECK(m->impl->mtp->layers[0].attn.wq.format == spark::WeightFormat::INT4);
     const auto prompt = load_head_golden(dir, "mtp_first_pass_logits", "mtp_chain").prompt;
     ContextPtr plain = new_context(m.get(), 128);
     std::vector<float> scratch;

@@ -38,10 +38,10 @@ public:
         Graph &              g  = gc.graph;
         Tensor * e = g.rms_norm(g.get_rows(m.tok_embd, gc.tokens), param(gc, hw.norm_embd, "input_layernorm"), hp.rms_eps, false);
         Tensor * h = g.rms_norm(gc.hidden_in, param(gc, hw.norm_hidden, "hidden_norm"), hp.rms_eps, false);
-        Tensor * x = g.add(build_attention(gc, g.concat(e, h), L, 0, false, false), gc.hidden_in);
+        Tensor * x = g.add(build_attention(gc, g.concat(e, h), L.attn, 0, false, false), gc.hidden_in);
         Tensor * n = build_norm(gc, x, L.ffn_norm, hp.rms_eps, false, "post_attention_layernorm", 0);
         // The pre-norm output of every row is the next chained step's hidden input.
-        Tensor * prenorm = gc.captured = g.named(g.add(x, build_ffn(gc, n, L.ffn_gate, L.ffn_up, L.ffn_down, 0)), "eagle3_prenorm");
+        Tensor * prenorm = gc.captured = g.named(g.add(x, build_ffn(gc, n, L.mlp.gate, L.mlp.up, L.mlp.down, 0)), "eagle3_prenorm");
         Tensor * out     = prenorm;
         if (gc.out_ids->ne[0] != out->ne[1]) out = g.get_rows(out, gc.out_ids);
         out             = build_norm(gc, out, m.output_norm, hp.rms_eps, false, "norm", -1);
@@ -150,7 +150,7 @@ std::unique_ptr<Model> load_eagle3_head(const std::string & path, const Model & 
     head->layers.resize(1);
 
     const HParams &  hp = head->hparams;
-    const int64_t    E = hp.n_embd, hd = hp.head_dim, n_aux = int64_t(hw->aux_layers.size());
+    const int64_t    E = hp.n_embd, n_aux = int64_t(hw->aux_layers.size());
     WeightResolver   resolver(*head->source, head->quant, head->host_store);
     CheckpointLoader loader(*head, resolver, params);
     ModelLoader &    ml = loader;
@@ -161,14 +161,9 @@ std::unique_ptr<Model> load_eagle3_head(const std::string & path, const Model & 
     };
     const std::string layer = first({"midlayer", "model.layers.0", "layers.0"});
     LayerWeights &    L     = head->layers[0];
-    L.wq                    = ml.linear(layer + ".self_attn.q_proj", hp.n_head * hd, 2 * E);
-    L.wk                    = ml.linear(layer + ".self_attn.k_proj", hp.n_head_kv * hd, 2 * E);
-    L.wv                    = ml.linear(layer + ".self_attn.v_proj", hp.n_head_kv * hd, 2 * E);
-    L.wo                    = ml.linear(layer + ".self_attn.o_proj", E, hp.n_head * hd);
+    L.attn                  = load_attention(ml, hp, layer + ".self_attn", 2 * E, 1, false, nullptr);
     L.ffn_norm              = ml.param(layer + ".post_attention_layernorm.weight", {E});
-    L.ffn_gate              = ml.linear(layer + ".mlp.gate_proj", hp.n_ff, E);
-    L.ffn_up                = ml.linear(layer + ".mlp.up_proj", hp.n_ff, E);
-    L.ffn_down              = ml.linear(layer + ".mlp.down_proj", E, hp.n_ff);
+    L.mlp                   = load_mlp(ml, layer + ".mlp", hp.n_ff, E, nullptr);
     hw->norm_embd           = ml.param(layer + ".input_layernorm.weight", {E});
     hw->norm_hidden         = ml.param(layer + ".hidden_norm.weight", {E});
     hw->fc                  = ml.linear(first({"fc", "model.fc"}), E, n_aux * target.hparams.n_embd);

@@ -33,19 +33,14 @@ std::vector<std::pair<std::string, nlohmann::json>> Qwen3::synthetic_shapes() co
 
 void Qwen3::load(Model & m, ModelLoader & ml) {
     const HParams & hp = m.hparams;
-    const int64_t   E = hp.n_embd, hd = hp.head_dim;
+    const int64_t   E  = hp.n_embd;
     m.tok_embd = ml.dense("model.embed_tokens.weight", hp.n_vocab, E, &m.info.weight_bytes_embedding);
     for (int64_t il = 0; il < hp.n_layer; ++il) {
         const std::string p = "model.layers." + std::to_string(il);
         LayerWeights &    L = m.layers[size_t(il)];
         uint64_t *        a = &m.info.weight_bytes_attention;
         L.attn_norm = ml.param(p + ".input_layernorm.weight", {E}, a);
-        L.wq        = ml.linear(p + ".self_attn.q_proj", hp.n_head * hd, E, a);
-        L.wk        = ml.linear(p + ".self_attn.k_proj", hp.n_head_kv * hd, E, a);
-        L.wv        = ml.linear(p + ".self_attn.v_proj", hp.n_head_kv * hd, E, a);
-        L.wo        = ml.linear(p + ".self_attn.o_proj", E, hp.n_head * hd, a);
-        L.q_norm    = ml.param(p + ".self_attn.q_norm.weight", {hd}, a);
-        L.k_norm    = ml.param(p + ".self_attn.k_norm.weight", {hd}, a);
+        L.attn      = load_attention(ml, hp, p + ".self_attn", E, 1, true, a);
         L.ffn_norm  = ml.param(p + ".post_attention_layernorm.weight", {E}, &m.info.weight_bytes_ffn);
         load_ffn(m, ml, il);
     }
@@ -59,15 +54,12 @@ void Qwen3::load_ffn(Model & m, ModelLoader & ml, int64_t il) {
     const HParams &   hp = m.hparams;
     const std::string p  = "model.layers." + std::to_string(il) + ".mlp";
     LayerWeights &    L  = m.layers[size_t(il)];
-    uint64_t *        f  = &m.info.weight_bytes_ffn;
     if (hp.n_ff == 0) fail(SPARK_ERR_INVALID_FORMAT, "config.json: layer %lld has a dense MLP but intermediate_size is missing", (long long) il);
-    L.ffn_gate = ml.linear(p + ".gate_proj", hp.n_ff, hp.n_embd, f);
-    L.ffn_up   = ml.linear(p + ".up_proj", hp.n_ff, hp.n_embd, f);
-    L.ffn_down = ml.linear(p + ".down_proj", hp.n_embd, hp.n_ff, f);
+    L.mlp = load_mlp(ml, p, hp.n_ff, hp.n_embd, &m.info.weight_bytes_ffn);
 }
 
 Tensor * Qwen3::build_ffn_block(GraphContext & gc, Tensor * h, const LayerWeights & L, int il) const {
-    return build_ffn(gc, h, L.ffn_gate, L.ffn_up, L.ffn_down, il);
+    return build_ffn(gc, h, L.mlp.gate, L.mlp.up, L.mlp.down, il);
 }
 
 Tensor * Qwen3::build(GraphContext & gc) const {
@@ -78,7 +70,7 @@ Tensor * Qwen3::build(GraphContext & gc) const {
     for (int64_t il = 0; il < hp.n_layer; ++il) {
         const LayerWeights & L = m.layers[size_t(il)];
         Tensor * h = build_norm(gc, x, L.attn_norm, hp.rms_eps, false, "attn_norm", int(il));
-        x          = g.add(x, build_attention(gc, h, L, int(il), false, false));
+        x          = g.add(x, build_attention(gc, h, L.attn, int(il), false, false));
         h          = build_norm(gc, x, L.ffn_norm, hp.rms_eps, false, "ffn_norm", int(il));
         x          = g.named(g.add(x, build_ffn_block(gc, h, L, int(il))), "l_out", int(il));
         capture_layer(gc, int(il), x);

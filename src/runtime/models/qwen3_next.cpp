@@ -12,64 +12,46 @@
 
 namespace spark {
 
-void load_experts(Model & m, ModelLoader & ml, const std::string & mlp, LayerWeights & L);  // qwen3_moe.cpp
-
 namespace {
+
+// Gated DeltaNet "<p>" (a layer's linear_attn): the fused projections, the causal conv over
+// [q | k | v], the decay and step-bias parameters and the gated norm.
+LinearAttentionWeights load_linear_attention(ModelLoader & ml, const HParams & hp, const std::string & p, uint64_t * bytes) {
+    const int64_t nk = hp.ssm_n_k_heads, nv = hp.ssm_n_v_heads, E = hp.n_embd;
+    const int64_t key_dim = nk * hp.ssm_k_dim, value_dim = nv * hp.ssm_v_dim, conv_dim = 2 * key_dim + value_dim;
+    LinearAttentionWeights w;
+    w.in_proj_qkvz = ml.linear(p + ".in_proj_qkvz", 2 * key_dim + 2 * value_dim, E, bytes);
+    w.in_proj_ba   = ml.linear(p + ".in_proj_ba", 2 * nv, E, bytes);
+    w.out_proj     = ml.linear(p + ".out_proj", E, value_dim, bytes);
+    w.conv         = ml.param(p + ".conv1d.weight", {conv_dim, 1, hp.ssm_conv_kernel}, bytes);
+    w.A_log        = ml.param(p + ".A_log", {nv}, bytes);
+    w.dt_bias      = ml.param(p + ".dt_bias", {nv}, bytes);
+    w.norm         = ml.param(p + ".norm.weight", {hp.ssm_v_dim}, bytes);
+    return w;
+}
 
 // One decoder layer's weights ("model.layers.N" or the MTP head's "mtp.layers.0").
 void load_layer(Model & m, ModelLoader & ml, const std::string & p, LayerWeights & L, LayerKind kind, bool moe) {
     const HParams & hp = m.hparams;
-    const int64_t   E  = hp.n_embd, hd = hp.head_dim;
-    const int64_t   nk = hp.ssm_n_k_heads, nv = hp.ssm_n_v_heads, dk = hp.ssm_k_dim, dv = hp.ssm_v_dim;
-    const int64_t   key_dim = nk * dk, value_dim = nv * dv, conv_dim = 2 * key_dim + value_dim;
-    uint64_t *      a = &m.info.weight_bytes_attention;
-    L.attn_norm = ml.param(p + ".input_layernorm.weight", {E}, a);
-    if (kind == LayerKind::Attention) {
-        L.wq     = ml.linear(p + ".self_attn.q_proj", 2 * hp.n_head * hd, E, a);  // [q | gate] per head
-        L.wk     = ml.linear(p + ".self_attn.k_proj", hp.n_head_kv * hd, E, a);
-        L.wv     = ml.linear(p + ".self_attn.v_proj", hp.n_head_kv * hd, E, a);
-        L.wo     = ml.linear(p + ".self_attn.o_proj", E, hp.n_head * hd, a);
-        L.q_norm = ml.param(p + ".self_attn.q_norm.weight", {hd}, a);
-        L.k_norm = ml.param(p + ".self_attn.k_norm.weight", {hd}, a);
-    } else {
-        const std::string la = p + ".linear_attn";
-        L.in_proj_qkvz = ml.linear(la + ".in_proj_qkvz", 2 * key_dim + 2 * value_dim, E, a);
-        L.in_proj_ba   = ml.linear(la + ".in_proj_ba", 2 * nv, E, a);
-        L.out_proj     = ml.linear(la + ".out_proj", E, value_dim, a);
-        L.ssm_conv     = ml.param(la + ".conv1d.weight", {conv_dim, 1, hp.ssm_conv_kernel}, a);
-        L.ssm_A_log    = ml.param(la + ".A_log", {nv}, a);
-        L.ssm_dt_bias  = ml.param(la + ".dt_bias", {nv}, a);
-        L.ssm_norm     = ml.param(la + ".norm.weight", {dv}, a);
-    }
+    const int64_t   E  = hp.n_embd;
+    uint64_t *      a  = &m.info.weight_bytes_attention;
+    L.attn_norm        = ml.param(p + ".input_layernorm.weight", {E}, a);
+    if (kind == LayerKind::Attention) L.attn = load_attention(ml, hp, p + ".self_attn", E, 2, true, a);  // q_proj: [q | gate] per head
+    else L.linear_attn = load_linear_attention(ml, hp, p + ".linear_attn", a);
     uint64_t * f = &m.info.weight_bytes_ffn;
     L.ffn_norm   = ml.param(p + ".post_attention_layernorm.weight", {E}, f);
     if (moe) {
-        load_experts(m, ml, p + ".mlp", L);
-        if (hp.n_ff_shexp > 0) {
-            L.shexp_gate   = ml.linear(p + ".mlp.shared_expert.gate_proj", hp.n_ff_shexp, E, f);
-            L.shexp_up     = ml.linear(p + ".mlp.shared_expert.up_proj", hp.n_ff_shexp, E, f);
-            L.shexp_down   = ml.linear(p + ".mlp.shared_expert.down_proj", E, hp.n_ff_shexp, f);
-            L.shexp_router = ml.linear(p + ".mlp.shared_expert_gate", 1, E, f);
-        }
+        L.moe = load_moe(ml, hp, p + ".mlp", f);
     } else {
         if (hp.n_ff == 0) fail(SPARK_ERR_INVALID_FORMAT, "config.json: %s has a dense MLP but intermediate_size is missing", p.c_str());
-        L.ffn_gate = ml.linear(p + ".mlp.gate_proj", hp.n_ff, E, f);
-        L.ffn_up   = ml.linear(p + ".mlp.up_proj", hp.n_ff, E, f);
-        L.ffn_down = ml.linear(p + ".mlp.down_proj", E, hp.n_ff, f);
+        L.mlp = load_mlp(ml, p + ".mlp", hp.n_ff, E, f);
     }
 }
 
 // MoE + sigmoid-gated shared expert (or a dense MLP in mlp_only layers).
 Tensor * build_ffn_block(GraphContext & gc, Tensor * h, const LayerWeights & L, int il) {
-    Graph & g = gc.graph;
-    if (!gc.model.hparams.is_moe_layer(il)) return build_ffn(gc, h, L.ffn_gate, L.ffn_up, L.ffn_down, il);
-    if (!L.shexp_gate.n) return g.named(build_moe(gc, h, L, il), "ffn_out", il);
-    // The shared expert first; its gate logit's matmul right before the router's (the CUDA backend
-    // runs adjacent matmuls of one input as one launch); its output joins the routed experts' in
-    // the combine.
-    Tensor * shared      = build_ffn(gc, h, L.shexp_gate, L.shexp_up, L.shexp_down, il);
-    Tensor * shared_gate = g.matmul(h, L.shexp_router);
-    return g.named(build_moe(gc, h, L, il, shared, shared_gate), "ffn_out", il);
+    if (!gc.model.hparams.is_moe_layer(il)) return build_ffn(gc, h, L.mlp.gate, L.mlp.up, L.mlp.down, il);
+    return gc.graph.named(build_moe(gc, h, L.moe, il), "ffn_out", il);
 }
 
 // The multi-token-prediction head (vLLM's Qwen3NextMTP): for the token at position t + 1 and the
@@ -92,7 +74,7 @@ public:
         Tensor * x = g.named(g.matmul(g.concat(e, h), hw.fc), "mtp_fc");
         const LayerWeights & L = m.layers[0];
         Tensor * n = build_norm(gc, x, L.attn_norm, hp.rms_eps, true, "attn_norm", 0);
-        x          = g.add(x, build_attention(gc, n, L, 0, true, true));
+        x          = g.add(x, build_attention(gc, n, L.attn, 0, true, true));
         n          = build_norm(gc, x, L.ffn_norm, hp.rms_eps, true, "ffn_norm", 0);
         x          = g.add(x, build_ffn_block(gc, n, L, 0));
         // The normed output of every row is the next chained step's hidden input.
@@ -257,8 +239,8 @@ public:
         for (int64_t il = 0; il < hp.n_layer; ++il) {
             const LayerWeights & L = m.layers[size_t(il)];
             Tensor * h = build_norm(gc, x, L.attn_norm, hp.rms_eps, true, "attn_norm", int(il));
-            h = hp.layer_kinds[size_t(il)] == LayerKind::Attention ? build_attention(gc, h, L, int(il), true, true)
-                                                                   : build_gated_delta_net(gc, h, L, int(il));
+            h = hp.layer_kinds[size_t(il)] == LayerKind::Attention ? build_attention(gc, h, L.attn, int(il), true, true)
+                                                                   : build_gated_delta_net(gc, h, L.linear_attn, int(il));
             x = g.add(x, h);
             h = build_norm(gc, x, L.ffn_norm, hp.rms_eps, true, "ffn_norm", int(il));
             x = g.named(g.add(x, build_ffn_block(gc, h, L, int(il))), "l_out", int(il));
@@ -269,7 +251,7 @@ public:
 
 private:
     // Gated DeltaNet layer (formats.md 7.3.2-7.3.3).
-    static Tensor * build_gated_delta_net(GraphContext & gc, Tensor * x, const LayerWeights & L, int il) {
+    static Tensor * build_gated_delta_net(GraphContext & gc, Tensor * x, const LinearAttentionWeights & w, int il) {
         Graph &         g  = gc.graph;
         const HParams & hp = gc.model.hparams;
         const int64_t   T  = x->ne[1];
@@ -279,7 +261,7 @@ private:
 
         // in_proj_qkvz rows come grouped per key head: [q (dk) | k (dk) | v (r*dv) | z (r*dv)]; the
         // ops below read them in place (strided views), so no copy makes them contiguous.
-        Tensor *      qkvz  = g.matmul(x, L.in_proj_qkvz);
+        Tensor *      qkvz  = g.matmul(x, w.in_proj_qkvz);
         const int64_t group = 2 * dk + 2 * r * dv;
         const size_t  gb = size_t(group) * f, tb = size_t(nk) * gb;
         Tensor * q = g.view(qkvz, {dk, nk, T}, {f, gb, tb}, 0);
@@ -287,26 +269,26 @@ private:
         Tensor * v = g.view(qkvz, {r * dv, nk, T}, {f, gb, tb}, size_t(2 * dk) * f);
         Tensor * z = g.view(qkvz, {dv, r, nk, T}, {f, size_t(dv) * f, gb, tb}, size_t(2 * dk + r * dv) * f);
         // in_proj_ba rows per key head: [b (r) | a (r)].
-        Tensor *     ba  = g.matmul(x, L.in_proj_ba);
+        Tensor *     ba  = g.matmul(x, w.in_proj_ba);
         const size_t bab = size_t(2 * r) * f;
         Tensor *     b   = g.view(ba, {r, nk, T}, {f, bab, size_t(nk) * bab}, 0);
         Tensor *     a   = g.view(ba, {r, nk, T}, {f, bab, size_t(nk) * bab}, size_t(r) * f);
 
         // Causal conv over the channels [q | k | v] (silu applied), with the rolling conv state.
-        Tensor * conv = g.named(g.conv1d_ssm({q, k, v}, param(gc, L.ssm_conv, "ssm_conv"), gc.memory.conv_state(g, il), gc.step), "ssm_conv_out", il);
+        Tensor * conv = g.named(g.conv1d_ssm({q, k, v}, param(gc, w.conv, "ssm_conv"), gc.memory.conv_state(g, il), gc.step), "ssm_conv_out", il);
         const size_t cb = size_t(conv->ne[0]) * f;
         q = g.view(conv, {dk, nk, T}, {f, size_t(dk) * f, cb}, 0);
         k = g.view(conv, {dk, nk, T}, {f, size_t(dk) * f, cb}, size_t(nk * dk) * f);
         v = g.view(conv, {dv, nv, T}, {f, size_t(dv) * f, cb}, size_t(2 * nk * dk) * f);
 
         // q and k are l2-normalised and q scaled inside the op (use_qk_l2norm_in_kernel).
-        Tensor * o = g.gated_delta(q, k, v, a, b, param(gc, L.ssm_A_log, "ssm_A_log"), param(gc, L.ssm_dt_bias, "ssm_dt_bias"),
+        Tensor * o = g.gated_delta(q, k, v, a, b, param(gc, w.A_log, "ssm_A_log"), param(gc, w.dt_bias, "ssm_dt_bias"),
                                    gc.memory.ssm_state(g, il), gc.step, {true, 1e-6f, 1.0f / std::sqrt(float(dk))});
         g.named(o, "ssm_out", il);
 
         // Gated RMSNorm per value head: rmsnorm(o) * w * silu(z) (plain weight, norm before gate).
-        Tensor * gated = g.rms_norm_gated(o, param(gc, L.ssm_norm, "ssm_norm"), z, hp.rms_eps);  // [dv, nv, T]
-        return g.named(g.matmul(g.reshape(gated, {nv * dv, T}), L.out_proj), "linear_attn_out", il);
+        Tensor * gated = g.rms_norm_gated(o, param(gc, w.norm, "ssm_norm"), z, hp.rms_eps);  // [dv, nv, T]
+        return g.named(g.matmul(g.reshape(gated, {nv * dv, T}), w.out_proj), "linear_attn_out", il);
     }
 };
 
