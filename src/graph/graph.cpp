@@ -213,13 +213,17 @@ Tensor * Graph::attention(Tensor * q, Tensor * k, Tensor * v, Tensor * k_cache, 
     return t;
 }
 
-Tensor * Graph::moe_route(Tensor * logits, int32_t k, bool normalize) {
+Tensor * Graph::moe_route(Tensor * logits, int32_t k, bool normalize, RouterScore score, Tensor * choice_bias) {
     SPARK_ASSERT(logits->type == DType::F32 && k > 0 && k <= logits->ne[0]);
+    SPARK_ASSERT(!choice_bias || (score == RouterScore::Sigmoid && choice_bias->type == DType::F32 && choice_bias->ne[0] == logits->ne[0] &&
+                                  choice_bias->nrows() == 1));
     int64_t  ne[2] = {2 * int64_t(k), logits->nrows()};
     Tensor * t     = new_tensor(DType::F32, ne, 2, Op::MOE_ROUTE);
     t->src[0]      = logits;
+    t->src[1]      = choice_bias;
     t->ip[0]       = k;
     t->ip[1]       = normalize ? 1 : 0;
+    t->ip[2]       = int32_t(score);
     return t;
 }
 

@@ -25,6 +25,12 @@ namespace spark {
 constexpr int kMaxDims = 4;
 constexpr int kMaxSrc  = 10;
 
+// How MOE_ROUTE scores the experts (its ip[2]).
+enum class RouterScore : int32_t {
+    Softmax = 0,  // softmax over the router logits (Qwen3-MoE, Qwen3-Next)
+    Sigmoid = 1,  // an independent sigmoid per expert (MiniMax-M2)
+};
+
 enum class Op : uint8_t {
     NONE,         // leaf: graph input, external state or constant
     VIEW,         // alias of src0 (offset + strides, possibly another 4-byte dtype); no compute
@@ -46,7 +52,7 @@ enum class Op : uint8_t {
     SWIGLU,       // silu(src0) * src1
     MUL_SIGMOID,  // src0 * sigmoid(src1) (src1 broadcast along rows when its ne0 == 1)
     ATTENTION,    // causal GQA attention over the paged KV cache; see Graph::attention
-    MOE_ROUTE,    // softmax + top-k of router logits src0 [E, T] -> [2k, T]: k weights (F32)
+    MOE_ROUTE,    // scores (ip2: RouterScore) + top-k of router logits src0 [E, T] (+ choice bias src1) -> [2k, T]: k weights (F32)
                   // then k expert ids (I32 bits); ip[0] = k, ip[1] = normalize top-k weights
     MOE_COMBINE,  // sum_j w[j, t] * y[:, j, t]: src0 y [H, k, T], src1 w [k, T] -> [H, T];
                   // src2 (optional) a shared expert's s [H, T] added as s * sigmoid(src3 [1, T])
@@ -153,9 +159,11 @@ public:
     Tensor * attention(Tensor * q, Tensor * k, Tensor * v, Tensor * k_cache, Tensor * v_cache,
                        const StepInputs & step, float scale);
 
-    // MoE routing: softmax over experts, top-k, optional renormalisation. Returns the packed
-    // [2k, T] result; moe_weights / moe_ids are views of it.
-    Tensor * moe_route(Tensor * logits, int32_t k, bool normalize);
+    // MoE routing: scores over experts (a softmax, or sigmoids), top-k, optional renormalisation.
+    // Returns the packed [2k, T] result; moe_weights / moe_ids are views of it. choice_bias
+    // (sigmoid only, optional F32 [E]: MiniMax-M2's e_score_correction_bias) is added to the scores
+    // to choose the experts; the weights are the chosen scores without it.
+    Tensor * moe_route(Tensor * logits, int32_t k, bool normalize, RouterScore score = RouterScore::Softmax, Tensor * choice_bias = nullptr);
     Tensor * moe_weights(Tensor * route);   // F32 [k, T]
     Tensor * moe_ids(Tensor * route);       // I32 [k, T]
     // shared (optional): a shared expert's output [H, T] gated by sigmoid(shared_gate [1, T]) and

@@ -9,7 +9,7 @@
 
 namespace spark {
 
-AttentionWeights load_attention(ModelLoader & ml, const HParams & hp, const std::string & p, int64_t in, int64_t q_per_head, bool qk_norm,
+AttentionWeights load_attention(ModelLoader & ml, const HParams & hp, const std::string & p, int64_t in, int64_t q_per_head, QkNormScope qk_norm,
                                 uint64_t * bytes) {
     const int64_t    hd = hp.head_dim;
     AttentionWeights w;
@@ -17,9 +17,10 @@ AttentionWeights load_attention(ModelLoader & ml, const HParams & hp, const std:
     w.wk = ml.linear(p + ".k_proj", hp.n_head_kv * hd, in, bytes);
     w.wv = ml.linear(p + ".v_proj", hp.n_head_kv * hd, in, bytes);
     w.wo = ml.linear(p + ".o_proj", hp.n_embd, hp.n_head * hd, bytes);
-    if (qk_norm) {
-        w.q_norm = ml.param(p + ".q_norm.weight", {hd}, bytes);
-        w.k_norm = ml.param(p + ".k_norm.weight", {hd}, bytes);
+    if (qk_norm != QkNormScope::None) {
+        const bool whole = qk_norm == QkNormScope::WholeProjection;
+        w.q_norm         = ml.param(p + ".q_norm.weight", {whole ? hp.n_head * hd : hd}, bytes);
+        w.k_norm         = ml.param(p + ".k_norm.weight", {whole ? hp.n_head_kv * hd : hd}, bytes);
     }
     return w;
 }
@@ -32,15 +33,15 @@ MlpWeights load_mlp(ModelLoader & ml, const std::string & p, int64_t n_ff, int64
     return w;
 }
 
-MoeWeights load_moe(ModelLoader & ml, const HParams & hp, const std::string & p, uint64_t * bytes) {
+MoeWeights load_moe(ModelLoader & ml, const HParams & hp, const std::string & p, uint64_t * bytes, const ExpertNames & names) {
     MoeWeights w;
     w.router = ml.linear(p + ".gate", hp.n_expert, hp.n_embd, bytes);
     std::vector<LinearSpec> specs;
     for (int64_t e = 0; e < hp.n_expert; ++e) {
         const std::string x = p + ".experts." + std::to_string(e);
-        specs.push_back({x + ".gate_proj", hp.n_ff_expert, hp.n_embd});
-        specs.push_back({x + ".up_proj", hp.n_ff_expert, hp.n_embd});
-        specs.push_back({x + ".down_proj", hp.n_embd, hp.n_ff_expert});
+        specs.push_back({x + "." + names.gate, hp.n_ff_expert, hp.n_embd});
+        specs.push_back({x + "." + names.up, hp.n_ff_expert, hp.n_embd});
+        specs.push_back({x + "." + names.down, hp.n_embd, hp.n_ff_expert});
     }
     const std::vector<QWeight> experts = ml.linears(specs, bytes);  // resolved in parallel
     for (size_t e = 0; e < size_t(hp.n_expert); ++e) {
@@ -89,7 +90,9 @@ Tensor * build_moe(GraphContext & gc, Tensor * x, const MoeWeights & w, int il) 
         shared_gate = g.matmul(x, w.shared_gate);
     }
     Tensor * logits = g.named(g.matmul(x, w.router), "router_logits", il);
-    Tensor * route  = g.moe_route(logits, int32_t(hp.n_expert_used), hp.norm_topk_prob);
+    Tensor * bias   = w.choice_bias.data ? param(gc, w.choice_bias, "router_bias") : nullptr;
+    Tensor * route  = g.moe_route(logits, int32_t(hp.n_expert_used), hp.norm_topk_prob,
+                                  hp.router_sigmoid ? RouterScore::Sigmoid : RouterScore::Softmax, bias);
     Tensor * ids    = g.moe_ids(route);
     Tensor * xe     = g.reshape(x, {x->ne[0], 1, T});  // one input row shared by the k slots
     const int32_t ne = int32_t(hp.n_expert);
@@ -105,7 +108,15 @@ Tensor * build_attention(GraphContext & gc, Tensor * x, const AttentionWeights &
     const HParams & hp = gc.model.hparams;
     const int64_t   T = x->ne[1], hd = hp.head_dim, nh = hp.n_head, nkv = hp.n_head_kv;
 
-    Tensor * q    = g.matmul(x, w.wq);
+    // A norm of the whole projection (MiniMax-M2) comes before the split into heads; the three
+    // matmuls stay adjacent (one launch on CUDA).
+    const bool whole_q = w.q_norm.data && w.q_norm.ne[0] != hd, whole_k = w.k_norm.data && w.k_norm.ne[0] != hd;
+    Tensor *   q       = g.matmul(x, w.wq);
+    Tensor *   k       = g.matmul(x, w.wk);
+    Tensor *   v       = g.reshape(g.matmul(x, w.wv), {hd, nkv, T});
+    if (whole_q) q = g.rms_norm(q, param(gc, w.q_norm, "q_norm"), hp.rms_eps, zc);
+    if (whole_k) k = g.rms_norm(k, param(gc, w.k_norm, "k_norm"), hp.rms_eps, zc);
+    k = g.reshape(k, {hd, nkv, T});
     Tensor * gate = nullptr;
     if (q_gated) {
         // q_proj rows are [q (hd) | gate (hd)] per head: split with strided views.
@@ -115,14 +126,12 @@ Tensor * build_attention(GraphContext & gc, Tensor * x, const AttentionWeights &
     } else {
         q = g.reshape(q, {hd, nh, T});
     }
-    Tensor * k = g.reshape(g.matmul(x, w.wk), {hd, nkv, T});
-    Tensor * v = g.reshape(g.matmul(x, w.wv), {hd, nkv, T});
 
     // Each norm directly followed by its RoPE: backends may fuse the pair. Llama-style layers (an
     // EAGLE3 head) have no q/k norms.
-    if (w.q_norm.data) q = g.rms_norm(q, param(gc, w.q_norm, "q_norm"), hp.rms_eps, zc);
+    if (w.q_norm.data && !whole_q) q = g.rms_norm(q, param(gc, w.q_norm, "q_norm"), hp.rms_eps, zc);
     q = g.named(g.rope(q, gc.step.pos, int32_t(hp.n_rot), hp.rope_theta), "q_rope", il);
-    if (w.k_norm.data) k = g.rms_norm(k, param(gc, w.k_norm, "k_norm"), hp.rms_eps, zc);
+    if (w.k_norm.data && !whole_k) k = g.rms_norm(k, param(gc, w.k_norm, "k_norm"), hp.rms_eps, zc);
     k = g.named(g.rope(k, gc.step.pos, int32_t(hp.n_rot), hp.rope_theta), "k_rope", il);
 
     Tensor * o = g.attention(q, k, v, gc.memory.k_cache(g, il), gc.memory.v_cache(g, il), gc.step,

@@ -9,19 +9,29 @@ namespace spark {
 
 // ---- loading
 
+// Where an attention block's q_norm / k_norm apply.
+enum class QkNormScope { None, PerHead, WholeProjection };
+
 // Softmax attention "<prefix>" (a layer's self_attn): q/k/v/o over inputs of width `in` (n_embd;
 // an EAGLE3 head's 2 x n_embd), q_proj with `q_per_head` x head_dim rows per head (2: Qwen3-Next's
-// [q | gate]), and the per-head q_norm / k_norm where `qk_norm`. Bytes count into `bytes`.
+// [q | gate]), and q_norm / k_norm of the kind `qk_norm` says. Bytes count into `bytes`.
 AttentionWeights load_attention(ModelLoader & ml, const HParams & hp, const std::string & prefix, int64_t in, int64_t q_per_head,
-                                bool qk_norm, uint64_t * bytes);
+                                QkNormScope qk_norm, uint64_t * bytes);
 
 // A SwiGLU MLP "<prefix>" ({gate,up,down}_proj) of n_ff over n_embd.
 MlpWeights load_mlp(ModelLoader & ml, const std::string & prefix, int64_t n_ff, int64_t n_embd, uint64_t * bytes);
 
+// The names of an expert's three projections in a checkpoint.
+struct ExpertNames {
+    const char * gate = "gate_proj";
+    const char * up   = "up_proj";
+    const char * down = "down_proj";
+};
+
 // A mixture of experts "<prefix>" (a layer's mlp): the router "gate", the routed experts
-// "experts.E.{gate,up,down}_proj" and, when hp.n_ff_shexp > 0, the shared expert
-// "shared_expert" with its gate "shared_expert_gate".
-MoeWeights load_moe(ModelLoader & ml, const HParams & hp, const std::string & prefix, uint64_t * bytes);
+// "experts.E.<names>" and, when hp.n_ff_shexp > 0, the shared expert "shared_expert" with its gate
+// "shared_expert_gate".
+MoeWeights load_moe(ModelLoader & ml, const HParams & hp, const std::string & prefix, uint64_t * bytes, const ExpertNames & names = {});
 
 // ---- building
 
@@ -34,13 +44,15 @@ Tensor * build_norm(GraphContext & gc, Tensor * x, const Param & w, float eps, b
 // SwiGLU MLP: down(silu(gate(x)) * up(x)).
 Tensor * build_ffn(GraphContext & gc, Tensor * x, const QWeight & gate, const QWeight & up, const QWeight & down, int il);
 
-// Routed experts (softmax router, top-k, optional renormalisation), run only for the tokens routed
-// to them, weighted and summed: x [n_embd, T] -> [n_embd, T]. A shared expert's output, where the
+// Routed experts (a softmax router, or sigmoid scores chosen with the block's bias where
+// hp.router_sigmoid; top-k, optional renormalisation), run only for the tokens routed to them,
+// weighted and summed: x [n_embd, T] -> [n_embd, T]. A shared expert's output, where the
 // layer has one, is added to the sum gated by sigmoid(shared_gate(x)).
 Tensor * build_moe(GraphContext & gc, Tensor * x, const MoeWeights & w, int il);
 
-// Softmax attention with per-head q/k RMSNorm (when the layer has them) and (partial) NEOX RoPE
-// over the KV cache.
+// Softmax attention with q/k RMSNorm (when the layer has them: over each head, or over the whole
+// projection before the split into heads, by the norm's length) and (partial) NEOX RoPE over the
+// KV cache.
 // q_gated: Qwen3-Next's q_proj holds [q | gate] per head and the output is multiplied by
 // sigmoid(gate). Returns o_proj's output [n_embd, T].
 Tensor * build_attention(GraphContext & gc, Tensor * x, const AttentionWeights & w, int il, bool q_gated, bool zero_centered_norms);

@@ -65,7 +65,11 @@ int64_t HParams::ssm_state_floats() const {
 }
 
 void parse_rotary(const ConfigFields & f, HParams & hp, double default_factor) {
-    const double partial = f.number("partial_rotary_factor", default_factor, 0.0, 1.0, true);
+    // transformers 5 moves the factor into rope_parameters (its value wins there, as in
+    // transformers' convert_rope_params_to_dict).
+    double partial = f.number("partial_rotary_factor", default_factor, 0.0, 1.0, true);
+    if (const json * params = f.find("rope_parameters"); params && params->is_object())
+        partial = Fields(*params, f.origin(), "rope_parameters.").number("partial_rotary_factor", partial, 0.0, 1.0, true);
     hp.n_rot             = int64_t(double(hp.head_dim) * partial);
     if (hp.n_rot <= 0 || hp.n_rot % 2) f.bad("partial_rotary_factor", "= %g gives %lld rotated dims of %lld (must be even and positive)", partial, (long long) hp.n_rot, (long long) hp.head_dim);
 }

@@ -38,6 +38,7 @@ struct HParams {
     int64_t          n_ff_expert     = 0;
     int64_t          n_ff_shexp      = 0;  // shared expert (Qwen3-Next)
     bool             norm_topk_prob  = false;
+    bool             router_sigmoid  = false;  // sigmoid expert scores, not a softmax (MiniMax-M2)
     int64_t          sparse_step     = 1;
     std::vector<int> mlp_only_layers;
 

@@ -45,6 +45,7 @@ void MlpWeights::visit(const WeightVisitor & v, WeightRole role) const {
 
 void MoeWeights::visit(const WeightVisitor & v) const {
     v(router, WeightRole::Auxiliary);
+    v(choice_bias);
     for (const auto * experts : {&gate, &up, &down})
         for (const QWeight & w : *experts) v(w, WeightRole::Expert);
     shared.visit(v, WeightRole::Auxiliary);

@@ -52,7 +52,8 @@ struct WeightVisitor {
     }
 };
 
-// Softmax attention (build_attention): q/k/v/o and the optional per-head q/k norms.
+// Softmax attention (build_attention): q/k/v/o and the optional q/k RMSNorms, over each head
+// ([head_dim]: Qwen3) or over the whole projection ([n_head * head_dim]: MiniMax-M2).
 struct AttentionWeights {
     QWeight wq, wk, wv, wo;
     Param   q_norm, k_norm;
@@ -74,7 +75,8 @@ struct MlpWeights {
 
 // A routed mixture of experts (build_moe), with an optional sigmoid-gated shared expert.
 struct MoeWeights {
-    QWeight              router;  // [n_expert, n_embd]
+    QWeight              router;       // [n_expert, n_embd]
+    Param                choice_bias;  // [n_expert]: added to sigmoid scores to choose (MiniMax-M2)
     std::vector<QWeight> gate, up, down;  // one per expert
     MlpWeights           shared;
     QWeight              shared_gate;  // [1, n_embd]

@@ -9,6 +9,8 @@
 #include "runtime/models/arch.h"
 #include "text/tokenizer.h"
 
+#include <fnmatch.h>
+
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -31,16 +33,13 @@ json preset(const std::string & shape) {
     fail(SPARK_ERR_INVALID_ARGUMENT, "unknown synthetic shape '%s' (%s)", shape.c_str(), names.c_str());
 }
 
-bool ends_with(const std::string & s, const char * suffix) {
-    const size_t n = std::strlen(suffix);
-    return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
-}
 
-// The format a synthetic Linear weight gets: routers and the shared-expert gate stay bf16 (every
-// producer excludes them), and so does a shape the format cannot hold.
-WeightFormat synthetic_linear_format(const std::string & module, int64_t n, int64_t k, WeightFormat format) {
-    const bool keep_dense = module == "lm_head" || ends_with(module, ".mlp.gate") || ends_with(module, "shared_expert_gate");
-    const WeightFormat f  = keep_dense ? WeightFormat::BF16 : format;
+// The format a synthetic Linear weight gets: the modules the architecture's producers keep dense
+// (routers, lm_head) stay bf16, and so does a shape the format cannot hold.
+WeightFormat synthetic_linear_format(const Architecture & arch, const std::string & module, int64_t n, int64_t k, WeightFormat format) {
+    bool keep_dense = false;
+    for (const std::string & pattern : arch.dense_modules()) keep_dense = keep_dense || ::fnmatch(pattern.c_str(), module.c_str(), 0) == 0;
+    const WeightFormat f = keep_dense ? WeightFormat::BF16 : format;
     if ((f == WeightFormat::NVFP4 && k % 16) || (f == WeightFormat::INT4 && (k % 8 || n % 8))) return WeightFormat::BF16;
     return f;
 }
@@ -50,7 +49,7 @@ public:
     SyntheticLoader(Model & m, const spark_model_params & p, WeightFormat format) : ModelLoader(m, p), format_(format) {}
 
     QWeight linear(const std::string & module, int64_t n, int64_t k, uint64_t * counter) override {
-        return make(module, synthetic_linear_format(module, n, k, format_), n, k, counter);
+        return make(module, synthetic_linear_format(*model_.arch, module, n, k, format_), n, k, counter);
     }
     QWeight dense(const std::string & name, int64_t n, int64_t k, uint64_t * counter) override {
         return make(name, WeightFormat::BF16, n, k, counter);
@@ -137,7 +136,7 @@ public:
     QWeight linear(const std::string & module, int64_t n, int64_t k, uint64_t * counter) override {
         // The synthetic loader's format, so that a directory written from this layout loads into the
         // same weights as "synthetic:<shape>:<format>".
-        const WeightFormat f = synthetic_linear_format(module, n, k, format_);
+        const WeightFormat f = synthetic_linear_format(*model_.arch, module, n, k, format_);
         SyntheticTensor    t;
         t.kind   = SyntheticTensor::Kind::Linear;
         t.name   = module;

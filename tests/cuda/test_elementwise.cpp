@@ -40,6 +40,7 @@
 using namespace test;
 using spark::Graph;
 using spark::Op;
+using spark::RouterScore;
 
 namespace {
 
@@ -359,7 +360,7 @@ TEST_CASE("cuda elementwise: ARGMAX") {
     CHECK(got == expect);
 }
 
-TEST_CASE("cuda elementwise: MOE_ROUTE (softmax + top-k + renormalisation, one kernel)") {
+TEST_CASE("cuda elementwise: MOE_ROUTE (softmax or sigmoid scores + top-k + renormalisation, one kernel)") {
     // Weights kF32 (expf ulps, float vs double softmax sum); ids are I32, compared exactly.
     OpHarness h(18);
     h.set_replay_check(true);
@@ -379,6 +380,18 @@ TEST_CASE("cuda elementwise: MOE_ROUTE (softmax + top-k + renormalisation, one k
                     return std::vector<Tensor *>{g.moe_weights(r), g.moe_ids(r)};
                 });
             }
+    // Sigmoid scores chosen with a bias (MiniMax-M2: 256 experts, top-8), with and without the bias.
+    for (Cfg c : {Cfg{256, 8}, Cfg{8, 2}, Cfg{512, 10}})
+        for (bool with_bias : {false, true})
+            for (int64_t rows : kRows)
+                h.check_multi("moe_route sigmoid" + std::string(with_bias ? "+bias" : "") + " E=" + std::to_string(c.e) + " k=" +
+                                  std::to_string(c.k) + " T=" + std::to_string(rows),
+                              kF32, [&](OpBuilder & b) {
+                                  Graph &  g    = b.graph();
+                                  Tensor * bias = with_bias ? b.param({c.e}, 0.1f) : nullptr;
+                                  Tensor * r    = g.moe_route(b.input({c.e, rows}, 2.0f), c.k, true, RouterScore::Sigmoid, bias);
+                                  return std::vector<Tensor *>{g.moe_weights(r), g.moe_ids(r)};
+                              });
     for (int64_t rows : kRows) {
         // Every probability appears twice (experts e and e + 64): ties go to the lower id.
         h.check_multi("moe_route ties E=128 k=8 T=" + std::to_string(rows), kF32, [&](OpBuilder & b) {

@@ -186,6 +186,12 @@ def config_corpus():
         "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
         "num_experts": 512, "num_experts_per_tok": 10, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
         "num_nextn_predict_layers": 1, "eos_token_id": [151645, 151643], "bos_token_id": 151643}))
+    write(os.path.join(out, "minimax-m2.json"), json.dumps({
+        "model_type": "minimax_m2", "vocab_size": 200064, "hidden_size": 3072, "intermediate_size": 1536, "num_hidden_layers": 62,
+        "num_attention_heads": 48, "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 196608, "rms_norm_eps": 1e-6,
+        "rope_theta": 5000000, "rotary_dim": 64, "num_local_experts": 256, "num_experts_per_tok": 8, "scoring_func": "sigmoid",
+        "use_qk_norm": True, "qk_norm_type": "per_layer", "shared_intermediate_size": 0, "attn_type_list": [1] * 62,
+        "eos_token_id": 200020, "bos_token_id": 200034}))
 
 
 # ---- tokenizers ----------------------------------------------------------------------------------
@@ -269,12 +275,11 @@ def tokenizer_corpus():
 
 
 def main():
-    if len(sys.argv) != 2:
+    if len(sys.argv) != 2 or not os.path.isdir(sys.argv[1]):
         sys.exit(__doc__)
     convert = os.path.join(sys.argv[1], "tools", "convert", "spark-convert")
-    if os.path.isdir(OUT):
-        shutil.rmtree(OUT)
-    for name in ["config", "safetensors", "tokenizer", "model_file"]:
+    for name in ["config", "safetensors", "tokenizer", "model_file"]:  # (corpus/jinja is not made here: kept)
+        shutil.rmtree(os.path.join(OUT, name), ignore_errors=True)
         os.makedirs(os.path.join(OUT, name))
     config_corpus()
     safetensors_corpus()

@@ -28,6 +28,7 @@ const char * kAllFixtures[] = {
     "qwen3_moe-bf16", "qwen3_moe-nvfp4-modelopt", "qwen3_moe-nvfp4-ct", "qwen3_moe-int4-autoround",
     "qwen3_moe-int4-autoround-asym", "qwen3_moe-fp8-block", "qwen3_moe-fp8-ct-channel",
     "qwen3_next-bf16", "qwen3_next-nvfp4-modelopt", "qwen3_next-int4-autoround", "qwen3_next-fp8-block",
+    "minimax_m2-bf16", "minimax_m2-fp8-block", "minimax_m2-int4-autoround", "minimax_m2-nvfp4-modelopt",
 };
 
 struct RunResult {

@@ -122,6 +122,12 @@ TEST_CASE("hostile config.json: each implausible or overflowing value is refused
         {"qwen3_next-bf16", "linear_conv_kernel_dim", [](json & c) { c["linear_conv_kernel_dim"] = int64_t(1) << 62; }},
         {"qwen3_next-bf16", "shared_expert_intermediate_size", [](json & c) { c["shared_expert_intermediate_size"] = int64_t(1) << 60; }},
         {"qwen3_next-bf16", "num_nextn_predict_layers", [](json & c) { c["num_nextn_predict_layers"] = kBig; }},
+        {"minimax_m2-bf16", "num_local_experts", [](json & c) { c["num_local_experts"] = kBig; }},
+        {"minimax_m2-bf16", "intermediate_size", [](json & c) { c["intermediate_size"] = int64_t(1) << 50; }},
+        {"minimax_m2-bf16", "rotary_dim", [](json & c) { c["rotary_dim"] = kBig; }},
+        {"minimax_m2-bf16", "rotary_dim", [](json & c) { c["rotary_dim"] = 31; }},
+        {"minimax_m2-bf16", "rotary_dim", [](json & c) { c["rotary_dim"] = 16; }},  // disagrees with partial_rotary_factor
+        {"minimax_m2-bf16", "attn_type_list", [](json & c) { c["attn_type_list"] = "1,1"; }},
     };
     for (const ConfigCase & c : cases) {
         TempDir        d;
@@ -135,6 +141,25 @@ TEST_CASE("hostile config.json: each implausible or overflowing value is refused
         CHECK(contains(o.message, std::string("'") + c.field + "'"));
         CHECK(contains(o.message, (p / "config.json").string()));
         CHECK(o.seconds < 1.0);
+    }
+}
+
+TEST_CASE("MiniMax-M2 variants spark does not run are refused as unsupported, naming what") {
+    const std::pair<const char *, std::function<void(json &)>> cases[] = {
+        {"scoring_func", [](json & c) { c["scoring_func"] = "softmax"; }},
+        {"use_qk_norm", [](json & c) { c["use_qk_norm"] = false; }},
+        {"qk_norm_type", [](json & c) { c["qk_norm_type"] = "per_head"; }},
+        {"shared_intermediate_size", [](json & c) { c["shared_intermediate_size"] = 512; }},
+        {"attn_type_list", [](json & c) { c["attn_type_list"] = json::array({0, 1}); }},  // MiniMax-01's lightning attention
+    };
+    for (const auto & [what, edit] : cases) {
+        TempDir        d;
+        const fs::path p = edited_model(d, "minimax_m2-bf16", edit);
+        const Outcome  o = try_load(p.string());
+        CAPTURE(what);
+        CAPTURE(o.message);
+        CHECK(o.status == SPARK_ERR_UNSUPPORTED);
+        CHECK(contains(o.message, what));
     }
 }
 
@@ -159,6 +184,23 @@ TEST_CASE("config.json bounds: the largest published shapes still parse") {
     json none = big;
     none["bos_token_id"] = -1;
     CHECK(spark::parse_hparams(none).bos_token_id == -1);
+    // MiniMax-M2 as released: rotary_dim (no factor), num_local_experts, intermediate_size the
+    // experts' width, theta 5e6.
+    const json minimax = {{"model_type", "minimax_m2"}, {"vocab_size", 200064}, {"hidden_size", 3072}, {"intermediate_size", 1536},
+                          {"num_hidden_layers", 62}, {"num_attention_heads", 48}, {"num_key_value_heads", 8}, {"head_dim", 128},
+                          {"max_position_embeddings", 196608}, {"rope_theta", 5000000}, {"rotary_dim", 64}, {"num_local_experts", 256},
+                          {"num_experts_per_tok", 8}, {"scoring_func", "sigmoid"}, {"use_qk_norm", true}, {"qk_norm_type", "per_layer"},
+                          {"shared_intermediate_size", 0}, {"attn_type_list", json(std::vector<int>(62, 1))}, {"eos_token_id", 200020}};
+    const spark::HParams m = spark::parse_hparams(minimax);
+    CHECK(m.n_rot == 64);
+    CHECK(m.n_expert == 256);
+    CHECK(m.n_ff_expert == 1536);
+    CHECK(m.n_ff == 0);
+    CHECK(m.router_sigmoid);
+    CHECK(m.norm_topk_prob);
+    json no_theta = minimax;
+    no_theta.erase("rope_theta");
+    CHECK(spark::parse_hparams(no_theta).rope_theta == 5e6f);
 }
 
 TEST_CASE("hostile EAGLE3 head config.json is refused, naming the field and the file") {

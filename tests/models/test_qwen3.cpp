@@ -232,6 +232,8 @@ TEST_CASE("bad model inputs give documented status codes and messages") {
         auto    p = corrupted_copy(d, [](Safetensors &, nlohmann::json & config) { config["model_type"] = "gpt2"; });
         CHECK(try_load(p.string(), msg) == SPARK_ERR_UNSUPPORTED);
         CHECK(msg.find("gpt2") != std::string::npos);
+        // The message lists what spark runs.
+        CHECK(msg.find("supported: qwen3, qwen3_moe, qwen3_next, minimax_m2") != std::string::npos);
     }
 }
 

@@ -25,7 +25,7 @@ using json   = nlohmann::json;
 
 namespace {
 
-const char * kShapes[]  = {"tiny-qwen3", "tiny-qwen3-moe", "tiny-qwen3-next"};
+const char * kShapes[]  = {"tiny-qwen3", "tiny-qwen3-moe", "tiny-qwen3-next", "tiny-minimax-m2"};
 const char * kFormats[] = {"bf16", "int4", "nvfp4", "fp8"};
 
 spark::convert::SyntheticStats write(const std::string & shape, const std::string & format, const fs::path & dir, uint64_t shard_bytes = 5000000000ull,

@@ -401,7 +401,7 @@ json make_config(const json & preset, const HParams & hp, WeightFormat format) {
             break;
         case WeightFormat::NVFP4:
             c["quantization_config"] = {{"quant_method", "modelopt"}, {"quant_algo", "NVFP4"}, {"group_size", 16}, {"kv_cache_quant_algo", nullptr},
-                                        {"exclude_modules", {"lm_head", "*.mlp.gate", "*shared_expert_gate*"}}};
+                                        {"exclude_modules", arch.dense_modules()}};
             break;
         case WeightFormat::FP8:
             c["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"}, {"weight_block_size", {128, 128}}};
@@ -412,13 +412,13 @@ json make_config(const json & preset, const HParams & hp, WeightFormat format) {
 }
 
 // ModelOpt's side file (json.dump(..., indent=4), keys in its order).
-std::string hf_quant_config_nvfp4() {
+std::string hf_quant_config_nvfp4(const Architecture & arch) {
     nlohmann::ordered_json q;
     q["producer"]                          = {{"name", "modelopt"}, {"version", "0.37.0"}};
     q["quantization"]["quant_algo"]        = "NVFP4";
     q["quantization"]["kv_cache_quant_algo"] = nullptr;
     q["quantization"]["group_size"]        = 16;
-    q["quantization"]["exclude_modules"]   = {"lm_head", "*.mlp.gate", "*shared_expert_gate*"};
+    q["quantization"]["exclude_modules"]   = arch.dense_modules();
     return q.dump(4);
 }
 
@@ -743,7 +743,7 @@ SyntheticStats write_synthetic_checkpoint(const SyntheticOptions & o) {
     try {
         ShardWriter(plan.tensors, shards, o).write(temp);
         write_text_file(temp + "/config.json", config.dump(2) + "\n");  // transformers: indent 2, sorted keys
-        if (format == WeightFormat::NVFP4) write_text_file(temp + "/hf_quant_config.json", hf_quant_config_nvfp4());
+        if (format == WeightFormat::NVFP4) write_text_file(temp + "/hf_quant_config.json", hf_quant_config_nvfp4(architecture_of(hp.arch)));
         if (shards.size() > 1) {
             json     index;
             uint64_t total = 0;

@@ -282,7 +282,30 @@ void test_rope() {
 
 // The kernel's arithmetic (float softmax sum: per lane in slot order, then the xor butterfly) and the
 // CPU backend's selection rule; with this reference the weights must be bit-identical.
-void route_ref(const float * x, int E, int k, bool normalize, std::vector<float> & w, std::vector<int32_t> & ids) {
+// Sigmoid scoring (MiniMax-M2): p = 1 / (1 + exp(-x)), chosen by p + bias, weighted by p.
+void route_ref(const float * x, int E, int k, bool normalize, std::vector<float> & w, std::vector<int32_t> & ids, bool sigmoid = false,
+               const float * bias = nullptr) {
+    if (sigmoid) {
+        std::vector<float> p(static_cast<size_t>(E)), c(static_cast<size_t>(E));
+        for (int e = 0; e < E; ++e) {
+            p[size_t(e)] = 1.0f / (1.0f + std::exp(-x[e]));
+            c[size_t(e)] = p[size_t(e)] + (bias ? bias[e] : 0.0f);
+        }
+        std::vector<int> order(static_cast<size_t>(E));
+        std::iota(order.begin(), order.end(), 0);
+        auto key = [&](int a) { return c[size_t(a)] == c[size_t(a)] ? c[size_t(a)] : -INFINITY; };
+        std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                          [&](int a, int b) { return key(a) > key(b) || (key(a) == key(b) && a < b); });
+        float wsum = 0.0f;
+        for (int j = 0; j < k; ++j) wsum += p[size_t(order[size_t(j)])];
+        w.resize(size_t(k));
+        ids.resize(size_t(k));
+        for (int j = 0; j < k; ++j) {
+            w[size_t(j)]   = normalize ? p[size_t(order[size_t(j)])] / wsum : p[size_t(order[size_t(j)])];
+            ids[size_t(j)] = order[size_t(j)];
+        }
+        return;
+    }
     float m = -INFINITY;
     for (int e = 0; e < E; ++e)
         if (x[e] > m) m = x[e];
@@ -322,9 +345,15 @@ void test_moe() {
     struct Cfg {
         int E, k;
     };
+    // score 0: softmax; 1: sigmoid; 2: sigmoid chosen with a bias (MiniMax-M2's 256 experts, top-8)
+    for (int score = 0; score < 3; ++score)
     for (Cfg c : {Cfg{8, 2}, Cfg{128, 8}, Cfg{512, 10}, Cfg{60, 4}, Cfg{512, 16}, Cfg{256, 8}, Cfg{64, 32}, Cfg{33, 1}, Cfg{20, 20}})
         for (int kind = 0; kind < 4; ++kind)  // 0 random, 1 ties (pairs of equal logits), 2 quantised (many ties), 3 a NaN
             for (bool normalize : {false, true}) {
+                if (score > 0 && !normalize) continue;  // sigmoid routers renormalise
+                std::vector<float> bias(static_cast<size_t>(c.E));
+                for (auto & v : bias) v = randn() * 0.05f;  // of the order of the scores' spread
+
                 const int rows = 6, st = c.E + 3;
                 std::vector<float> x(static_cast<size_t>(st * rows));
                 for (auto & v : x) v = randn() * 2.0f;
@@ -340,6 +369,8 @@ void test_moe() {
                 RouteArgs          a;
                 a.logits = rows_at(x.data(), st), a.out = rows_at(out.data(), 2 * c.k), a.n_expert = c.E, a.nrows = rows,
                 a.k = c.k, a.normalize = normalize;
+                a.sigmoid = score > 0;
+                a.bias    = score == 2 ? bias.data() : nullptr;
                 const unsigned blocks = unsigned((rows + kRouteWarps - 1) / kRouteWarps);
                 auto           go     = [&](auto tag) {
                     constexpr int NPL = decltype(tag)::value;
@@ -347,7 +378,8 @@ void test_moe() {
                     emu::launch(dim3(blocks), dim3(32 * kRouteWarps), [&] { moe_route_kernel<NPL>(a); }, uint64_t(c.E * 31 + kind));
                 };
                 {
-                    PdlGuard g({pdl::model::in(x.data(), x.size() * 4), pdl::model::out(out.data(), out.size() * 4)});
+                    PdlGuard g({pdl::model::in(x.data(), x.size() * 4), pdl::model::in(bias.data(), bias.size() * 4),
+                                pdl::model::out(out.data(), out.size() * 4)});
                     if (c.E <= 32) go(std::integral_constant<int, 1>{});
                     else if (c.E <= 64) go(std::integral_constant<int, 2>{});
                     else if (c.E <= 128) go(std::integral_constant<int, 4>{});
@@ -359,7 +391,7 @@ void test_moe() {
                 for (int r = 0; r < rows; ++r) {
                     std::vector<float>   w;
                     std::vector<int32_t> ids;
-                    route_ref(x.data() + r * st, c.E, c.k, normalize, w, ids);
+                    route_ref(x.data() + r * st, c.E, c.k, normalize, w, ids, score > 0, score == 2 ? bias.data() : nullptr);
                     const float *   gw   = out.data() + r * 2 * c.k;
                     const int32_t * gids = reinterpret_cast<const int32_t *>(gw + c.k);
                     for (int j = 0; j < c.k; ++j) {
@@ -368,7 +400,7 @@ void test_moe() {
                     }
                 }
                 expect(ok, "moe_route E=" + std::to_string(c.E) + " k=" + std::to_string(c.k) + " kind " + std::to_string(kind) +
-                               (normalize ? " norm" : ""));
+                               (normalize ? " norm" : "") + (score == 1 ? " sigmoid" : score == 2 ? " sigmoid+bias" : ""));
             }
     // Exact ties with known answers: logits [3, 1, 3, 3, 0, 1, 1, 1], k = 4 -> ids 0, 2, 3, 1.
     {

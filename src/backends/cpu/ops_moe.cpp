@@ -1,4 +1,5 @@
-// MoE routing (softmax + top-k, as transformers' Qwen2MoeTopKRouter) and the weighted combine.
+// MoE routing (softmax + top-k, as transformers' Qwen2MoeTopKRouter; or sigmoid scores chosen with
+// a bias, as MiniMaxM2TopKRouter) and the weighted combine.
 #include "backends/cpu/cpu_ops.h"
 #include "common/error.h"
 
@@ -15,20 +16,31 @@ void op_moe_route(const Tensor & t, ThreadPool & pool) {
     const int64_t  n_expert  = lg.ne[0];
     const int      k         = t.ip[0];
     const bool     normalize = t.ip[1] != 0;
+    const bool     sigmoid   = t.ip[2] == int32_t(RouterScore::Sigmoid);
+    const float *  bias      = t.src[1] ? static_cast<const float *>(t.src[1]->data) : nullptr;  // sigmoid only
     pool.parallel_for(lg.nrows(), 8, [&](int64_t b, int64_t e, int) {
-        std::vector<float> p(static_cast<size_t>(n_expert));
+        std::vector<float> p(static_cast<size_t>(n_expert)), choice;
         std::vector<int>   order(static_cast<size_t>(n_expert));
         for (int64_t r = b; r < e; ++r) {
             const float * x = reinterpret_cast<const float *>(row_ptr(lg, r));
-            float         m = *std::max_element(x, x + n_expert);
-            double        s = 0.0;
-            for (int64_t i = 0; i < n_expert; ++i) s += (p[size_t(i)] = std::exp(x[i] - m));
-            for (float & v : p) v = float(v / s);
+            if (sigmoid) {
+                for (int64_t i = 0; i < n_expert; ++i) p[size_t(i)] = 1.0f / (1.0f + std::exp(-x[i]));
+                choice = p;
+                if (bias)
+                    for (int64_t i = 0; i < n_expert; ++i) choice[size_t(i)] += bias[i];
+            } else {
+                float  m = *std::max_element(x, x + n_expert);
+                double s = 0.0;
+                for (int64_t i = 0; i < n_expert; ++i) s += (p[size_t(i)] = std::exp(x[i] - m));
+                for (float & v : p) v = float(v / s);
+            }
+            // A NaN score ranks below every number (a strict order for the sort, as the CUDA kernel's).
+            const std::vector<float> & scores = sigmoid ? choice : p;
+            auto key = [&](int a) { return scores[size_t(a)] == scores[size_t(a)] ? scores[size_t(a)] : -INFINITY; };
             std::iota(order.begin(), order.end(), 0);
-            // Highest probability first; ties go to the lower expert id (torch.topk on CPU).
-            std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int a, int c) {
-                return p[size_t(a)] > p[size_t(c)] || (p[size_t(a)] == p[size_t(c)] && a < c);
-            });
+            // Highest score first; ties go to the lower expert id (torch.topk on CPU).
+            std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                              [&](int a, int c) { return key(a) > key(c) || (key(a) == key(c) && a < c); });
             float wsum = 0.0f;
             for (int j = 0; j < k; ++j) wsum += p[size_t(order[size_t(j)])];
             float *   w   = reinterpret_cast<float *>(row_ptr(t, r));

@@ -13,12 +13,13 @@ namespace spark {
 std::unique_ptr<Architecture> make_qwen3();
 std::unique_ptr<Architecture> make_qwen3_moe();
 std::unique_ptr<Architecture> make_qwen3_next();
+std::unique_ptr<Architecture> make_minimax_m2();
 
 namespace {
 
 // The one list of architectures: adding one is a file and a line here.
 using Factory = std::unique_ptr<Architecture> (*)();
-constexpr Factory kFactories[] = {make_qwen3, make_qwen3_moe, make_qwen3_next};
+constexpr Factory kFactories[] = {make_qwen3, make_qwen3_moe, make_qwen3_next, make_minimax_m2};
 
 struct Registry {
     std::vector<std::unique_ptr<Architecture>> owned;

@@ -132,6 +132,9 @@ public:
     virtual std::vector<std::pair<std::string, nlohmann::json>> synthetic_shapes() const { return {}; }
     // How the synthetic loader makes the values of parameter `name` (norm weights: around 1).
     virtual SyntheticTensor::Init synthetic_param_init(const std::string & name) const;
+    // The modules its quantized checkpoints keep in bf16 (the routers, lm_head), as fnmatch patterns
+    // in ModelOpt's exclude_modules spelling: what synthetic models and checkpoints leave dense.
+    virtual std::vector<std::string> dense_modules() const { return {"lm_head", "*.mlp.gate", "*shared_expert_gate*"}; }
     // Whether its checkpoints may carry a multi-token-prediction head (spark_spec kind MTP).
     virtual bool has_mtp_head() const { return false; }
 

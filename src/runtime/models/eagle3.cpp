@@ -161,7 +161,7 @@ std::unique_ptr<Model> load_eagle3_head(const std::string & path, const Model & 
     };
     const std::string layer = first({"midlayer", "model.layers.0", "layers.0"});
     LayerWeights &    L     = head->layers[0];
-    L.attn                  = load_attention(ml, hp, layer + ".self_attn", 2 * E, 1, false, nullptr);
+    L.attn                  = load_attention(ml, hp, layer + ".self_attn", 2 * E, 1, QkNormScope::None, nullptr);
     L.ffn_norm              = ml.param(layer + ".post_attention_layernorm.weight", {E});
     L.mlp                   = load_mlp(ml, layer + ".mlp", hp.n_ff, E, nullptr);
     hw->norm_embd           = ml.param(layer + ".input_layernorm.weight", {E});

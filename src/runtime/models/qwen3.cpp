@@ -40,7 +40,7 @@ void Qwen3::load(Model & m, ModelLoader & ml) {
         LayerWeights &    L = m.layers[size_t(il)];
         uint64_t *        a = &m.info.weight_bytes_attention;
         L.attn_norm = ml.param(p + ".input_layernorm.weight", {E}, a);
-        L.attn      = load_attention(ml, hp, p + ".self_attn", E, 1, true, a);
+        L.attn      = load_attention(ml, hp, p + ".self_attn", E, 1, QkNormScope::PerHead, a);
         L.ffn_norm  = ml.param(p + ".post_attention_layernorm.weight", {E}, &m.info.weight_bytes_ffn);
         load_ffn(m, ml, il);
     }

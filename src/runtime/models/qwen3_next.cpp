@@ -36,7 +36,7 @@ void load_layer(Model & m, ModelLoader & ml, const std::string & p, LayerWeights
     const int64_t   E  = hp.n_embd;
     uint64_t *      a  = &m.info.weight_bytes_attention;
     L.attn_norm        = ml.param(p + ".input_layernorm.weight", {E}, a);
-    if (kind == LayerKind::Attention) L.attn = load_attention(ml, hp, p + ".self_attn", E, 2, true, a);  // q_proj: [q | gate] per head
+    if (kind == LayerKind::Attention) L.attn = load_attention(ml, hp, p + ".self_attn", E, 2, QkNormScope::PerHead, a);  // q_proj: [q | gate] per head
     else L.linear_attn = load_linear_attention(ml, hp, p + ".linear_attn", a);
     uint64_t * f = &m.info.weight_bytes_ffn;
     L.ffn_norm   = ml.param(p + ".post_attention_layernorm.weight", {E}, f);

@@ -13,6 +13,10 @@
 //            redux.sync min of the ids whose key equals it: ties to the lower id) and a register
 //            shift in the winning lane -- instead of a per-lane scan plus a 5-step, two-shuffle
 //            (value, id) butterfly and an owner broadcast per round.
+//   sigmoid scoring (MiniMax-M2): p = 1 / (1 + expf(-x)) per expert, no max and no sum; the experts
+//            are chosen by p + bias (the optional e_score_correction_bias; the key is the
+//            order-preserving integer of any float) and weighted by p alone, read back from the
+//            winner's logit in every lane.
 // The ids are always distinct and in [0, E): a NaN probability ranks below every number, so k <= E
 // valid experts always exist (MATMUL_ID indexes expert tables with them).
 // Arithmetic mirrors the CPU backend: m = max logit, e = expf(x - m), p = e / sum(e), weights summed
@@ -56,6 +60,12 @@ void op_moe_route(const Tensor & t, const OpContext & ctx) {
     args.nrows     = lg.nrows();
     args.k         = k;
     args.normalize = t.ip[1] != 0;
+    args.sigmoid   = t.ip[2] == int32_t(RouterScore::Sigmoid);
+    if (const Tensor * bias = t.src[1]) {
+        ew::require(args.sigmoid && bias->type == DType::F32 && bias->ne[0] == E && bias->nrows() == 1 && bias->nb[0] == 4, "MOE_ROUTE",
+                    "the choice bias must be F32 [E] (sigmoid scoring only)");
+        args.bias = static_cast<const float *>(bias->data);
+    }
     if (args.nrows == 0) return;
     const int64_t blocks = ceil_div(args.nrows, kRouteWarps);
     ew::require(blocks <= 0x7fffffff, "MOE_ROUTE", "too many tokens");

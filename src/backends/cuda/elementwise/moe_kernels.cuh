@@ -12,12 +12,18 @@ constexpr int kMaxTopK    = 32;  // one result per lane
 constexpr int kRouteWarps = 4;   // tokens per block
 
 struct RouteArgs {
-    Rows    logits;
-    Rows    out;
-    int64_t n_expert = 0, nrows = 0;
-    int     k         = 0;
-    bool    normalize = false;
+    Rows          logits;
+    Rows          out;
+    int64_t       n_expert = 0, nrows = 0;
+    int           k         = 0;
+    bool          normalize = false;
+    bool          sigmoid   = false;    // sigmoid scores instead of a softmax (MiniMax-M2)
+    const float * bias      = nullptr;  // sigmoid only, optional: added to the scores to choose, not to the weights
 };
+
+__device__ __forceinline__ float route_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+// The choice key of a sigmoid score plus bias (any float): NaN below every number, as prob_key.
+__device__ __forceinline__ uint32_t choice_key(float c) { return c == c ? ordered_key(c) : 1u; }
 
 // Probability key: larger p -> larger key; NaN below every number; 0 = no candidate (retired or
 // beyond E). p is in [0, 1] (or NaN), so bits + 2 never overflows and decodes exactly.
@@ -40,28 +46,36 @@ template <int NPL> __global__ void __launch_bounds__(32 * kRouteWarps) moe_route
         const int e = lane + 32 * j;
         p[j]        = e < E ? x[e] : 0.0f;
     }
-    // max: NaN-free logits give the same m as a float max (a NaN makes every p NaN either way)
-    uint32_t mk = 0;
-#pragma unroll
-    for (int j = 0; j < NPL; ++j)
-        if (lane + 32 * j < E) mk = max(mk, ordered_key(p[j]));
-    const float m = from_ordered_key(__reduce_max_sync(0xffffffffu, mk));
-    float       s = 0.0f;
-#pragma unroll
-    for (int j = 0; j < NPL; ++j)
-        if (lane + 32 * j < E) {
-            p[j] = expf(p[j] - m);
-            s += p[j];
-        }
-    s = warp_sum(s);
-
-    // Candidates as 64-bit keys (probability key, then ~id: equal keys rank the lower id first),
-    // sorted descending per lane.
+    // Candidates as 64-bit keys (score key, then ~id: equal keys rank the lower id first), sorted
+    // descending per lane.
     uint64_t c[NPL];
+    if (args.sigmoid) {
 #pragma unroll
-    for (int j = 0; j < NPL; ++j) {
-        const uint32_t e = uint32_t(lane + 32 * j);
-        c[j] = e < uint32_t(E) ? (uint64_t(prob_key(p[j] / s)) << 32) | uint64_t(~e) : 0ull;
+        for (int j = 0; j < NPL; ++j) {
+            const uint32_t e = uint32_t(lane + 32 * j);
+            const float    b = args.bias && e < uint32_t(E) ? args.bias[e] : 0.0f;
+            c[j] = e < uint32_t(E) ? (uint64_t(choice_key(route_sigmoid(p[j]) + b)) << 32) | uint64_t(~e) : 0ull;
+        }
+    } else {
+        // max: NaN-free logits give the same m as a float max (a NaN makes every p NaN either way)
+        uint32_t mk = 0;
+#pragma unroll
+        for (int j = 0; j < NPL; ++j)
+            if (lane + 32 * j < E) mk = max(mk, ordered_key(p[j]));
+        const float m = from_ordered_key(__reduce_max_sync(0xffffffffu, mk));
+        float       s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NPL; ++j)
+            if (lane + 32 * j < E) {
+                p[j] = expf(p[j] - m);
+                s += p[j];
+            }
+        s = warp_sum(s);
+#pragma unroll
+        for (int j = 0; j < NPL; ++j) {
+            const uint32_t e = uint32_t(lane + 32 * j);
+            c[j] = e < uint32_t(E) ? (uint64_t(prob_key(p[j] / s)) << 32) | uint64_t(~e) : 0ull;
+        }
     }
 #pragma unroll
     for (int size = 2; size <= NPL; size <<= 1)
@@ -90,7 +104,9 @@ template <int NPL> __global__ void __launch_bounds__(32 * kRouteWarps) moe_route
             for (int j = 0; j + 1 < NPL; ++j) c[j] = c[j + 1];
             c[NPL - 1] = 0ull;
         }
-        const float pv = key_prob(kmax);
+        // The weight: the softmax probability the key holds, or the winner's sigmoid score without
+        // the bias (every lane reads the one logit).
+        const float pv = args.sigmoid ? route_sigmoid(x[wid]) : key_prob(kmax);
         wsum += pv;  // the CPU's order: selection order
         if (lane == it) {
             my_w  = pv;
