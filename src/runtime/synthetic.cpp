@@ -107,6 +107,26 @@ std::unique_ptr<Model> load_synthetic_model(const std::string & path, const spar
     m->layers.resize(size_t(m->hparams.n_layer));
     m->arch    = make_architecture(m->hparams.arch);
     m->backend = make_backend(params, m->device);
+    // Weights that cannot fit are refused before the first is made (MiniMax-M2 in INT4 needs about
+    // 120 GB: an 80 GB GPU, or a host without the memory, gets a clear error instead of a failure
+    // half-way or the kernel's OOM killer).
+    uint64_t need = 0;
+    for (const SyntheticTensor & t : synthetic_checkpoint_layout(shape, format, nullptr)) {
+        if (t.kind == SyntheticTensor::Kind::Param) {
+            uint64_t n = 4;
+            for (int64_t d : t.shape) n *= uint64_t(d);
+            need += n;
+        } else {
+            QWeight w;
+            w.format = t.kind == SyntheticTensor::Kind::Linear ? t.format : WeightFormat::BF16;
+            w.n      = t.n;
+            w.k      = t.k;
+            need += qweight_bytes(w).total();
+        }
+    }
+    if (const uint64_t capacity = m->backend->memory_capacity(); capacity > 0 && need > capacity)
+        fail(SPARK_ERR_OUT_OF_MEMORY, "%s: the weights need %.1f GiB, more than the %.1f GiB of the %s backend", path.c_str(),
+             double(need) / double(1ull << 30), double(capacity) / double(1ull << 30), m->backend->name().c_str());
     SyntheticLoader loader(*m, params, format);
     loader.report(0, 0);  // the bytes are known once generated
     m->arch->load(*m, loader);

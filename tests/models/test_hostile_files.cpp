@@ -245,6 +245,19 @@ TEST_CASE("a model's hostile tokenizer.json fails the load, naming the model and
 
 namespace {
 
+TEST_CASE("a synthetic model whose weights exceed the backend's memory is refused before any is made") {
+    // MiniMax-M2 in FP8: 214 GiB of weights, more than any machine these tests run on has.
+    const uint64_t host = uint64_t(::sysconf(_SC_PHYS_PAGES)) * uint64_t(::sysconf(_SC_PAGESIZE));
+    if (host >= (uint64_t(230) << 30)) {
+        MESSAGE("skipped: this host has " << (host >> 30) << " GiB");
+        return;
+    }
+    const Outcome o = try_load("synthetic:minimax-m2:fp8");
+    CAPTURE(o.message);
+    CHECK(o.status == SPARK_ERR_OUT_OF_MEMORY);
+    CHECK(contains(o.message, "the weights need 214.2 GiB"));
+}
+
 // The CPU backend, claiming a small memory so that the capacity check can be tested on any machine.
 class SmallBackend final : public spark::Backend {
 public:
