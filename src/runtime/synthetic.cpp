@@ -117,10 +117,12 @@ std::unique_ptr<Model> load_synthetic_model(const std::string & path, const spar
             for (int64_t d : t.shape) n *= uint64_t(d);
             need += n;
         } else {
-            QWeight w;
-            w.format = t.kind == SyntheticTensor::Kind::Linear ? t.format : WeightFormat::BF16;
-            w.n      = t.n;
-            w.k      = t.k;
+            QWeight w;  // the synthetic formats' scales: INT4 groups of 128, FP8 128 x 128 blocks
+            w.format   = t.kind == SyntheticTensor::Kind::Linear ? t.format : WeightFormat::BF16;
+            w.n        = t.n;
+            w.k        = t.k;
+            w.n_groups = int32_t((t.k + 127) / 128);
+            w.block_n = w.block_k = 128;
             need += qweight_bytes(w).total();
         }
     }
