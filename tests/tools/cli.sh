@@ -6,8 +6,8 @@
 #   spark-bench: --help lists the library's synthetic shapes; exit code 1 when a figure could not run
 #   (unknown shape or format, missing model, --device cuda without CUDA); the default device is the
 #   CPU without a CUDA device; -o csv and -o json (--json) parse, with one field per header column;
-#   spark-convert: options that do nothing without --quantize (or --synthetic) are refused; an
-#   existing output names -f/--force; plain progress lines when stderr is not a terminal, the bar
+#   spark-convert: --info names the architecture; options that do nothing without --quantize (or
+#   --synthetic) are refused; an existing output names -f/--force; plain progress lines when stderr is not a terminal, the bar
 #   (drawn in place, then erased) when it is;
 #   spark-tokenize: the text as an argument, against the Qwen3 goldens.
 set -uo pipefail
@@ -202,6 +202,14 @@ has "spark-convert --synthetic: a plain progress line" "$tmp/err" '^writing  \[#
 rc=$?
 [ $rc -eq 1 ] && grep -qF "(pass -f/--force to replace it)" "$tmp/err" && ok "spark-convert --synthetic: existing directory names -f/--force" \
     || { fail "spark-convert --synthetic: existing directory: exit code $rc"; cat "$tmp/err"; }
+
+# --info: the architecture (llama.cpp's name) of each family's spark file.
+for pair in "qwen3_moe-bf16 qwen3moe" "qwen3_next-bf16 qwen3next" "minimax_m2-int4-autoround minimax-m2"; do
+    set -- $pair
+    "$convert" "$data/models/$1" -o "$tmp/$1.spark" > /dev/null 2> "$tmp/err" || { fail "spark-convert $1: exit code $?"; cat "$tmp/err"; }
+    "$convert" --info "$tmp/$1.spark" > "$tmp/info" 2> "$tmp/err" || { fail "spark-convert --info $1: exit code $?"; cat "$tmp/err"; }
+    has "spark-convert --info $1: general.architecture $2" "$tmp/info" "^ +general\.architecture +\"$2\"$"
+done
 
 # On a terminal (script gives the program a pty): the bar is drawn in place and erased before the summary.
 if command -v script > /dev/null; then
