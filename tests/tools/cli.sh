@@ -7,8 +7,8 @@
 #   (unknown shape or format, missing model, --device cuda without CUDA); the default device is the
 #   CPU without a CUDA device; -o csv and -o json (--json) parse, with one field per header column;
 #   spark-convert: --info names the architecture; options that do nothing without --quantize (or
-#   --synthetic) are refused; an existing output names -f/--force; plain progress lines when stderr is not a terminal, the bar
-#   (drawn in place, then erased) when it is;
+#   --synthetic) are refused; an existing output names -f/--force; plain progress lines when stderr
+#   is not a terminal, the bar (drawn in place, then erased) when it is;
 #   spark-tokenize: the text as an argument, against the Qwen3 goldens.
 set -uo pipefail
 build=$1
