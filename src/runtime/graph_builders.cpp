@@ -9,6 +9,18 @@
 
 namespace spark {
 
+void load_embedding(Model & m, ModelLoader & ml) {
+    m.tok_embd = ml.dense("model.embed_tokens.weight", m.hparams.n_vocab, m.hparams.n_embd, &m.info.weight_bytes_embedding);
+}
+
+void load_output(Model & m, ModelLoader & ml) {
+    const HParams & hp = m.hparams;
+    m.output_norm      = ml.param("model.norm.weight", {hp.n_embd}, &m.info.weight_bytes_output);
+    // As transformers: with tie_word_embeddings the embedding is the lm_head.
+    if (hp.tie_embeddings) m.output = m.tok_embd;
+    else m.output = ml.linear("lm_head", hp.n_vocab, hp.n_embd, &m.info.weight_bytes_output);
+}
+
 AttentionWeights load_attention(ModelLoader & ml, const HParams & hp, const std::string & p, int64_t in, int64_t q_per_head, QkNormScope qk_norm,
                                 uint64_t * bytes) {
     const int64_t    hd = hp.head_dim;

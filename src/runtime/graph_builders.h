@@ -9,6 +9,11 @@ namespace spark {
 
 // ---- loading
 
+// The token embedding "model.embed_tokens" [n_vocab, n_embd] (kept bf16 by every producer).
+void load_embedding(Model & m, ModelLoader & ml);
+// The final norm "model.norm" and lm_head (the embedding itself where tie_word_embeddings).
+void load_output(Model & m, ModelLoader & ml);
+
 // Where an attention block's q_norm / k_norm apply.
 enum class QkNormScope { None, PerHead, WholeProjection };
 

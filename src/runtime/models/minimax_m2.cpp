@@ -7,10 +7,12 @@
 //     only to choose the top-k, whose weights are the chosen scores renormalised to sum 1;
 //   - no shared expert, no dense layers; the experts are block_sparse_moe.experts.E.{w1 (gate),
 //     w3 (up), w2 (down)} in the released checkpoints.
+// The layer is otherwise Qwen3's (pre-norm attention and feed-forward with residuals), so the class
+// derives from it and replaces the norms' scope and the feed-forward block.
 // Reference: transformers models/minimax_m2/modular_minimax_m2.py (MiniMaxM2TopKRouter,
 // MiniMaxM2Attention) and its checkpoint conversion mapping (the mixtral pattern).
 #include "common/error.h"
-#include "runtime/graph_builders.h"
+#include "runtime/models/qwen3.h"
 
 namespace spark {
 
@@ -18,7 +20,7 @@ namespace {
 
 using json = nlohmann::json;
 
-class MiniMaxM2 final : public Architecture {
+class MiniMaxM2 final : public Qwen3 {
 public:
     const char * model_type() const override { return "minimax_m2"; }
     const char * hf_class() const override { return "MiniMaxM2ForCausalLM"; }
@@ -108,43 +110,20 @@ public:
         return is_bias ? SyntheticTensor::Init::NormZeroCentred : SyntheticTensor::Init::Norm;
     }
 
-    void load(Model & m, ModelLoader & ml) override {
-        const HParams & hp = m.hparams;
-        const int64_t   E  = hp.n_embd;
-        m.tok_embd         = ml.dense("model.embed_tokens.weight", hp.n_vocab, E, &m.info.weight_bytes_embedding);
-        for (int64_t il = 0; il < hp.n_layer; ++il) {
-            const std::string p = "model.layers." + std::to_string(il);
-            LayerWeights &    L = m.layers[size_t(il)];
-            uint64_t *        a = &m.info.weight_bytes_attention;
-            uint64_t *        f = &m.info.weight_bytes_ffn;
-            L.attn_norm         = ml.param(p + ".input_layernorm.weight", {E}, a);
-            L.attn              = load_attention(ml, hp, p + ".self_attn", E, 1, QkNormScope::WholeProjection, a);
-            L.ffn_norm          = ml.param(p + ".post_attention_layernorm.weight", {E}, f);
-            const std::string moe = p + ".block_sparse_moe";
-            L.moe                 = load_moe(ml, hp, moe, f, {"w1", "w3", "w2"});
-            // Optional (use_routing_bias): without it the scores alone choose.
-            if (ml.has(moe + ".e_score_correction_bias")) L.moe.choice_bias = ml.param(moe + ".e_score_correction_bias", {hp.n_expert}, f);
-        }
-        m.output_norm = ml.param("model.norm.weight", {E}, &m.info.weight_bytes_output);
-        if (hp.tie_embeddings) m.output = m.tok_embd;
-        else m.output = ml.linear("lm_head", hp.n_vocab, E, &m.info.weight_bytes_output);
+protected:
+    QkNormScope qk_norm_scope() const override { return QkNormScope::WholeProjection; }
+
+    void load_ffn(Model & m, ModelLoader & ml, int64_t il) override {
+        const HParams &   hp  = m.hparams;
+        const std::string moe = "model.layers." + std::to_string(il) + ".block_sparse_moe";
+        LayerWeights &    L   = m.layers[size_t(il)];
+        uint64_t *        f   = &m.info.weight_bytes_ffn;
+        L.moe                 = load_moe(ml, hp, moe, f, {"w1", "w3", "w2"});
+        // Optional (use_routing_bias): without it the scores alone choose.
+        if (ml.has(moe + ".e_score_correction_bias")) L.moe.choice_bias = ml.param(moe + ".e_score_correction_bias", {hp.n_expert}, f);
     }
 
-    Tensor * build(GraphContext & gc) const override {
-        const Model &   m  = gc.model;
-        const HParams & hp = m.hparams;
-        Graph &         g  = gc.graph;
-        Tensor *        x  = g.named(g.get_rows(m.tok_embd, gc.tokens), "embd");
-        for (int64_t il = 0; il < hp.n_layer; ++il) {
-            const LayerWeights & L = m.layers[size_t(il)];
-            Tensor *             h = build_norm(gc, x, L.attn_norm, hp.rms_eps, false, "attn_norm", int(il));
-            x                      = g.add(x, build_attention(gc, h, L.attn, int(il), false, false));
-            h                      = build_norm(gc, x, L.ffn_norm, hp.rms_eps, false, "ffn_norm", int(il));
-            x                      = g.named(g.add(x, build_moe(gc, h, L.moe, int(il))), "l_out", int(il));
-            capture_layer(gc, int(il), x);
-        }
-        return build_output(gc, x, false);
-    }
+    Tensor * build_ffn_block(GraphContext & gc, Tensor * h, const LayerWeights & L, int il) const override { return build_moe(gc, h, L.moe, il); }
 };
 
 }  // namespace

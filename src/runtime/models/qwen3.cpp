@@ -34,20 +34,17 @@ std::vector<std::pair<std::string, nlohmann::json>> Qwen3::synthetic_shapes() co
 void Qwen3::load(Model & m, ModelLoader & ml) {
     const HParams & hp = m.hparams;
     const int64_t   E  = hp.n_embd;
-    m.tok_embd = ml.dense("model.embed_tokens.weight", hp.n_vocab, E, &m.info.weight_bytes_embedding);
+    load_embedding(m, ml);
     for (int64_t il = 0; il < hp.n_layer; ++il) {
         const std::string p = "model.layers." + std::to_string(il);
         LayerWeights &    L = m.layers[size_t(il)];
         uint64_t *        a = &m.info.weight_bytes_attention;
         L.attn_norm = ml.param(p + ".input_layernorm.weight", {E}, a);
-        L.attn      = load_attention(ml, hp, p + ".self_attn", E, 1, QkNormScope::PerHead, a);
+        L.attn      = load_attention(ml, hp, p + ".self_attn", E, 1, qk_norm_scope(), a);
         L.ffn_norm  = ml.param(p + ".post_attention_layernorm.weight", {E}, &m.info.weight_bytes_ffn);
         load_ffn(m, ml, il);
     }
-    m.output_norm = ml.param("model.norm.weight", {E}, &m.info.weight_bytes_output);
-    // As transformers: with tie_word_embeddings the embedding is the lm_head.
-    if (hp.tie_embeddings) m.output = m.tok_embd;
-    else m.output = ml.linear("lm_head", hp.n_vocab, E, &m.info.weight_bytes_output);
+    load_output(m, ml);
 }
 
 void Qwen3::load_ffn(Model & m, ModelLoader & ml, int64_t il) {

@@ -1,7 +1,8 @@
-// Qwen3 dense; Qwen3-MoE derives from it and replaces only the feed-forward block.
+// Qwen3 dense. Qwen3-MoE derives from it and replaces only the feed-forward block; MiniMax-M2 also
+// its q/k norms' scope.
 #pragma once
 
-#include "runtime/models/arch.h"
+#include "runtime/graph_builders.h"
 
 namespace spark {
 
@@ -17,6 +18,7 @@ public:
     Tensor * build(GraphContext & gc) const override;
 
 protected:
+    virtual QkNormScope qk_norm_scope() const { return QkNormScope::PerHead; }
     virtual void     load_ffn(Model & m, ModelLoader & ml, int64_t il);
     virtual Tensor * build_ffn_block(GraphContext & gc, Tensor * h, const LayerWeights & L, int il) const;
 };

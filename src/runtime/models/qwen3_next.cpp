@@ -221,12 +221,10 @@ public:
 
     void load(Model & m, ModelLoader & ml) override {
         const HParams & hp = m.hparams;
-        m.tok_embd = ml.dense("model.embed_tokens.weight", hp.n_vocab, hp.n_embd, &m.info.weight_bytes_embedding);
+        load_embedding(m, ml);
         for (int64_t il = 0; il < hp.n_layer; ++il)
             load_layer(m, ml, "model.layers." + std::to_string(il), m.layers[size_t(il)], hp.layer_kinds[size_t(il)], hp.is_moe_layer(il));
-        m.output_norm = ml.param("model.norm.weight", {hp.n_embd}, &m.info.weight_bytes_output);
-        if (hp.tie_embeddings) m.output = m.tok_embd;
-        else m.output = ml.linear("lm_head", hp.n_vocab, hp.n_embd, &m.info.weight_bytes_output);
+        load_output(m, ml);
         // Checkpoints that keep the MTP head have mtp.* tensors (many quantized ones drop them).
         if (hp.n_mtp_layers > 0 && ml.has("mtp.fc")) load_mtp_head(m, ml);
     }
