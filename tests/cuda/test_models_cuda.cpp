@@ -84,11 +84,7 @@ void check_fixture(const std::string & name) {
 }  // namespace
 
 TEST_CASE("GPU golden: every fixture") {
-    for (const char * name : {"qwen3-bf16", "qwen3-nvfp4-modelopt", "qwen3-nvfp4-ct", "qwen3-int4-autoround", "qwen3-int4-autoround-asym",
-                              "qwen3-fp8-block", "qwen3-fp8-ct-channel", "qwen3_moe-bf16", "qwen3_moe-nvfp4-modelopt",
-                              "qwen3_moe-nvfp4-ct", "qwen3_moe-int4-autoround", "qwen3_moe-int4-autoround-asym",
-                              "qwen3_moe-fp8-block", "qwen3_moe-fp8-ct-channel", "qwen3_next-bf16", "qwen3_next-nvfp4-modelopt",
-                              "qwen3_next-int4-autoround", "qwen3_next-fp8-block"}) {
+    for (const char * name : kGoldenFixtures) {
         SUBCASE(name) { check_fixture(name); }
     }
 }

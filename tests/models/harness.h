@@ -39,6 +39,17 @@ struct TempDir {
 };
 inline std::string model_dir(const std::string & name) { return data_dir() + "/models/" + name; }
 
+// Every fixture with a transformers golden (tests/data/models/README.md), each architecture in
+// each format: the golden tests (CPU and GPU) and the speculative-decoding tests run them all.
+inline constexpr const char * kGoldenFixtures[] = {
+    "qwen3-bf16", "qwen3-nvfp4-modelopt", "qwen3-nvfp4-ct", "qwen3-int4-autoround", "qwen3-int4-autoround-asym",
+    "qwen3-fp8-block", "qwen3-fp8-ct-channel",
+    "qwen3_moe-bf16", "qwen3_moe-nvfp4-modelopt", "qwen3_moe-nvfp4-ct", "qwen3_moe-int4-autoround",
+    "qwen3_moe-int4-autoround-asym", "qwen3_moe-fp8-block", "qwen3_moe-fp8-ct-channel",
+    "qwen3_next-bf16", "qwen3_next-nvfp4-modelopt", "qwen3_next-int4-autoround", "qwen3_next-fp8-block",
+    "minimax_m2-bf16", "minimax_m2-fp8-block", "minimax_m2-int4-autoround", "minimax_m2-nvfp4-modelopt",
+};
+
 struct Golden {
     std::vector<int32_t> prompt;
     std::vector<float>   logits;  // [T][n_vocab]
