@@ -135,7 +135,7 @@ void diff_model(const std::string & name, size_t n_tokens) {
 TEST_CASE("model diff: every node of a prefill step and a single-token step, CPU vs GPU") {
     for (const char * name : {"qwen3-bf16", "qwen3-int4-autoround", "qwen3_moe-bf16", "qwen3_moe-int4-autoround", "qwen3_moe-nvfp4-modelopt",
                               "qwen3_moe-fp8-ct-channel", "qwen3_next-bf16", "qwen3_next-nvfp4-modelopt", "qwen3_next-int4-autoround",
-                              "qwen3_next-fp8-block"}) {
+                              "qwen3_next-fp8-block", "minimax_m2-bf16", "minimax_m2-int4-autoround"}) {
         SUBCASE(name) {
             diff_model(name, 24);  // prefill: GEMM paths
             diff_model(name, 1);   // decode: GEMV paths
