@@ -31,22 +31,16 @@ public:
         // theta: the class's default where the file names none (top level or rope_parameters).
         const json * params = f.find("rope_parameters");
         if (!f.find("rope_theta") && !(params && params->is_object() && params->contains("rope_theta"))) hp.rope_theta = 5e6f;
-        // The rotated dims: partial_rotary_factor (transformers) or rotary_dim (the release's own
-        // config and vLLM); where both are given they must agree.
+        // The rotated dims: partial_rotary_factor (transformers; the common parse has read it into
+        // n_rot) or rotary_dim (the release's own config and vLLM); where both are given they must agree.
         const bool has_factor = f.find("partial_rotary_factor") || (params && params->is_object() && params->contains("partial_rotary_factor"));
-        if (const json * rd = f.find("rotary_dim")) {
+        if (f.find("rotary_dim")) {
             const int64_t rotary_dim = f.integer("rotary_dim", 0, 2, hp.head_dim, true);
             if (rotary_dim % 2) f.bad("rotary_dim", "must be even (got %lld)", (long long) rotary_dim);
-            if (has_factor) {
-                parse_rotary(f, hp, 1.0);
-                if (hp.n_rot != rotary_dim)
-                    f.bad("rotary_dim", "(%lld) disagrees with partial_rotary_factor (%lld rotated dims of %lld)", (long long) rotary_dim,
-                          (long long) hp.n_rot, (long long) hp.head_dim);
-            }
+            if (has_factor && hp.n_rot != rotary_dim)
+                f.bad("rotary_dim", "(%lld) disagrees with partial_rotary_factor (%lld rotated dims of %lld)", (long long) rotary_dim,
+                      (long long) hp.n_rot, (long long) hp.head_dim);
             hp.n_rot = rotary_dim;
-            (void) rd;
-        } else {
-            parse_rotary(f, hp, 1.0);
         }
 
         // Every layer is a mixture of experts; intermediate_size is the experts' width.
