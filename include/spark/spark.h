@@ -210,7 +210,7 @@ typedef enum spark_layer_type {
 } spark_layer_type;
 
 typedef struct spark_model_info {
-    char     architecture[64];     /* "qwen3", "qwen3_moe", "qwen3_next" */
+    char     architecture[64];     /* config.json's model_type: "qwen3", "qwen3_moe", "qwen3_next", "minimax_m2" */
     char     weight_format[64];    /* dominant Linear weight format: "bf16", "nvfp4", "int4", "fp8", "mixed" */
     int32_t  n_vocab;
     int32_t  n_embd;               /* hidden size */
