@@ -1477,7 +1477,9 @@ TEST_CASE("matmul: NVFP4 with activation scales takes W4A4 for prefill rows on s
     QWeight gate = host.nvfp4(n, k, 200), up = host.nvfp4(n, k, 201);
     // (rows, a prompt step): a verify step of 64 rows (every row's logits read) stays W4A16.
     const std::pair<int64_t, bool> steps[] = {{1, true}, {8, true}, {9, true}, {64, true}, {64, false}};
-    for (const auto & [rows, prompt] : steps) {
+    for (const auto & step : steps) {  // (no structured bindings: clang 14 refuses them in INFO's lambda)
+        const int64_t rows = step.first;
+        const bool    prompt = step.second;
         tc.ctx.prompt_step = prompt;
         const std::vector<float> xv = normals(size_t(rows * k), 1.0f, 300 + uint64_t(rows));
         float                    amax = 0.0f;

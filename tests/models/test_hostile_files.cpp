@@ -152,10 +152,11 @@ TEST_CASE("MiniMax-M2 variants spark does not run are refused as unsupported, na
         {"shared_intermediate_size", [](json & c) { c["shared_intermediate_size"] = 512; }},
         {"attn_type_list", [](json & c) { c["attn_type_list"] = json::array({0, 1}); }},  // MiniMax-01's lightning attention
     };
-    for (const auto & [what, edit] : cases) {
-        TempDir        d;
-        const fs::path p = edited_model(d, "minimax_m2-bf16", edit);
-        const Outcome  o = try_load(p.string());
+    for (const auto & c : cases) {  // (no structured bindings: clang 14 refuses them in CAPTURE)
+        const std::string what = c.first;
+        TempDir           d;
+        const fs::path    p = edited_model(d, "minimax_m2-bf16", c.second);
+        const Outcome     o = try_load(p.string());
         CAPTURE(what);
         CAPTURE(o.message);
         CHECK(o.status == SPARK_ERR_UNSUPPORTED);
