@@ -137,6 +137,21 @@ def gen_tokenizer_goldens():
     add("no_decoder", [{"op": "replace", "path": "/decoder", "value": None}])
     add("nfkc_lowercase", [{"op": "replace", "path": "/normalizer", "value": {
         "type": "Sequence", "normalizers": [{"type": "NFKC"}, {"type": "Lowercase"}]}}])
+    # The pre-tokenizer of the GPT-4o (o200k) family, which MiniMax-M2 / M2.5's tokenizer.json uses: case-
+    # aware word pieces with contractions folded in, digits in groups of up to three, punctuation runs
+    # that keep trailing newlines and slashes; with MiniMax's role markers as special added tokens.
+    o200k = ("[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+             "|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+             "|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+    add("o200k_regex_minimax_markers",
+        [{"op": "replace", "path": "/pre_tokenizer/pretokenizers/0/pattern", "value": {"Regex": o200k}},
+         added("]~!b[", False, False, False, False, True, 8192), added("]~b]", False, False, False, False, True, 8193),
+         added("[e~[", False, False, False, False, True, 8194), added("<minimax:tool_call>", False, False, False, False, True, 8195)],
+        variant_texts + ["HelloWorld CamelCase XMLHttpRequest iPhone McDONALD'S don't DON'T We'RE",
+                         "1234567 v2.0.10 3.14159 x=12345", "path/to/file.cpp// end\n\n  next//\n",
+                         "e\u0301t\u00e9 \u00c9COLE na\u00efve \u4e2d\u6587\u5b57 \u0928\u092e\u0938\u094d\u0924\u0947 \U0001f680!!",
+                         "]~!b[]~b]system\nYou are a helpful assistant.[e~[\n]~b]user\nHi[e~[\n]~b]ai\n<think>\n",
+                         "<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Paris</parameter>\n"])
     write_jsonl("variant_golden.jsonl", variants)
 
 
@@ -296,6 +311,28 @@ JINJA_CASES = [
     ("{{ none.startswith('a') }}", {}),
     ("{{ 'a' < 1 }}", {}),
     ("{{ len([1]) }}", {}),
+    # Constructs of the MiniMax-M2 / M2.5 chat template (written here, not copied from it): a macro that
+    # sets a default for a variable the caller may pass, tojson() with empty parentheses, a dict walked
+    # with `| items` and values printed raw or as JSON, <think> split out of a reply, a namespace
+    # attribute set from a missing field (undefined, which is not none), a loop variable rebound inside
+    # its loop, a sliced list indexed from the loop, and the string/iterable/mapping tests.
+    ("{%- macro who() -%}{%- if ident is not defined -%}{%- set ident = 'default' -%}{%- endif -%}{{ ident }}{%- endmacro -%}"
+     "{{ who() }}|{{ ident is defined }}", {}),
+    ("{%- macro who() -%}{%- if ident is not defined -%}{%- set ident = 'default' -%}{%- endif -%}{{ ident }}{%- endmacro -%}"
+     "{{ who() }}", {"ident": "You are X."}),
+    ("{{ obj | tojson() }}|{{ obj.b | tojson }}", {"obj": {"a": 1, "b": [1, 2.5, None, True, "\u00e9\"<"], "c": {}}}),
+    ("{%- for k, v in args | items %}<{{ k }}={{ v | tojson if v is not string else v }}>{% endfor %}",
+     {"args": {"city": "Paris", "days": 3, "opts": {"unit": "C", "list": [1, None]}, "flag": False, "q": "a \"b\""}}),
+    ("{{ s.split('</think>')[0].strip('\\n').split('<think>')[-1].strip('\\n') }}|{{ s.split('</think>')[-1].strip('\\n') }}|{{ '</think>' in s }}",
+     {"s": "<think>\nstep one\nstep two\n</think>\n\nThe answer."}),
+    ("{% set ns = namespace(name=none) %}{% set ns.name = calls[-1].name %}{{ ns.name is none }}|{{ ns.name is defined }}|"
+     "{% set ns.name = none %}{{ ns.name is none }}", {"calls": [{"function": {"name": "f"}}]}),
+    ("{%- for t in calls -%}{%- if t.function %}{%- set t = t.function %}{%- endif %}{{ t.name }},{%- endfor -%}|{{ t is defined }}",
+     {"calls": [{"function": {"name": "a"}}, {"name": "b"}]}),
+    ("{%- set rest = msgs[1:] -%}{%- for m in rest -%}{{ loop.first }}/{{ loop.last }}/{{ rest[loop.index0 - 1].role }};{%- endfor -%}",
+     {"msgs": [{"role": "system"}, {"role": "user"}, {"role": "assistant"}, {"role": "tool"}]}),
+    ("{%- for x in vals -%}{{ x is string }}/{{ x is iterable and x is not mapping }}/{{ x is mapping }};{%- endfor -%}",
+     {"vals": ["s", [1], {"k": 1}, None, 3]}),
 ]
 
 
