@@ -1,5 +1,5 @@
-// spark-server's chat output parser: Qwen3 answers split into content, reasoning_content and
-// tool_calls (Hermes JSON and Qwen3-Coder XML), whole and streamed; a stream reaches the same
+// spark-server's chat output parser: Qwen3 and MiniMax-M2 answers split into content, reasoning_content
+// and tool_calls (Hermes JSON, Qwen3-Coder XML, MiniMax-M2 invokes), whole and streamed; a stream reaches the same
 // message for every split of the text into pieces.
 #include "chat_output.h"
 
@@ -138,6 +138,13 @@ const std::string kCoderCall =
 const std::string kBadThenGood =
     "Trying.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}\n</tool_call>\n"
     "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n\nDone <tool";
+// A MiniMax-M2 answer as its chat template shows the model to write one: the prompt ends in
+// "<think>\n" (starts_in_reasoning), two calls in one block, values as text or JSON.
+const std::string kMiniMaxCalls =
+    "The user wants Paris and Tokyo. Two calls.\n</think>\n\n<minimax:tool_call>\n<invoke name=\"get_weather\">\n"
+    "<parameter name=\"city\">Paris</parameter>\n<parameter name=\"days\">3</parameter>\n"
+    "<parameter name=\"options\">{\"hourly\": true}</parameter>\n</invoke>\n<invoke name=\"get_weather\">\n"
+    "<parameter name=\"city\">Tokyo</parameter>\n<parameter name=\"zip\">100</parameter>\n</invoke>\n</minimax:tool_call>";
 
 }  // namespace
 
@@ -303,6 +310,58 @@ TEST_CASE("chat output: Qwen3-Coder multi-line string values keep their inner ne
     CHECK(m.content == unclosed_param);
 }
 
+TEST_CASE("chat output: MiniMax-M2 <minimax:tool_call> blocks, several invokes each, values typed by the schema") {
+    ChatOutput m = parse_chat_output(kMiniMaxCalls, options(true, true, weather_tools()));
+    CHECK(m.reasoning == "The user wants Paris and Tokyo. Two calls.");
+    CHECK(m.content.empty());
+    REQUIRE(m.tool_calls.size() == 2);
+    CHECK(m.tool_calls[0].id == "call_0");
+    CHECK(m.tool_calls[0].name == "get_weather");
+    CHECK(m.tool_calls[0].arguments == R"({"city":"Paris","days":3,"options":{"hourly":true}})");
+    CHECK(m.tool_calls[1].id == "call_1");
+    CHECK(m.tool_calls[1].arguments == R"({"city":"Tokyo","zip":"100"})");  // zip's schema says string
+    CHECK(spark_server::finish_reason(m, false) == "tool_calls");
+
+    // Text before the block, single quotes, a call without parameters, a multi-line string value
+    // (one newline on each side dropped), and the two block kinds in one answer.
+    m = parse_chat_output("Writing it.\n<minimax:tool_call>\n<invoke name='write_file'>\n<parameter name=\"content\">\n"
+                          "line 1\n\nline 3\n</parameter>\n</invoke>\n<invoke name=\"get_time\">\n</invoke>\n"
+                          "</minimax:tool_call>\n<tool_call>\n{\"name\": \"f\"}\n</tool_call>",
+                          options(true, false, weather_tools()));
+    CHECK(m.content == "Writing it.");
+    REQUIRE(m.tool_calls.size() == 3);
+    CHECK(m.tool_calls[0].name == "write_file");
+    CHECK(m.tool_calls[0].arguments == R"({"content":"line 1\n\nline 3"})");
+    CHECK(m.tool_calls[1].name == "get_time");
+    CHECK(m.tool_calls[1].arguments == "{}");
+    CHECK(m.tool_calls[2].name == "f");
+
+    // Without tools in the request the tags are text.
+    m = parse_chat_output(kMiniMaxCalls, options(false, true));
+    CHECK(m.tool_calls.empty());
+    CHECK(m.content.starts_with("<minimax:tool_call>\n<invoke name=\"get_weather\">"));
+}
+
+TEST_CASE("chat output: a MiniMax-M2 block that is not calls only stays in content") {
+    for (const std::string body : {"<invoke name=\"f\">\n<parameter name=\"a\">1</parameter>\n",     // invoke not closed
+                                   "<invoke name=\"f\">\n<parameter name=\"a\">1\n</invoke>",         // parameter not closed
+                                   "<invoke name=\"\">\n</invoke>",                                     // empty name
+                                   "<invoke name=f>\n</invoke>",                                         // unquoted name
+                                   "<invoke name=\"f\">\n</invoke>\nand some text",                     // text after a call
+                                   "<invoke name=\"f\">\n<parameter>1</parameter>\n</invoke>",          // parameter without name
+                                   "", "call f(1)"}) {
+        const std::string text = "Let me check.\n<minimax:tool_call>\n" + body + "\n</minimax:tool_call>";
+        CAPTURE(text);
+        ChatOutput m = parse_chat_output(text, options(true));
+        CHECK(m.tool_calls.empty());
+        CHECK(m.content == text);
+    }
+    const std::string unclosed = "Checking.\n<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Par";
+    ChatOutput        m        = parse_chat_output(unclosed, options(true));
+    CHECK(m.content == unclosed);
+    CHECK(m.tool_calls.empty());
+}
+
 TEST_CASE("chat output: a block that does not parse stays in content") {
     for (const std::string body : {"{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}",  // missing brace
                                    "{\"arguments\": {\"city\": \"Paris\"}}",                          // no name
@@ -352,6 +411,11 @@ TEST_CASE("chat output: streaming gives the whole message for every split") {
     }
     check_stream_matches_whole("a b\n</thin\n\n</think>\n\n <tool_call>\n{\"name\": \"f\"}\n</tool_call>\n", options(true, true));
     check_stream_matches_whole("thinking </think", options(true, true));
+    for (bool tool_calls : {false, true}) {
+        check_stream_matches_whole(kMiniMaxCalls, options(tool_calls, true, tools));
+        check_stream_matches_whole("x <minimax:tool_ca", options(tool_calls, false, tools));
+        check_stream_matches_whole("<minimax:tool_call>\n<invoke name=\"f\">\n</invoke>\n</minimax:tool_call", options(tool_calls, false, tools));
+    }
     ParseOptions raw    = options(true);
     raw.parse_reasoning = false;
     check_stream_matches_whole(kThinkThenCall, raw);

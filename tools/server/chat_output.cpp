@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <optional>
 #include <random>
 #include <stdexcept>
@@ -16,8 +17,16 @@ using ordered_json = nlohmann::ordered_json;  // keeps the model's key order in 
 constexpr std::string_view kWhitespace = " \t\n\r\f\v";
 constexpr std::string_view kThinkOpen  = "<think>";
 constexpr std::string_view kThinkClose = "</think>";
-constexpr std::string_view kCallOpen   = "<tool_call>";
-constexpr std::string_view kCallClose  = "</tool_call>";
+
+// The tool-call blocks a model may write, each with its own body syntax (parse_call_block).
+struct CallBlock {
+    std::string_view open, close;
+};
+constexpr CallBlock kCallBlocks[] = {
+    {"<tool_call>", "</tool_call>"},                  // Hermes JSON or Qwen3-Coder XML, one call
+    {"<minimax:tool_call>", "</minimax:tool_call>"},  // MiniMax-M2: one or more <invoke>
+};
+constexpr size_t kMiniMaxBlock = 1;
 
 bool is_space(char c) { return kWhitespace.find(c) != std::string_view::npos; }
 
@@ -169,12 +178,76 @@ std::optional<ToolCall> parse_xml_call(std::string_view body, const nlohmann::js
     return call;
 }
 
-// The text between <tool_call> and </tool_call>; nullopt when it is no call (it then stays content).
-std::optional<ToolCall> parse_call_block(std::string_view body, const nlohmann::json & tools) {
-    std::string_view t = trim(body);
-    if (t.starts_with('{')) return parse_json_call(t);
-    if (t.starts_with('<')) return parse_xml_call(t, tools);
-    return std::nullopt;
+// The value of attribute `name="..."` (or '...') at the start of `s` (after whitespace), with the
+// rest after the closing '>' in `rest`; nullopt if `s` does not start so.
+std::optional<std::string_view> name_attribute(std::string_view s, std::string_view & rest) {
+    constexpr std::string_view kName = "name=";
+    s = trim_left(s);
+    if (!s.starts_with(kName) || s.size() <= kName.size()) return std::nullopt;
+    const char quote = s[kName.size()];
+    if (quote != '"' && quote != '\'') return std::nullopt;
+    s.remove_prefix(kName.size() + 1);
+    const size_t end = s.find(quote);
+    if (end == std::string_view::npos) return std::nullopt;
+    std::string_view value = s.substr(0, end), after = trim_left(s.substr(end + 1));
+    if (!after.starts_with('>')) return std::nullopt;
+    rest = after.substr(1);
+    return value;
+}
+
+// MiniMax-M2 (its chat template shows the model this form):
+//   <invoke name="NAME">
+//   <parameter name="P">VALUE</parameter>
+//   </invoke>
+// one or more invokes per block. The template writes a value as text when it is a string and as
+// JSON otherwise, so a value is read as Qwen3-Coder's are: typed by the tool's schema, less one
+// newline on each side. The block is calls only: anything else in it, and it stays content.
+std::optional<std::vector<ToolCall>> parse_invoke_block(std::string_view body, const nlohmann::json & tools) {
+    constexpr std::string_view kInvokeOpen = "<invoke", kInvokeClose = "</invoke>";
+    constexpr std::string_view kParamOpen = "<parameter", kParamClose = "</parameter>";
+    std::vector<ToolCall> calls;
+    std::string_view      rest = trim(body);
+    while (!rest.empty()) {
+        if (!rest.starts_with(kInvokeOpen)) return std::nullopt;
+        std::optional<std::string_view> name = name_attribute(rest.substr(kInvokeOpen.size()), rest);
+        if (!name || trim(*name).empty()) return std::nullopt;
+        ToolCall call;
+        call.name         = std::string(trim(*name));
+        ordered_json args = ordered_json::object();
+        while (true) {
+            rest = trim_left(rest);
+            if (rest.starts_with(kInvokeClose)) {
+                rest = trim_left(rest.substr(kInvokeClose.size()));
+                break;
+            }
+            if (!rest.starts_with(kParamOpen)) return std::nullopt;  // also: an invoke not closed
+            std::optional<std::string_view> param = name_attribute(rest.substr(kParamOpen.size()), rest);
+            if (!param || param->empty()) return std::nullopt;
+            const size_t close = rest.find(kParamClose);
+            if (close == std::string_view::npos) return std::nullopt;
+            std::string_view value = rest.substr(0, close);
+            if (value.starts_with('\n')) value.remove_prefix(1);
+            if (value.ends_with('\n')) value.remove_suffix(1);
+            args[std::string(*param)] = typed_value(value, parameter_schema(tools, call.name, *param));
+            rest.remove_prefix(close + kParamClose.size());
+        }
+        call.arguments = dump_compact(args);
+        calls.push_back(std::move(call));
+    }
+    if (calls.empty()) return std::nullopt;
+    return calls;
+}
+
+// The text between the open and close tags of block kind `block`; nullopt when it is not calls (it
+// then stays content).
+std::optional<std::vector<ToolCall>> parse_call_block(size_t block, std::string_view body, const nlohmann::json & tools) {
+    if (block == kMiniMaxBlock) return parse_invoke_block(body, tools);
+    std::string_view        t = trim(body);
+    std::optional<ToolCall> call;
+    if (t.starts_with('{')) call = parse_json_call(t);
+    if (t.starts_with('<')) call = parse_xml_call(t, tools);
+    if (!call) return std::nullopt;
+    return std::vector<ToolCall>{std::move(*call)};
 }
 
 }  // namespace
@@ -260,7 +333,13 @@ void ChatOutputStream::advance(bool at_end) {
                 pending_.clear();
                 return;
             }
-            size_t open = p.find(kCallOpen);
+            // The first block tag in the text; the longest partial tag at its end.
+            size_t open = std::string_view::npos, partial = 0;
+            for (size_t b = 0; b < std::size(kCallBlocks); ++b) {
+                const size_t at = p.find(kCallBlocks[b].open);
+                if (at < open) open = at, block_ = b;
+                partial = std::max(partial, partial_tag_length(p, kCallBlocks[b].open));
+            }
             if (open == std::string_view::npos && at_end) {
                 // Whitespace after the last tool call is dropped; text after it keeps its whitespace.
                 if (!(last_was_call_ && trim_left(p).empty())) emit_content(p);
@@ -269,21 +348,23 @@ void ChatOutputStream::advance(bool at_end) {
             }
             // Emit up to the tag (or a partial tag), holding back the whitespace before it: it is
             // dropped if the block turns out to be a tool call.
-            size_t text_end = open != std::string_view::npos ? open : p.size() - partial_tag_length(p, kCallOpen);
+            size_t text_end = open != std::string_view::npos ? open : p.size() - partial;
             size_t cut      = end_before_whitespace(p, text_end);
             emit_content(p.substr(0, cut));
             if (open == std::string_view::npos) {
                 pending_.erase(0, cut);
                 return;
             }
-            call_prefix_ = pending_.substr(cut, open + kCallOpen.size() - cut);
-            pending_.erase(0, open + kCallOpen.size());
+            const std::string_view tag = kCallBlocks[block_].open;
+            call_prefix_               = pending_.substr(cut, open + tag.size() - cut);
+            pending_.erase(0, open + tag.size());
             scan_from_ = 0;
             mode_      = Mode::tool_call;
             continue;
         }
         case Mode::tool_call: {
-            size_t close = p.find(kCallClose, scan_from_);
+            const std::string_view tag_close = kCallBlocks[block_].close;
+            size_t                 close     = p.find(tag_close, scan_from_);
             if (close == std::string_view::npos) {
                 if (at_end) {  // never closed: the raw text is content
                     emit_content(call_prefix_ + pending_);
@@ -293,16 +374,16 @@ void ChatOutputStream::advance(bool at_end) {
                     return;
                 }
                 // The next search only needs to look at what may complete a tag with new text.
-                scan_from_ = p.size() >= kCallClose.size() ? p.size() - kCallClose.size() + 1 : 0;
+                scan_from_ = p.size() >= tag_close.size() ? p.size() - tag_close.size() + 1 : 0;
                 return;
             }
             std::string_view body = p.substr(0, close);
-            if (std::optional<ToolCall> call = parse_call_block(body, options_.tools)) {
-                emit_tool_call(std::move(*call));
+            if (std::optional<std::vector<ToolCall>> calls = parse_call_block(block_, body, options_.tools)) {
+                for (ToolCall & call : *calls) emit_tool_call(std::move(call));
             } else {
-                emit_content(call_prefix_ + std::string(body) + std::string(kCallClose));
+                emit_content(call_prefix_ + std::string(body) + std::string(tag_close));
             }
-            pending_.erase(0, close + kCallClose.size());
+            pending_.erase(0, close + tag_close.size());
             call_prefix_.clear();
             mode_ = Mode::content;
             continue;

@@ -1,6 +1,7 @@
 // The answer text of a chat completion split into the OpenAI message fields: `reasoning_content`
-// (Qwen3's <think> ... </think>), `tool_calls` (<tool_call> blocks, Hermes JSON or Qwen3-Coder
-// XML) and `content` (the rest), whole for a response or incrementally for a stream.
+// (Qwen3's and MiniMax-M2's <think> ... </think>), `tool_calls` (<tool_call> blocks, Hermes JSON or
+// Qwen3-Coder XML; MiniMax-M2's <minimax:tool_call> blocks) and `content` (the rest), whole for a
+// response or incrementally for a stream.
 //
 // The input is the text decoded from the generated tokens (special tokens such as <|im_end|> are
 // never in it; <think> and <tool_call> are plain text). Rules:
@@ -14,6 +15,8 @@
 //       <function=f> <parameter=p> value </parameter> ... </function>  (Qwen3-Coder; a value loses one newline on
 //                                                                        each side, and is JSON unless its schema
 //                                                                        says string or it does not parse)
+//     and each <minimax:tool_call> ... </minimax:tool_call> block, one call per
+//       <invoke name="f"> <parameter name="p">value</parameter> ... </invoke>  (MiniMax-M2; values as Qwen3-Coder's)
 //     Whitespace right before a tool call, and after the last one at the end, is dropped; content
 //     does not start with the whitespace that follows the reasoning or a tool call.
 //   - a block that does not parse, or is not closed by the end, stays in `content` as written: model
@@ -88,7 +91,8 @@ private:
     ParseOptions             options_;
     Mode                     mode_;
     std::string              pending_;                  // received, not yet emitted or discarded
-    size_t                   scan_from_ = 0;            // tool_call mode: where </tool_call> may start in pending_
+    size_t                   block_     = 0;            // tool_call mode: which kind of block (kCallBlocks)
+    size_t                   scan_from_ = 0;            // tool_call mode: where its close tag may start in pending_
     std::string              call_prefix_;              // tool_call mode: whitespace + "<tool_call>", content if no call
     bool                     in_reasoning_    = false;  // non-whitespace reasoning was emitted (the leading trim is done)
     bool                     drop_content_ws_ = false;  // no content yet after </think> or a call: leading whitespace goes
