@@ -4,6 +4,7 @@
 # (or /tmp/verify); the exit code is test-cuda's.
 #   scripts/device/verify.sh                   # H100: every test, the Qwen shapes
 #   BENCH="minimax-m2" scripts/device/verify.sh  # on the H200 (MiniMax-M2 INT4/NVFP4 need > 80 GB)
+#   FULL=1 scripts/device/verify.sh            # every test-cuda case instead of the suites below
 set -o pipefail
 source scripts/device/setup.sh
 out=${OUT:-/tmp/verify}
@@ -13,8 +14,9 @@ scripts/device/build.sh spark-bench test-cuda > "$out/build.log" 2>&1 || { tail 
 # The suites of what changed last without a device: the golden fixtures of every architecture
 # (MiniMax-M2 included), the CPU-vs-GPU node diff, the MoE routing kernel (sigmoid scores), the
 # matmul dispatch (W4A4: skips before 12.x) and weights used in place.
-build-dev/tests/test-cuda --duration=true \
-    -tc='GPU golden*,model diff*,cuda elementwise: MOE_ROUTE*,matmul: NVFP4 with activation scales*,GPU: weights used in place*' > "$out/test_cuda.log" 2>&1
+suites='GPU golden*,model diff*,cuda elementwise: MOE_ROUTE*,matmul: NVFP4 with activation scales*,GPU: weights used in place*'
+[ "${FULL:-0}" = 1 ] && suites='*'
+build-dev/tests/test-cuda --duration=true -tc="$suites" > "$out/test_cuda.log" 2>&1
 rc=$?
 echo "test-cuda rc $rc"
 tail -4 "$out/test_cuda.log"
