@@ -5,6 +5,7 @@
 #   scripts/device/verify.sh                   # H100: every test, the Qwen shapes
 #   BENCH="minimax-m2" scripts/device/verify.sh  # on the H200 (MiniMax-M2 INT4/NVFP4 need > 80 GB)
 #   FULL=1 scripts/device/verify.sh            # every test-cuda case instead of the suites below
+#   SUITES="GPU: synthetic*"                     # these test-cuda cases instead
 #   TESTS=0 / BENCH=none                         # skip the tests / the benches (two calls on a warm machine)
 #   FORMATS=int4,nvfp4,fp8                       # the weight formats benched (default int4,nvfp4)
 set -o pipefail
@@ -17,7 +18,7 @@ scripts/device/build.sh spark-bench test-cuda > "$out/build.log" 2>&1 || { tail 
 # (MiniMax-M2 included), the CPU-vs-GPU node diff, the MoE routing kernel (sigmoid scores), the
 # matmul dispatch (W4A4: skips before 12.x) and weights used in place.
 rc=0
-suites='GPU golden*,model diff*,cuda elementwise: MOE_ROUTE*,matmul: NVFP4 with activation scales*,GPU: weights used in place*'
+suites=${SUITES:-'GPU golden*,model diff*,cuda elementwise: MOE_ROUTE*,matmul: NVFP4 with activation scales*,GPU: weights used in place*'}
 [ "${FULL:-0}" = 1 ] && suites='*'
 echo "built $(date +%T)"
 if [ "${TESTS:-1}" = 1 ]; then

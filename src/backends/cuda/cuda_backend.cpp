@@ -18,6 +18,7 @@
 #include "backends/cuda/ops.h"
 #include "backends/cuda/profiler.h"
 #include "backends/cuda/step_trace.h"
+#include "backends/cuda/weight_arena.h"
 #include "backends/cuda/weight_batch.h"
 #include "backends/cuda/weight_placement.h"
 
@@ -214,8 +215,17 @@ public:
 
     QWeight random_weight(const RandomWeightSpec & spec, std::vector<std::unique_ptr<Buffer>> & storage) override {
         activate();
-        Owner owner{this, &storage};
-        return remember(random_weight_layout(spec), cuda::random_device_weight(spec, &Owner::alloc, &owner, stream_));
+        // The model's random weights share one arena, the first buffer of its storage: a cudaMalloc
+        // each rounds every weight up to the driver's 2 MiB pages (MiniMax-M2's 2.25 MiB experts
+        // would take 4 MiB: 186 GiB for 112 GiB of INT4 weights).
+        auto * arena = storage.empty() ? nullptr : dynamic_cast<cuda::WeightArena *>(storage.front().get());
+        if (!arena) {
+            auto fresh = std::make_unique<cuda::WeightArena>(device_, size_t(total_memory_));
+            arena      = fresh.get();
+            storage.insert(storage.begin(), std::move(fresh));
+        }
+        auto take = [](void * a, size_t bytes) { return static_cast<cuda::WeightArena *>(a)->take_usable(bytes); };
+        return remember(random_weight_layout(spec), cuda::random_device_weight(spec, take, arena, stream_));
     }
 
     double copy_bandwidth() override {

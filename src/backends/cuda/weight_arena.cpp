@@ -6,6 +6,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -74,6 +75,7 @@ size_t round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
 constexpr size_t kAlign        = 256;                 // every weight part starts on a 256-byte line
 constexpr size_t kChunkBytes   = size_t(256) << 20;   // fallback: chunk size,
 constexpr size_t kOwnChunkFrom = size_t(32) << 20;    // and parts this large get a chunk of their own
+constexpr size_t kGrowBytes    = size_t(1) << 30;     // take_usable's mapping step
 
 [[noreturn]] void out_of_memory(size_t bytes) {
     size_t free_b = 0, total_b = 0;
@@ -149,13 +151,12 @@ void * WeightArena::take_chunked(size_t bytes) {
     return p;
 }
 
-void WeightArena::commit() {
-    if (!vmm_ || used_ <= mapped_) return;
+bool WeightArena::map_to(size_t end) {
     const Vmm &               v    = vmm();
     const CUmemAllocationProp prop = device_prop(device_);
-    const size_t              size = round_up(used_, granule_) - mapped_;
+    const size_t              size = end - mapped_;
     CUmemGenericAllocationHandle h = 0;
-    if (v.create(&h, size, &prop, 0) != CUDA_SUCCESS) out_of_memory(size);
+    if (v.create(&h, size, &prop, 0) != CUDA_SUCCESS) return false;
     const auto va = reinterpret_cast<CUdeviceptr>(data_) + mapped_;
     if (v.map(va, size, 0, h, 0) != CUDA_SUCCESS) {
         v.release(h);
@@ -171,6 +172,25 @@ void WeightArena::commit() {
     }
     mapped_ += size;
     size_  = mapped_;
+    return true;
+}
+
+void WeightArena::commit() {
+    if (!vmm_ || used_ <= mapped_) return;
+    const size_t end = round_up(used_, granule_);
+    if (!map_to(end)) out_of_memory(end - mapped_);
+}
+
+void * WeightArena::take_usable(size_t bytes) {
+    void * p = take(bytes);
+    if (vmm_ && used_ > mapped_) {
+        // Steps double up to kGrowBytes: a tiny model maps little more than it takes, a large one
+        // ~1 GiB at a time.
+        const size_t step  = std::clamp(mapped_, granule_, kGrowBytes);
+        const size_t ahead = std::min(std::max(round_up(used_, granule_), round_up(mapped_ + step, granule_)), reserve_);
+        if (!map_to(ahead)) commit();  // near the device's end: only what was taken
+    }
+    return p;
 }
 
 }  // namespace spark::cuda

@@ -31,6 +31,10 @@ public:
     void * take(size_t bytes);
     // Backs every byte handed out so far with device memory. Throws SPARK_ERR_OUT_OF_MEMORY.
     void   commit();
+    // take() whose memory is usable at once, for weights a kernel writes as they are made (synthetic
+    // models): VMM backs the range ahead in doubling steps of up to 1 GiB, so that 100K weights map
+    // a few hundred regions rather than one each; the last step shrinks to what fits.
+    void * take_usable(size_t bytes);
     size_t used() const { return used_; }
     bool   virtual_memory() const { return vmm_; }
 
@@ -40,6 +44,8 @@ private:
         size_t size = 0, used = 0;
     };
     void * take_chunked(size_t bytes);
+    // VMM: backs [mapped_, end) with one physical allocation; false when the device lacks the memory.
+    bool   map_to(size_t end);
 
     int    device_;
     bool   vmm_      = false;
