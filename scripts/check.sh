@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The checked builds CI runs after the main test command (docs/RELIABILITY.md):
 #   1. the CPU test suite built with ASan + UBSan (clang; any report fails the test), with the CPU
-#      warp emulators of the elementwise, GEMV and W4A4 kernels (emu-attention, 5 min under ASan, runs
-#      unsanitized in the main suite only, to keep CI within its time), and spark-server through the
+#      warp emulators of the elementwise and W4A4 kernels (emu-attention and emu-gemv, 5 and 6 min
+#      under ASan, run unsanitized in the main suite only, to keep CI within its time), and spark-server through the
 #      openai client with its hostile bodies (its load, --spec and browser tests run unsanitized in
 #      the main suite only, for the same reason);
 #   2. the threads test built with ThreadSanitizer;
@@ -26,7 +26,7 @@ if [ ! -f build-check-asan/build.ninja ]; then
         -DSPARK_SANITIZE=address,undefined >/dev/null
 fi
 cmake --build build-check-asan
-ctest --test-dir build-check-asan -LE cuda -E 'emu-attention|tool-server_(load|spec|page)' -j2 --output-on-failure
+ctest --test-dir build-check-asan -LE cuda -E 'emu-(attention|gemv)|tool-server_(load|spec|page)' -j2 --output-on-failure
 
 section "ThreadSanitizer: contexts decoding on several threads"
 if [ ! -f build-check-tsan/build.ninja ]; then
