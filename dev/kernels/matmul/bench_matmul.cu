@@ -18,7 +18,8 @@
 // Build and run from the repository root (one line; -arch as the GPU: sm_90a H100, sm_120a RTX 50xx):
 //   nvcc -O3 -std=c++20 --expt-relaxed-constexpr -arch=sm_90a -Isrc -Iinclude dev/kernels/matmul/bench_matmul.cu src/backends/cuda/matmul/gemv_*.cu src/backends/cuda/matmul/gemm_*.cu src/backends/cuda/matmul/side_kernels.cu src/backends/cuda/matmul/plan.cpp src/backends/cuda/common/launch.cpp -o /tmp/bench_matmul && /tmp/bench_matmul
 // Options: --sweep (every plan of the large 8B INT4 shapes, timed), --sweep-rows R (the same at R
-// activation rows), --gemm-sweep (the prefill GEMM's K splits), --quick (INT4 only, no GEMM), --no-gemm, --rows (also 2, 4, 8 activation rows), --no-pdl
+// activation rows), --moe-sweep (every MMA plan of the 30B-A3B and MiniMax-M2 expert GEMVs, INT4 and
+// NVFP4), --gemm-sweep (the prefill GEMM's K splits), --quick (INT4 only, no GEMM), --no-gemm, --rows (also 2, 4, 8 activation rows), --no-pdl
 // (GEMV launches without programmatic dependent launch; the dispatch's default is with, on sm_90+),
 // --mma-only / --fma-only (INT4 and NVFP4 through one decode kernel only; default: both, the plan
 // column says which: "mma[kp] wk/ks grid" for the tensor-core decode of gemv_mma_kernels.cuh). After the
@@ -455,10 +456,22 @@ void bench_gemv(const std::string & shape, WeightFormat f, int64_t n, int64_t k,
     cudaFree(dy);
 }
 
-// Qwen3-30B-A3B MoE decode of one layer: 8 of 128 experts, fused gate/up + SwiGLU (one launch), then
-// down (one launch), each timed on its own and as the pair. 16 routing sets rotate.
-void bench_moe(WeightFormat f, double brief_up_us, double brief_down_us, bool mma = false) {
-    const int E = 128, top = 8, H = 2048, F = 768;
+// One MoE decode layer: `top` of `E` experts, fused gate/up + SwiGLU (one launch), then down (one
+// launch), each timed on its own and as the pair. 16 routing sets rotate.
+struct MoeShape {
+    const char * name;
+    int          E, top, H, F;
+};
+constexpr MoeShape kMoe30B{"30B-A3B", 128, 8, 2048, 768};
+// MiniMax-M2 has 256 experts; 64 distinct ones (600 MB of gate/up) already defeat the L2 across the
+// 16 routing sets, and the lab makes them on the host.
+constexpr MoeShape kMoeMiniMax{"MiniMax-M2", 64, 8, 3072, 1536};
+
+// sweep: instead of the planner's plans, every plan it can make (K-pair x K-warps x K splits, through
+// the tuning overrides) for gate/up and for down, each timed alone (--moe-sweep).
+void bench_moe(WeightFormat f, double brief_up_us, double brief_down_us, bool mma = false, const MoeShape & shape = kMoe30B,
+               bool sweep = false) {
+    const int E = shape.E, top = shape.top, H = shape.H, F = shape.F;
     std::vector<HostWeight> gate, up, down;
     for (int e = 0; e < E; ++e) {
         gate.push_back(make_weight(f, F, H));
@@ -487,85 +500,143 @@ void bench_moe(WeightFormat f, double brief_up_us, double brief_down_us, bool mm
     float *dx = dev_copy(x), *dact_in = dev_copy(act_in), *dact = nullptr, *dy = nullptr;
     CK(cudaMalloc(&dact, size_t(top * F) * 4));
     CK(cudaMalloc(&dy, size_t(top * H) * 4));
-    PlannedGemv pu, pd;
-    pu.f = pd.f = f;
-    pu.glu      = true;
-    pu.p        = plan_gemv(f, F, H, top, 1, 2, g_sms, lab_opts(f, mma));
-    pd.p        = plan_gemv(f, H, F, top, 1, 1, g_sms, lab_opts(f, mma));
-    SplitScratch su(pu.p, 2, top, F), sd(pd.p, 1, top, H);
-    pu.counters = su.counters;
-    pd.counters = sd.counters;
-    // Gate/up reads x; down reads a fixed activation buffer (so the two can be timed apart).
-    auto launch_up = [&](int i, cudaStream_t s) {
-        GemvArgs a;
-        a.w[0] = a.w[1] = tg[0];
-        a.table[0]      = dg;
-        a.table[1]      = du;
-        a.ids           = Ids{dids + (i % sets) * top, 1, top, top, E};
-        a.xbase         = dx;
-        a.x_sj          = 0;
-        a.x_st          = H;
-        a.n             = F;
-        a.k             = H;
-        a.out_rows      = top;
-        a.y             = dact;
-        a.partial       = su.partial;
-        pu.launch(a, s);
-    };
-    auto launch_down = [&](int i, cudaStream_t s, const float * in) {
-        GemvArgs b;
-        b.w[0] = b.w[1] = td[0];
-        b.table[0] = b.table[1] = dd;
-        b.ids                   = Ids{dids + (i % sets) * top, 1, top, top, E};
-        b.xbase                 = in;
-        b.x_sj                  = F;
-        b.x_st                  = int64_t(top) * F;
-        b.n                     = H;
-        b.k                     = F;
-        b.out_rows              = top;
-        b.y                     = dy;
-        b.partial               = sd.partial;
-        pd.launch(b, s);
-    };
-    launch_up(0, g_stream);
-    launch_down(0, g_stream, dact_in);
-    CK(cudaStreamSynchronize(g_stream));
-    std::vector<float> act(size_t(top * F)), yd(size_t(top * H));
-    CK(cudaMemcpy(act.data(), dact, act.size() * 4, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(yd.data(), dy, yd.size() * 4, cudaMemcpyDeviceToHost));
-    double num = 0, den = 0, num_d = 0, den_d = 0;
-    for (int j = 0; j < top; ++j) {
-        const int e = ids[size_t(j)];
-        for (int n = 0; n < F; n += 37) {
-            double g = 0, u = 0;
-            for (int k = 0; k < H; ++k) {
-                g += ref_weight(gate[size_t(e)], n, k) * x[size_t(k)];
-                u += ref_weight(up[size_t(e)], n, k) * x[size_t(k)];
+    const std::string up_name   = std::string(shape.name) + " moe gate+up+swiglu " + std::to_string(top) + "x(" + std::to_string(F) + "+" +
+                                std::to_string(F) + ")x" + std::to_string(H);
+    const std::string down_name = std::string(shape.name) + " moe down " + std::to_string(top) + "x" + std::to_string(H) + "x" + std::to_string(F);
+    if (sweep) {
+        const double bytes_up   = double(top) * double(gate[0].bytes() + up[0].bytes());
+        const double bytes_down = double(top) * double(down[0].bytes());
+        Overrides &  ov         = overrides();
+        for (const bool is_up : {true, false}) {
+            print_header();
+            // Every restriction of the planner's candidates, then none (the planner's own choice).
+            std::vector<Overrides> tries;
+            for (int kp = 0; kp <= 1; ++kp)
+                for (const int wk : {1, 2, 4, 8})
+                    for (const int ks : {1, 2, 4, 8}) {
+                        Overrides o;
+                        o.gemv_kpair  = kp;
+                        o.gemv_wk     = wk;
+                        o.gemv_ksplit = ks;
+                        tries.push_back(o);
+                    }
+            tries.push_back(Overrides{});
+            for (size_t t_i = 0; t_i < tries.size(); ++t_i) {
+                const bool planner = t_i + 1 == tries.size();
+                const Overrides & o = tries[t_i];
+                ov                  = o;
+                PlannedGemv g;
+                g.f   = f;
+                g.glu = is_up;
+                g.p   = is_up ? plan_gemv(f, F, H, top, 1, 2, g_sms, lab_opts(f, mma)) : plan_gemv(f, H, F, top, 1, 1, g_sms, lab_opts(f, mma));
+                ov    = Overrides{};
+                // A restriction the planner could not honour gives another plan: skip it.
+                if (g.p.grid.x == 0 || (!planner && (g.p.wk != o.gemv_wk || int(g.p.mma_kpair) != o.gemv_kpair || g.p.ksplit != o.gemv_ksplit))) continue;
+                SplitScratch sc(g.p, is_up ? 2 : 1, top, is_up ? F : H);
+                g.counters  = sc.counters;
+                auto launch = [&](int i, cudaStream_t st) {
+                    GemvArgs a;
+                    a.w[0] = a.w[1] = is_up ? tg[0] : td[0];
+                    a.table[0]      = is_up ? dg : dd;
+                    a.table[1]      = is_up ? du : dd;
+                    a.ids           = Ids{dids + (i % sets) * top, 1, top, top, E};
+                    a.xbase         = is_up ? dx : dact_in;
+                    a.x_sj          = is_up ? 0 : F;
+                    a.x_st          = is_up ? H : int64_t(top) * F;
+                    a.n             = is_up ? F : H;
+                    a.k             = is_up ? H : F;
+                    a.out_rows      = top;
+                    a.y             = is_up ? dact : dy;
+                    a.partial       = sc.partial;
+                    g.launch(a, st);
+                };
+                const double bytes = is_up ? bytes_up : bytes_down;
+                const Timing t     = time_launches(launch, per_graph_for(bytes), g_stream);
+                print_row((is_up ? up_name : down_name) + (planner ? " (planner)" : ""), f, g.p, t, 0.0, bytes, 0.0);
             }
-            const double ref = g / (1 + std::exp(-g)) * u, d = act[size_t(j * F + n)] - ref;
-            num += d * d;
-            den += ref * ref;
-        }
-        for (int n = 0; n < H; n += 53) {
-            double ref = 0;
-            for (int k = 0; k < F; ++k) ref += ref_weight(down[size_t(e)], n, k) * act_in[size_t(j * F + k)];
-            const double d = yd[size_t(j * H + n)] - ref;
-            num_d += d * d;
-            den_d += ref * ref;
         }
     }
-    const double bytes_up   = double(top) * double(gate[0].bytes() + up[0].bytes());
-    const double bytes_down = double(top) * double(down[0].bytes());
-    const Timing tu_        = time_launches(launch_up, per_graph_for(bytes_up), g_stream);
-    const Timing td_        = time_launches([&](int i, cudaStream_t s) { launch_down(i, s, dact_in); }, per_graph_for(bytes_down), g_stream);
-    const Timing tl         = time_launches([&](int i, cudaStream_t s) { launch_up(i, s), launch_down(i, s, dact); },
-                                            per_graph_for(bytes_up + bytes_down), g_stream);
-    print_row("30B-A3B moe gate+up+swiglu 8x(768+768)x2048", f, pu.p, tu_, brief_up_us, bytes_up, den > 0 ? num / den : num);
-    print_row("30B-A3B moe down 8x2048x768", f, pd.p, td_, brief_down_us, bytes_down, den_d > 0 ? num_d / den_d : num_d);
-    GemvPlan both = pu.p;
-    both.grid     = dim3(0, 0, 0);
-    print_row("30B-A3B moe layer (gate/up, then down)", f, both, tl,
-              brief_up_us > 0 && brief_down_us > 0 ? brief_up_us + brief_down_us : 0.0, bytes_up + bytes_down, 0.0);
+    if (!sweep) {
+        PlannedGemv pu, pd;
+        pu.f = pd.f = f;
+        pu.glu      = true;
+        pu.p        = plan_gemv(f, F, H, top, 1, 2, g_sms, lab_opts(f, mma));
+        pd.p        = plan_gemv(f, H, F, top, 1, 1, g_sms, lab_opts(f, mma));
+        SplitScratch su(pu.p, 2, top, F), sd(pd.p, 1, top, H);
+        pu.counters = su.counters;
+        pd.counters = sd.counters;
+        // Gate/up reads x; down reads a fixed activation buffer (so the two can be timed apart).
+        auto launch_up = [&](int i, cudaStream_t s) {
+            GemvArgs a;
+            a.w[0] = a.w[1] = tg[0];
+            a.table[0]      = dg;
+            a.table[1]      = du;
+            a.ids           = Ids{dids + (i % sets) * top, 1, top, top, E};
+            a.xbase         = dx;
+            a.x_sj          = 0;
+            a.x_st          = H;
+            a.n             = F;
+            a.k             = H;
+            a.out_rows      = top;
+            a.y             = dact;
+            a.partial       = su.partial;
+            pu.launch(a, s);
+        };
+        auto launch_down = [&](int i, cudaStream_t s, const float * in) {
+            GemvArgs b;
+            b.w[0] = b.w[1] = td[0];
+            b.table[0] = b.table[1] = dd;
+            b.ids                   = Ids{dids + (i % sets) * top, 1, top, top, E};
+            b.xbase                 = in;
+            b.x_sj                  = F;
+            b.x_st                  = int64_t(top) * F;
+            b.n                     = H;
+            b.k                     = F;
+            b.out_rows              = top;
+            b.y                     = dy;
+            b.partial               = sd.partial;
+            pd.launch(b, s);
+        };
+        launch_up(0, g_stream);
+        launch_down(0, g_stream, dact_in);
+        CK(cudaStreamSynchronize(g_stream));
+        std::vector<float> act(size_t(top * F)), yd(size_t(top * H));
+        CK(cudaMemcpy(act.data(), dact, act.size() * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(yd.data(), dy, yd.size() * 4, cudaMemcpyDeviceToHost));
+        double num = 0, den = 0, num_d = 0, den_d = 0;
+        for (int j = 0; j < top; ++j) {
+            const int e = ids[size_t(j)];
+            for (int n = 0; n < F; n += 37) {
+                double g = 0, u = 0;
+                for (int k = 0; k < H; ++k) {
+                    g += ref_weight(gate[size_t(e)], n, k) * x[size_t(k)];
+                    u += ref_weight(up[size_t(e)], n, k) * x[size_t(k)];
+                }
+                const double ref = g / (1 + std::exp(-g)) * u, d = act[size_t(j * F + n)] - ref;
+                num += d * d;
+                den += ref * ref;
+            }
+            for (int n = 0; n < H; n += 53) {
+                double ref = 0;
+                for (int k = 0; k < F; ++k) ref += ref_weight(down[size_t(e)], n, k) * act_in[size_t(j * F + k)];
+                const double d = yd[size_t(j * H + n)] - ref;
+                num_d += d * d;
+                den_d += ref * ref;
+            }
+        }
+        const double bytes_up   = double(top) * double(gate[0].bytes() + up[0].bytes());
+        const double bytes_down = double(top) * double(down[0].bytes());
+        const Timing tu_        = time_launches(launch_up, per_graph_for(bytes_up), g_stream);
+        const Timing td_        = time_launches([&](int i, cudaStream_t s) { launch_down(i, s, dact_in); }, per_graph_for(bytes_down), g_stream);
+        const Timing tl         = time_launches([&](int i, cudaStream_t s) { launch_up(i, s), launch_down(i, s, dact); },
+                                                per_graph_for(bytes_up + bytes_down), g_stream);
+        print_row(up_name, f, pu.p, tu_, brief_up_us, bytes_up, den > 0 ? num / den : num);
+        print_row(down_name, f, pd.p, td_, brief_down_us, bytes_down, den_d > 0 ? num_d / den_d : num_d);
+        GemvPlan both = pu.p;
+        both.grid     = dim3(0, 0, 0);
+        print_row(std::string(shape.name) + " moe layer (gate/up, then down)", f, both, tl,
+                  brief_up_us > 0 && brief_down_us > 0 ? brief_up_us + brief_down_us : 0.0, bytes_up + bytes_down, 0.0);
+    }
     for (auto & d : tg) release(d);
     for (auto & d : tu) release(d);
     for (auto & d : td) release(d);
@@ -804,7 +875,7 @@ void sweep(int rows) {
 }
 
 int main(int argc, char ** argv) {
-    bool quick = false, gemm = true, more_rows = false, no_pdl = false, fma = true, mma = true, do_sweep = false, gemm_only = false;
+    bool quick = false, gemm = true, more_rows = false, no_pdl = false, fma = true, mma = true, do_sweep = false, gemm_only = false, moe_sweep = false;
     int  sweep_rows = 1;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
@@ -817,6 +888,7 @@ int main(int argc, char ** argv) {
         if (a == "--sweep") do_sweep = true;
         if (a == "--sweep-rows" && i + 1 < argc) do_sweep = true, sweep_rows = std::atoi(argv[++i]);
         if (a == "--gemm-sweep") gemm_only = true;
+        if (a == "--moe-sweep") moe_sweep = true;
     }
     cudaDeviceProp prop{};
     CK(cudaGetDeviceProperties(&prop, 0));
@@ -830,6 +902,11 @@ int main(int argc, char ** argv) {
                 prop.name, g_sms, g_copy_bw / 1e9, g_pdl ? "with" : "without");
     if (do_sweep) {
         sweep(std::max(1, sweep_rows));
+        return 0;
+    }
+    if (moe_sweep) {
+        for (const MoeShape & shape : {kMoe30B, kMoeMiniMax})
+            for (const WeightFormat f : {WeightFormat::INT4, WeightFormat::NVFP4}) bench_moe(f, 0.0, 0.0, true, shape, true);
         return 0;
     }
     if (gemm_only) {
