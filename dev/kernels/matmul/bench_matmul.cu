@@ -26,6 +26,7 @@
 // per-shape table: q+k+v in one multi-weight launch (op_matmul_multi) against three launches.
 #include "backends/cuda/cuda_common.h"
 #include "backends/cuda/matmul/matmul.h"
+#include "backends/cuda/matmul/op_plan.h"
 #include "backends/cuda/matmul/tuning.h"
 #include "quant/formats.h"
 
@@ -255,13 +256,17 @@ struct PlannedGemv {
     }
 };
 
-int g_smem_optin = 48 * 1024;
+int                      g_smem_optin = 48 * 1024;
+spark::cuda::DeviceProps g_rates;  // the device's bandwidth and issue rates, as the dispatch derives them
 // The dispatch's GEMV options: mma = the tensor-core decode where the format takes it (the lab's INT4
-// weights have groups of 128).
+// weights have groups of 128), and the device's rates (op_plan.cpp), so that "(planner)" rows are
+// the plans a model step gets on this GPU.
 GemvOpts lab_opts(WeightFormat f, bool mma, int n_mats = 1, const int64_t * mat_n = nullptr) {
     GemvOpts o;
-    o.mma        = mma && (f == WeightFormat::INT4 || f == WeightFormat::NVFP4);
-    o.smem_optin = g_smem_optin;
+    o.mma             = mma && (f == WeightFormat::INT4 || f == WeightFormat::NVFP4);
+    o.smem_optin      = g_smem_optin;
+    o.bw_per_us       = g_rates.bw_bytes_per_us;
+    o.issue_per_sm_us = g_rates.issue_per_sm_us;
     o.n_mats     = n_mats;
     o.mat_n      = mat_n;
     return o;
@@ -897,6 +902,11 @@ int main(int argc, char ** argv) {
     g_pdl     = !no_pdl && prop.major >= 9;
     g_copy_bw = measure_copy_bw();
     g_smem_optin = int(prop.sharedMemPerBlockOptin);
+    int mem_khz = 0, bus_bits = 0, sm_khz = 0;
+    CK(cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, 0));
+    CK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, 0));
+    CK(cudaDeviceGetAttribute(&sm_khz, cudaDevAttrClockRate, 0));
+    device_rates(g_rates, mem_khz, bus_bits, sm_khz);
     std::printf("%s, %d SMs, copy bandwidth %.0f GB/s (bytes read + written, the perf-anchors.md convention; %%copy = bytes read / graph us / this); "
                 "GEMV launches %s programmatic dependent launch\n",
                 prop.name, g_sms, g_copy_bw / 1e9, g_pdl ? "with" : "without");
