@@ -505,6 +505,24 @@ void bench_moe(WeightFormat f, double brief_up_us, double brief_down_us, bool mm
     float *dx = dev_copy(x), *dact_in = dev_copy(act_in), *dact = nullptr, *dy = nullptr;
     CK(cudaMalloc(&dact, size_t(top * F) * 4));
     CK(cudaMalloc(&dy, size_t(top * H) * 4));
+    // The launch arguments of gate/up (reads x, writes the activations) or down (reads `in`, writes
+    // y), routing set i.
+    auto moe_args = [&](bool is_up, int i, const float * in, float * partial) {
+        GemvArgs a;
+        a.w[0] = a.w[1] = is_up ? tg[0] : td[0];
+        a.table[0]      = is_up ? dg : dd;
+        a.table[1]      = is_up ? du : dd;
+        a.ids           = Ids{dids + (i % sets) * top, 1, top, top, E};
+        a.xbase         = in;
+        a.x_sj          = is_up ? 0 : F;
+        a.x_st          = is_up ? H : int64_t(top) * F;
+        a.n             = is_up ? F : H;
+        a.k             = is_up ? H : F;
+        a.out_rows      = top;
+        a.y             = is_up ? dact : dy;
+        a.partial       = partial;
+        return a;
+    };
     const std::string up_name   = std::string(shape.name) + " moe gate+up+swiglu " + std::to_string(top) + "x(" + std::to_string(F) + "+" +
                                 std::to_string(F) + ")x" + std::to_string(H);
     const std::string down_name = std::string(shape.name) + " moe down " + std::to_string(top) + "x" + std::to_string(H) + "x" + std::to_string(F);
@@ -539,22 +557,7 @@ void bench_moe(WeightFormat f, double brief_up_us, double brief_down_us, bool mm
                 if (g.p.grid.x == 0 || (!planner && (g.p.wk != o.gemv_wk || int(g.p.mma_kpair) != o.gemv_kpair || g.p.ksplit != o.gemv_ksplit))) continue;
                 SplitScratch sc(g.p, is_up ? 2 : 1, top, is_up ? F : H);
                 g.counters  = sc.counters;
-                auto launch = [&](int i, cudaStream_t st) {
-                    GemvArgs a;
-                    a.w[0] = a.w[1] = is_up ? tg[0] : td[0];
-                    a.table[0]      = is_up ? dg : dd;
-                    a.table[1]      = is_up ? du : dd;
-                    a.ids           = Ids{dids + (i % sets) * top, 1, top, top, E};
-                    a.xbase         = is_up ? dx : dact_in;
-                    a.x_sj          = is_up ? 0 : F;
-                    a.x_st          = is_up ? H : int64_t(top) * F;
-                    a.n             = is_up ? F : H;
-                    a.k             = is_up ? H : F;
-                    a.out_rows      = top;
-                    a.y             = is_up ? dact : dy;
-                    a.partial       = sc.partial;
-                    g.launch(a, st);
-                };
+                auto launch = [&](int i, cudaStream_t st) { g.launch(moe_args(is_up, i, is_up ? dx : dact_in, sc.partial), st); };
                 const double bytes = is_up ? bytes_up : bytes_down;
                 const Timing t     = time_launches(launch, per_graph_for(bytes), g_stream);
                 print_row((is_up ? up_name : down_name) + (planner ? " (planner)" : ""), f, g.p, t, 0.0, bytes, 0.0);
@@ -571,37 +574,8 @@ void bench_moe(WeightFormat f, double brief_up_us, double brief_down_us, bool mm
         pu.counters = su.counters;
         pd.counters = sd.counters;
         // Gate/up reads x; down reads a fixed activation buffer (so the two can be timed apart).
-        auto launch_up = [&](int i, cudaStream_t s) {
-            GemvArgs a;
-            a.w[0] = a.w[1] = tg[0];
-            a.table[0]      = dg;
-            a.table[1]      = du;
-            a.ids           = Ids{dids + (i % sets) * top, 1, top, top, E};
-            a.xbase         = dx;
-            a.x_sj          = 0;
-            a.x_st          = H;
-            a.n             = F;
-            a.k             = H;
-            a.out_rows      = top;
-            a.y             = dact;
-            a.partial       = su.partial;
-            pu.launch(a, s);
-        };
-        auto launch_down = [&](int i, cudaStream_t s, const float * in) {
-            GemvArgs b;
-            b.w[0] = b.w[1] = td[0];
-            b.table[0] = b.table[1] = dd;
-            b.ids                   = Ids{dids + (i % sets) * top, 1, top, top, E};
-            b.xbase                 = in;
-            b.x_sj                  = F;
-            b.x_st                  = int64_t(top) * F;
-            b.n                     = H;
-            b.k                     = F;
-            b.out_rows              = top;
-            b.y                     = dy;
-            b.partial               = sd.partial;
-            pd.launch(b, s);
-        };
+        auto launch_up   = [&](int i, cudaStream_t s) { pu.launch(moe_args(true, i, dx, su.partial), s); };
+        auto launch_down = [&](int i, cudaStream_t s, const float * in) { pd.launch(moe_args(false, i, in, sd.partial), s); };
         launch_up(0, g_stream);
         launch_down(0, g_stream, dact_in);
         CK(cudaStreamSynchronize(g_stream));
