@@ -2,7 +2,8 @@
 # The checked builds CI runs after the main test command (docs/RELIABILITY.md):
 #   1. the CPU test suite built with ASan + UBSan (clang; any report fails the test), with the CPU
 #      warp emulators of the elementwise and W4A4 kernels (emu-attention and emu-gemv, 5 and 6 min
-#      under ASan, run unsanitized in the main suite only, to keep CI within its time), and spark-server through the
+#      under ASan, run unsanitized in the main suite only, to keep CI within its time; so does the
+#      end-to-end sampling statistics case of test-models, tests/CMakeLists.txt), and spark-server through the
 #      openai client with its hostile bodies (its load, --spec and browser tests run unsanitized in
 #      the main suite only, for the same reason);
 #   2. the threads test built with ThreadSanitizer;
