@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
 # The checked builds CI runs after the main test command (docs/RELIABILITY.md):
 #   1. the CPU test suite built with ASan + UBSan (clang; any report fails the test), with the CPU
-#      warp emulators of the elementwise and W4A4 kernels (emu-attention and emu-gemv, 5 and 6 min
-#      under ASan, run unsanitized in the main suite only, to keep CI within its time; so does the
-#      end-to-end sampling statistics case of test-models, tests/CMakeLists.txt), and spark-server through the
-#      openai client with its hostile bodies (its load, --spec and browser tests run unsanitized in
-#      the main suite only, for the same reason);
+#      warp emulators of the elementwise and W4A4 kernels, and spark-server through the openai
+#      client with its hostile bodies. Left to the unsanitized main suite, to keep CI within its
+#      time: emu-attention and emu-gemv (5 and 6 min under ASan), test-models' end-to-end sampling
+#      statistics (tests/CMakeLists.txt) and spark-server's load, --spec and browser tests;
 #   2. the threads test built with ThreadSanitizer;
 #   3. each libFuzzer harness for FUZZ_SECONDS (default 60) from its seed corpus.
 # Run from anywhere: scripts/check.sh

@@ -267,8 +267,8 @@ GemvOpts lab_opts(WeightFormat f, bool mma, int n_mats = 1, const int64_t * mat_
     o.smem_optin      = g_smem_optin;
     o.bw_per_us       = g_rates.bw_bytes_per_us;
     o.issue_per_sm_us = g_rates.issue_per_sm_us;
-    o.n_mats     = n_mats;
-    o.mat_n      = mat_n;
+    o.n_mats          = n_mats;
+    o.mat_n           = mat_n;
     return o;
 }
 
