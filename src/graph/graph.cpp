@@ -2,6 +2,7 @@
 
 #include "common/error.h"
 
+#include <algorithm>
 #include <atomic>
 
 namespace spark {
@@ -10,7 +11,7 @@ const char * op_name(Op op) {
     static const char * names[] = {
         "NONE",    "VIEW",        "CONT",      "CONCAT",    "GET_ROWS",    "MATMUL",     "MATMUL_ID", "ADD",
         "MUL",     "SCALE",       "RMS_NORM",  "L2_NORM",     "ROPE",       "SWIGLU",    "MUL_SIGMOID",
-        "ATTENTION", "MOE_ROUTE", "MOE_COMBINE", "CONV1D_SSM", "GATED_DELTA", "ARGMAX",
+        "ATTENTION", "MOE_ROUTE", "MOE_COMBINE", "CONV1D_SSM", "GATED_DELTA", "ARGMAX", "SUM_SQR", "ALL_REDUCE",
     };
     static_assert(sizeof(names) / sizeof(names[0]) == size_t(Op::COUNT));
     return op < Op::COUNT ? names[size_t(op)] : "?";
@@ -108,9 +109,12 @@ Tensor * Graph::matmul(Tensor * x, const QWeight & w) {
 
 Tensor * Graph::matmul_id(Tensor * x, const QWeight * experts, int32_t n_experts, Tensor * ids) {
     SPARK_ASSERT(x->type == DType::F32 && ids->type == DType::I32 && n_experts > 0);
-    SPARK_ASSERT(x->ne[0] == experts[0].k && x->ne[2] == ids->ne[1]);
+    // The shape of any expert this rank holds (expert parallelism leaves the others empty).
+    const QWeight * held = std::find_if(experts, experts + n_experts, [](const QWeight & w) { return w.n > 0; });
+    SPARK_ASSERT(held != experts + n_experts);
+    SPARK_ASSERT(x->ne[0] == held->k && x->ne[2] == ids->ne[1]);
     SPARK_ASSERT(x->ne[1] == 1 || x->ne[1] == ids->ne[0]);
-    int64_t  ne[3] = {experts[0].n, ids->ne[0], ids->ne[1]};
+    int64_t  ne[3] = {held->n, ids->ne[0], ids->ne[1]};
     Tensor * t     = new_tensor(DType::F32, ne, 3, Op::MATMUL_ID);
     t->src[0]      = x;
     t->src[1]      = ids;
@@ -158,6 +162,28 @@ Tensor * Graph::rms_norm(Tensor * x, Tensor * w, float eps, bool zero_centered) 
     }
     t->fp[0] = eps;
     t->ip[0] = zero_centered ? 1 : 0;
+    return t;
+}
+
+Tensor * Graph::all_reduce(Tensor * x) {
+    SPARK_ASSERT(x->is_contiguous());
+    return unary(Op::ALL_REDUCE, x);
+}
+
+Tensor * Graph::sum_sqr(Tensor * x, float scale) {
+    SPARK_ASSERT(x->type == DType::F32 && x->nb[0] == 4);
+    const int64_t ne[2] = {1, x->nrows()};
+    Tensor *      t     = new_tensor(DType::F32, ne, 2, Op::SUM_SQR);
+    t->src[0]           = x;
+    t->fp[0]            = scale;
+    return t;
+}
+
+Tensor * Graph::rms_norm_split(Tensor * x, Tensor * w, Tensor * sums, int64_t width, float eps, bool zero_centered) {
+    SPARK_ASSERT(sums->type == DType::F32 && sums->ne[0] == 1 && sums->nrows() == x->nrows() && width >= x->ne[0]);
+    Tensor * t = rms_norm(x, w, eps, zero_centered);
+    t->src[3]  = sums;
+    t->fp[1]   = float(width);
     return t;
 }
 

@@ -45,7 +45,8 @@ enum class Op : uint8_t {
     SCALE,        // src0 * fp[0]
     RMS_NORM,     // per row: x / sqrt(mean(x^2) + eps) * w   (src1 = w [ne0] or none);
                   // ip[0] = 1: zero-centred weight (1 + w); src2 (optional): a gate, the
-                  // output then silu(gate) * norm (Graph::rms_norm_gated)
+                  // output then silu(gate) * norm (Graph::rms_norm_gated); src3 (optional): the
+                  // rows' sums of squares [1, rows] over fp[1] elements (a row split over ranks)
     L2_NORM,      // per row: x / sqrt(sum(x^2) + eps)
     ROPE,         // rotate-half (NEOX) RoPE of src0 [hd, nh, T] at positions src1 [T];
                   // ip[0] = n_rot (first n_rot dims rotated), fp[0] = theta
@@ -61,6 +62,8 @@ enum class Op : uint8_t {
     GATED_DELTA,  // gated delta rule recurrence; see Graph::gated_delta (ip[0] = 1: q/k
                   // l2-normalised in the op with eps fp[0], q scaled by fp[1])
     ARGMAX,       // per row index of the maximum -> I32 [T]
+    SUM_SQR,      // per row sum of squares times fp[0] -> [1, rows] (a split RMSNorm's part)
+    ALL_REDUCE,   // src0 summed over the ranks of the graph's communicator (a split model)
     COUNT
 };
 
@@ -123,6 +126,8 @@ struct QkNorm {
     float eps = 0.0f, q_scale = 1.0f;
 };
 
+class Communicator;
+
 class Graph {
 public:
     Graph() = default;
@@ -150,6 +155,16 @@ public:
     Tensor * swiglu(Tensor * gate, Tensor * up);
     Tensor * mul_sigmoid(Tensor * a, Tensor * gate);
     Tensor * argmax(Tensor * x);                              // -> I32 [rows]
+
+    // ---- a model split over ranks (runtime/shard.h): the graph's communicator joins them
+    // x summed over the ranks (x contiguous F32); every rank's graph makes the same calls.
+    Tensor * all_reduce(Tensor * x);
+    // RMSNorm of rows split over the ranks: x holds this rank's part of each row, whose sums of
+    // squares over every rank (the all-reduce of sum_sqr) are `sums` [1, rows] over `width` elements.
+    Tensor * sum_sqr(Tensor * x, float scale);
+    Tensor * rms_norm_split(Tensor * x, Tensor * w, Tensor * sums, int64_t width, float eps, bool zero_centered);
+    void           set_comm(Communicator * c) { comm_ = c; }
+    Communicator * comm() const { return comm_; }
 
     // Causal attention of q [hd, n_head, T] over the sequence's cached keys/values after first
     // appending k, v [hd, n_head_kv, T] at (seq[t], pos[t]). The cache of this layer is two external
@@ -248,6 +263,7 @@ private:
     uint64_t              uid_        = next_uid();
     uint64_t              generation_ = 0;
     bool                  prompt_step_ = false;
+    Communicator *        comm_        = nullptr;
     static uint64_t       next_uid();
 };
 

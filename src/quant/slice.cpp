@@ -2,7 +2,9 @@
 
 #include "common/error.h"
 
+#include <algorithm>
 #include <cstring>
+#include <numeric>
 
 namespace spark {
 
@@ -34,38 +36,96 @@ size_t dense_size(WeightFormat f) { return f == WeightFormat::F32 ? 4 : 2; }
 
 }  // namespace
 
-QWeight slice_rows(const QWeight & w, int64_t n0, int64_t n1, SliceOwner & owner) {
-    check_range(w, "rows", n0, n1, w.n);
-    QWeight s = w;
-    s.n       = n1 - n0;
+QWeight slice_rows(const QWeight & w, int64_t n0, int64_t n1, SliceOwner & owner) { return slice_rows(w, {{n0, n1}}, owner); }
+
+QWeight slice_rows(const QWeight & w, const std::vector<RowRange> & ranges, SliceOwner & owner) {
+    SPARK_ASSERT(!ranges.empty());
+    int64_t n = 0;
+    for (auto [a, b] : ranges) {
+        check_range(w, "rows", a, b, w.n);
+        n += b - a;
+    }
+    QWeight s       = w;
+    s.n             = n;
     s.device_layout = nullptr;
-    const int64_t N = w.n, K = w.k, n = n1 - n0;
+    const int64_t N = w.n, K = w.k;
+    // Copies every range's rows of a row-major [rows][row_bytes] array, packed.
+    auto gather = [&](const void * src, int64_t row_bytes) {
+        owner.emplace_back(size_t(n * row_bytes));
+        uint8_t * dst = owner.back().data();
+        for (auto [a, b] : ranges) {
+            std::memcpy(dst, static_cast<const uint8_t *>(src) + a * row_bytes, size_t((b - a) * row_bytes));
+            dst += (b - a) * row_bytes;
+        }
+        return owner.back().data();
+    };
+    // The same for the columns of a [lines][N * elem] array whose columns are the weight's rows.
+    auto gather_columns = [&](const void * src, int64_t lines, int64_t per_line, int64_t elem, int64_t unit) {
+        int64_t width = 0;
+        for (auto [a, b] : ranges) width += (b - a + unit - 1) / unit;
+        owner.emplace_back(size_t(lines * width * elem));
+        uint8_t * dst = owner.back().data();
+        for (int64_t l = 0; l < lines; ++l)
+            for (auto [a, b] : ranges) {
+                const int64_t c = (b - a + unit - 1) / unit;
+                std::memcpy(dst, static_cast<const uint8_t *>(src) + (l * per_line + a / unit) * elem, size_t(c * elem));
+                dst += c * elem;
+            }
+        return owner.back().data();
+    };
     switch (w.format) {
         case WeightFormat::F32:
         case WeightFormat::F16:
-        case WeightFormat::BF16: {
-            const int64_t row = K * int64_t(dense_size(w.format));
-            s.data            = copy_runs(owner, static_cast<const uint8_t *>(w.data) + n0 * row, 1, 0, n * row);
-            break;
-        }
+        case WeightFormat::BF16: s.data = gather(w.data, K * int64_t(dense_size(w.format))); break;
         case WeightFormat::NVFP4:
-            s.data   = copy_runs(owner, static_cast<const uint8_t *>(w.data) + n0 * (K / 2), 1, 0, n * (K / 2));
-            s.scales = copy_runs(owner, static_cast<const uint8_t *>(w.scales) + n0 * (K / 16), 1, 0, n * (K / 16));
+            s.data   = gather(w.data, K / 2);
+            s.scales = gather(w.scales, K / 16);
             break;
-        case WeightFormat::INT4: {  // [K/8][N] words, [G][N] scales, [G][N/8] zeros: a column block of each
-            if (w.zeros && (n0 % 8 || (n1 % 8 && n1 != N))) cannot_cut(w, "row", n0 % 8 ? n0 : n1, "its zero points pack 8 rows a word");
-            s.data   = copy_runs(owner, static_cast<const uint32_t *>(w.data) + n0, K / 8, N * 4, n * 4);
-            s.scales = copy_runs(owner, static_cast<const uint16_t *>(w.scales) + n0, w.n_groups, N * 2, n * 2);
-            if (w.zeros) s.zeros = copy_runs(owner, static_cast<const uint32_t *>(w.zeros) + n0 / 8, w.n_groups, (N / 8) * 4, ceil_div(n, 8) * 4);
+        case WeightFormat::INT4: {  // [K/8][N] words, [G][N] scales, [G][N/8] zeros: columns of each
+            if (w.zeros)
+                for (size_t i = 0; i < ranges.size(); ++i) {
+                    const auto [a, b] = ranges[i];
+                    if (a % 8 || (b % 8 && !(b == N && i + 1 == ranges.size())))
+                        cannot_cut(w, "row", a % 8 ? a : b, "its zero points pack 8 rows a word");
+                }
+            s.data   = gather_columns(w.data, K / 8, N, 4, 1);
+            s.scales = gather_columns(w.scales, w.n_groups, N, 2, 1);
+            if (w.zeros) s.zeros = gather_columns(w.zeros, w.n_groups, N / 8, 4, 8);
             if (w.g_idx) s.g_idx = static_cast<const int32_t *>(copy_runs(owner, w.g_idx, 1, 0, K * 4));
             break;
         }
         case WeightFormat::FP8: {
-            const int64_t bn = w.block_n, bk = w.block_k, KB = ceil_div(K, bk);
-            if (n0 % bn && bn < N) cannot_cut(w, "row", n0, "its scale blocks span the cut");
-            s.data = copy_runs(owner, static_cast<const uint8_t *>(w.data) + n0 * K, 1, 0, n * K);
-            const int64_t b0 = bn >= N ? 0 : n0 / bn, b1 = bn >= N ? 1 : ceil_div(n1, bn);
-            s.scales = copy_runs(owner, static_cast<const float *>(w.scales) + b0 * KB, 1, 0, (b1 - b0) * KB * 4);
+            // A cut inside a scale block keeps exact values with smaller blocks: block_n becomes the
+            // gcd of block_n and every range's start (in the weight and in the slice), each new
+            // block row a copy of the scales of the block it lies in.
+            const int64_t bn = w.block_n, KB = ceil_div(K, w.block_k);
+            s.data = gather(w.data, K);
+            if (bn >= N) {  // one block row (per-tensor or per-column-block scales): it covers every row
+                s.scales  = copy_runs(owner, w.scales, 1, 0, KB * 4);
+                s.block_n = int32_t(std::max(n, bn));
+                break;
+            }
+            int64_t nbs = bn, at = 0;
+            for (auto [a, b] : ranges) {
+                nbs = std::gcd(nbs, std::gcd(a, at));
+                at += b - a;
+            }
+            const int64_t rows = ceil_div(n, nbs);
+            s.block_n = int32_t(nbs);
+            owner.emplace_back(size_t(rows * KB) * 4);
+            auto * sc = reinterpret_cast<float *>(owner.back().data());
+            for (int64_t r = 0; r < rows; ++r) {
+                int64_t row = r * nbs, orig = 0;  // the slice's row -> the weight's
+                for (auto [a, b] : ranges) {
+                    if (row < b - a) {
+                        orig = a + row;
+                        break;
+                    }
+                    row -= b - a;
+                }
+                std::memcpy(sc + r * KB, static_cast<const float *>(w.scales) + (orig / bn) * KB, size_t(KB) * 4);
+            }
+            s.scales = sc;
             break;
         }
     }
@@ -117,11 +177,20 @@ QWeight slice_cols(const QWeight & w, int64_t k0, int64_t k1, SliceOwner & owner
             break;
         }
         case WeightFormat::FP8: {
+            // As for rows: a cut inside a scale block gives block_k = gcd(block_k, k0).
             const int64_t bn = w.block_n, bk = w.block_k, NB = ceil_div(N, bn), KB = ceil_div(K, bk);
-            if (bk < K && k0 % bk) cannot_cut(w, "column", k0, "its scale blocks span the cut");
             s.data = copy_runs(owner, static_cast<const uint8_t *>(w.data) + k0, N, K, k);
-            const int64_t b0 = bk >= K ? 0 : k0 / bk, b1 = bk >= K ? 1 : ceil_div(k1, bk);
-            s.scales = copy_runs(owner, static_cast<const float *>(w.scales) + b0, NB, KB * 4, (b1 - b0) * 4);
+            if (bk >= K) {
+                s.scales = copy_runs(owner, w.scales, 1, 0, NB * 4);
+                break;
+            }
+            const int64_t kbs = std::gcd(bk, k0), cols = ceil_div(k, kbs);
+            s.block_k = int32_t(kbs);
+            owner.emplace_back(size_t(NB * cols) * 4);
+            auto * sc = reinterpret_cast<float *>(owner.back().data());
+            for (int64_t b = 0; b < NB; ++b)
+                for (int64_t c = 0; c < cols; ++c) sc[b * cols + c] = static_cast<const float *>(w.scales)[b * KB + (k0 + c * kbs) / bk];
+            s.scales = sc;
             break;
         }
     }

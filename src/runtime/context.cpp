@@ -62,6 +62,7 @@ Context::StepGraph & Context::step_graph(int32_t n, int32_t n_seqs, int32_t n_ou
     s->n_out  = n_out;
     s->graph  = std::make_unique<Graph>();
     Graph &       g      = *s->graph;
+    g.set_comm(model_.shard.comm);  // a split model's ranks sum their partial outputs through it
     const int64_t pages  = memory_->max_pages_per_seq(), slots = memory_->n_seq_max();
     const int64_t total  = 3 * int64_t(n) + pages * slots + 3 * int64_t(n_seqs) + n_out;
     s->input_buf         = model_.backend->alloc(size_t(total) * 4);

@@ -33,6 +33,15 @@ std::unique_ptr<Backend> make_backend(const spark_model_params & params, spark_d
     fail(SPARK_ERR_INVALID_ARGUMENT, "unknown device kind %d", int(params.device));
 }
 
+std::vector<std::unique_ptr<Communicator>> make_device_group(const std::vector<int> & devices) {
+#if SPARK_HAS_CUDA && SPARK_HAS_NCCL
+    return make_nccl_group(devices);
+#else
+    (void) devices;
+    fail(SPARK_ERR_UNSUPPORTED, "this build of spark has no NCCL: a model cannot be split over GPUs (docs/DISTRIBUTED.md)");
+#endif
+}
+
 }  // namespace spark
 
 extern "C" {

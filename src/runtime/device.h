@@ -2,10 +2,12 @@
 #pragma once
 
 #include "backends/backend.h"
+#include "backends/comm.h"
 
 #include <spark/spark.h>
 
 #include <memory>
+#include <vector>
 
 namespace spark {
 
@@ -13,5 +15,9 @@ namespace spark {
 // reports which one in `kind`. Throws SPARK_ERR_UNSUPPORTED when CUDA was asked for but is not
 // available (not compiled in, no device, compute capability below 8.0).
 std::unique_ptr<Backend> make_backend(const spark_model_params & params, spark_device_kind & kind);
+
+// The communicators of a group of GPUs of this process, one per device in rank order (NCCL).
+// Throws SPARK_ERR_UNSUPPORTED where this build has no CUDA backend or no NCCL.
+std::vector<std::unique_ptr<Communicator>> make_device_group(const std::vector<int> & devices);
 
 }  // namespace spark

@@ -21,45 +21,80 @@ void load_output(Model & m, ModelLoader & ml) {
     else m.output = ml.linear("lm_head", hp.n_vocab, hp.n_embd, &m.info.weight_bytes_output);
 }
 
+namespace {
+
+// The whole model's hyper-parameters (a split model's rank has its part of them in model.hparams).
+const HParams & whole(const ModelLoader & ml, const HParams & hp) { return ml.shard().split() ? ml.shard().full : hp; }
+
+// The part [rank * n, (rank + 1) * n) of a width split evenly over the ranks (n: the rank's).
+Range even_part(const Shard & s, int64_t n) { return {s.rank * n, (s.rank + 1) * n}; }
+
+}  // namespace
+
 AttentionWeights load_attention(ModelLoader & ml, const HParams & hp, const std::string & p, int64_t in, int64_t q_per_head, QkNormScope qk_norm,
                                 uint64_t * bytes) {
-    const int64_t    hd = hp.head_dim;
+    // Split over ranks: whole heads, q rows (o columns) of the rank's query heads, k / v rows of its
+    // KV heads (replicas where the ranks outnumber them).
+    const Shard &   s  = ml.shard();
+    const HParams & f  = whole(ml, hp);
+    const int64_t   hd = hp.head_dim;
+    const Range     qh = s.units(f.n_head, "attention heads"), kvh = s.units(f.n_head_kv, "key-value heads");
+    const auto      span = [&](Range u, int64_t w) { return s.split() ? Range{u.begin * w, u.end * w} : Range{}; };
+    const auto      rows = [&](Range u, int64_t w) { return s.split() ? Cut::rows(span(u, w)) : Cut{}; };
     AttentionWeights w;
-    w.wq = ml.linear(p + ".q_proj", q_per_head * hp.n_head * hd, in, bytes);
-    w.wk = ml.linear(p + ".k_proj", hp.n_head_kv * hd, in, bytes);
-    w.wv = ml.linear(p + ".v_proj", hp.n_head_kv * hd, in, bytes);
-    w.wo = ml.linear(p + ".o_proj", hp.n_embd, hp.n_head * hd, bytes);
-    if (qk_norm != QkNormScope::None) {
-        const bool whole = qk_norm == QkNormScope::WholeProjection;
-        w.q_norm         = ml.param(p + ".q_norm.weight", {whole ? hp.n_head * hd : hd}, bytes);
-        w.k_norm         = ml.param(p + ".k_norm.weight", {whole ? hp.n_head_kv * hd : hd}, bytes);
+    w.wq = ml.linear(p + ".q_proj", q_per_head * f.n_head * hd, in, bytes, rows(qh, q_per_head * hd));
+    w.wk = ml.linear(p + ".k_proj", f.n_head_kv * hd, in, bytes, rows(kvh, hd));
+    w.wv = ml.linear(p + ".v_proj", f.n_head_kv * hd, in, bytes, rows(kvh, hd));
+    w.wo = ml.linear(p + ".o_proj", f.n_embd, f.n_head * hd, bytes, s.split() ? Cut::cols(span(qh, hd)) : Cut{});
+    if (qk_norm == QkNormScope::PerHead) {
+        w.q_norm = ml.param(p + ".q_norm.weight", {hd}, bytes);
+        w.k_norm = ml.param(p + ".k_norm.weight", {hd}, bytes);
+    } else if (qk_norm == QkNormScope::WholeProjection) {
+        w.whole_norms = true;
+        w.q_norm = ml.param(p + ".q_norm.weight", {f.n_head * hd}, bytes, rows(qh, hd));
+        w.k_norm = ml.param(p + ".k_norm.weight", {f.n_head_kv * hd}, bytes, rows(kvh, hd));
     }
     return w;
 }
 
 MlpWeights load_mlp(ModelLoader & ml, const std::string & p, int64_t n_ff, int64_t n_embd, uint64_t * bytes) {
-    MlpWeights w;
-    w.gate = ml.linear(p + ".gate_proj", n_ff, n_embd, bytes);
-    w.up   = ml.linear(p + ".up_proj", n_ff, n_embd, bytes);
-    w.down = ml.linear(p + ".down_proj", n_embd, n_ff, bytes);
+    // Split over ranks: n_ff is the rank's part; gate / up keep its rows, down its columns.
+    const Shard & s    = ml.shard();
+    const int64_t full = n_ff * s.size;
+    MlpWeights    w;
+    w.gate = ml.linear(p + ".gate_proj", full, n_embd, bytes, s.split() ? Cut::rows(even_part(s, n_ff)) : Cut{});
+    w.up   = ml.linear(p + ".up_proj", full, n_embd, bytes, s.split() ? Cut::rows(even_part(s, n_ff)) : Cut{});
+    w.down = ml.linear(p + ".down_proj", n_embd, full, bytes, s.split() ? Cut::cols(even_part(s, n_ff)) : Cut{});
     return w;
 }
 
 MoeWeights load_moe(ModelLoader & ml, const HParams & hp, const std::string & p, uint64_t * bytes, const ExpertNames & names) {
-    MoeWeights w;
+    // Split over ranks: the router whole on every rank; tensor parallelism cuts every expert as a
+    // MLP, expert parallelism keeps a range of whole experts (the others stay empty).
+    const Shard & s      = ml.shard();
+    const bool    cut    = s.split() && s.mode == SplitMode::Tensor;
+    const int64_t nff    = hp.n_ff_expert, full = cut ? nff * s.size : nff;
+    const Range   held   = s.experts(hp.n_expert);
+    const Cut     rows   = cut ? Cut::rows(even_part(s, nff)) : Cut{};
+    const Cut     cols   = cut ? Cut::cols(even_part(s, nff)) : Cut{};
+    MoeWeights    w;
     w.router = ml.linear(p + ".gate", hp.n_expert, hp.n_embd, bytes);
     std::vector<LinearSpec> specs;
-    for (int64_t e = 0; e < hp.n_expert; ++e) {
+    for (int64_t e = held.begin; e < held.end; ++e) {
         const std::string x = p + ".experts." + std::to_string(e);
-        specs.push_back({x + "." + names.gate, hp.n_ff_expert, hp.n_embd});
-        specs.push_back({x + "." + names.up, hp.n_ff_expert, hp.n_embd});
-        specs.push_back({x + "." + names.down, hp.n_embd, hp.n_ff_expert});
+        specs.push_back({x + "." + names.gate, full, hp.n_embd, rows});
+        specs.push_back({x + "." + names.up, full, hp.n_embd, rows});
+        specs.push_back({x + "." + names.down, hp.n_embd, full, cols});
     }
     const std::vector<QWeight> experts = ml.linears(specs, bytes);  // resolved in parallel
-    for (size_t e = 0; e < size_t(hp.n_expert); ++e) {
-        w.gate.push_back(experts[3 * e]);
-        w.up.push_back(experts[3 * e + 1]);
-        w.down.push_back(experts[3 * e + 2]);
+    w.gate.resize(size_t(hp.n_expert));
+    w.up.resize(size_t(hp.n_expert));
+    w.down.resize(size_t(hp.n_expert));
+    for (int64_t e = held.begin; e < held.end; ++e) {
+        const size_t i = size_t(e - held.begin) * 3;
+        w.gate[size_t(e)] = experts[i];
+        w.up[size_t(e)]   = experts[i + 1];
+        w.down[size_t(e)] = experts[i + 2];
     }
     if (hp.n_ff_shexp > 0) {
         w.shared      = load_mlp(ml, p + ".shared_expert", hp.n_ff_shexp, hp.n_embd, bytes);
@@ -77,6 +112,10 @@ Tensor * param(GraphContext & gc, const Param & p, const char * name) {
         default: SPARK_ASSERT(false);
     }
     return t;
+}
+
+Tensor * reduce_ranks(GraphContext & gc, Tensor * partial) {
+    return gc.model.shard.split() ? gc.graph.all_reduce(partial) : partial;
 }
 
 Tensor * build_norm(GraphContext & gc, Tensor * x, const Param & w, float eps, bool zero_centered, const char * name, int il) {
@@ -112,8 +151,24 @@ Tensor * build_moe(GraphContext & gc, Tensor * x, const MoeWeights & w, int il) 
     Tensor * up     = g.matmul_id(xe, w.up.data(), ne, ids);
     Tensor * act    = g.swiglu(gate, up);                        // [n_ff_expert, k, T]
     Tensor * down   = g.matmul_id(act, w.down.data(), ne, ids);  // [n_embd, k, T]
-    return g.named(g.moe_combine(down, g.moe_weights(route), shared, shared_gate), "moe_out", il);
+    return g.named(reduce_ranks(gc, g.moe_combine(down, g.moe_weights(route), shared, shared_gate)), "moe_out", il);
 }
+
+namespace {
+
+// RMSNorm over a whole projection of n_heads heads (MiniMax-M2's q / k norms). Split over ranks, each
+// holds n_heads of the model's `heads_whole`: the rows' sums of squares are summed over the ranks, a
+// replica of a head another rank holds first adding nothing.
+Tensor * whole_norm(GraphContext & gc, Tensor * x, const Param & w, const char * name, int64_t n_heads, int64_t heads_whole, bool zc) {
+    Graph &         g  = gc.graph;
+    const HParams & hp = gc.model.hparams;
+    const Shard &   s  = gc.model.shard;
+    if (!s.split()) return g.rms_norm(x, param(gc, w, name), hp.rms_eps, zc);
+    Tensor * sums = g.all_reduce(g.sum_sqr(x, s.duplicate_unit(heads_whole) ? 0.0f : 1.0f));
+    return g.rms_norm_split(x, param(gc, w, name), sums, heads_whole * hp.head_dim, hp.rms_eps, zc);
+}
+
+}  // namespace
 
 Tensor * build_attention(GraphContext & gc, Tensor * x, const AttentionWeights & w, int il, bool q_gated, bool zc) {
     Graph &         g  = gc.graph;
@@ -122,12 +177,12 @@ Tensor * build_attention(GraphContext & gc, Tensor * x, const AttentionWeights &
 
     // A norm of the whole projection (MiniMax-M2) comes before the split into heads; the three
     // matmuls stay adjacent (one launch on CUDA).
-    const bool whole_q = w.q_norm.data && w.q_norm.ne[0] != hd, whole_k = w.k_norm.data && w.k_norm.ne[0] != hd;
+    const bool whole_q = w.q_norm.data && w.whole_norms, whole_k = w.k_norm.data && w.whole_norms;
     Tensor *   q       = g.matmul(x, w.wq);
     Tensor *   k       = g.matmul(x, w.wk);
     Tensor *   v       = g.reshape(g.matmul(x, w.wv), {hd, nkv, T});
-    if (whole_q) q = g.rms_norm(q, param(gc, w.q_norm, "q_norm"), hp.rms_eps, zc);
-    if (whole_k) k = g.rms_norm(k, param(gc, w.k_norm, "k_norm"), hp.rms_eps, zc);
+    if (whole_q) q = whole_norm(gc, q, w.q_norm, "q_norm", hp.n_head, gc.model.shard.full.n_head, zc);
+    if (whole_k) k = whole_norm(gc, k, w.k_norm, "k_norm", hp.n_head_kv, gc.model.shard.full.n_head_kv, zc);
     k = g.reshape(k, {hd, nkv, T});
     Tensor * gate = nullptr;
     if (q_gated) {
@@ -150,7 +205,7 @@ Tensor * build_attention(GraphContext & gc, Tensor * x, const AttentionWeights &
                              1.0f / std::sqrt(float(hd)));
     g.named(o, "attn", il);
     if (gate) o = g.mul_sigmoid(o, g.reshape(g.cont(gate), {hd * nh, T}));
-    return g.named(g.matmul(o, w.wo), "attn_out", il);
+    return g.named(reduce_ranks(gc, g.matmul(o, w.wo)), "attn_out", il);
 }
 
 void capture_layer(GraphContext & gc, int il, Tensor * x) {

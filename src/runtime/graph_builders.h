@@ -46,7 +46,12 @@ Tensor * param(GraphContext & gc, const Param & p, const char * name);
 // RMSNorm over rows with the layer's weight; zero_centered for Qwen3-Next's (1 + w) norms.
 Tensor * build_norm(GraphContext & gc, Tensor * x, const Param & w, float eps, bool zero_centered, const char * name, int il);
 
-// SwiGLU MLP: down(silu(gate(x)) * up(x)).
+// A row-parallel projection's partial output summed over the ranks of a split model (itself
+// where the model is whole).
+Tensor * reduce_ranks(GraphContext & gc, Tensor * partial);
+
+// SwiGLU MLP: down(silu(gate(x)) * up(x)) (a rank's partial output in a split model: the caller
+// reduces it, since a shared expert's joins the routed experts' first).
 Tensor * build_ffn(GraphContext & gc, Tensor * x, const QWeight & gate, const QWeight & up, const QWeight & down, int il);
 
 // Routed experts (a softmax router, or sigmoid scores chosen with the block's bias where

@@ -166,9 +166,10 @@ void fill_info(Model & m, int64_t n_params) {
 
 }  // namespace
 
-std::unique_ptr<Model> load_model(const std::string & path, const spark_model_params & params, std::shared_ptr<Backend> backend) {
+std::unique_ptr<Model> load_model(const std::string & path, const spark_model_params & params, std::shared_ptr<Backend> backend,
+                                  const Shard & shard) {
     if (path.empty()) fail(SPARK_ERR_INVALID_ARGUMENT, "empty model path");
-    if (is_synthetic_path(path)) return load_synthetic_model(path, params, fill_info);
+    if (is_synthetic_path(path)) return load_synthetic_model(path, params, fill_info, shard);
     using Clock   = std::chrono::steady_clock;
     const auto t0 = Clock::now();
     auto       m  = std::make_unique<Model>();
@@ -204,6 +205,11 @@ std::unique_ptr<Model> load_model(const std::string & path, const spark_model_pa
         }
     }
     m->hparams = parse_hparams(config, src.config_origin);
+    if (shard.split()) {
+        m->shard      = shard;
+        m->shard.full = m->hparams;
+        m->hparams    = shard_hparams(m->hparams, shard);
+    }
     m->quant   = parse_quant_config(config, hf_quant, src.config_origin);
     m->layers.resize(size_t(m->hparams.n_layer));
     m->arch    = make_architecture(m->hparams.arch);

@@ -5,8 +5,10 @@
 #include "backends/backend.h"
 #include "io/tensor_source.h"
 #include "quant/qweight.h"
+#include "quant/slice.h"
 #include "runtime/hparams.h"
 #include "runtime/quant_config.h"
+#include "runtime/shard.h"
 #include "runtime/weight_resolver.h"
 
 #include <spark/spark.h>
@@ -57,6 +59,7 @@ struct WeightVisitor {
 struct AttentionWeights {
     QWeight wq, wk, wv, wo;
     Param   q_norm, k_norm;
+    bool    whole_norms = false;  // q_norm / k_norm over the whole projection, not per head
     void    visit(const WeightVisitor & v) const;
 };
 
@@ -110,7 +113,8 @@ struct HeadWeights {
 };
 
 struct Model {
-    HParams                          hparams;
+    HParams                          hparams;  // this rank's (shard_hparams) where the model is split
+    Shard                            shard;    // which part of a split model this is (size 1: whole)
     QuantConfig                      quant;
     std::string                      path;
     std::unique_ptr<Architecture>    arch;
@@ -132,6 +136,7 @@ struct Model {
     // backend storage (device copies, parameter vectors).
     std::unique_ptr<io::TensorSource>      source;
     HostStore                              host_store;
+    SliceOwner                             slices;  // the parts of cut weights a rank keeps
     std::vector<std::unique_ptr<Buffer>>   storage;
     spark_model_info                       info{};
 
@@ -152,8 +157,10 @@ private:
 };
 
 // Loads from a Hugging Face directory or a spark file. Throws spark::Error. A draft model of
-// speculative decoding shares its target's backend (same device, same stream).
-std::unique_ptr<Model> load_model(const std::string & path, const spark_model_params & params, std::shared_ptr<Backend> backend = nullptr);
+// speculative decoding shares its target's backend (same device, same stream). With a shard of
+// size > 1, the rank's part of a split model (runtime/shard.h).
+std::unique_ptr<Model> load_model(const std::string & path, const spark_model_params & params, std::shared_ptr<Backend> backend = nullptr,
+                                  const Shard & shard = {});
 
 }  // namespace spark
 

@@ -48,13 +48,19 @@ class SyntheticLoader final : public ModelLoader {
 public:
     SyntheticLoader(Model & m, const spark_model_params & p, WeightFormat format) : ModelLoader(m, p), format_(format) {}
 
-    QWeight linear(const std::string & module, int64_t n, int64_t k, uint64_t * counter) override {
+    // A rank's part of a split model: random values of the part's shape.
+    QWeight linear(const std::string & module, int64_t n, int64_t k, uint64_t * counter, const Cut & cut) override {
+        if (cut.dim == Cut::Dim::Rows) n = cut.length(n);
+        if (cut.dim == Cut::Dim::Cols) k = cut.length(k);
         return make(module, synthetic_linear_format(*model_.arch, module, n, k, format_), n, k, counter);
     }
     QWeight dense(const std::string & name, int64_t n, int64_t k, uint64_t * counter) override {
         return make(name, WeightFormat::BF16, n, k, counter);
     }
     Param param(const std::string & name, std::initializer_list<int64_t> shape, uint64_t * counter) override {
+        return param_from(name, param_values(name, shape), shape, counter);
+    }
+    std::vector<float> param_values(const std::string & name, std::initializer_list<int64_t> shape) override {
         int64_t numel = 1;
         for (int64_t d : shape) numel *= d;
         std::vector<float>          v(static_cast<size_t>(numel));
@@ -64,7 +70,7 @@ public:
             const float u = float((seed * 6364136223846793005ull + uint64_t(i) * 1442695040888963407ull) >> 40) / 16777216.0f;  // [0, 1)
             v[size_t(i)]  = synthetic_param_value(init, u);
         }
-        return param_from(name, v, shape, counter);
+        return v;
     }
 
     // Every tensor of the shape exists (an MTP head when the preset has num_nextn_predict_layers).
@@ -87,7 +93,8 @@ private:
 
 bool is_synthetic_path(const std::string & path) { return path.rfind("synthetic:", 0) == 0; }
 
-std::unique_ptr<Model> load_synthetic_model(const std::string & path, const spark_model_params & params, std::function<void(Model &, int64_t)> finish) {
+std::unique_ptr<Model> load_synthetic_model(const std::string & path, const spark_model_params & params, std::function<void(Model &, int64_t)> finish,
+                                            const Shard & shard) {
     // synthetic:<shape>:<format>
     const std::string rest  = path.substr(10);
     const size_t      colon = rest.find(':');
@@ -104,6 +111,11 @@ std::unique_ptr<Model> load_synthetic_model(const std::string & path, const spar
     auto m     = std::make_unique<Model>();
     m->path    = path;
     m->hparams = parse_hparams(preset(shape));
+    if (shard.split()) {
+        m->shard      = shard;
+        m->shard.full = m->hparams;
+        m->hparams    = shard_hparams(m->hparams, shard);
+    }
     m->layers.resize(size_t(m->hparams.n_layer));
     m->arch    = make_architecture(m->hparams.arch);
     m->backend = make_backend(params, m->device);
@@ -126,6 +138,9 @@ std::unique_ptr<Model> load_synthetic_model(const std::string & path, const spar
             need += qweight_bytes(w).total();
         }
     }
+    // A rank of a split model holds about its share (the embedding, lm_head and routers are whole
+    // on every rank: a lower bound).
+    need /= uint64_t(std::max(shard.size, 1));
     if (const uint64_t capacity = m->backend->memory_capacity(); capacity > 0 && need > capacity)
         fail(SPARK_ERR_OUT_OF_MEMORY, "%s: the weights need %.1f GiB, more than the %.1f GiB of the %s backend", path.c_str(),
              double(need) / double(1ull << 30), double(capacity) / double(1ull << 30), m->backend->name().c_str());
@@ -155,7 +170,8 @@ public:
     RecordingLoader(Model & m, WeightFormat format, std::vector<SyntheticTensor> & out)
         : ModelLoader(m, spark_model_params{}), format_(format), out_(out) {}
 
-    QWeight linear(const std::string & module, int64_t n, int64_t k, uint64_t * counter) override {
+    QWeight linear(const std::string & module, int64_t n, int64_t k, uint64_t * counter, const Cut & cut) override {
+        SPARK_ASSERT(cut.none());  // a whole model's layout is recorded
         // The synthetic loader's format, so that a directory written from this layout loads into the
         // same weights as "synthetic:<shape>:<format>".
         const WeightFormat f = synthetic_linear_format(*model_.arch, module, n, k, format_);
@@ -185,6 +201,9 @@ public:
         t.init  = model_.arch->synthetic_param_init(name);
         out_.push_back(std::move(t));
         return Param{nullptr, ggml_dims(name, shape)};  // no data
+    }
+    std::vector<float> param_values(const std::string & name, std::initializer_list<int64_t>) override {
+        fail(SPARK_ERR_INTERNAL, "the layout of a split model is not recorded (%s)", name.c_str());
     }
     bool has(const std::string &) const override { return true; }  // as the synthetic loader
 

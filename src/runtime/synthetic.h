@@ -14,9 +14,10 @@ namespace spark {
 
 bool is_synthetic_path(const std::string & path);
 
-// `finish` completes the model (info, metadata) like a loaded checkpoint.
+// `finish` completes the model (info, metadata) like a loaded checkpoint. With a shard of size > 1,
+// a rank's part of the split model (random values of the parts' shapes).
 std::unique_ptr<Model> load_synthetic_model(const std::string & path, const spark_model_params & params,
-                                            std::function<void(Model &, int64_t n_params)> finish);
+                                            std::function<void(Model &, int64_t n_params)> finish, const Shard & shard = {});
 
 }  // namespace spark
 

@@ -113,14 +113,16 @@ TEST_CASE("weight slices: rows and columns of every format dequantize to that pa
     cases.push_back({"int4 g32 act-order", make(WeightFormat::INT4, 16, 128, 32, true, true), {{0, 8}, {8, 16}}, {{0, 64}, {64, 128}, {8, 40}}});
     cases.push_back({"int4 per-channel", make(WeightFormat::INT4, 16, 64, 64), {{0, 8}}, {{0, 32}, {32, 64}}});
     cases.push_back({"int4 g32", make(WeightFormat::INT4, 16, 128, 32), {{4, 12}}, {{0, 32}, {32, 96}, {40, 128}, {8, 24}}});
-    // FP8: 128 x 128 blocks (cuts on block rows / columns; the last block of a cut may be partial),
-    // per-channel (1 x K) and per-tensor (N x K).
-    cases.push_back({"fp8 block", make(WeightFormat::FP8, 384, 320, 0, false, false, 128, 128), {{0, 128}, {128, 384}, {256, 300}},
-                     {{0, 128}, {128, 256}, {256, 320}, {128, 200}}});
+    // FP8: 128 x 128 blocks (cuts on block rows / columns, the last block of a cut may be partial;
+    // cuts inside a block: smaller blocks with copied scales), per-channel (1 x K) and per-tensor (N x K).
+    cases.push_back({"fp8 block", make(WeightFormat::FP8, 384, 320, 0, false, false, 128, 128),
+                     {{0, 128}, {128, 384}, {256, 300}, {64, 192}, {64, 384}, {96, 100}},
+                     {{0, 128}, {128, 256}, {256, 320}, {128, 200}, {64, 256}, {192, 320}, {32, 48}}});
     cases.push_back({"fp8 channel", make(WeightFormat::FP8, 24, 64, 0, false, false, 1, 64), {{0, 12}, {5, 13}}, {{0, 32}, {16, 48}}});
     cases.push_back({"fp8 tensor", make(WeightFormat::FP8, 24, 64, 0, false, false, 24, 64), {{0, 12}, {12, 24}}, {{0, 32}, {8, 40}}});
     for (Case & c : cases) {
-        CAPTURE(c.name);
+        const std::string name = c.name;
+        CAPTURE(name);
         for (auto [a, b] : c.rows) {
             CAPTURE(a);
             CAPTURE(b);
@@ -129,6 +131,19 @@ TEST_CASE("weight slices: rows and columns of every format dequantize to that pa
             CHECK(s.n == b - a);
             CHECK(s.k == c.m.w.k);
             CHECK(same_part(c.m.w, s, a, 0));
+        }
+        {  // several ranges at once: the first and last of the cases' cuts, concatenated
+            const std::vector<RowRange> ranges = {c.rows.front(), c.rows.back(), c.rows.front()};
+            SliceOwner                  owner;
+            const QWeight               s  = slice_rows(c.m.w, ranges, owner);
+            int64_t                     at = 0;
+            for (auto [a, b] : ranges) {
+                CAPTURE(a);
+                const QWeight part = slice_rows(s, at, at + b - a, owner);
+                CHECK(same_part(c.m.w, part, a, 0));
+                at += b - a;
+            }
+            CHECK(s.n == at);
         }
         for (auto [a, b] : c.cols) {
             CAPTURE(a);
@@ -153,10 +168,7 @@ TEST_CASE("weight slices: cuts a layout cannot make are refused with the reason"
         }
     };
     SliceOwner o;
-    Made       fp8 = make(WeightFormat::FP8, 256, 256, 0, false, false, 128, 128);
-    refused([&] { slice_cols(fp8.w, 64, 256, o); }, "scale blocks");
-    refused([&] { slice_rows(fp8.w, 64, 256, o); }, "scale blocks");
-    Made nv = make(WeightFormat::NVFP4, 16, 64);
+    Made       nv = make(WeightFormat::NVFP4, 16, 64);
     refused([&] { slice_cols(nv.w, 8, 64, o); }, "16 columns");
     Made q = make(WeightFormat::INT4, 16, 64, 32, true);
     refused([&] { slice_cols(q.w, 4, 64, o); }, "8 columns");

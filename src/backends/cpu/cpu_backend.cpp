@@ -1,5 +1,6 @@
 // The CPU backend: host memory, weights used in place (mapped checkpoint), every op in cpu_ops.
 #include "backends/backend.h"
+#include "backends/comm.h"
 #include "backends/cpu/cpu_ops.h"
 #include "common/error.h"
 #include "quant/random_weights.h"
@@ -143,11 +144,19 @@ public:
         cpu::ThreadPool & pool = ex ? static_cast<CpuExecutor *>(ex)->pool : *pool_;
         for (Tensor * node : graph.nodes()) {
             if (ex && ex->should_abort && ex->should_abort()) fail(SPARK_ERR_ABORTED, "decode aborted by the abort callback");
-            run(*node, pool);
+            if (node->op == Op::ALL_REDUCE) all_reduce(graph, *node);
+            else run(*node, pool);
         }
     }
 
 private:
+    // In the calling thread: the in-process group's ranks are the threads that run their graphs.
+    static void all_reduce(const Graph & graph, const Tensor & t) {
+        if (!graph.comm()) fail(SPARK_ERR_INTERNAL, "cpu backend: ALL_REDUCE in a graph without a communicator");
+        std::memcpy(t.data, t.src[0]->data, t.nbytes());
+        graph.comm()->all_reduce_sum(static_cast<float *>(t.data), size_t(t.nelements()));
+    }
+
     static void run(const Tensor & t, cpu::ThreadPool & p) {
         switch (t.op) {
             case Op::NONE:
@@ -171,6 +180,8 @@ private:
             case Op::CONV1D_SSM: return cpu::op_conv1d_ssm(t, p);
             case Op::GATED_DELTA: return cpu::op_gated_delta(t, p);
             case Op::ARGMAX: return cpu::op_argmax(t, p);
+            case Op::SUM_SQR: return cpu::op_sum_sqr(t, p);
+            case Op::ALL_REDUCE:
             case Op::COUNT: break;
         }
         fail(SPARK_ERR_INTERNAL, "cpu backend: unknown op %d", int(t.op));

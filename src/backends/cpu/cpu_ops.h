@@ -16,6 +16,7 @@ void op_matmul_id(const Tensor & t, ThreadPool & pool);
 void op_binary(const Tensor & t, ThreadPool & pool);   // ADD, MUL, SWIGLU, MUL_SIGMOID
 void op_scale(const Tensor & t, ThreadPool & pool);
 void op_rms_norm(const Tensor & t, ThreadPool & pool);
+void op_sum_sqr(const Tensor & t, ThreadPool & pool);
 void op_l2_norm(const Tensor & t, ThreadPool & pool);
 void op_rope(const Tensor & t, ThreadPool & pool);
 void op_argmax(const Tensor & t, ThreadPool & pool);

@@ -90,6 +90,7 @@ void op_rms_norm(const Tensor & t, ThreadPool & pool) {
     const float    eps = t.fp[0];
     const bool     zc  = t.ip[0] != 0;
     const Tensor * gate = t.src[2];  // rms_norm_gated: silu(gate) * norm, as SWIGLU computes it
+    const Tensor * sums = t.src[3];  // a row split over ranks: its sums of squares over them all
     const int64_t  n   = a.ne[0];
     pool.parallel_for(a.nrows(), grain_for(n), [&](int64_t r0, int64_t r1, int) {
         for (int64_t r = r0; r < r1; ++r) {
@@ -97,13 +98,28 @@ void op_rms_norm(const Tensor & t, ThreadPool & pool) {
             float *       o  = reinterpret_cast<float *>(row_ptr(t, r));
             const float * g  = gate ? reinterpret_cast<const float *>(row_ptr(*gate, r)) : nullptr;
             double        ss = 0.0;
-            for (int64_t i = 0; i < n; ++i) ss += double(x[i]) * x[i];
-            const float inv = 1.0f / std::sqrt(float(ss / double(n)) + eps);
+            if (sums) ss = double(reinterpret_cast<const float *>(row_ptr(*sums, r))[0]);
+            else
+                for (int64_t i = 0; i < n; ++i) ss += double(x[i]) * x[i];
+            const float inv = 1.0f / std::sqrt(float(ss / double(sums ? t.fp[1] : float(n))) + eps);
             for (int64_t i = 0; i < n; ++i) {
                 float v = x[i] * inv;
                 if (w) v *= zc ? (1.0f + w[i]) : w[i];
                 o[i] = g ? silu(g[i]) * v : v;
             }
+        }
+    });
+}
+
+void op_sum_sqr(const Tensor & t, ThreadPool & pool) {
+    const Tensor & a = *t.src[0];
+    const int64_t  n = a.ne[0];
+    pool.parallel_for(a.nrows(), grain_for(n), [&](int64_t r0, int64_t r1, int) {
+        for (int64_t r = r0; r < r1; ++r) {
+            const float * x  = reinterpret_cast<const float *>(row_ptr(a, r));
+            double        ss = 0.0;
+            for (int64_t i = 0; i < n; ++i) ss += double(x[i]) * x[i];
+            reinterpret_cast<float *>(row_ptr(t, r))[0] = float(ss) * t.fp[0];
         }
     });
 }

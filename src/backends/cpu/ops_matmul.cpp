@@ -90,7 +90,9 @@ void op_matmul_id(const Tensor & t, ThreadPool & pool) {
         for (int64_t j = 0; j < k_slots; ++j) {
             const int32_t e = *reinterpret_cast<const int32_t *>(ids.row(tok) + j * ids.nb[0]);
             if (e < 0 || e >= t.n_experts) fail(SPARK_ERR_INTERNAL, "matmul_id: expert id %d out of range", e);
-            routed[size_t(e)].push_back(j + k_slots * tok);
+            // An expert another rank holds (expert parallelism) contributes zeros here.
+            if (t.experts[e].n == 0) std::memset(t.row(j, tok), 0, size_t(N) * 4);
+            else routed[size_t(e)].push_back(j + k_slots * tok);
         }
 
     // Gather inputs per expert into one contiguous block (row order = routed order).

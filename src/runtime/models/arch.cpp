@@ -130,8 +130,26 @@ CheckpointLoader::CheckpointLoader(Model & model, WeightResolver & resolver, con
 
 CheckpointLoader::~CheckpointLoader() = default;
 
-QWeight CheckpointLoader::linear(const std::string & module, int64_t n, int64_t k, uint64_t * counter) {
-    return batch_->add(count(resolver_.linear(module, n, k), counter));
+int64_t Cut::length(int64_t whole) const {
+    if (none()) return whole;
+    int64_t n = 0;
+    for (const Range & r : ranges) n += r.size();
+    return n;
+}
+
+QWeight CheckpointLoader::cut(const QWeight & whole, const Cut & c) {
+    if (c.none()) return whole;
+    if (c.dim == Cut::Dim::Rows) {
+        std::vector<RowRange> rows;
+        for (const Range & r : c.ranges) rows.push_back({r.begin, r.end});
+        return slice_rows(whole, rows, model_.slices);
+    }
+    SPARK_ASSERT(c.ranges.size() == 1);
+    return slice_cols(whole, c.ranges[0].begin, c.ranges[0].end, model_.slices);
+}
+
+QWeight CheckpointLoader::linear(const std::string & module, int64_t n, int64_t k, uint64_t * counter, const Cut & c) {
+    return batch_->add(count(cut(resolver_.linear(module, n, k), c), counter));
 }
 
 // Resolution only reads the checkpoint (shapes, dtypes, zero points, g_idx), so the specs resolve on
@@ -139,7 +157,7 @@ QWeight CheckpointLoader::linear(const std::string & module, int64_t n, int64_t 
 std::vector<QWeight> CheckpointLoader::linears(const std::vector<LinearSpec> & specs, uint64_t * counter) {
     std::vector<QWeight> out(specs.size());
     parallel_for(specs.size(), load_threads(params_.n_threads), [&](size_t i) { out[i] = resolver_.linear(specs[i].module, specs[i].n, specs[i].k); });
-    for (QWeight & w : out) w = batch_->add(count(w, counter));
+    for (size_t i = 0; i < out.size(); ++i) out[i] = batch_->add(count(cut(out[i], specs[i].cut), counter));
     return out;
 }
 
@@ -149,6 +167,24 @@ QWeight CheckpointLoader::dense(const std::string & name, int64_t n, int64_t k, 
 
 Param CheckpointLoader::param(const std::string & name, std::initializer_list<int64_t> hf_shape, uint64_t * counter) {
     return param_from(name, resolver_.f32(name, hf_shape), hf_shape, counter);
+}
+
+std::vector<float> CheckpointLoader::param_values(const std::string & name, std::initializer_list<int64_t> hf_shape) {
+    return resolver_.f32(name, hf_shape);
+}
+
+Param ModelLoader::param(const std::string & name, std::initializer_list<int64_t> hf_shape, uint64_t * counter, const Cut & c) {
+    if (c.none()) return param(name, hf_shape, counter);
+    const std::vector<float> whole = param_values(name, hf_shape);
+    std::vector<int64_t>     shape(hf_shape);
+    const int64_t            inner = shape[0] ? int64_t(whole.size()) / shape[0] : 0;
+    std::vector<float>       part;
+    for (const Range & r : c.ranges) {
+        SPARK_ASSERT(r.begin >= 0 && r.end <= shape[0] && r.begin < r.end);
+        part.insert(part.end(), whole.begin() + r.begin * inner, whole.begin() + r.end * inner);
+    }
+    shape[0] = c.length(shape[0]);
+    return param_from(name, part, shape, counter);
 }
 
 void * CheckpointLoader::store(const void * host, size_t bytes) { return batch_->add_copy(host, bytes); }
@@ -165,7 +201,7 @@ void CheckpointLoader::finish() {
 
 std::vector<QWeight> ModelLoader::linears(const std::vector<LinearSpec> & specs, uint64_t * counter) {
     std::vector<QWeight> out;
-    for (const LinearSpec & s : specs) out.push_back(linear(s.module, s.n, s.k, counter));
+    for (const LinearSpec & s : specs) out.push_back(linear(s.module, s.n, s.k, counter, s.cut));
     return out;
 }
 
@@ -178,6 +214,10 @@ void * ModelLoader::store(const void * host, size_t bytes) {
 }
 
 std::vector<int64_t> ModelLoader::ggml_dims(const std::string & name, std::initializer_list<int64_t> hf_shape) {
+    return ggml_dims(name, std::vector<int64_t>(hf_shape));
+}
+
+std::vector<int64_t> ModelLoader::ggml_dims(const std::string & name, const std::vector<int64_t> & hf_shape) {
     std::vector<int64_t> ne(hf_shape.begin(), hf_shape.end());
     std::reverse(ne.begin(), ne.end());
     std::vector<int64_t> compact;
@@ -188,6 +228,11 @@ std::vector<int64_t> ModelLoader::ggml_dims(const std::string & name, std::initi
 }
 
 Param ModelLoader::param_from(const std::string & name, const std::vector<float> & values, std::initializer_list<int64_t> hf_shape,
+                              uint64_t * counter) {
+    return param_from(name, values, std::vector<int64_t>(hf_shape), counter);
+}
+
+Param ModelLoader::param_from(const std::string & name, const std::vector<float> & values, const std::vector<int64_t> & hf_shape,
                               uint64_t * counter) {
     Param p{store(values.data(), values.size() * sizeof(float)), ggml_dims(name, hf_shape)};
     n_params_ += int64_t(values.size());

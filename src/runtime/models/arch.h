@@ -5,6 +5,7 @@
 #include "graph/graph.h"
 #include "io/config_fields.h"
 #include "runtime/model.h"
+#include "runtime/shard.h"
 #include "runtime/synthetic.h"
 
 #include <nlohmann/json.hpp>
@@ -23,9 +24,27 @@ struct HiddenCapture;
 // How an architecture gets its weights: from a checkpoint (CheckpointLoader) or random of the same
 // shapes for benchmarks (SyntheticLoader, src/runtime/synthetic.cpp). Architectures only name the
 // tensors and their logical shapes.
+//
+// A rank of a split model (runtime/shard.h) keeps a part of some tensors: a Cut. For a Linear
+// [n, k], rows [begin, end) of n (column-parallel) or columns of k (row-parallel), one range; for
+// a parameter, ranges of its first (outermost) checkpoint dimension, concatenated in order.
+struct Cut {
+    enum class Dim : uint8_t { None, Rows, Cols };
+    Dim                dim = Dim::None;
+    std::vector<Range> ranges;
+
+    static Cut rows(Range r) { return {Dim::Rows, {r}}; }
+    static Cut cols(Range r) { return {Dim::Cols, {r}}; }
+    static Cut parts(std::vector<Range> r) { return {Dim::Rows, std::move(r)}; }
+    bool       none() const { return dim == Dim::None; }
+    // The length of the cut dimension (`whole` where there is no cut).
+    int64_t    length(int64_t whole) const;
+};
+
 struct LinearSpec {
     std::string module;
     int64_t     n = 0, k = 0;
+    Cut         cut;
 };
 
 class ModelLoader {
@@ -33,14 +52,17 @@ public:
     ModelLoader(Model & model, const spark_model_params & params) : model_(model), params_(params) {}
     virtual ~ModelLoader() = default;
 
-    // A Linear weight [n, k] of `module` in whatever format the checkpoint holds.
-    virtual QWeight linear(const std::string & module, int64_t n, int64_t k, uint64_t * bytes_counter = nullptr) = 0;
+    // A Linear weight [n, k] of `module` in whatever format the checkpoint holds; with a cut, the
+    // rank's part of it ([n, k] stay the checkpoint's shape).
+    virtual QWeight linear(const std::string & module, int64_t n, int64_t k, uint64_t * bytes_counter = nullptr, const Cut & cut = {}) = 0;
     // Several at once, in order: a loader may resolve them in parallel (a MoE layer's experts).
     virtual std::vector<QWeight> linears(const std::vector<LinearSpec> & specs, uint64_t * bytes_counter = nullptr);
     // A dense matrix [n, k] (the token embedding).
     virtual QWeight dense(const std::string & name, int64_t n, int64_t k, uint64_t * bytes_counter = nullptr) = 0;
     // A float32 parameter; `hf_shape` is the checkpoint's shape (uploaded in ggml order).
     virtual Param   param(const std::string & name, std::initializer_list<int64_t> hf_shape, uint64_t * bytes_counter = nullptr) = 0;
+    // The rank's part of a float32 parameter (a cut of its first checkpoint dimension).
+    Param           param(const std::string & name, std::initializer_list<int64_t> hf_shape, uint64_t * bytes_counter, const Cut & cut);
     // Whether the checkpoint has a tensor (optional parts: a Qwen3-Next MTP head).
     virtual bool    has(const std::string & name) const = 0;
 
@@ -48,12 +70,18 @@ public:
     // spark_model_params; throws SPARK_ERR_ABORTED when one says stop.
     void    report(uint64_t done, uint64_t total);
     int64_t n_params() const { return n_params_; }
+    // Which part of a split model this load is (size 1: the whole model).
+    const Shard & shard() const { return model_.shard; }
 
 protected:
     // A parameter's dims in ggml order, collapsed to at most 2 (conv1d's [C, 1, K] becomes {K, C}).
     static std::vector<int64_t> ggml_dims(const std::string & name, std::initializer_list<int64_t> hf_shape);
+    static std::vector<int64_t> ggml_dims(const std::string & name, const std::vector<int64_t> & hf_shape);
     // Uploads host values as a parameter; `hf_shape` collapses to at most 2 ggml dims.
     Param param_from(const std::string & name, const std::vector<float> & values, std::initializer_list<int64_t> hf_shape, uint64_t * counter);
+    Param param_from(const std::string & name, const std::vector<float> & values, const std::vector<int64_t> & hf_shape, uint64_t * counter);
+    // A parameter's values on the host (for cuts).
+    virtual std::vector<float> param_values(const std::string & name, std::initializer_list<int64_t> hf_shape) = 0;
     // Backend memory holding `bytes` host bytes (the default uploads them at once).
     virtual void * store(const void * host, size_t bytes);
     QWeight count(const QWeight & w, uint64_t * counter);
@@ -70,17 +98,19 @@ class CheckpointLoader final : public ModelLoader {
 public:
     CheckpointLoader(Model & model, WeightResolver & resolver, const spark_model_params & params);
     ~CheckpointLoader() override;
-    QWeight linear(const std::string & module, int64_t n, int64_t k, uint64_t * counter) override;
+    QWeight linear(const std::string & module, int64_t n, int64_t k, uint64_t * counter, const Cut & cut) override;
     std::vector<QWeight> linears(const std::vector<LinearSpec> & specs, uint64_t * counter) override;
     QWeight dense(const std::string & name, int64_t n, int64_t k, uint64_t * counter) override;
     Param   param(const std::string & name, std::initializer_list<int64_t> hf_shape, uint64_t * counter) override;
     bool    has(const std::string & name) const override { return resolver_.has(name) || resolver_.has_module(name); }
+    std::vector<float> param_values(const std::string & name, std::initializer_list<int64_t> hf_shape) override;
 
     // Moves the weights' bytes into the backend, reporting progress. Call once, after load().
     void finish();
 
 private:
-    void * store(const void * host, size_t bytes) override;
+    void *  store(const void * host, size_t bytes) override;
+    QWeight cut(const QWeight & whole, const Cut & cut);
 
     WeightResolver &             resolver_;
     std::unique_ptr<HostReader>  reader_;  // the checkpoint's bytes, for the batch (before it: it is asked at add())

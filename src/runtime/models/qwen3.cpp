@@ -56,7 +56,7 @@ void Qwen3::load_ffn(Model & m, ModelLoader & ml, int64_t il) {
 }
 
 Tensor * Qwen3::build_ffn_block(GraphContext & gc, Tensor * h, const LayerWeights & L, int il) const {
-    return build_ffn(gc, h, L.mlp.gate, L.mlp.up, L.mlp.down, il);
+    return reduce_ranks(gc, build_ffn(gc, h, L.mlp.gate, L.mlp.up, L.mlp.down, il));
 }
 
 Tensor * Qwen3::build(GraphContext & gc) const {

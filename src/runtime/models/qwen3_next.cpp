@@ -7,6 +7,7 @@
 #include "runtime/graph_builders.h"
 #include "runtime/memory/memory.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -16,17 +17,42 @@ namespace {
 
 // Gated DeltaNet "<p>" (a layer's linear_attn): the fused projections, the causal conv over
 // [q | k | v], the decay and step-bias parameters and the gated norm.
+// Split over ranks, a rank keeps whole value heads and the key heads they read (replicas where
+// the ranks outnumber the key heads): of each key head's [q | k | v | z] rows of in_proj_qkvz and
+// [b | a] rows of in_proj_ba, its q and k and the parts of its value heads; the conv channels of
+// those q, k, v; out_proj's columns of its value heads.
 LinearAttentionWeights load_linear_attention(ModelLoader & ml, const HParams & hp, const std::string & p, uint64_t * bytes) {
-    const int64_t nk = hp.ssm_n_k_heads, nv = hp.ssm_n_v_heads, E = hp.n_embd;
-    const int64_t key_dim = nk * hp.ssm_k_dim, value_dim = nv * hp.ssm_v_dim, conv_dim = 2 * key_dim + value_dim;
+    const Shard &   s  = ml.shard();
+    const HParams & f  = s.split() ? s.full : hp;
+    const int64_t   nk = f.ssm_n_k_heads, nv = f.ssm_n_v_heads, dk = f.ssm_k_dim, dv = f.ssm_v_dim, E = f.n_embd, r = nv / nk;
+    const int64_t   key_dim = nk * dk, value_dim = nv * dv, conv_dim = 2 * key_dim + value_dim;
     LinearAttentionWeights w;
-    w.in_proj_qkvz = ml.linear(p + ".in_proj_qkvz", 2 * key_dim + 2 * value_dim, E, bytes);
-    w.in_proj_ba   = ml.linear(p + ".in_proj_ba", 2 * nv, E, bytes);
-    w.out_proj     = ml.linear(p + ".out_proj", E, value_dim, bytes);
-    w.conv         = ml.param(p + ".conv1d.weight", {conv_dim, 1, hp.ssm_conv_kernel}, bytes);
-    w.A_log        = ml.param(p + ".A_log", {nv}, bytes);
-    w.dt_bias      = ml.param(p + ".dt_bias", {nv}, bytes);
-    w.norm         = ml.param(p + ".norm.weight", {hp.ssm_v_dim}, bytes);
+    Cut qkvz, ba, conv, heads, out;
+    if (s.split()) {
+        const Range kh = s.units(nk, "linear-attention key heads"), vh = s.units(nv, "linear-attention value heads");
+        qkvz.dim = ba.dim = Cut::Dim::Rows;
+        for (int64_t g = kh.begin; g < kh.end; ++g) {
+            // this key head's value heads [j0, j1) of its r
+            const int64_t j0 = std::max(vh.begin, g * r) - g * r, j1 = std::min(vh.end, (g + 1) * r) - g * r;
+            const int64_t at = g * (2 * dk + 2 * r * dv);
+            qkvz.ranges.push_back({at, at + 2 * dk});
+            qkvz.ranges.push_back({at + 2 * dk + j0 * dv, at + 2 * dk + j1 * dv});
+            qkvz.ranges.push_back({at + 2 * dk + (r + j0) * dv, at + 2 * dk + (r + j1) * dv});
+            ba.ranges.push_back({g * 2 * r + j0, g * 2 * r + j1});
+            ba.ranges.push_back({g * 2 * r + r + j0, g * 2 * r + r + j1});
+        }
+        conv  = Cut::parts({{kh.begin * dk, kh.end * dk}, {key_dim + kh.begin * dk, key_dim + kh.end * dk},
+                            {2 * key_dim + vh.begin * dv, 2 * key_dim + vh.end * dv}});
+        heads = Cut::rows(vh);
+        out   = Cut::cols({vh.begin * dv, vh.end * dv});
+    }
+    w.in_proj_qkvz = ml.linear(p + ".in_proj_qkvz", 2 * key_dim + 2 * value_dim, E, bytes, qkvz);
+    w.in_proj_ba   = ml.linear(p + ".in_proj_ba", 2 * nv, E, bytes, ba);
+    w.out_proj     = ml.linear(p + ".out_proj", E, value_dim, bytes, out);
+    w.conv         = ml.param(p + ".conv1d.weight", {conv_dim, 1, f.ssm_conv_kernel}, bytes, conv);
+    w.A_log        = ml.param(p + ".A_log", {nv}, bytes, heads);
+    w.dt_bias      = ml.param(p + ".dt_bias", {nv}, bytes, heads);
+    w.norm         = ml.param(p + ".norm.weight", {dv}, bytes);
     return w;
 }
 
@@ -50,7 +76,7 @@ void load_layer(Model & m, ModelLoader & ml, const std::string & p, LayerWeights
 
 // MoE + sigmoid-gated shared expert (or a dense MLP in mlp_only layers).
 Tensor * build_ffn_block(GraphContext & gc, Tensor * h, const LayerWeights & L, int il) {
-    if (!gc.model.hparams.is_moe_layer(il)) return build_ffn(gc, h, L.mlp.gate, L.mlp.up, L.mlp.down, il);
+    if (!gc.model.hparams.is_moe_layer(il)) return reduce_ranks(gc, build_ffn(gc, h, L.mlp.gate, L.mlp.up, L.mlp.down, il));
     return gc.graph.named(build_moe(gc, h, L.moe, il), "ffn_out", il);
 }
 
@@ -99,6 +125,7 @@ void load_mtp_head(Model & m, ModelLoader & ml) {
     head->hparams.n_mtp_layers  = 0;
     head->hparams.mlp_only_layers.clear();
     head->hparams.sparse_step   = 1;
+    head->shard                 = m.shard;  // split as the target: its layer loads through the same cuts
     const bool moe              = ml.has("mtp.layers.0.mlp.gate");
     if (!moe) head->hparams.n_expert = 0;
     head->path     = m.path + " (MTP head)";
@@ -286,7 +313,11 @@ private:
 
         // Gated RMSNorm per value head: rmsnorm(o) * w * silu(z) (plain weight, norm before gate).
         Tensor * gated = g.rms_norm_gated(o, param(gc, w.norm, "ssm_norm"), z, hp.rms_eps);  // [dv, nv, T]
-        return g.named(g.matmul(g.reshape(gated, {nv * dv, T}), w.out_proj), "linear_attn_out", il);
+        Tensor * out   = g.matmul(g.reshape(gated, {nv * dv, T}), w.out_proj);
+        // A replica of a value head another rank holds first adds nothing to the ranks' sum.
+        const Shard & s = gc.model.shard;
+        if (s.split() && s.duplicate_unit(s.full.ssm_n_v_heads)) out = g.scale(out, 0.0f);
+        return g.named(reduce_ranks(gc, out), "linear_attn_out", il);
     }
 };
 

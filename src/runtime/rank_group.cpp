@@ -1,0 +1,77 @@
+#include "runtime/rank_group.h"
+
+#include "common/error.h"
+#include "runtime/device.h"
+
+#include <exception>
+#include <mutex>
+#include <thread>
+
+namespace spark {
+
+std::vector<Communicator *> RankGroup::communicators() const {
+    std::vector<Communicator *> c;
+    for (const auto & p : comms) c.push_back(p.get());
+    return c;
+}
+
+void run_ranks(const std::vector<Communicator *> & comms, const std::function<void(int)> & fn) {
+    const int          n = int(comms.size());
+    std::mutex         mutex;
+    std::exception_ptr first;       // the first failure
+    bool               first_is_abort = true;
+    auto               rank_body = [&](int r) {
+        try {
+            fn(r);
+        } catch (...) {
+            std::exception_ptr e     = std::current_exception();
+            bool               abort = false;
+            try {
+                std::rethrow_exception(e);
+            } catch (const Error & err) {
+                abort = err.status() == SPARK_ERR_ABORTED;
+            } catch (...) {
+            }
+            {
+                std::lock_guard<std::mutex> lock(mutex);
+                // An error of the rank's own wins over the aborts it causes in the others.
+                if (!first || (first_is_abort && !abort)) first = e, first_is_abort = abort;
+            }
+            if (comms[size_t(r)]) comms[size_t(r)]->abort("another rank of the split model failed");
+        }
+    };
+    std::vector<std::thread> threads;
+    threads.reserve(size_t(n > 0 ? n - 1 : 0));
+    for (int r = 1; r < n; ++r) threads.emplace_back(rank_body, r);
+    if (n > 0) rank_body(0);
+    for (std::thread & t : threads) t.join();
+    if (first) std::rethrow_exception(first);
+}
+
+RankGroup load_rank_group(const std::string & path, const spark_model_params & params, SplitMode mode, int size, const std::vector<int> & devices) {
+    if (size < 2 || size > 64) fail(SPARK_ERR_INVALID_ARGUMENT, "a split model needs 2 to 64 ranks, not %d", size);
+    if (mode == SplitMode::None) fail(SPARK_ERR_INVALID_ARGUMENT, "a split model needs a split mode (tensor or expert)");
+    if (!devices.empty() && int(devices.size()) != size)
+        fail(SPARK_ERR_INVALID_ARGUMENT, "%d devices given for a model split over %d ranks", int(devices.size()), size);
+    RankGroup g;
+    if (params.device == SPARK_DEVICE_CPU) {
+        g.comms = make_in_process_group(size);
+    } else {
+        std::vector<int> ids = devices;
+        for (int r = 0; ids.size() < size_t(size); ++r) ids.push_back(params.device_index + r);
+        g.comms = make_device_group(ids);
+    }
+    g.ranks.resize(size_t(size));
+    run_ranks(g.communicators(), [&](int r) {
+        spark_model_params p = params;
+        if (!devices.empty()) p.device_index = devices[size_t(r)];
+        else p.device_index = params.device_index + r;
+        p.load_tokenizer = params.load_tokenizer && r == 0;  // the API reads rank 0's
+        Shard s;
+        s.rank = r, s.size = size, s.mode = mode, s.comm = g.comms[size_t(r)].get();
+        g.ranks[size_t(r)] = load_model(path, p, nullptr, s);
+    });
+    return g;
+}
+
+}  // namespace spark

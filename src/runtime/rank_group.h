@@ -1,0 +1,36 @@
+// A model split over the ranks of one process (docs/DISTRIBUTED.md): one Model per rank, each on
+// its own backend (a GPU each, or the CPU), joined by a communicator per rank. Rank 0's model is
+// the one the API hands out; the others follow every step it runs (Context).
+#pragma once
+
+#include "backends/comm.h"
+#include "runtime/model.h"
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace spark {
+
+struct RankGroup {
+    std::vector<std::unique_ptr<Communicator>> comms;  // outlive the models that hold them
+    std::vector<std::unique_ptr<Model>>        ranks;
+
+    RankGroup() = default;
+    RankGroup(RankGroup &&) = default;
+    ~RankGroup() { ranks.clear(); }
+    std::vector<Communicator *> communicators() const;
+};
+
+// Runs fn(rank) for the ranks of a group at once: rank 0 on the calling thread, the others on
+// threads of their own. A rank that throws aborts its communicator, so that the others' collectives
+// end instead of waiting for it; the first error is rethrown (not the aborts it caused).
+void run_ranks(const std::vector<Communicator *> & comms, const std::function<void(int rank)> & fn);
+
+// Loads `path` split `mode` over `size` ranks of this process, the ranks' parts loading at once.
+// CPU: the in-process group; CUDA: a GPU per rank (params.device_index + rank, or `devices`), NCCL.
+RankGroup load_rank_group(const std::string & path, const spark_model_params & params, SplitMode mode, int size,
+                          const std::vector<int> & devices = {});
+
+}  // namespace spark
