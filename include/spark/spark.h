@@ -126,6 +126,13 @@ typedef enum spark_device_kind {
     SPARK_DEVICE_AUTO = 2   /* CUDA device 0 when usable, else CPU */
 } spark_device_kind;
 
+/* How a model is split over several devices (docs/DISTRIBUTED.md). */
+typedef enum spark_split_mode {
+    SPARK_SPLIT_NONE   = 0,  /* the whole model on one device */
+    SPARK_SPLIT_TENSOR = 1,  /* tensor parallelism: attention heads, MLP and expert widths split over the ranks */
+    SPARK_SPLIT_EXPERT = 2   /* as TENSOR, but the routed experts whole, a range of them per rank */
+} spark_split_mode;
+
 typedef struct spark_device_info {
     char     name[128];           /* "NVIDIA H100 80GB HBM3", "CPU" */
     int32_t  compute_capability;  /* major*10 + minor for CUDA (90 = sm_90); 0 for the CPU */
@@ -174,6 +181,14 @@ typedef struct spark_model_params {
     bool                    load_tokenizer;   /* default true: load tokenizer.json if present */
     spark_load_progress_callback load_progress;  /* default NULL */
     void *                       load_progress_user_data;
+    /* Several devices of this process: the model split (split_mode, default SPARK_SPLIT_TENSOR)
+     * over n_devices ranks (0 or 1, the default: the whole model on device_index), rank r on CUDA
+     * device devices[r] (default r), their partial results summed through NCCL. On the CPU the
+     * ranks are threads (the split's arithmetic, for tests). A model that cannot be split so
+     * (heads or widths that n_devices does not divide) is refused with the reason. */
+    int32_t          n_devices;
+    int32_t          devices[8];
+    spark_split_mode split_mode;
 } spark_model_params;
 
 SPARK_API spark_model_params spark_model_default_params(void);
@@ -238,7 +253,10 @@ typedef struct spark_model_info {
     uint64_t weight_bytes_in_place;    /* of weight_bytes: used by the GPU where the checkpoint file is
                                           mapped instead of copied (a GPU that shares the host's memory,
                                           e.g. DGX Spark; SPARK_WEIGHTS_IN_PLACE); 0 elsewhere */
-    uint64_t reserved[7];         /* zero: room for fields of later versions (same struct size) */
+    int32_t  n_devices;           /* ranks the model is split over (1: whole); the head counts above are
+                                     the whole model's, the byte counts one rank's (rank 0) */
+    int32_t  split_mode;          /* a spark_split_mode */
+    uint64_t reserved[6];         /* zero: room for fields of later versions (same struct size) */
 } spark_model_info;
 
 SPARK_API spark_status spark_model_get_info(const spark_model * model, spark_model_info * out);

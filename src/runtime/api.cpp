@@ -2,6 +2,7 @@
 #include "common/error.h"
 #include "runtime/context.h"
 #include "runtime/model.h"
+#include "runtime/rank_group.h"
 
 #include <spark/spark.h>
 
@@ -29,6 +30,9 @@ SPARK_API spark_model_params spark_model_default_params(void) {
     p.device_index   = 0;
     p.n_threads      = 0;
     p.load_tokenizer = true;
+    p.n_devices      = 1;
+    for (int32_t i = 0; i < 8; ++i) p.devices[i] = i;
+    p.split_mode     = SPARK_SPLIT_TENSOR;
     return p;
 }
 
@@ -36,7 +40,7 @@ SPARK_API spark_status spark_model_load(const char * path, spark_model_params pa
     return api_guard([&] {
         require(path != nullptr && out != nullptr, "spark_model_load: path and out must not be NULL");
         auto m  = std::make_unique<spark_model>();
-        m->impl = load_model(path, params);
+        m->impl = params.n_devices > 1 ? load_split_model(path, params) : load_model(path, params);
         *out    = m.release();
     });
 }
@@ -191,14 +195,14 @@ SPARK_API spark_token spark_get_argmax_ith(spark_context * ctx, int32_t i) {
 SPARK_API void spark_memory_clear(spark_context * ctx) {
     if (!ctx) return;
     BackendLock lock(*ctx->impl->model().backend);
-    ctx->impl->memory().clear();
+    ctx->impl->each_rank([](Context & c) { c.memory().clear(); });
 }
 
 SPARK_API spark_status spark_memory_seq_rm(spark_context * ctx, spark_seq_id seq_id, spark_pos p0, spark_pos p1) {
     return api_guard([&] {
         require(ctx != nullptr, "spark_memory_seq_rm: NULL context");
         BackendLock lock(*ctx->impl->model().backend);
-        ctx->impl->memory().seq_rm(seq_id, p0, p1);
+        ctx->impl->each_rank([&](Context & c) { c.memory().seq_rm(seq_id, p0, p1); });
     });
 }
 
@@ -210,7 +214,7 @@ SPARK_API spark_status spark_memory_seq_cp(spark_context * ctx, spark_seq_id src
     return api_guard([&] {
         require(ctx != nullptr, "spark_memory_seq_cp: NULL context");
         BackendLock lock(*ctx->impl->model().backend);
-        ctx->impl->memory().seq_cp(src, dst);
+        ctx->impl->each_rank([&](Context & c) { c.memory().seq_cp(src, dst); });
     });
 }
 
@@ -223,7 +227,8 @@ SPARK_API spark_status spark_memory_seq_snapshot(spark_context * ctx, spark_seq_
     return api_guard([&] {
         require(ctx != nullptr && out_snapshot != nullptr, "spark_memory_seq_snapshot: NULL argument");
         BackendLock lock(*ctx->impl->model().backend);
-        *out_snapshot = ctx->impl->memory().snapshot(seq_id);
+        // Every rank takes the same snapshots in the same order: the same ids.
+        ctx->impl->each_rank([&](Context & c) { *out_snapshot = c.memory().snapshot(seq_id); });
     });
 }
 
@@ -231,12 +236,12 @@ SPARK_API spark_status spark_memory_seq_restore(spark_context * ctx, spark_seq_i
     return api_guard([&] {
         require(ctx != nullptr, "spark_memory_seq_restore: NULL context");
         BackendLock lock(*ctx->impl->model().backend);
-        ctx->impl->memory().restore(seq_id, snapshot);
+        ctx->impl->each_rank([&](Context & c) { c.memory().restore(seq_id, snapshot); });
     });
 }
 
 SPARK_API void spark_memory_snapshot_free(spark_context * ctx, int32_t snapshot) {
-    if (ctx) ctx->impl->memory().snapshot_free(snapshot);
+    if (ctx) ctx->impl->each_rank([&](Context & c) { c.memory().snapshot_free(snapshot); });
 }
 
 SPARK_API spark_status spark_perf_context(const spark_context * ctx, spark_perf_context_data * out) {

@@ -2,6 +2,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "runtime/rank_group.h"
 #include "graph/planner.h"
 #include "runtime/models/arch.h"
 
@@ -26,6 +27,32 @@ Context::Context(Model & model, const spark_context_params & params) : model_(mo
              params_.n_ctx, params_.n_batch, params_.n_seq_max, params_.n_snapshots, params_.n_rollback);
     executor_ = model_.backend->make_executor(params_.n_threads);
     memory_   = std::make_unique<Memory>(model_, params_.n_ctx, params_.n_seq_max, params_.n_snapshots, params_.n_rollback);
+    for (auto & peer : model_.peers) {  // a split model: the other ranks' contexts follow this one
+        BackendLock lock(*peer->backend);
+        peers_.push_back(std::make_unique<Context>(*peer, params_));
+    }
+}
+
+void Context::each_rank(const std::function<void(Context &)> & fn) {
+    fn(*this);
+    for (auto & p : peers_) {
+        BackendLock lock(*p->model().backend);
+        fn(*p);
+    }
+}
+
+void Context::decode(const spark_batch & batch) {
+    if (peers_.empty()) return decode_rank(batch);
+    // Every rank runs the same steps at once, joined by their all-reduces; rank 0 (this context)
+    // on the calling thread. The caller holds rank 0's backend lock, each peer takes its own.
+    std::vector<Communicator *> comms{model_.shard.comm};
+    for (auto & p : peers_) comms.push_back(p->model().shard.comm);
+    run_ranks(comms, [&](int r) {
+        if (r == 0) return decode_rank(batch);
+        Context &   peer = *peers_[size_t(r - 1)];
+        BackendLock lock(*peer.model().backend);
+        peer.decode_rank(batch);
+    });
 }
 
 int32_t Context::output_index(int32_t i) const {
@@ -234,7 +261,7 @@ void Context::begin_outputs(int32_t n_outputs) {
     last_step_ = nullptr;
 }
 
-void Context::decode(const spark_batch & batch) {
+void Context::decode_rank(const spark_batch & batch) {
     std::vector<Row>     rows;
     std::vector<int32_t> n_new;
     validate(batch, rows, n_new);
@@ -298,6 +325,8 @@ void Context::set_abort(spark_abort_callback cb, void * data) {
 }
 
 void Context::step(const std::vector<StepRow> & in, const std::vector<DeviceRows> & tokens, const std::vector<DeviceRows> & hidden) {
+    if (!peers_.empty())
+        fail(SPARK_ERR_UNSUPPORTED, "speculative decoding with a model split over %d devices is not supported yet", model_.shard.size);
     const int32_t n = int32_t(in.size());
     if (n <= 0 || n > params_.n_batch) fail(SPARK_ERR_INTERNAL, "context step of %d rows (n_batch %d)", n, params_.n_batch);
     std::vector<Row>     rows(in.size());

@@ -11,6 +11,7 @@
 
 #include <spark/spark.h>
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -59,8 +60,11 @@ public:
     ~Context();
 
     // spark_decode. Throws spark::Error; on a validation error (bad token, batch, context full)
-    // nothing changed, and after any other failure the memory is as before the call.
+    // nothing changed, and after any other failure the memory is as before the call. A split
+    // model's context runs the batch on every rank at once (its peers).
     void decode(const spark_batch & batch);
+    // fn on this context and, for a split model, every other rank's (memory operations).
+    void each_rank(const std::function<void(Context &)> & fn);
 
     // One internal step (rows grouped by sequence, each sequence's positions continuing it, at most
     // n_batch rows). tokens / hidden: inputs taken from backend memory. Returns without waiting
@@ -117,6 +121,7 @@ private:
         int32_t token, pos, seq;
         bool    want_logits;
     };
+    void decode_rank(const spark_batch & batch);
     void validate(const spark_batch & batch, std::vector<Row> & rows, std::vector<int32_t> & n_new) const;
     void begin_outputs(int32_t n_outputs);
     void run_step(const Row * rows, int32_t n, const std::vector<DeviceRows> & tokens, const std::vector<DeviceRows> & hidden);
@@ -130,6 +135,7 @@ private:
     spark_context_params    params_;
     std::unique_ptr<Executor> executor_;  // this context's CPU threads (the model's weights are shared)
     std::unique_ptr<Memory> memory_;
+    std::vector<std::unique_ptr<Context>> peers_;  // a split model's other ranks, in rank order
     std::unique_ptr<Buffer> arena_;
     std::vector<std::unique_ptr<StepGraph>> steps_;  // recent step shapes (graph + plan)
     std::vector<int32_t>    staging_;                 // packed step inputs

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "backends/backend.h"
+#include "backends/comm.h"
 #include "io/tensor_source.h"
 #include "quant/qweight.h"
 #include "quant/slice.h"
@@ -115,6 +116,9 @@ struct HeadWeights {
 struct Model {
     HParams                          hparams;  // this rank's (shard_hparams) where the model is split
     Shard                            shard;    // which part of a split model this is (size 1: whole)
+    // Rank 0 of a split model owns the group: the communicators (they outlive every rank's
+    // model: declared before them) and the other ranks' models.
+    std::vector<std::unique_ptr<Communicator>> comms;
     QuantConfig                      quant;
     std::string                      path;
     std::unique_ptr<Architecture>    arch;
@@ -128,6 +132,7 @@ struct Model {
 
     std::unique_ptr<HeadWeights>     head;  // set when this model is a speculative head
     std::unique_ptr<Model>           mtp;   // Qwen3-Next: the MTP head, when the checkpoint has one
+    std::vector<std::unique_ptr<Model>> peers;  // rank 0 of a split model: ranks 1..
 
     std::unique_ptr<spark_tokenizer> tokenizer;
     std::map<std::string, std::string> meta;  // spark_model_meta()

@@ -74,4 +74,33 @@ RankGroup load_rank_group(const std::string & path, const spark_model_params & p
     return g;
 }
 
+std::unique_ptr<Model> load_split_model(const std::string & path, const spark_model_params & params) {
+    const int n = params.n_devices;
+    if (n > 8) fail(SPARK_ERR_INVALID_ARGUMENT, "n_devices %d: a model is split over at most 8 devices of a process", n);
+    SplitMode mode = SplitMode::None;
+    switch (params.split_mode) {
+        case SPARK_SPLIT_TENSOR: mode = SplitMode::Tensor; break;
+        case SPARK_SPLIT_EXPERT: mode = SplitMode::Expert; break;
+        default: fail(SPARK_ERR_INVALID_ARGUMENT, "split_mode %d is not SPARK_SPLIT_TENSOR or SPARK_SPLIT_EXPERT", int(params.split_mode));
+    }
+    std::vector<int> devices;
+    if (params.device != SPARK_DEVICE_CPU)
+        for (int r = 0; r < n; ++r) {
+            for (int q = 0; q < r; ++q)
+                if (params.devices[q] == params.devices[r])
+                    fail(SPARK_ERR_INVALID_ARGUMENT, "device %d is given to ranks %d and %d: a split model needs a device per rank", params.devices[r], q, r);
+            devices.push_back(params.devices[r]);
+        }
+    RankGroup              g    = load_rank_group(path, params, mode, n, devices);
+    std::unique_ptr<Model> root = std::move(g.ranks[0]);
+    for (size_t r = 1; r < g.ranks.size(); ++r) root->peers.push_back(std::move(g.ranks[r]));
+    g.ranks.clear();
+    root->comms = std::move(g.comms);
+    // The whole model's shape; the bytes stay one rank's (what each device holds and reads).
+    const HParams &    f = root->shard.full;
+    spark_model_info & i = root->info;
+    i.n_head = int32_t(f.n_head), i.n_head_kv = int32_t(f.n_head_kv), i.n_devices = n, i.split_mode = int32_t(params.split_mode);
+    return root;
+}
+
 }  // namespace spark

@@ -33,4 +33,9 @@ void run_ranks(const std::vector<Communicator *> & comms, const std::function<vo
 RankGroup load_rank_group(const std::string & path, const spark_model_params & params, SplitMode mode, int size,
                           const std::vector<int> & devices = {});
 
+// spark_model_load with params.n_devices > 1: the rank group as one Model, rank 0's, which owns
+// the communicators and the other ranks (Model::peers); its info describes the whole model (head
+// counts) and one rank's bytes.
+std::unique_ptr<Model> load_split_model(const std::string & path, const spark_model_params & params);
+
 }  // namespace spark
