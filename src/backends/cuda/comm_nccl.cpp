@@ -178,7 +178,15 @@ public:
     NcclRank(ncclComm_t comm, int rank, int size, std::shared_ptr<GroupState> group)
         : comm_(comm), rank_(rank), size_(size), group_(std::move(group)) {}
     ~NcclRank() override {
-        if (comm_) nccl().CommDestroy(comm_);
+        if (!comm_) return;
+        bool broken = false;
+        {
+            std::lock_guard<std::mutex> lock(group_->mutex);
+            broken = group_->broken;
+        }
+        // ncclCommDestroy flushes what is pending, which may wait for a rank that has gone.
+        if (broken) nccl().CommAbort(comm_);
+        else nccl().CommDestroy(comm_);
     }
 
     int  rank() const override { return rank_; }
@@ -198,8 +206,9 @@ public:
         float * tmp = nullptr;
         if (in != out + size_t(rank_) * n && overlap(in, bytes, out, bytes * size_t(size_)))
             in = tmp = stream_copy(in, bytes);
-        check(nccl().AllGather(in, out, n, ncclFloat, comm_, stream_), "ncclAllGather");
-        if (tmp) SPARK_CUDA_CHECK(cudaFreeAsync(tmp, stream_));
+        const ncclResult_t r = nccl().AllGather(in, out, n, ncclFloat, comm_, stream_);
+        if (tmp) SPARK_CUDA_CHECK(cudaFreeAsync(tmp, stream_));  // after the gather, in stream order
+        check(r, "ncclAllGather");
     }
 
     void all_to_all(const float * in, float * out, size_t n) override {
@@ -220,8 +229,8 @@ public:
             const ncclResult_t end = a.GroupEnd();  // closes the group whatever happened inside it
             if (r == ncclSuccess) r = end;
         }
+        if (tmp) SPARK_CUDA_CHECK(cudaFreeAsync(tmp, stream_));  // after the exchange, in stream order
         check(r, "ncclSend/ncclRecv (all-to-all)");
-        if (tmp) SPARK_CUDA_CHECK(cudaFreeAsync(tmp, stream_));
     }
 
     void abort(const char * why) override { end(why ? why : "(no reason given)"); }
@@ -261,7 +270,11 @@ private:
     float * stream_copy(const float * src, size_t bytes) {
         void * tmp = nullptr;
         SPARK_CUDA_CHECK(cudaMallocAsync(&tmp, bytes, stream_));
-        SPARK_CUDA_CHECK(cudaMemcpyAsync(tmp, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+        const cudaError_t err = cudaMemcpyAsync(tmp, src, bytes, cudaMemcpyDeviceToDevice, stream_);
+        if (err != cudaSuccess) {
+            cudaFreeAsync(tmp, stream_);
+            SPARK_CUDA_CHECK(err);
+        }
         return static_cast<float *>(tmp);
     }
 
