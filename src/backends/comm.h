@@ -19,8 +19,13 @@ public:
     virtual int rank() const = 0;
     virtual int size() const = 0;
 
-    // data[i] = the sum of every rank's data[i], added in rank order, so that every rank holds the
-    // same bits. In place.
+    // A backend whose calls run on a stream (NCCL: a cudaStream_t) is given it once, before the
+    // first call; every call is then enqueued on it and returns without waiting, and its buffers are
+    // device memory of this rank's GPU. The calls run in the calling thread otherwise, on host memory.
+    virtual void set_stream(void * stream) { (void)stream; }
+
+    // data[i] = the sum of every rank's data[i], so that every rank holds the same bits: added in
+    // rank order (the in-process group) or in NCCL's order. In place.
     virtual void all_reduce_sum(float * data, size_t n) = 0;
     // out[r * n + i] = rank r's in[i]. `in` may lie inside `out`.
     virtual void all_gather(const float * in, float * out, size_t n) = 0;

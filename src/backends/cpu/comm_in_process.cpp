@@ -109,6 +109,7 @@ private:
             if (p.kind != kind || p.n != n) {
                 // Every rank sees the same posts, so every rank takes this branch.
                 rv_->abort("the ranks' collectives disagree (another call or size)");
+                std::lock_guard<std::mutex> lock(rv_->mutex);  // the reason may be another rank's, being written
                 rv_->check_open();
             }
         gather(posts);
