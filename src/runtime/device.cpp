@@ -3,6 +3,7 @@
 #include "common/error.h"
 
 #if SPARK_HAS_CUDA
+#include "backends/cuda/comm_nccl.h"
 #include "backends/cuda/cuda_backend.h"
 #endif
 
@@ -34,11 +35,11 @@ std::unique_ptr<Backend> make_backend(const spark_model_params & params, spark_d
 }
 
 std::vector<std::unique_ptr<Communicator>> make_device_group(const std::vector<int> & devices) {
-#if SPARK_HAS_CUDA && SPARK_HAS_NCCL
-    return make_nccl_group(devices);
+#if SPARK_HAS_CUDA
+    return cuda::make_nccl_group(devices);  // SPARK_ERR_UNSUPPORTED without NCCL
 #else
     (void) devices;
-    fail(SPARK_ERR_UNSUPPORTED, "this build of spark has no NCCL: a model cannot be split over GPUs (docs/DISTRIBUTED.md)");
+    fail(SPARK_ERR_UNSUPPORTED, "this build of spark has no CUDA backend: a model cannot be split over GPUs");
 #endif
 }
 
