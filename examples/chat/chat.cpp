@@ -41,6 +41,7 @@
 #include "parse_args.h"
 #include "log_stderr.h"
 #include "spec_cli.h"
+#include "split_cli.h"
 #include "version.h"
 
 #include <algorithm>
@@ -78,6 +79,7 @@ volatile std::sig_atomic_t g_interrupted = 0;  // Ctrl-C: stops an answer, a pro
 void on_sigint(int) { g_interrupted = 1; }
 
 struct Options {
+    spark_cli::SplitOptions split;  // --devices / --split
     std::string model;  // default_model()
     std::string prompt, prompt_file, system, device = "cpu";
     float       temp = 0.7f, top_p = 0.9f, min_p = 0.0f, repeat_penalty = 1.0f;
@@ -560,6 +562,7 @@ int main(int argc, char ** argv) {
     CLI::Option * ctx_opt     = app.add_option("-c,--ctx-size", o.n_ctx, "context size in tokens (0: the model's, at most 32768)");
     CLI::Option * threads_opt = app.add_option("-t,--threads", o.n_threads, "CPU threads (0 or -1: all)");
     app.add_option("--device", o.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+    o.split.add(app);
     app.add_option("--spec", o.spec, "speculative decoding: draft:PATH (a draft model), eagle3:PATH (an EAGLE3 head), mtp (the model's MTP head) or ngram");
     app.add_option("--draft-max", o.draft_max, "--spec: tokens drafted per step (1 .. 16)");
     app.add_option("--draft-min", o.draft_min, "--spec: drafts shorter than this are not verified (0: all are)");
@@ -623,6 +626,10 @@ int main(int argc, char ** argv) {
     spark_model_params mp = spark_model_default_params();
     mp.device             = o.device == "cuda" ? SPARK_DEVICE_CUDA : o.device == "auto" ? SPARK_DEVICE_AUTO : SPARK_DEVICE_CPU;
     mp.n_threads          = o.n_threads;
+    if (std::string err; !o.split.apply(mp, err)) {
+        std::fprintf(stderr, "spark-chat: %s\n", err.c_str());
+        return 2;
+    }
     spark_model * model   = nullptr;
     double        load_s  = 0;
     {

@@ -61,6 +61,7 @@
 #include "load_progress.h"
 #include "log_stderr.h"
 #include "spec_cli.h"
+#include "split_cli.h"
 #include "version.h"
 
 #include <fcntl.h>
@@ -748,6 +749,7 @@ int main(int argc, char ** argv) {
     int         n_prompt = 512, n_gen = 128, reps = 3, draft_max = 3;
     int32_t     n_threads = 0;
     bool        json = false, matrix = false, load = false, cold = false;
+    spark_cli::SplitOptions devices_split;
     app.add_option("-m,--model", models, "model directory or spark file (repeatable)");
     app.add_option("--synthetic", synthetic, std::string("synthetic models of these shapes, comma separated: ") + spark_cli::kSyntheticShapes);
     app.add_option("--format", formats, "weight formats of the synthetic models, comma separated: bf16, f16, int4, nvfp4, fp8");
@@ -756,6 +758,7 @@ int main(int argc, char ** argv) {
     app.add_option("-n,--n-gen", n_gen, "decode length (0: skip)")->check(nonnegative);
     app.add_option("-r,--repetitions", reps, "runs per figure (median)")->check(positive);
     app.add_option("--device", device, "cpu, cuda, or auto: cuda when a CUDA device is visible, else cpu")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+    devices_split.add(app);
     app.add_option("-t,--threads", n_threads, "CPU threads: for loading (reading and staging the weights) and for the CPU backend's compute; 0: the library's default")
         ->check(nonnegative);
     CLI::Option * output_opt =
@@ -919,6 +922,10 @@ int main(int argc, char ** argv) {
         mp.device             = device == "cuda" ? SPARK_DEVICE_CUDA : SPARK_DEVICE_CPU;
         mp.n_threads          = n_threads;
         mp.load_tokenizer     = !prompt_text.empty();  // --prompt renders a chat prompt
+        if (std::string err; !devices_split.apply(mp, err)) {
+            std::fprintf(stderr, "spark-bench: %s\n", err.c_str());
+            return 2;
+        }
         spark_model * model   = nullptr;
         spark_cli::LoadProgress bar;  // on a terminal only
         bar.attach(mp);
@@ -941,7 +948,8 @@ int main(int argc, char ** argv) {
         std::fprintf(stderr, "spark-bench: %s: weights %s\n", path.c_str(),
                      info.weight_bytes_in_place == 0 ? "copied to the device"
                                                      : (std::to_string(info.weight_bytes_in_place / 1000000) + " MB used in place from the mapped file, the rest copied").c_str());
-        const std::string name   = path.rfind("synthetic:", 0) == 0 ? path.substr(10, path.rfind(':') - 10) : path;
+        // A split model's bytes and share of the bandwidth are one rank's: each device reads its part.
+        const std::string name   = (path.rfind("synthetic:", 0) == 0 ? path.substr(10, path.rfind(':') - 10) : path) + devices_split.label();
         const std::string format = path.rfind("synthetic:", 0) == 0 ? path.substr(path.rfind(':') + 1) : info.weight_format;
         try {
             const int max_depth = *std::max_element(depths.begin(), depths.end());

@@ -22,6 +22,7 @@
 #include "log_stderr.h"
 #include "parse_args.h"
 #include "spec_cli.h"
+#include "split_cli.h"
 #include "version.h"
 
 #include <algorithm>
@@ -38,6 +39,7 @@
 namespace {
 
 struct Options {
+    spark_cli::SplitOptions split;  // --devices / --split
     std::string model = spark_cli::default_model();
     std::string host  = "127.0.0.1";
     int         port  = 8080;
@@ -65,6 +67,7 @@ int main(int argc, char ** argv) {
     app.add_option("--port", o.port, "port (0: any free port, printed when ready)")->check(CLI::Range(0, 65535));
     app.add_option("--api-key", o.api_key, "require 'Authorization: Bearer KEY' on every endpoint but / and /health");
     app.add_option("--device", o.device, "cpu, cuda or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+    o.split.add(app);
     app.add_option("--parallel", o.n_parallel, "requests decoded together (slots)")->check(CLI::Range(1, 256));
     app.add_option("-c,--ctx-size", o.n_ctx, "KV-cache tokens of all slots together, split evenly (0: the model's context, at most 8192, per slot)")
         ->check(CLI::Range(0, 1 << 24));
@@ -125,6 +128,10 @@ int main(int argc, char ** argv) {
     spark_model_params mp = spark_model_default_params();
     mp.device             = o.device == "cuda" ? SPARK_DEVICE_CUDA : o.device == "cpu" ? SPARK_DEVICE_CPU : SPARK_DEVICE_AUTO;
     mp.n_threads          = o.n_threads;
+    if (std::string err; !o.split.apply(mp, err)) {
+        std::fprintf(stderr, "spark-server: %s\n", err.c_str());
+        return 2;
+    }
     spark_cli::LoadProgress progress;
     progress.attach(mp);
     spark_model * model = nullptr;
