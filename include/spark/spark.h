@@ -189,7 +189,19 @@ typedef struct spark_model_params {
     int32_t          n_devices;
     int32_t          devices[8];
     spark_split_mode split_mode;
+    /* Several processes (hosts): this process is rank dist_rank of dist_size (> 1), each with one
+     * CUDA device (device_index), split as split_mode and joined by NCCL. dist_id: the group's id,
+     * made once by rank 0 with spark_dist_unique_id and passed by the host application to every
+     * rank (the tools use a TCP rendezvous: --dist-addr). Every rank loads the same model with the
+     * same split and then makes the same spark_decode calls in the same order. 0 or 1: one process. */
+    int32_t          dist_rank;
+    int32_t          dist_size;
+    uint8_t          dist_id[128];
 } spark_model_params;
+
+/* A new group id for spark_model_params.dist_id (rank 0 makes it; NCCL's unique id).
+ * SPARK_ERR_UNSUPPORTED in a build without CUDA or where NCCL (libnccl.so.2) is not found. */
+SPARK_API spark_status spark_dist_unique_id(uint8_t out[128]);
 
 SPARK_API spark_model_params spark_model_default_params(void);
 

@@ -1,6 +1,7 @@
 // The C API glue: argument checks, exceptions -> status codes, handles -> C++ objects.
 #include "common/error.h"
 #include "runtime/context.h"
+#include "runtime/device.h"
 #include "runtime/model.h"
 #include "runtime/rank_group.h"
 
@@ -40,12 +41,21 @@ SPARK_API spark_status spark_model_load(const char * path, spark_model_params pa
     return api_guard([&] {
         require(path != nullptr && out != nullptr, "spark_model_load: path and out must not be NULL");
         auto m  = std::make_unique<spark_model>();
-        m->impl = params.n_devices > 1 ? load_split_model(path, params) : load_model(path, params);
+        m->impl = params.dist_size > 1   ? load_process_rank(path, params)
+                  : params.n_devices > 1 ? load_split_model(path, params)
+                                         : load_model(path, params);
         *out    = m.release();
     });
 }
 
 SPARK_API void spark_model_free(spark_model * model) { delete model; }
+
+SPARK_API spark_status spark_dist_unique_id(uint8_t out[128]) {
+    return api_guard([&] {
+        require(out != nullptr, "spark_dist_unique_id: NULL argument");
+        make_device_group_id(out);
+    });
+}
 
 SPARK_API spark_status spark_model_get_info(const spark_model * model, spark_model_info * out) {
     return api_guard([&] {

@@ -2,6 +2,8 @@
 
 #include "common/error.h"
 
+#include <cstring>
+
 #if SPARK_HAS_CUDA
 #include "backends/cuda/comm_nccl.h"
 #include "backends/cuda/cuda_backend.h"
@@ -40,6 +42,25 @@ std::vector<std::unique_ptr<Communicator>> make_device_group(const std::vector<i
 #else
     (void) devices;
     fail(SPARK_ERR_UNSUPPORTED, "this build of spark has no CUDA backend: a model cannot be split over GPUs");
+#endif
+}
+
+std::unique_ptr<Communicator> make_device_rank(const uint8_t id[128], int rank, int size, int device) {
+#if SPARK_HAS_CUDA
+    return cuda::make_nccl_rank(id, rank, size, device);
+#else
+    (void) id, (void) rank, (void) size, (void) device;
+    fail(SPARK_ERR_UNSUPPORTED, "this build of spark has no CUDA backend: a model cannot be split over processes");
+#endif
+}
+
+void make_device_group_id(uint8_t out[128]) {
+#if SPARK_HAS_CUDA
+    const cuda::NcclUniqueId id = cuda::nccl_unique_id();
+    std::memcpy(out, id.data(), id.size());
+#else
+    (void) out;
+    fail(SPARK_ERR_UNSUPPORTED, "this build of spark has no CUDA backend: a model cannot be split over processes");
 #endif
 }
 

@@ -74,15 +74,31 @@ RankGroup load_rank_group(const std::string & path, const spark_model_params & p
     return g;
 }
 
+namespace {
+
+SplitMode split_mode_of(const spark_model_params & params) {
+    switch (params.split_mode) {
+        case SPARK_SPLIT_TENSOR: return SplitMode::Tensor;
+        case SPARK_SPLIT_EXPERT: return SplitMode::Expert;
+        default: fail(SPARK_ERR_INVALID_ARGUMENT, "split_mode %d is not SPARK_SPLIT_TENSOR or SPARK_SPLIT_EXPERT", int(params.split_mode));
+    }
+}
+
+// The whole model's shape in a split rank's info; the bytes stay one rank's (what each device
+// holds and reads).
+void describe_split(Model & m, const spark_model_params & params) {
+    const HParams &    f = m.shard.full;
+    spark_model_info & i = m.info;
+    i.n_head = int32_t(f.n_head), i.n_head_kv = int32_t(f.n_head_kv), i.n_devices = m.shard.size, i.split_mode = int32_t(params.split_mode);
+}
+
+}  // namespace
+
 std::unique_ptr<Model> load_split_model(const std::string & path, const spark_model_params & params) {
     const int n = params.n_devices;
     if (n > 8) fail(SPARK_ERR_INVALID_ARGUMENT, "n_devices %d: a model is split over at most 8 devices of a process", n);
-    SplitMode mode = SplitMode::None;
-    switch (params.split_mode) {
-        case SPARK_SPLIT_TENSOR: mode = SplitMode::Tensor; break;
-        case SPARK_SPLIT_EXPERT: mode = SplitMode::Expert; break;
-        default: fail(SPARK_ERR_INVALID_ARGUMENT, "split_mode %d is not SPARK_SPLIT_TENSOR or SPARK_SPLIT_EXPERT", int(params.split_mode));
-    }
+    if (params.dist_size > 1) fail(SPARK_ERR_INVALID_ARGUMENT, "n_devices %d with dist_size %d: a process of a group of processes holds one device", n, params.dist_size);
+    const SplitMode mode = split_mode_of(params);
     std::vector<int> devices;
     if (params.device != SPARK_DEVICE_CPU)
         for (int r = 0; r < n; ++r) {
@@ -96,11 +112,28 @@ std::unique_ptr<Model> load_split_model(const std::string & path, const spark_mo
     for (size_t r = 1; r < g.ranks.size(); ++r) root->peers.push_back(std::move(g.ranks[r]));
     g.ranks.clear();
     root->comms = std::move(g.comms);
-    // The whole model's shape; the bytes stay one rank's (what each device holds and reads).
-    const HParams &    f = root->shard.full;
-    spark_model_info & i = root->info;
-    i.n_head = int32_t(f.n_head), i.n_head_kv = int32_t(f.n_head_kv), i.n_devices = n, i.split_mode = int32_t(params.split_mode);
+    describe_split(*root, params);
     return root;
+}
+
+std::unique_ptr<Model> load_process_rank(const std::string & path, const spark_model_params & params) {
+    const int n = params.dist_size, r = params.dist_rank;
+    if (n > 64 || r < 0 || r >= n) fail(SPARK_ERR_INVALID_ARGUMENT, "dist_rank %d of dist_size %d: not a rank of a group of 2 to 64 processes", r, n);
+    if (params.device != SPARK_DEVICE_CUDA) fail(SPARK_ERR_INVALID_ARGUMENT, "a model split over processes runs on CUDA devices (device = SPARK_DEVICE_CUDA)");
+    Shard s;
+    s.rank = r, s.size = n, s.mode = split_mode_of(params);
+    std::unique_ptr<Communicator> comm = make_device_rank(params.dist_id, r, n, params.device_index);
+    s.comm                             = comm.get();
+    std::unique_ptr<Model> m;
+    try {
+        m = load_model(path, params, nullptr, s);
+    } catch (...) {
+        comm->abort("this rank could not load the model");  // the others' first collective ends
+        throw;
+    }
+    m->comms.push_back(std::move(comm));
+    describe_split(*m, params);
+    return m;
 }
 
 }  // namespace spark

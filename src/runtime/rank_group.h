@@ -38,4 +38,8 @@ RankGroup load_rank_group(const std::string & path, const spark_model_params & p
 // counts) and one rank's bytes.
 std::unique_ptr<Model> load_split_model(const std::string & path, const spark_model_params & params);
 
+// spark_model_load with params.dist_size > 1: this process's rank of a model split over several
+// processes (one GPU each), joined through params.dist_id.
+std::unique_ptr<Model> load_process_rank(const std::string & path, const spark_model_params & params);
+
 }  // namespace spark
