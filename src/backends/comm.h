@@ -18,6 +18,9 @@ public:
     virtual ~Communicator() = default;
     virtual int rank() const = 0;
     virtual int size() const = 0;
+    // Backends whose collectives run on a stream (CUDA: NCCL) set it before each call; buffers are
+    // then device memory of the rank's GPU. The in-process group ignores it.
+    virtual void set_stream(void * stream) { (void) stream; }
 
     // data[i] = the sum of every rank's data[i], added in rank order, so that every rank holds the
     // same bits. In place.
