@@ -18,7 +18,6 @@ public:
     virtual ~Communicator() = default;
     virtual int rank() const = 0;
     virtual int size() const = 0;
-
     // A backend whose calls run on a stream (NCCL: a cudaStream_t) is given it once, before the
     // first call; every call is then enqueued on it and returns without waiting, and its buffers are
     // device memory of this rank's GPU. The calls run in the calling thread otherwise, on host memory.

@@ -87,11 +87,19 @@ public:
     }
 
     const QWeight * experts(int32_t count, int64_t n, int64_t k, const WeightSpec & spec) override {
-        // Contiguous array of prepared weights.
+        return experts_held(std::vector<bool>(size_t(count), true), n, k, spec);
+    }
+
+    const QWeight * experts_held(const std::vector<bool> & held, int64_t n, int64_t k, const WeightSpec & spec) override {
+        // Contiguous array of prepared weights (every expert drawn, so the generator state does not
+        // depend on which are held).
         expert_sets_.emplace_back();
         auto & set = expert_sets_.back();
-        set.resize(size_t(count));
-        for (int32_t e = 0; e < count; ++e) set[size_t(e)] = be_.prepare_weight(make_host_weight(n, k, spec), wstorage_);
+        set.resize(held.size());
+        for (size_t e = 0; e < held.size(); ++e) {
+            const QWeight w = make_host_weight(n, k, spec);
+            if (held[e]) set[e] = be_.prepare_weight(w, wstorage_);
+        }
         return set.data();
     }
 

@@ -58,6 +58,10 @@ public:
     virtual const QWeight & weight(int64_t n, int64_t k, const WeightSpec & spec) = 0;
     // n_experts weights of the same shape and format (contiguous array, for matmul_id).
     virtual const QWeight * experts(int32_t n_experts, int64_t n, int64_t k, const WeightSpec & spec) = 0;
+    // The same set as one rank of an expert-parallel split holds it (runtime/shard.h): expert e is
+    // prepared where held[e], else an empty QWeight (n == 0; the slots routed to it output zeros).
+    // The held experts are the weights experts(held.size(), ...) would make.
+    virtual const QWeight * experts_held(const std::vector<bool> & held, int64_t n, int64_t k, const WeightSpec & spec) = 0;
 };
 
 struct CheckResult {

@@ -46,6 +46,7 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <numeric>
@@ -1522,5 +1523,224 @@ TEST_CASE("matmul: NVFP4 with activation scales takes W4A4 for prefill rows on s
         std::vector<double> rs(rg.size());
         for (size_t i = 0; i < rs.size(); ++i) rs[i] = rg[i] / (1.0 + std::exp(-rg[i])) * ru[i];
         CHECK(nmse_of(download(be, *sw), rs) <= tol * 4);
+    }
+}
+
+// ---- expert parallelism (docs/DISTRIBUTED.md) --------------------------------------------------
+// A rank of an expert-parallel split holds experts [r E / size, (r + 1) E / size); the others are
+// empty QWeights (n == 0), and the slots routed to them output zeros (the MoE combine weights and
+// sums them; the ranks' all-reduce adds the other ranks' parts). Rank 1 of 2 lacks expert 0 (the
+// device expert table's first entry), rank 0 of 2 the last half, rank 2 of 4 three quarters.
+namespace {
+
+std::vector<bool> held_by_rank(int32_t n_experts, int rank, int size) {
+    std::vector<bool> held(static_cast<size_t>(n_experts));
+    for (int32_t e = 0; e < n_experts; ++e) held[size_t(e)] = e >= rank * n_experts / size && e < (rank + 1) * n_experts / size;
+    return held;
+}
+
+std::string rank_name(int rank, int size) { return " rank " + std::to_string(rank) + "/" + std::to_string(size); }
+
+void check_moe_held(OpHarness & h, const Spec & s, const MoeCase & c, int rank, int size, double tol = -1.0) {
+    if (skip_unbuildable(s.name, s.w, c.N)) return;
+    h.check(moe_name("matmul_id EP", s.name, c) + rank_name(rank, size), tol >= 0.0 ? tol : moe_tol(c, s.w, false), [&](OpBuilder & b) {
+        Tensor *        x   = c.shared_x ? b.input({c.K, 1, c.T}) : b.input({c.K, c.k, c.T});
+        Tensor *        ids = moe_ids(b, c, 61 + uint64_t(c.T));
+        const QWeight * ex  = b.experts_held(held_by_rank(c.experts, rank, size), c.N, c.K, s.w);
+        return b.graph().matmul_id(x, ex, c.experts, ids);
+    });
+}
+
+void check_moe_swiglu_held(OpHarness & h, const Spec & s, const MoeCase & c, int rank, int size) {
+    if (skip_unbuildable(s.name, s.w, c.N)) return;
+    h.check(moe_name("moe gate/up+swiglu EP", s.name, c) + rank_name(rank, size), moe_tol(c, s.w, true), [&](OpBuilder & b) {
+        Graph &                 g    = b.graph();
+        Tensor *                x    = b.input({c.K, 1, c.T});
+        Tensor *                ids  = moe_ids(b, c, 67 + uint64_t(c.T));
+        const std::vector<bool> held = held_by_rank(c.experts, rank, size);
+        const QWeight *         eg   = b.experts_held(held, c.N, c.K, s.w);
+        const QWeight *         eu   = b.experts_held(held, c.N, c.K, s.w);
+        return g.swiglu(g.matmul_id(x, eg, c.experts, ids), g.matmul_id(x, eu, c.experts, ids));
+    });
+}
+
+}  // namespace
+
+TEST_CASE("matmul_id: experts another rank holds (expert parallelism), against the CPU") {
+    // The CPU backend's op_matmul_id writes zeros in the absent experts' slots; the tolerances are the
+    // held experts' (a nonzero value in an absent slot adds its square to the error's numerator).
+    OpHarness h(27);
+    h.set_replay_check(true);  // captured and replayed: the absent entries live in the expert table
+    for (const Spec & s : main_specs())
+        for (const auto & [rank, size] : {std::pair{1, 2}, std::pair{2, 4}})
+            for (const int64_t T : {1, 3, 40}) {
+                MoeCase up;  // gate/up shape: x [K, 1, T] shared by the slots; T = 40: grouped GEMM
+                up.experts = 8;
+                up.k       = 4;
+                up.T       = T;
+                up.K       = 512;
+                up.N       = 512;
+                check_moe_held(h, s, up, rank, size);
+                MoeCase down  = up;  // down shape: one input row per slot
+                down.N        = 256;
+                down.shared_x = false;
+                down.strided_ids = T == 3;
+                check_moe_held(h, s, down, rank, size);
+                if (T != 3) check_moe_swiglu_held(h, s, up, rank, size);
+            }
+    // Rank 0 of 2 (the last half absent; the table's first entry held).
+    check_moe_held(h, {"int4-sym-g128", int4_spec(128, true)}, MoeCase{8, 4, 1, 512, 512, true, false, -1}, 0, 2);
+    check_moe_held(h, {"int4-sym-g128", int4_spec(128, true)}, MoeCase{8, 4, 40, 512, 512, true, false, -1}, 0, 2);
+    // Act-order experts: permuted activations per pair (x_to_f32_rows / x_to_f16_rows read the
+    // absent entries' null permutation), the gate/up pair unfused.
+    const Spec ao{"int4-asym-g128-actorder", int4_spec(128, false, true)};
+    for (const int64_t T : {1, 12}) {
+        check_moe_held(h, ao, MoeCase{8, 4, T, 512, 512, true, false, -1}, 1, 2);
+        check_moe_swiglu_held(h, ao, MoeCase{8, 4, T, 512, 512, true, false, -1}, 1, 2);
+    }
+    // Every path forced: the generic kernel, the GEMV with K split over blocks, the grouped GEMM
+    // at a decode token count.
+    for (const Spec & s : {Spec{"bf16", plain(WeightFormat::BF16)}, Spec{"int4-sym-g128", int4_spec(128, true)},
+                           Spec{"fp8-block128", fp8_spec(128, 128)}}) {
+        {
+            ForceGuard f(mm::ForcePath::Generic);
+            check_moe_held(h, s, MoeCase{8, 4, 5, 512, 300, true, false, -1}, 1, 2, kGemv);
+        }
+        {
+            ForceGuard f(mm::ForcePath::Gemv, 2);
+            check_moe_held(h, s, MoeCase{8, 4, 12, 512, 300, true, false, -1}, 1, 2, kGemv);
+        }
+        {
+            ForceGuard f(mm::ForcePath::Gemm);
+            check_moe_held(h, s, MoeCase{8, 4, 2, 512, 300, true, false, -1}, 1, 2, kGemm);
+        }
+    }
+}
+
+TEST_CASE("matmul_id: absent experts' slots are written as zeros (poisoned outputs; eager, captured, replayed)") {
+    // The output is NaN before every run, so a slot the kernels skip instead of writing shows; each
+    // path three times (eager, captured into a CUDA graph, replayed) against a double reference of
+    // the held experts. Rank 1 of 2: experts 4..7 of 8 held, expert 0 (the table's first entry) absent.
+    OpHarness                                   h(28);
+    spark::Backend &                            be = h.cuda();
+    std::vector<std::unique_ptr<spark::Buffer>> storage;
+    HostWeights                                 host;
+    const int32_t                               E = 8, top = 4;
+    const int64_t                               n = 256, k = 512;
+    const std::vector<bool>                     held = held_by_rank(E, 1, 2);
+
+    struct Format {
+        const char * name;
+        std::function<const QWeight &(uint64_t)> make;
+    };
+    const Format formats[] = {
+        {"int4-sym-g128", [&](uint64_t seed) -> const QWeight & { return host.int4(n, k, 128, true, false, seed); }},
+        {"int4-asym-g128", [&](uint64_t seed) -> const QWeight & { return host.int4(n, k, 128, false, false, seed); }},
+        {"int4-sym-g128-actorder", [&](uint64_t seed) -> const QWeight & { return host.int4(n, k, 128, true, true, seed); }},
+        {"nvfp4", [&](uint64_t seed) -> const QWeight & { return host.nvfp4(n, k, seed); }},
+        {"bf16", [&](uint64_t seed) -> const QWeight & { return host.bf16w(n, k, seed); }},
+        {"fp8-block128", [&](uint64_t seed) -> const QWeight & { return host.fp8(n, k, 128, 128, seed); }},
+    };
+    struct Batch {
+        int64_t              T = 0;
+        bool                 shared_x = true, glu = false;
+        Tensor *             x = nullptr, * ids = nullptr, * y = nullptr;
+        std::vector<float>   xh;
+        std::vector<int32_t> idh;
+        std::vector<double>  ref;  // [T][top][n]; absent slots 0
+    };
+    for (const Format & f : formats) {
+        std::vector<QWeight>            gate(static_cast<size_t>(E)), up(static_cast<size_t>(E));  // empty where not held
+        std::vector<std::vector<float>> gref(static_cast<size_t>(E)), uref(static_cast<size_t>(E));
+        for (int32_t e = 0; e < E; ++e) {
+            if (!held[size_t(e)]) continue;
+            const QWeight & hg = f.make(1000 + uint64_t(e)), & hu = f.make(2000 + uint64_t(e));
+            gate[size_t(e)] = be.prepare_weight(hg, storage);
+            up[size_t(e)]   = be.prepare_weight(hu, storage);
+            gref[size_t(e)] = dequantized(hg);
+            uref[size_t(e)] = dequantized(hu);
+        }
+        // Decode (one GEMV launch over the pairs; shared and per-slot inputs), prefill (grouped GEMM),
+        // and the fused gate/up + SwiGLU of both.
+        const auto batch = [](int64_t T, bool shared_x, bool glu) {
+            Batch b;
+            b.T        = T;
+            b.shared_x = shared_x;
+            b.glu      = glu;
+            return b;
+        };
+        std::vector<Batch> batches = {batch(1, true, false), batch(5, false, false), batch(40, true, false), batch(1, true, true),
+                                      batch(40, true, true)};
+        spark::Graph g;
+        for (Batch & b : batches) {
+            b.x   = b.shared_x ? g.input(DType::F32, {k, 1, b.T}, "x") : g.input(DType::F32, {k, top, b.T}, "x");
+            b.ids = g.input(DType::I32, {top, b.T}, "ids");
+            b.y   = b.glu ? g.swiglu(g.matmul_id(b.x, gate.data(), E, b.ids), g.matmul_id(b.x, up.data(), E, b.ids))
+                          : g.matmul_id(b.x, gate.data(), E, b.ids);
+            g.mark_output(b.y);
+            b.xh  = normals(size_t(k * b.T * (b.shared_x ? 1 : top)), 1.0f, 70 + uint64_t(b.T));
+            b.idh = route_ids(E, top, b.T, 80 + uint64_t(b.T));
+            const int32_t first[top] = {0, 5, 2, 7};  // token 0: absent and held experts, expert 0 among them
+            std::copy(first, first + top, b.idh.begin());
+            b.ref.assign(size_t(n * top * b.T), 0.0);
+            for (int64_t t = 0; t < b.T; ++t)
+                for (int32_t j = 0; j < top; ++j) {
+                    const int32_t e = b.idh[size_t(t * top + j)];
+                    if (!held[size_t(e)]) continue;
+                    const int64_t            row = b.shared_x ? t : t * top + j;
+                    const std::vector<float> xr(b.xh.begin() + row * k, b.xh.begin() + (row + 1) * k);
+                    const std::vector<double> yg = reference(xr, 1, gref[size_t(e)], n, k);
+                    const std::vector<double> yu = b.glu ? reference(xr, 1, uref[size_t(e)], n, k) : std::vector<double>();
+                    for (int64_t i = 0; i < n; ++i)
+                        b.ref[size_t((t * top + j) * n + i)] = b.glu ? silu_d(yg[size_t(i)]) * yu[size_t(i)] : yg[size_t(i)];
+                }
+        }
+        const spark::MemoryPlan plan  = spark::plan_memory(g);
+        auto                    arena = be.alloc(std::max<size_t>(plan.arena_bytes, 256));
+        spark::bind_memory(g, plan, arena->data());
+
+        const std::pair<const char *, mm::ForcePath> paths[] = {
+            {"planned", mm::ForcePath::Auto}, {"generic", mm::ForcePath::Generic}, {"gemv split-k", mm::ForcePath::Gemv}, {"gemm", mm::ForcePath::Gemm}};
+        for (const auto & [path_name, path] : paths) {
+            ForceGuard force(path, path == mm::ForcePath::Gemv ? 2 : 0);
+            for (int run = 0; run < 3; ++run) {
+                for (const Batch & b : batches) {
+                    be.upload(b.x->data, b.xh.data(), b.xh.size() * 4);
+                    be.upload(b.ids->data, b.idh.data(), b.idh.size() * 4);
+                    const std::vector<float> poison(size_t(b.y->nelements()), std::numeric_limits<float>::quiet_NaN());
+                    be.upload(b.y->data, poison.data(), poison.size() * 4);
+                }
+                be.compute(g);
+                be.synchronize();
+                for (const Batch & b : batches) {
+                    const std::vector<float> got = download(be, *b.y);
+                    std::vector<float>       held_got;
+                    std::vector<double>      held_ref;
+                    int64_t                  absent_slots = 0, nonzero = 0;
+                    for (int64_t t = 0; t < b.T; ++t)
+                        for (int32_t j = 0; j < top; ++j) {
+                            const bool    h_e = held[size_t(b.idh[size_t(t * top + j)])];
+                            const int64_t o   = (t * top + j) * n;
+                            absent_slots += h_e ? 0 : 1;
+                            for (int64_t i = 0; i < n; ++i) {
+                                if (h_e) {
+                                    held_got.push_back(got[size_t(o + i)]);
+                                    held_ref.push_back(b.ref[size_t(o + i)]);
+                                } else if (!(got[size_t(o + i)] == 0.0f)) {
+                                    ++nonzero;
+                                }
+                            }
+                        }
+                    const bool   gemm = path == mm::ForcePath::Gemm || (path == mm::ForcePath::Auto && b.T > 8);
+                    const double tol  = gemm ? (b.glu ? kGemmGlu : kGemm) : kGemv;
+                    const double e    = nmse_of(held_got, held_ref);
+                    INFO(f.name << " " << path_name << " run " << run << " T=" << b.T << (b.glu ? " glu" : "") << (b.shared_x ? "" : " A=k")
+                                << ": held nmse " << e << ", " << nonzero << " nonzero values in " << absent_slots << " absent slots");
+                    CHECK(absent_slots > 0);
+                    CHECK(nonzero == 0);
+                    CHECK(e <= tol);
+                }
+            }
+        }
     }
 }

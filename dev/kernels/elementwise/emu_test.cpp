@@ -11,7 +11,7 @@
 // Part of the CPU test suite (ctest: emu-elementwise, all cases). Build and run by hand (from the
 // repository root; about a minute with the sanitizers, seconds without):
 //   g++ -std=c++20 -O2 -g -ffp-contract=off -fsanitize=address,undefined -Idev/emu \
-//       -Isrc -Iinclude dev/kernels/elementwise/emu_test.cpp -o /tmp/ew_emu_test && /tmp/ew_emu_test [pdl|norm|rope|moe|argmax]
+//       -Isrc -Iinclude dev/kernels/elementwise/emu_test.cpp -o /tmp/ew_emu_test && /tmp/ew_emu_test [pdl|norm|sum_sqr|rope|moe|argmax]
 #include "backends/cuda/elementwise/argmax_kernels.cuh"
 #include "backends/cuda/elementwise/moe_kernels.cuh"
 #include "backends/cuda/elementwise/norm_kernels.cuh"
@@ -111,12 +111,14 @@ void test_norms() {
     const float eps = 1e-6f;
     for (int64_t n : {64, 127, 128, 200, 1000, 1024, 2048, 4096, 6000, 10240, 20000})
         for (int64_t rows : {1, 3, 6})
-            for (int variant = 0; variant < 7; ++variant) {
+            for (int variant = 0; variant < 9; ++variant) {
                 // 0 rms w, 1 rms zc, 2 rms no w, 3 l2, 4 add+rms w, 5 add (b broadcast) + rms zc,
-                // 6 rms w gated by silu(b) (rms_norm_gated)
+                // 6 rms w gated by silu(b) (rms_norm_gated), 7 rms w of a row split over ranks (the
+                // sums of squares given: rms_norm_split), 8 rms zc gated, split
                 if (n >= 10240 && rows > 1) continue;
-                const bool add = variant == 4 || variant == 5, l2 = variant == 3, zc = variant == 1 || variant == 5, has_w = variant != 2 && !l2;
-                const bool bcast  = variant == 5, gate = variant == 6;
+                const bool add = variant == 4 || variant == 5, l2 = variant == 3, zc = variant == 1 || variant == 5 || variant == 8,
+                           has_w = variant != 2 && !l2;
+                const bool bcast = variant == 5, gate = variant == 6 || variant == 8, split = variant == 7 || variant == 8;
                 const int64_t st  = n + (n % 4 ? 1 : 4);  // row stride (floats): a gap after every row
                 std::vector<float> x(static_cast<size_t>(st * rows)), b(static_cast<size_t>(st * rows)), w(static_cast<size_t>(n)), out(static_cast<size_t>(st * rows), NAN),
                     sum(static_cast<size_t>(st * rows), NAN);
@@ -129,17 +131,25 @@ void test_norms() {
                 a.w = has_w ? w.data() : nullptr, a.n = n, a.nrows = rows, a.eps = eps, a.zero_centered = zc, a.l2 = l2,
                 a.b_one_row = bcast;
                 if (gate) a.gate = rows_at(b.data(), st);
+                // Split: the whole row is 3n wide (this rank's part and two others'): its sums of
+                // squares, one per row at a stride of 2 floats (a strided view), are not x's own.
+                const float        width = float(3 * n);
+                std::vector<float> sums(static_cast<size_t>(2 * rows), NAN);
+                for (int64_t r = 0; r < rows; ++r) sums[size_t(2 * r)] = float(n) * (4.0f + 3.0f * float(r)) + 0.25f * randn();
+                if (split) a.sums = rows_at(sums.data(), 2), a.sums_n = width;
                 const bool vec = n % 4 == 0;
                 {
-                    // x and b come from earlier kernels; out and sum must not be written before the wait.
+                    // x, b and the sums come from earlier kernels; out and sum must not be written before the wait.
                     PdlGuard g({pdl::model::in(x.data(), x.size() * 4), pdl::model::in(add || gate ? b.data() : nullptr, b.size() * 4),
+                                pdl::model::in(split ? sums.data() : nullptr, sums.size() * 4),
                                 pdl::model::out(out.data(), out.size() * 4), pdl::model::out(add ? sum.data() : nullptr, sum.size() * 4)});
                     if (add) run_norm<true>(a, vec);
                     else if (gate) run_norm<false, true>(a, vec);
                     else run_norm<false>(a, vec);
                     g.check(last_kernel + " n=" + std::to_string(n) + " rows=" + std::to_string(rows) + " variant " + std::to_string(variant));
                 }
-                // reference (CPU backend: ADD, then RMS_NORM / L2_NORM with a double sum of squares)
+                // reference (CPU backend: ADD, then RMS_NORM / L2_NORM with a double sum of squares;
+                // split: the given sum over `width` elements)
                 std::vector<float> ref(static_cast<size_t>(n)), refsum(static_cast<size_t>(n));
                 double             worst = 0;
                 bool               sum_ok = true;
@@ -148,7 +158,9 @@ void test_norms() {
                     for (int64_t i = 0; i < n; ++i) refsum[size_t(i)] = add ? xr[i] + b[size_t((bcast ? 0 : r) * st + i)] : xr[i];
                     double ss = 0;
                     for (int64_t i = 0; i < n; ++i) ss += double(refsum[size_t(i)]) * refsum[size_t(i)];
-                    const float inv = l2 ? 1.0f / std::sqrt(float(ss) + eps) : 1.0f / std::sqrt(float(ss / double(n)) + eps);
+                    if (split) ss = double(sums[size_t(2 * r)]);
+                    const float inv = l2 ? 1.0f / std::sqrt(float(ss) + eps)
+                                         : 1.0f / std::sqrt(float(ss / double(split ? width : float(n))) + eps);
                     for (int64_t i = 0; i < n; ++i) {
                         float v = refsum[size_t(i)] * inv;
                         if (has_w) v *= zc ? (1.0f + w[size_t(i)]) : w[size_t(i)];
@@ -164,6 +176,54 @@ void test_norms() {
                 }
                 expect(worst <= 1e-12 && sum_ok, "norm n=" + std::to_string(n) + " rows=" + std::to_string(rows) + " variant " +
                                                      std::to_string(variant) + " nmse " + std::to_string(worst));
+            }
+}
+
+// SUM_SQR (sum_sqr_kernel, as norm.cu's op_sum_sqr selects it): per row scale * sum of squares into a
+// [1, rows] output, against the CPU backend's double sum.
+template <int G, int V> void run_sum_sqr(const NormArgs & a) {
+    const unsigned blocks = unsigned(G == 32 ? (a.nrows + 3) / 4 : a.nrows);
+    last_kernel           = "sum_sqr_kernel" + targs({G, V});
+    emu::launch(dim3(blocks), dim3(G == 32 ? 128 : G), [&] { sum_sqr_kernel<G, V>(a); }, uint64_t(a.n) + 11);
+}
+
+void test_sum_sqr() {
+    for (int64_t n : {0, 64, 127, 128, 1000, 1024, 2048, 4096, 6000, 10240, 20000})
+        for (int64_t rows : {1, 3, 6})
+            for (const float scale : {1.0f, 0.0f, 0.5f}) {
+                if (n >= 10240 && rows > 1) continue;
+                const int64_t      st = n + (n % 4 ? 1 : 4);  // a gap after every row
+                std::vector<float> x(static_cast<size_t>(st * rows) + 1), out(static_cast<size_t>(rows + 1), NAN);
+                for (auto & v : x) v = randn() * 2.0f;
+                NormArgs a;
+                a.x = rows_at(x.data(), st), a.out = rows_at(out.data(), 1), a.n = n, a.nrows = rows, a.scale = scale;
+                const bool vec = n % 4 == 0;
+                {
+                    PdlGuard g({pdl::model::in(x.data(), x.size() * 4), pdl::model::out(out.data(), out.size() * 4)});
+                    if (vec) {
+                        if (n <= 1024) run_sum_sqr<32, 4>(a);
+                        else if (n <= 8192) run_sum_sqr<256, 4>(a);
+                        else run_sum_sqr<1024, 4>(a);
+                    } else {
+                        if (n <= 1024) run_sum_sqr<32, 1>(a);
+                        else if (n <= 8192) run_sum_sqr<256, 1>(a);
+                        else run_sum_sqr<1024, 1>(a);
+                    }
+                    g.check(last_kernel + " n=" + std::to_string(n) + " rows=" + std::to_string(rows));
+                }
+                // reference: the CPU backend's op_sum_sqr (a double sum, rounded, times the scale);
+                // f32 sums of n squares: relative error below n * 2^-24
+                double worst = 0;
+                for (int64_t r = 0; r < rows; ++r) {
+                    double ss = 0;
+                    for (int64_t i = 0; i < n; ++i) ss += double(x[size_t(r * st + i)]) * x[size_t(r * st + i)];
+                    const float ref = float(ss) * scale, got = out[size_t(r)];
+                    const double e  = !std::isfinite(got) ? INFINITY : ref == 0.0f ? std::fabs(got) : std::fabs(double(got) - ref) / ref;
+                    worst           = std::max(worst, e);
+                }
+                if (!std::isnan(out[size_t(rows)])) worst = INFINITY;  // wrote past the last row
+                expect(worst <= 1e-5, "sum_sqr n=" + std::to_string(n) + " rows=" + std::to_string(rows) + " scale " +
+                                          std::to_string(scale) + " rel err " + std::to_string(worst));
             }
 }
 
@@ -601,6 +661,7 @@ int main(int argc, char ** argv) {
     const std::string only = argc > 1 ? argv[1] : "";
     if (only.empty() || only == "pdl") test_pdl_model();
     if (only.empty() || only == "norm") test_norms();
+    if (only.empty() || only == "norm" || only == "sum_sqr") test_sum_sqr();
     if (only.empty() || only == "rope") test_rope();
     if (only.empty() || only == "moe") test_moe();
     if (only.empty() || only == "argmax") test_argmax();

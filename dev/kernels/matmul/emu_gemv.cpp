@@ -7,7 +7,8 @@
 // modes, odd block ranges), the register ring, the decoders (INT4 sym / asym, f16 / bf16 scales,
 // group sizes that are and are not powers of two, one group; NVFP4; FP8 with 2-D blocks; F32 / F16 /
 // BF16), 1..8 activation rows (MMA: 1 to 3 MMAs per fragment; activations over 80 binades), fused
-// gate/up + SwiGLU, MATMUL_ID pairs with strided and invalid expert ids, multi-weight launches, and
+// gate/up + SwiGLU, MATMUL_ID pairs with strided and invalid expert ids and absent experts (expert
+// parallelism), multi-weight launches, and
 // the plans plan_gemv picks for the model shapes. Weights live in exactly-sized buffers, so the
 // address sanitizer catches any load past a weight; shared memory starts as NaN, so any read of an
 // unwritten B fragment shows. The tensor cores' f32 sums are modelled pessimistically (every term
@@ -395,24 +396,37 @@ void check_dense(const Spec & s, int64_t n, int64_t k, int rows, int nw, Split s
     report(name, nmse(got, ref), p);
 }
 
+// Experts a rank of an expert-parallel split does not hold (device_weight.h, absent_expert): none,
+// the first half (expert 0 among them, as every rank but the first sees it), every odd one.
+enum class Absent { none, first_half, odd };
+bool absent_expert_at(Absent a, int e, int experts) {
+    return a == Absent::first_half ? e < experts / 2 : a == Absent::odd ? e % 2 == 1 : false;
+}
+
 // MATMUL_ID over `experts` experts, k_slots x T pairs, ids with strides (s0, s1) and some invalid
 // ids (-1, n_experts) whose rows must come out 0; shared_x: the k_slots share one input row.
 // ids_early: the ids were written two launches back (GemvArgs::ids_early): the PDL model leaves them
-// readable before the wait and checks that the activations still wait for it.
+// readable before the wait and checks that the activations still wait for it. absent: experts whose
+// table entries are absent_expert()s (null pointers: a load from one crashes), whose rows must come
+// out 0 too; a.w is then the first held expert, as run_moe_gemv sets it.
 void check_moe(const Spec & s, int64_t n, int64_t k, int experts, int k_slots, int T, int nw, bool shared_x, Split sp,
-               const std::string & filter, bool mma = false, bool ids_early = false) {
+               const std::string & filter, bool mma = false, bool ids_early = false, Absent absent = Absent::none) {
     if (mma && !mma_spec(s, k)) return;
     const std::string name = std::string(mma ? "mma " : "") + "moe " + s.name + " N=" + std::to_string(n) + " K=" + std::to_string(k) + " " +
                              std::to_string(k_slots) + "x" + std::to_string(T) + (nw == 2 ? " glu" : "") + (shared_x ? " shared-x" : "") +
                              (ids_early ? " ids-early" : "") +
+                             (absent == Absent::first_half ? " absent-first-half" : absent == Absent::odd ? " absent-odd" : "") +
                              (sp.lpr ? " forced " + (mma ? std::string(sp.kp ? "kp/" : "") : std::to_string(sp.lpr) + "/") + std::to_string(sp.wk) + "/" + std::to_string(sp.ks) : "");
     if (name.find(filter) == std::string::npos) return;
     std::vector<HostWeight> w[2];
     std::vector<DeviceWeight> table[2];
+    int first_held = -1;
     for (int i = 0; i < nw; ++i)
         for (int e = 0; e < experts; ++e) {
             w[i].push_back(make_weight(s, n, k));
-            table[i].push_back(w[i].back().dw);
+            const bool held = !absent_expert_at(absent, e, experts);
+            table[i].push_back(held ? w[i].back().dw : absent_expert(w[i].back().dw));
+            if (held && first_held < 0) first_held = e;
         }
     const int64_t        pairs = int64_t(k_slots) * T;
     const int64_t        s0 = 1, s1 = k_slots + 3;  // ids [T][k_slots + 3]: strided rows
@@ -431,7 +445,8 @@ void check_moe(const Spec & s, int64_t n, int64_t k, int experts, int k_slots, i
     float *        y = reinterpret_cast<float *>(yb.data());
     std::fill(y, y + pairs * n, NAN);
     GemvArgs a;
-    a.w[0] = a.w[1] = table[0][0];
+    a.w[0]          = table[0][size_t(first_held)];
+    a.w[1]          = table[nw - 1][size_t(first_held)];
     a.table[0]      = table[0].data();
     a.table[1]      = table[nw - 1].data();
     a.ids           = Ids{ids.data(), s0, s1, k_slots, experts};
@@ -465,7 +480,7 @@ void check_moe(const Spec & s, int64_t n, int64_t k, int experts, int k_slots, i
         for (int j = 0; j < k_slots; ++j) {
             const int32_t e = ids[size_t(j * s0 + t * s1)];
             const int64_t pr = j + int64_t(k_slots) * t;
-            if (e < 0 || e >= experts) continue;
+            if (e < 0 || e >= experts || absent_expert_at(absent, e, experts)) continue;
             const float * xr = x + j * x_sj + t * x_st;
             for (int64_t r = 0; r < n; ++r) {
                 double d[2] = {0, 0};
@@ -474,7 +489,7 @@ void check_moe(const Spec & s, int64_t n, int64_t k, int experts, int k_slots, i
                 ref[size_t(pr * n + r)] = nw == 2 ? silu_d(d[0]) * d[1] : d[0];
             }
         }
-    // Invalid pairs must be exactly 0.
+    // Invalid and absent pairs must be exactly 0.
     for (int64_t i = 0; i < pairs * n; ++i)
         if (ref[size_t(i)] == 0.0 && got[size_t(i)] != 0.0f) got[size_t(i)] = NAN;
     report(name, nmse(got, ref), p);
@@ -644,6 +659,14 @@ int main(int argc, char ** argv) {
         for (const bool mma : {false, true}) {
             check_moe(s, 40, 768, 16, 8, 1, 1, false, {}, filter, mma, true);
             check_moe(s, 33, 1024, 16, 4, 3, 1, true, {mma ? 1 : 32, 2, 3}, filter, mma, true);
+        }
+    // Expert parallelism: pairs routed to experts this rank does not hold (absent table entries) come
+    // out 0 without a weight read; both kernels, fused gate/up, a K split, ids read early.
+    for (const Spec & s : {specs[0], specs[5], specs[6], specs[9]})
+        for (const bool mma : {false, true}) {
+            check_moe(s, 40, 2048, 16, 8, 1, 2, true, {}, filter, mma, false, Absent::first_half);
+            check_moe(s, 40, 768, 16, 8, 2, 1, false, {}, filter, mma, true, Absent::odd);
+            check_moe(s, 33, 1024, 16, 4, 3, 1, true, {mma ? 1 : 32, 2, 3}, filter, mma, false, Absent::first_half);
         }
     // Multi-weight launches (q/k/v-like: rows of several weights in one grid), both kernels.
     for (const bool mma : {false, true}) {

@@ -5,9 +5,14 @@
 //   fusion.h       which nodes one launch covers (peephole fusion)
 //   profiler.h     SPARK_PROFILE_OPS: per-op GPU times
 //   step_trace.h   SPARK_STEP_TRACE builds: when each kernel of a replayed step was released
+// The collectives of a model split over ranks (ALL_REDUCE) it orders on its stream itself, through
+// the graph's communicator (backends/comm.h).
 #include "backends/cuda/cuda_backend.h"
 
+#include "backends/comm.h"
+
 #include "backends/cuda/common/arch.h"
+#include "backends/cuda/common/kernel_args.h"
 #include "backends/cuda/common/launch.h"
 #include "backends/cuda/cuda_common.h"
 #include "backends/cuda/fp4/w4a4.h"
@@ -28,6 +33,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -314,6 +320,7 @@ private:
         ctx_.prompt_step = graph.prompt_step();
         cuda::FusionPass    fusion(graph, ctx_);
         ctx_.last_waits_first = false;
+        bool after_collective = false;
         for (cuda::FusedLaunch l; fusion.next(l);) {
             // Early expert ids (ops.h: OpContext::ids_before_wait): what the previous launch's op
             // left in ctx_.last_waits_first says whether that launch triggers only after its wait.
@@ -321,6 +328,20 @@ private:
             ctx_.last_waits_first = false;
             const cuda::OpTimer timer(profiler_.get(), stream_, *l.nodes[0], l.label);
             if (tracer_) tracer_->set_label(cuda::launch_key(*l.nodes[0], l.label));
+            if (l.kind == cuda::FusedLaunch::Kind::Node && l.nodes[0]->op == Op::ALL_REDUCE) {
+                all_reduce(graph, *l.nodes[0]);
+                after_collective = true;
+                continue;
+            }
+            // The launch after a collective goes without PDL (pdl.cuh): an early start pairs a kernel
+            // with the kernel before it, and a collective is no kernel of ours (a copy and the
+            // communicator's own work, e.g. NCCL's kernels, which never trigger dependents): nothing
+            // to overlap with, and nothing this launch reads early (weights aside) may be assumed
+            // complete before it. Its kernels wait in plain stream order; the launches after it use
+            // PDL again (their waits are then no-ops to this one's, pdl.cuh).
+            std::optional<cuda::PdlStep> no_pdl;
+            if (after_collective) no_pdl.emplace(false);
+            after_collective = false;
             launch(l);
         }
         ctx_.ids_before_wait = ctx_.last_waits_first = false;  // (nothing outside a step reads them)
@@ -339,6 +360,24 @@ private:
             case Kind::AttentionNormRope:
                 return cuda::op_attention_norm_rope(*l.nodes[0], *l.nodes[1], *l.nodes[2], *l.nodes[3], *l.nodes[4], ctx_);
         }
+    }
+
+    // ALL_REDUCE (in place over the graph's communicator): src0 copied into the output, then the
+    // communicator's sum, both on the stream (the communicator orders its work on the stream it is
+    // given: NCCL's collectives are captured into the step's CUDA graph like the copy).
+    void all_reduce(const Graph & graph, const Tensor & t) {
+        Communicator * comm = graph.comm();
+        if (!comm) fail(SPARK_ERR_INTERNAL, "cuda backend: ALL_REDUCE in a graph without a communicator");
+        const Tensor & x = *t.src[0];
+        if (t.type != DType::F32 || x.type != DType::F32 || !t.is_contiguous() || !x.is_contiguous() || t.nelements() != x.nelements())
+            fail(SPARK_ERR_INTERNAL, "cuda backend: ALL_REDUCE takes contiguous F32 tensors of one size");
+        if (t.nelements() == 0) return;
+        if (t.data != x.data) {
+            if (cuda::overlaps(t, x)) fail(SPARK_ERR_INTERNAL, "cuda backend: ALL_REDUCE output partly overlaps its input");
+            SPARK_CUDA_CHECK(cudaMemcpyAsync(t.data, x.data, t.nbytes(), cudaMemcpyDeviceToDevice, stream_));
+        }
+        comm->set_stream(stream_);
+        comm->all_reduce_sum(static_cast<float *>(t.data), size_t(t.nelements()));
     }
 
     void dispatch(const Tensor & t) {
@@ -364,6 +403,8 @@ private:
             case Op::CONV1D_SSM: return cuda::op_conv1d_ssm(t, ctx_);
             case Op::GATED_DELTA: return cuda::op_gated_delta(t, ctx_);
             case Op::ARGMAX: return cuda::op_argmax(t, ctx_);
+            case Op::SUM_SQR: return cuda::op_sum_sqr(t, ctx_);
+            case Op::ALL_REDUCE:  // (run_nodes: all_reduce, with the graph's communicator)
             case Op::COUNT: break;
         }
         fail(SPARK_ERR_INTERNAL, "cuda backend: unknown op %d", int(t.op));
@@ -384,9 +425,14 @@ private:
         std::vector<const void *> layouts;  // experts[e].device_layout when the table was built
         std::unique_ptr<Buffer>   device;
     };
+    // Experts another rank holds (expert parallelism: empty QWeights) get absent entries
+    // (device_weight.h, absent_expert), whose slots the kernels fill with zeros.
     static std::vector<DeviceWeight> expert_weights(const QWeight * experts, int32_t n) {
+        const QWeight * held = cuda::first_held_expert(experts, n);
+        if (!held) fail(SPARK_ERR_INTERNAL, "matmul_id: no expert of the set is held on this device");
+        const DeviceWeight        absent = cuda::absent_expert(cuda::device_weight(*held));
         std::vector<DeviceWeight> host(static_cast<size_t>(n));
-        for (int32_t e = 0; e < n; ++e) host[size_t(e)] = cuda::device_weight(experts[e]);
+        for (int32_t e = 0; e < n; ++e) host[size_t(e)] = cuda::expert_held(experts[e]) ? cuda::device_weight(experts[e]) : absent;
         return host;
     }
     // Valid only while every expert is still the prepared weight the table was built from: device

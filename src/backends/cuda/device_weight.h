@@ -59,4 +59,24 @@ inline DeviceWeight device_weight_shape(const QWeight & w) {
     return d;
 }
 
+// Expert parallelism (docs/DISTRIBUTED.md): a rank's MATMUL_ID experts that another rank holds are
+// empty QWeights (n == 0, never prepared: no device layout); the slots routed to them output zeros.
+// In a device expert table such an expert is absent_expert(): the first held expert's format and
+// shape with null pointers, so that every per-weight constant a kernel derives stays defined; the
+// kernels treat a null `data` as an invalid expert id (no weight read, output 0).
+inline bool expert_held(const QWeight & w) { return w.n > 0; }
+inline const QWeight * first_held_expert(const QWeight * experts, int32_t n) {
+    for (int32_t e = 0; e < n; ++e)
+        if (expert_held(experts[e])) return &experts[e];
+    return nullptr;
+}
+inline DeviceWeight absent_expert(const DeviceWeight & held) {
+    DeviceWeight d = held;
+    d.data         = nullptr;
+    d.scales       = nullptr;
+    d.zeros        = nullptr;
+    d.perm         = nullptr;
+    return d;
+}
+
 }  // namespace spark::cuda

@@ -45,8 +45,10 @@ bool FusionPass::next(FusedLaunch & l) {
                 return true;
             }
         }
-        // Residual add followed by the next layer's norm of that sum: one kernel.
-        if (n->op == Op::ADD && i_ + 1 < nodes_.size() && nodes_[i_ + 1]->op == Op::RMS_NORM && nodes_[i_ + 1]->src[0] == n) {
+        // Residual add followed by the next layer's norm of that sum: one kernel (not a norm of rows
+        // split over ranks, whose sums of squares are an input: the fused kernel sums its own rows).
+        if (n->op == Op::ADD && i_ + 1 < nodes_.size() && nodes_[i_ + 1]->op == Op::RMS_NORM && nodes_[i_ + 1]->src[0] == n &&
+            !nodes_[i_ + 1]->src[3]) {
             l.kind     = FusedLaunch::Kind::AddRmsNorm;
             l.count    = 2;
             l.nodes[1] = nodes_[i_ + 1];
@@ -93,7 +95,8 @@ bool FusionPass::ids_written_before_previous(const FusedLaunch & l) const {
     return pos_[size_t(ids->id)] < pos_[size_t(previous_->id)];
 }
 
-// A SWIGLU of two matmuls over the same input, read by nothing else.
+// A SWIGLU of two matmuls over the same input, read by nothing else (MATMUL_IDs: expert sets of
+// one format and shape, held alike where expert parallelism leaves some empty).
 bool FusionPass::fusable_swiglu(const Tensor & sw) const {
     const Tensor * g = sw.src[0];
     const Tensor * u = sw.src[1];
@@ -102,17 +105,26 @@ bool FusionPass::fusable_swiglu(const Tensor & sw) const {
     if (g->src[0] != u->src[0] || g->src[1] != u->src[1]) return false;
     if (uses_[size_t(g->id)] != 1 || uses_[size_t(u->id)] != 1) return false;
     if (g->flags & TENSOR_OUTPUT || u->flags & TENSOR_OUTPUT) return false;
-    const QWeight & wg = g->op == Op::MATMUL ? *g->weight : g->experts[0];
-    const QWeight & wu = u->op == Op::MATMUL ? *u->weight : u->experts[0];
-    return wg.format == wu.format && wg.n == wu.n && wg.k == wu.k;
+    if (g->op == Op::MATMUL) {
+        const QWeight & wg = *g->weight, & wu = *u->weight;
+        return wg.format == wu.format && wg.n == wu.n && wg.k == wu.k;
+    }
+    if (g->n_experts != u->n_experts) return false;
+    const QWeight * wg = first_held_expert(g->experts, g->n_experts);
+    const QWeight * wu = first_held_expert(u->experts, u->n_experts);
+    if (!wg || !wu || wg->format != wu->format || wg->n != wu->n || wg->k != wu->k) return false;
+    for (int32_t e = 0; e < g->n_experts; ++e)
+        if (expert_held(g->experts[e]) != expert_held(u->experts[e])) return false;
+    return true;
 }
 
-// nodes[i] is an RMS_NORM whose only reader is the ROPE at nodes[i + 1].
+// nodes[i] is an RMS_NORM (of whole rows: no sums of squares given, src3) whose only reader is the
+// ROPE at nodes[i + 1].
 bool FusionPass::norm_rope_at(size_t i) const {
     if (i + 1 >= nodes_.size()) return false;
     const Tensor * n = nodes_[i];
-    return n->op == Op::RMS_NORM && nodes_[i + 1]->op == Op::ROPE && nodes_[i + 1]->src[0] == n && uses_[size_t(n->id)] == 1 &&
-           !(n->flags & TENSOR_OUTPUT);
+    return n->op == Op::RMS_NORM && !n->src[3] && nodes_[i + 1]->op == Op::ROPE && nodes_[i + 1]->src[0] == n &&
+           uses_[size_t(n->id)] == 1 && !(n->flags & TENSOR_OUTPUT);
 }
 
 // The ATTENTION that follows the q / k norm + RoPE pair at nodes[i .. i + 3] (only views between),

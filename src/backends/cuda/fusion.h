@@ -7,6 +7,8 @@
 //   per-head RMS_NORM read only by the ROPE after it (q, then k)     op_rms_norm_rope(_pair)
 //   ... whose two ROPE outputs only the next ATTENTION reads          op_attention_norm_rope
 // Views and NONE nodes launch nothing; the nodes a fused launch computes are not launched again.
+// A collective (ALL_REDUCE) is a launch of its own, never part of a group; norms of rows split over ranks (RMS_NORM with src3, Graph::rms_norm_split) are
+// never fused: the fused kernels sum their own rows.
 #pragma once
 
 #include "backends/cuda/ops.h"

@@ -124,13 +124,17 @@ uint64_t GraphCache::fingerprint(const Graph & graph) {
                 const uint64_t fresh = ++unbuilt_table_steps_;
                 mix(&fresh, sizeof fresh);
             }
-            mix(t.experts[0].device_layout, sizeof(DeviceWeight));
+            // (The first expert this device holds: expert parallelism leaves the others empty.)
+            if (const QWeight * held = first_held_expert(t.experts, t.n_experts)) mix(held->device_layout, sizeof(DeviceWeight));
         }
         for (const Tensor * s : t.src) {
             const int32_t id = s ? s->id : -1;
             mix(&id, sizeof id);
         }
     }
+    // A captured collective (ALL_REDUCE) is the communicator's, with its arguments (NCCL's graph nodes).
+    const void * comm = graph.comm();
+    mix(&comm, sizeof comm);
     // The matmul test / lab knobs choose kernels too (a test that forces another path on the
     // same graph must not replay the launches captured before).
     mix(&mm::overrides(), sizeof(mm::Overrides));

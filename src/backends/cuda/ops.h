@@ -142,7 +142,8 @@ void op_concat(const Tensor & t, const OpContext & ctx);
 void op_get_rows(const Tensor & t, const OpContext & ctx);
 void op_binary(const Tensor & t, const OpContext & ctx);  // ADD, MUL, SWIGLU, MUL_SIGMOID
 void op_scale(const Tensor & t, const OpContext & ctx);
-void op_rms_norm(const Tensor & t, const OpContext & ctx);
+void op_rms_norm(const Tensor & t, const OpContext & ctx);  // with src3: rms_norm_split
+void op_sum_sqr(const Tensor & t, const OpContext & ctx);
 void op_l2_norm(const Tensor & t, const OpContext & ctx);
 void op_rope(const Tensor & t, const OpContext & ctx);
 void op_argmax(const Tensor & t, const OpContext & ctx);

@@ -1,5 +1,6 @@
 #include "backends/cuda/profiler.h"
 
+#include "backends/cuda/device_weight.h"
 #include "common/log.h"
 #include "quant/qweight.h"
 
@@ -56,10 +57,12 @@ OpTimer::~OpTimer() {
 std::string launch_key(const Tensor & node, const char * label) {
     std::string key = label ? label : op_name(node.op);
     key += " [" + std::to_string(node.ne[0]) + "," + std::to_string(node.ne[1]) + "," + std::to_string(node.ne[2]) + "]";
-    // A fused launch is named by its first node (e.g. the SWIGLU): the weight is its source's.
-    const QWeight * w = node.weight ? node.weight : node.experts;
+    // A fused launch is named by its first node (e.g. the SWIGLU): the weight is its source's (of
+    // experts, the first held one: expert parallelism leaves the others empty).
+    const auto      experts = [](const Tensor & t) { return first_held_expert(t.experts, t.n_experts); };
+    const QWeight * w       = node.weight ? node.weight : node.experts ? experts(node) : nullptr;
     if (!w && label && node.src[0] && node.src[0]->weight) w = node.src[0]->weight;
-    if (!w && label && node.src[0] && node.src[0]->experts) w = node.src[0]->experts;
+    if (!w && label && node.src[0] && node.src[0]->experts) w = experts(*node.src[0]);
     if (w) key += std::string(" ") + weight_format_name(w->format) + " " + std::to_string(w->n) + "x" + std::to_string(w->k);
     return key;
 }

@@ -138,11 +138,12 @@ void op_attention_norm_rope(const Tensor & norm_q, const Tensor & rope_q, const 
     nr.eps = norm_q.fp[0];
     nr.zc  = norm_q.ip[0] != 0;
     // One decode launch: every dim rotates, q and k normalise and rotate alike at the attention's
-    // positions, plain (ungated) norms over F32 rows shaped as their outputs.
+    // positions, plain norms (neither gated nor split over ranks) over F32 rows shaped as their outputs.
     const bool fusable = norm_rope_fusion_enabled() && rope_q.ne[2] <= attn::kDecodeMaxTokens && rope_q.ip[0] == hd &&
                          rope_k.ip[0] == hd && rope_k.ne[0] == hd && rope_q.fp[0] == rope_k.fp[0] && rope_q.src[1] == attn.src[5] &&
                          rope_k.src[1] == attn.src[5] && norm_k.fp[0] == nr.eps && (norm_k.ip[0] != 0) == nr.zc && !norm_q.src[2] &&
-                         !norm_k.src[2] && hd / 2 <= kMaxRotHalf && f32_rows(xq) && f32_rows(xk) && f32_rows(norm_q) && f32_rows(norm_k) &&
+                         !norm_k.src[2] && !norm_q.src[3] && !norm_k.src[3] && hd / 2 <= kMaxRotHalf && f32_rows(xq) && f32_rows(xk) &&
+                         f32_rows(norm_q) && f32_rows(norm_k) &&
                          xq.ne[0] == hd && xk.ne[0] == hd && xq.ne[1] == rope_q.ne[1] && xk.ne[1] == rope_k.ne[1] &&
                          xq.ne[2] == rope_q.ne[2] && xk.ne[2] == rope_k.ne[2] && norm_weight_of(norm_q, hd, nr.q_w) &&
                          norm_weight_of(norm_k, hd, nr.k_w) &&

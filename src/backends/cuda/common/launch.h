@@ -20,7 +20,8 @@ bool pdl_enabled();
 // For the launches of one step on this thread: PDL on or off. Decode and verify steps (a few rows,
 // latency-bound kernels) use it; prefill steps do not: their long kernels gained nothing, and
 // prefill at depth was measured slower with it (H100, Qwen3-30B-A3B int4 pp512 at depth 8192:
-// 9066 -> 8103 tokens/s).
+// 9066 -> 8103 tokens/s). The dispatch also turns it off for the launch after a collective (ALL_REDUCE,
+// cuda_backend.cpp: no kernel of ours before it to overlap with).
 class PdlStep {
 public:
     explicit PdlStep(bool on);

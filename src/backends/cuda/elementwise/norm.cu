@@ -1,6 +1,7 @@
-// Row norms: RMS_NORM (plain weight or zero-centred 1 + w; gated by silu(gate) when it has one),
-// L2_NORM, and the fused residual add + RMS_NORM (the sum is written to the ADD node's output, the
-// norm to the RMS_NORM node's).
+// Row norms: RMS_NORM (plain weight or zero-centred 1 + w; gated by silu(gate) when it has one; of
+// rows split over ranks when it has their sums of squares, src3), L2_NORM, and the fused residual
+// add + RMS_NORM (the sum is written to the ADD node's output, the norm to the RMS_NORM node's); and
+// SUM_SQR (a split RMS_NORM's part of the sums: the same row groups, one float out per row).
 //
 // A row is handled by a group of G threads: one warp for rows up to 1024 floats (4 rows per block:
 // per-head q/k norms, hidden-size norms at prefill), a whole block of 256 threads for rows up to
@@ -62,6 +63,15 @@ template <bool ADD, bool GATE = false> void launch_norm(const NormArgs & args, b
     return go_stream<1024, 1, ADD, GATE>(args, ctx);
 }
 
+template <int G, int V> void go_sum_sqr(const NormArgs & args, const OpContext & ctx) {
+    const int     threads        = G == 32 ? 128 : G;
+    const int64_t rows_per_block = G == 32 ? threads / 32 : 1;
+    const int64_t blocks         = ceil_div(args.nrows, rows_per_block);
+    if (blocks > 0x7fffffff) fail(SPARK_ERR_UNSUPPORTED, "cuda sum_sqr: too many rows (%lld)", (long long) args.nrows);
+    launch(ew::sum_sqr_kernel<G, V>, unsigned(blocks), threads, 0, ctx.stream, args);
+    SPARK_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
 void op_rms_norm(const Tensor & t, const OpContext & ctx) {
@@ -79,6 +89,13 @@ void op_rms_norm(const Tensor & t, const OpContext & ctx) {
     bool w_aligned     = true;
     args.w             = ew::norm_weight(t, args.n, w_aligned);
     const bool vec     = w_aligned && ew::vec4_ok(x) && ew::vec4_ok(t);
+    if (const Tensor * sums = t.src[3]) {  // rms_norm_split: the rows' sums of squares over every rank
+        ew::require_f32_rows(*sums, "RMS_NORM");
+        ew::require(sums->ne[0] == 1 && sums->nrows() == x.nrows(), "RMS_NORM", "sums must be [1, rows]");
+        ew::require(t.fp[1] > 0.0f, "RMS_NORM", "split row width (fp[1]) must be positive");
+        args.sums   = ew::rows_of(*sums);
+        args.sums_n = t.fp[1];
+    }
     if (const Tensor * gate = t.src[2]) {  // rms_norm_gated: rows of the gate in x's row order
         ew::require_f32_rows(*gate, "RMS_NORM");
         ew::require(gate->ne[0] == x.ne[0] && gate->nrows() == x.nrows(), "RMS_NORM", "gate shape");
@@ -103,6 +120,29 @@ void op_l2_norm(const Tensor & t, const OpContext & ctx) {
     launch_norm<false>(args, ew::vec4_ok(x) && ew::vec4_ok(t), ctx);
 }
 
+void op_sum_sqr(const Tensor & t, const OpContext & ctx) {
+    const Tensor & x = *t.src[0];
+    ew::require_f32_rows(x, "SUM_SQR");
+    ew::require_f32_rows(t, "SUM_SQR");
+    ew::require(t.ne[0] == 1 && t.nrows() == x.nrows(), "SUM_SQR", "output must be [1, rows of the input]");
+    NormArgs args;
+    args.x     = ew::rows_of(x);
+    args.out   = ew::rows_of(t);
+    args.n     = x.ne[0];
+    args.nrows = x.nrows();
+    args.scale = t.fp[0];
+    if (args.nrows == 0) return;  // (n == 0: every row's sum is 0, written)
+    const int64_t n = args.n;
+    if (ew::vec4_ok(x)) {
+        if (n <= 1024) return go_sum_sqr<32, 4>(args, ctx);
+        if (n <= 8192) return go_sum_sqr<256, 4>(args, ctx);
+        return go_sum_sqr<1024, 4>(args, ctx);
+    }
+    if (n <= 1024) return go_sum_sqr<32, 1>(args, ctx);
+    if (n <= 8192) return go_sum_sqr<256, 1>(args, ctx);
+    go_sum_sqr<1024, 1>(args, ctx);
+}
+
 void op_add_rms_norm(const Tensor & add, const Tensor & norm, const OpContext & ctx) {
     ew::require(add.op == Op::ADD && norm.op == Op::RMS_NORM && norm.src[0] == &add, "ADD+RMS_NORM",
                 "norm must be the RMS_NORM of the ADD node");
@@ -123,7 +163,7 @@ void op_add_rms_norm(const Tensor & add, const Tensor & norm, const OpContext & 
     // rows) take the fused kernel.
     auto in_place = [&](const Tensor & x) { return x.data == norm.data && x.nb[1] == norm.nb[1] && x.nrows() == norm.nrows(); };
     const bool shifted = (overlaps(norm, a) && !in_place(a)) || (overlaps(norm, b) && !in_place(b));
-    if ((a.nrows() > 1 && shifted) || norm.src[2]) {  // (a gated norm has no fused form)
+    if ((a.nrows() > 1 && shifted) || norm.src[2] || norm.src[3]) {  // (gated or split norms have no fused form)
         op_binary(add, ctx);
         op_rms_norm(norm, ctx);
         return;

@@ -1,5 +1,6 @@
-// Kernels of the row norms (RMS_NORM, gated RMS_NORM, L2_NORM, fused ADD + RMS_NORM); launched by norm.cu, also
-// compiled by the CPU warp emulator test (dev/kernels/elementwise/emu_test.cpp). See norm.cu.
+// Kernels of the row norms (RMS_NORM, gated RMS_NORM, RMS_NORM of rows split over ranks, L2_NORM, fused
+// ADD + RMS_NORM) and of SUM_SQR; launched by norm.cu, also compiled by the CPU warp emulator test
+// (dev/kernels/elementwise/emu_test.cpp). See norm.cu.
 #pragma once
 
 #include "backends/cuda/common/pdl.cuh"
@@ -13,9 +14,14 @@ struct NormArgs {
     Rows          sum;      // fused add: where a + b goes (the ADD node's output)
     Rows          out;      // normalised rows
     Rows          gate;     // rms_norm_gated (GATE kernels): out = silu(gate) * norm
+    // rms_norm_split (RMS_NORM's src3; data nullptr: none): row r's sum of squares over the whole row,
+    // whose part on this rank x holds, at sums.row(r)[0]; the mean is over sums_n elements.
+    Rows          sums;
+    float         sums_n = 0.0f;
     const float * w = nullptr;  // weight [n] or nullptr
     int64_t       n = 0, nrows = 0;
     float         eps = 0.0f;
+    float         scale = 1.0f;  // SUM_SQR: the sums' multiplier
     bool          zero_centered = false;
     bool          l2            = false;  // L2_NORM: inv = 1 / sqrt(sum + eps)
     bool          b_one_row     = false;  // fused add: b broadcast over rows
@@ -75,6 +81,7 @@ __global__ void __launch_bounds__(G == 32 ? 128 : G) norm_reg_kernel(const NormA
         const int i = (k * G + t) * 4;
         xv[k]       = i < n ? ld4(x + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
+    const float given = args.sums.data ? *reinterpret_cast<const float *>(args.sums.row(r)) : 0.0f;
     float4 gv[GATE ? NIT : 1];
     if constexpr (GATE) {
         const float * gr = reinterpret_cast<const float *>(args.gate.row(r));
@@ -104,9 +111,11 @@ __global__ void __launch_bounds__(G == 32 ? 128 : G) norm_reg_kernel(const NormA
 #pragma unroll
     for (int k = 0; k < NIT; ++k) ss += xv[k].x * xv[k].x + xv[k].y * xv[k].y + xv[k].z * xv[k].z + xv[k].w * xv[k].w;
     ss = row_sum<G>(ss, scratch);
+    if (args.sums.data) ss = given;  // a row split over ranks: every rank's part (after the all-reduce)
 
     // Same expressions as the CPU backend: mean in float, then 1 / sqrt (IEEE, not rsqrtf).
-    const float inv = args.l2 ? 1.0f / sqrtf(ss + args.eps) : 1.0f / sqrtf(ss / float(n) + args.eps);
+    const float count = args.sums.data ? args.sums_n : float(n);
+    const float inv   = args.l2 ? 1.0f / sqrtf(ss + args.eps) : 1.0f / sqrtf(ss / count + args.eps);
     const bool  zc  = args.zero_centered;
     float *     o   = reinterpret_cast<float *>(args.out.row(r));
 #pragma unroll
@@ -168,8 +177,10 @@ template <int G, int V, bool ADD, bool GATE = false> __global__ void norm_stream
         }
     }
     ss = group_sum<G>(ss, scratch);
+    if (args.sums.data) ss = *reinterpret_cast<const float *>(args.sums.row(r));  // (as norm_reg_kernel)
 
-    const float   inv = args.l2 ? 1.0f / sqrtf(ss + args.eps) : 1.0f / sqrtf(ss / float(n) + args.eps);
+    const float   count = args.sums.data ? args.sums_n : float(n);
+    const float   inv   = args.l2 ? 1.0f / sqrtf(ss + args.eps) : 1.0f / sqrtf(ss / count + args.eps);
     const float * gr  = GATE ? reinterpret_cast<const float *>(args.gate.row(r)) : nullptr;
     const float * w   = args.w;
     const bool    zc  = args.zero_centered;
@@ -194,6 +205,33 @@ template <int G, int V, bool ADD, bool GATE = false> __global__ void norm_stream
             o[i] = v;
         }
     }
+}
+
+// SUM_SQR: out.row(r)[0] = scale * (sum of squares of row r), a [1, rows] output: the part of a split
+// RMS_NORM's sums this rank holds (summed over the ranks by an ALL_REDUCE; the norm then reads them as
+// NormArgs::sums). G threads per row as in norm_stream_kernel (G == 32: blockDim.x / 32 rows per
+// block; G > 32: blockDim.x == G, one row per block); V = 4: float4.
+template <int G, int V> __global__ void sum_sqr_kernel(const NormArgs args) {
+    pdl::launch_dependents();
+    pdl::wait();
+    __shared__ float scratch[32];
+    const int     rows_per_block = G == 32 ? int(blockDim.x) / 32 : 1;
+    const int     t              = G == 32 ? int(threadIdx.x & 31) : int(threadIdx.x);
+    const int64_t r              = int64_t(blockIdx.x) * rows_per_block + (G == 32 ? int(threadIdx.x >> 5) : 0);
+    if (G == 32 && r >= args.nrows) return;
+    const int64_t n  = args.n;
+    const float * x  = reinterpret_cast<const float *>(args.x.row(r));
+    float         ss = 0.0f;
+    for (int64_t i = int64_t(t) * V; i < n; i += int64_t(G) * V) {
+        if constexpr (V == 4) {
+            const float4 u = ld4(x + i);
+            ss += u.x * u.x + u.y * u.y + u.z * u.z + u.w * u.w;
+        } else {
+            ss += x[i] * x[i];
+        }
+    }
+    ss = group_sum<G>(ss, scratch);
+    if (t == 0) *reinterpret_cast<float *>(args.out.row(r)) = ss * args.scale;
 }
 
 }  // namespace spark::cuda::ew

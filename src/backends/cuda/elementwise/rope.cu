@@ -113,8 +113,9 @@ bool setup_norm_rope(const Tensor & norm, const Tensor & rope, RopeArgs & args, 
     // before it writes it), any other overlap is not. Otherwise (or too wide): the two ops in turn.
     bool in_place = x.data == rope.data;
     for (int d = 1; d < kMaxDims; ++d) in_place = in_place && (x.ne[d] == 1 || x.nb[d] == rope.nb[d]);
-    // (A gated norm, rms_norm_gated, has no fused form: never a q/k norm.)
-    return !(norm.src[2] || x.ne[0] - rope.ip[0] > kMaxCopyReg || (!in_place && overlaps(rope, x)));
+    // (A gated norm, rms_norm_gated, or one of rows split over ranks, rms_norm_split, has no fused
+    // form: never a per-head q/k norm.)
+    return !(norm.src[2] || norm.src[3] || x.ne[0] - rope.ip[0] > kMaxCopyReg || (!in_place && overlaps(rope, x)));
 }
 
 }  // namespace

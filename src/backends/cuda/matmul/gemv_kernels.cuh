@@ -324,8 +324,10 @@ __device__ __forceinline__ GemvMat gemv_mat(const GemvArgs & a) {
 }
 
 // The weights and activation rows of this block: MATMUL_ID reads the (slot, token) pair's expert id
-// (an invalid id: valid = false, the block computes nothing and writes zeros) and its activation
-// row; MATMUL takes weight mt.m (.. + NW - 1) and the launch's rows.
+// (an invalid id, or an expert this device does not hold: an absent_expert entry with null data,
+// device_weight.h: valid = false, the block reads no weight and writes zeros; its w are then the
+// launch's a.w, a held expert whose pointers nothing reads) and its activation row; MATMUL takes
+// weight mt.m (.. + NW - 1) and the launch's rows.
 template <int NW, int R>
 __device__ __forceinline__ void gemv_block_operands(const GemvArgs & a, const GemvMat & mt, DeviceWeight (&w)[NW], const float * (&xr)[R],
                                                     int64_t & out_row0, bool & valid) {
@@ -337,7 +339,14 @@ __device__ __forceinline__ void gemv_block_operands(const GemvArgs & a, const Ge
         const int32_t e    = a.ids_early ? __ldcg(ip) : __ldg(ip);
         valid           = e >= 0 && e < a.ids.n_experts;
 #pragma unroll
-        for (int i = 0; i < NW; ++i) w[i] = a.table[i][valid ? e : 0];
+        for (int i = 0; i < NW; ++i) {
+            if (valid) w[i] = a.table[i][e];
+            valid = valid && w[i].data != nullptr;
+        }
+        if (!valid) {
+#pragma unroll
+            for (int i = 0; i < NW; ++i) w[i] = a.w[i];
+        }
 #pragma unroll
         for (int r = 0; r < R; ++r) xr[r] = a.xbase + j * a.x_sj + t * a.x_st;
         out_row0 = pair;

@@ -318,13 +318,21 @@ void run_moe_launch(const Moe & m, const LaunchPlan & lp, Scratch & scratch, con
     }
 }
 
-// Host-side description of a MATMUL_ID node's experts: format checks over all of them.
+// Host-side description of a MATMUL_ID node's experts: format checks over all of them that this
+// device holds (expert parallelism leaves the others empty: absent entries of the table, whose slots
+// the kernels fill with zeros; Ids::held tells the grouping kernels).
 void describe_experts(const Tensor & t, int i, Moe & m, const OpContext & ctx) {
     if (t.n_experts <= 0 || !t.experts) fail(SPARK_ERR_INTERNAL, "matmul_id: no experts");
-    const DeviceWeight & e0 = device_weight(t.experts[0]);
+    const QWeight * held = first_held_expert(t.experts, t.n_experts);
+    if (!held) fail(SPARK_ERR_INTERNAL, "matmul_id: no expert of the set is held on this device");
+    const DeviceWeight & e0 = device_weight(*held);
     m.w0[i]                 = e0;
     m.table[i]              = ctx.expert_table(ctx.backend, t.experts, t.n_experts);
     for (int32_t e = 0; e < t.n_experts; ++e) {
+        if (!expert_held(t.experts[e])) {
+            m.absent = true;
+            continue;
+        }
         const DeviceWeight & w = device_weight(t.experts[e]);
         if (w.format != e0.format || w.n != e0.n || w.k != e0.k)
             fail(SPARK_ERR_UNSUPPORTED, "matmul_id: experts differ in format or shape (expert %d)", e);
@@ -342,6 +350,7 @@ Moe moe_problem(const Tensor & mm, const OpContext & ctx) {
         fail(SPARK_ERR_INTERNAL, "matmul_id: expects F32 activations and I32 ids with contiguous rows");
     Moe m;
     describe_experts(mm, 0, m, ctx);
+    m.ids.held = m.absent ? m.table[0] : nullptr;
     if (x.ne[0] != m.w0[0].k) fail(SPARK_ERR_SHAPE_MISMATCH, "matmul_id: input has %lld columns, experts expect %lld", (long long) x.ne[0], (long long) m.w0[0].k);
     m.ids.p         = static_cast<const int32_t *>(ids.data);
     m.ids.s0        = int64_t(ids.nb[0] / 4);
@@ -547,6 +556,9 @@ void op_matmul_swiglu(const Tensor & swiglu, const OpContext & ctx) {
         return;
     }
     if (g->op != Op::MATMUL_ID || g->src[1] != u->src[1]) fail(SPARK_ERR_INTERNAL, "matmul_swiglu: unexpected sources");
+    for (int32_t e = 0; e < g->n_experts; ++e)  // (fusion.cpp fuses only such pairs)
+        if (e >= u->n_experts || expert_held(g->experts[e]) != expert_held(u->experts[e]))
+            fail(SPARK_ERR_INTERNAL, "matmul_swiglu: gate and up experts are not held alike (expert %d)", e);
     mm::Moe m = mm::moe_problem(*g, ctx);
     mm::describe_experts(*u, 1, m, ctx);
     if (m.w0[1].format != m.w0[0].format || m.w0[1].n != m.w0[0].n || m.w0[1].k != m.w0[0].k) {

@@ -24,11 +24,16 @@ struct XRows {
 };
 
 // Routing ids of a MATMUL_ID: expert of pair (j, t) = p[j * s0 + t * s1] (strides in elements).
+// held: the expert table when some expert is absent (expert parallelism: absent_expert entries,
+// device_weight.h), else nullptr; the grouping kernels (moe_route, zero_invalid_pairs, the generic
+// kernel) then treat a pair routed to an absent expert as one with an invalid id (dropped, output 0).
+// The GEMVs read each pair's table entry anyway and test its data pointer themselves.
 struct Ids {
-    const int32_t * p         = nullptr;
-    int64_t         s0        = 0, s1 = 0;
-    int32_t         k_slots   = 1;
-    int32_t         n_experts = 0;
+    const int32_t *      p         = nullptr;
+    int64_t              s0        = 0, s1 = 0;
+    int32_t              k_slots   = 1;
+    int32_t              n_experts = 0;
+    const DeviceWeight * held      = nullptr;
 };
 
 // ---- planning (plan.cpp) ----------------------------------------------------------------------
@@ -295,15 +300,16 @@ void x_to_f16_rows(const XRows & x, int64_t rows, int64_t k, const int32_t * per
 //   offsets[e] (e = 0 .. n_experts): first sorted row of expert e (offsets[n_experts] = valid pairs);
 //   order[row]: the pair (j + k_slots * t) of sorted row `row`;
 //   tiles[2 i], tiles[2 i + 1]: expert and first row of tile i (tiles of bm rows per expert);
-//   *n_tiles: number of tiles. Pairs with an out-of-range expert id are dropped (their output rows
-//   are zeroed by zero_invalid_pairs).
+//   *n_tiles: number of tiles. Pairs with an out-of-range expert id, or routed to an absent expert
+//   (Ids::held), are dropped (their output rows are zeroed by zero_invalid_pairs).
 // Workspace bytes (ints) needed: see moe_route_ints().
 inline int64_t moe_route_ints(int64_t pairs, int32_t n_experts, int64_t max_tiles) {
     return (n_experts + 1) + pairs + 2 * max_tiles + 1;
 }
 void moe_route(const Ids & ids, int64_t n_tok, int32_t bm, int64_t max_tiles, int32_t * offsets, int32_t * order,
                int32_t * tiles, int32_t * n_tiles, cudaStream_t s);
-// y rows of pairs whose expert id is out of range -> 0 (the GEMV path does this in-kernel).
+// y rows of pairs whose expert id is out of range or absent (Ids::held) -> 0 (the GEMV path does
+// this in-kernel).
 void zero_invalid_pairs(const Ids & ids, int64_t n_tok, int64_t n, float * y, cudaStream_t s);
 
 // out[i] = silu(gate[i]) * up[i] (unfused fallback).

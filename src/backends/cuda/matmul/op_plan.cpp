@@ -69,6 +69,7 @@ Moe half_of(const Moe & m, int i) {
     h.nw       = 1;
     h.table[0] = m.table[i];
     h.w0[0]    = m.w0[i];
+    if (m.ids.held) h.ids.held = m.table[i];
     return h;
 }
 

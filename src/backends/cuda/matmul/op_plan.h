@@ -78,12 +78,13 @@ struct Dense {
 // MATMUL_ID, or its fused gate/up + SwiGLU (nw = 2): every (slot, token) pair's expert.
 struct Moe {
     const DeviceWeight * table[2] = {nullptr, nullptr};
-    DeviceWeight         w0[2];  // host copies of expert 0 (format and shape)
+    DeviceWeight         w0[2];  // host copies of the first held expert (format and shape)
     int                  nw    = 1;
     bool                 fast  = true;   // every expert takes the chunked kernels (chunk_ok)
     bool                 perm  = false;  // some expert has an act-order permutation
     bool                 zeros = false;  // some INT4 expert has zero points
     bool                 mma   = true;   // every expert takes the tensor-core decode GEMV (gemv_mma_ok)
+    bool                 absent = false; // some expert is not held here (expert parallelism; ids.held set)
     XRows                x;              // pair mode
     Ids                  ids;
     int64_t              n_tok = 0;

@@ -28,6 +28,12 @@ __device__ __forceinline__ int32_t pair_expert(const Ids & ids, int64_t p) {
     return __ldg(ids.p + j * ids.s0 + t * ids.s1);
 }
 
+// Whether expert e computes the pairs routed to it: an id in range and, where some expert is absent
+// (expert parallelism: Ids::held set), one this device holds. Other pairs output 0.
+__device__ __forceinline__ bool expert_ok(const Ids & ids, int32_t e) {
+    return e >= 0 && e < ids.n_experts && (ids.held == nullptr || ids.held[e].data != nullptr);
+}
+
 // Permutation for row `pair` (pair mode with an expert table) or the single `perm`.
 __device__ __forceinline__ const int32_t * row_perm(const int32_t * perm, const DeviceWeight * table, const Ids & ids,
                                                     int64_t pair) {
@@ -154,7 +160,7 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(const Ids ids,
     __syncthreads();
     for (int64_t p = threadIdx.x; p < pairs; p += kRouteThreads) {
         const int32_t e = pair_expert(ids, p);
-        if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
+        if (expert_ok(ids, e)) atomicAdd(&cnt[e], 1);
     }
     __syncthreads();
 
@@ -192,7 +198,7 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(const Ids ids,
     __syncthreads();
     for (int64_t p = threadIdx.x; p < pairs; p += kRouteThreads) {
         const int32_t e = pair_expert(ids, p);
-        if (e >= 0 && e < E) order[atomicAdd(&fill[e], 1)] = int32_t(p);
+        if (expert_ok(ids, e)) order[atomicAdd(&fill[e], 1)] = int32_t(p);
     }
 }
 
@@ -201,8 +207,7 @@ __global__ void zero_invalid_pairs_kernel(const Ids ids, int64_t pairs, int64_t 
     pdl::wait();
     const int64_t p = blockIdx.x;
     if (p >= pairs) return;
-    const int32_t e = pair_expert(ids, p);
-    if (e >= 0 && e < ids.n_experts) return;
+    if (expert_ok(ids, pair_expert(ids, p))) return;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) y[p * n + i] = 0.0f;
 }
 
@@ -230,7 +235,7 @@ __global__ void generic_kernel(const GenericArgs a) {
         DeviceWeight w;
         if (a.table[0] != nullptr) {
             const int32_t e = pair_expert(a.ids, r);
-            if (e < 0 || e >= a.ids.n_experts) {
+            if (e < 0 || e >= a.ids.n_experts || a.table[i][e].data == nullptr) {  // (or absent: Ids::held)
                 acc[i] = 0.0f;
                 continue;
             }
