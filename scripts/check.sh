@@ -5,7 +5,8 @@
 #      client with its hostile bodies. Left to the unsanitized main suite, to keep CI within its
 #      time: emu-attention and emu-gemv (5 and 6 min under ASan), test-models' end-to-end sampling
 #      statistics (tests/CMakeLists.txt) and spark-server's load, --spec and browser tests;
-#   2. the threads test and the rank group's (test-dist) built with ThreadSanitizer;
+#   2. the threads test, the rank group's (test-dist) and split models' (test-split) built with
+#      ThreadSanitizer;
 #   3. each libFuzzer harness for FUZZ_SECONDS (default 60) from its seed corpus.
 # Run from anywhere: scripts/check.sh
 set -euo pipefail
@@ -33,9 +34,10 @@ if [ ! -f build-check-tsan/build.ninja ]; then
     cmake -S . -B build-check-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPARK_CUDA=OFF \
         -DSPARK_SANITIZE=thread >/dev/null
 fi
-cmake --build build-check-tsan --target test-models test-dist
+cmake --build build-check-tsan --target test-models test-dist test-split
 build-check-tsan/tests/test-models -tc="*threads*" --no-intro=true
 build-check-tsan/tests/test-dist --no-intro=true  # the in-process rank group: ranks are threads
+build-check-tsan/tests/test-split --no-intro=true  # split models: a context per rank, on its thread
 
 section "fuzzers, ${fuzz_seconds}s each"
 scripts/fuzz.sh -p 2 "$fuzz_seconds"
