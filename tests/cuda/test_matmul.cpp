@@ -1678,6 +1678,10 @@ TEST_CASE("matmul_id: absent experts' slots are written as zeros (poisoned outpu
             b.y   = b.glu ? g.swiglu(g.matmul_id(b.x, gate.data(), E, b.ids), g.matmul_id(b.x, up.data(), E, b.ids))
                           : g.matmul_id(b.x, gate.data(), E, b.ids);
             g.mark_output(b.y);
+            // The host fills every batch's inputs and poisons every output before the one compute:
+            // inputs kept alive to the end, so that no batch's output shares an input's memory.
+            g.mark_output(b.x);
+            g.mark_output(b.ids);
             b.xh  = normals(size_t(k * b.T * (b.shared_x ? 1 : top)), 1.0f, 70 + uint64_t(b.T));
             b.idh = route_ids(E, top, b.T, 80 + uint64_t(b.T));
             const int32_t first[top] = {0, 5, 2, 7};  // token 0: absent and held experts, expert 0 among them
