@@ -66,6 +66,10 @@ Header make_header(Context & ctx, int32_t seq) {
 void check_seq(const Context & ctx, int32_t seq, const char * fn) {
     if (seq < 0 || seq >= ctx.memory().n_seq_max())
         fail(SPARK_ERR_INVALID_ARGUMENT, "%s: sequence id %d is outside [0, %d)", fn, seq, ctx.memory().n_seq_max());
+    // A state holds one rank's cache; the other ranks of this process would not follow it. (A rank
+    // of a group of processes saves and loads its own, as every process makes the same calls.)
+    if (!ctx.model().peers.empty())
+        fail(SPARK_ERR_UNSUPPORTED, "%s: the state of a model split over %d devices is not saved or loaded yet", fn, ctx.model().shard.size);
 }
 
 // Everything about a header except its checksum, against this context; the payload size it

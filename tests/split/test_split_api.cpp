@@ -86,3 +86,24 @@ TEST_CASE("split models through the API: refused parameters say why and change n
     CHECK(std::string(spark_last_error()).find("attention heads") != std::string::npos);
     CHECK(m == nullptr);
 }
+
+TEST_CASE("split models through the API: what a split model does not do yet is refused, and changes nothing") {
+    const std::string  dir   = test::model_dir("qwen3_moe-bf16");
+    const test::Golden g     = test::load_golden(dir);
+    test::ModelPtr     split = load(dir, 2, SPARK_SPLIT_TENSOR);
+    test::ContextPtr   ctx   = test::new_context(split.get(), 64, 1, 64);
+    std::vector<float> first, again;
+    REQUIRE(test::decode_range(ctx.get(), g.prompt, 0, 4, 0, int32_t(g.n_vocab), first) == SPARK_OK);
+    // Speculative decoding and sequence states hold one rank's view: refused with the reason.
+    spark_spec * spec = nullptr;
+    CHECK(spark_spec_init(ctx.get(), spark_spec_default_params(), &spec) == SPARK_ERR_UNSUPPORTED);
+    CHECK(spec == nullptr);
+    CHECK(std::string(spark_last_error()).find("split") != std::string::npos);
+    std::vector<uint8_t> buf(1 << 20);
+    size_t               written = 0;
+    CHECK(spark_state_seq_save(ctx.get(), 0, buf.data(), buf.size(), &written) == SPARK_ERR_UNSUPPORTED);
+    CHECK(spark_state_seq_load(ctx.get(), 0, buf.data(), buf.size()) == SPARK_ERR_UNSUPPORTED);
+    // The context goes on as before.
+    REQUIRE(test::decode_range(ctx.get(), g.prompt, 4, 5, 0, int32_t(g.n_vocab), again) == SPARK_OK);
+    CHECK(spark_memory_seq_length(ctx.get(), 0) == 5);
+}

@@ -23,6 +23,9 @@ SPARK_API spark_spec_params spark_spec_default_params(void) {
 SPARK_API spark_status spark_spec_init(spark_context * target, spark_spec_params params, spark_spec ** out) {
     return api_guard([&] {
         if (!target || !out) fail(SPARK_ERR_INVALID_ARGUMENT, "spark_spec_init: target and out must not be NULL");
+        if (target->impl->model().shard.split())
+            fail(SPARK_ERR_UNSUPPORTED, "spark_spec_init: speculative decoding of a model split over %d devices is not supported yet",
+                 target->impl->model().shard.size);
         BackendLock lock(*target->impl->model().backend);
         auto s  = std::make_unique<spark_spec>();
         s->impl = std::make_unique<spec::Speculator>(*target->impl, params);
