@@ -85,7 +85,7 @@ TEST_CASE("split models on 2 GPUs: tensor and expert parallelism give one GPU's 
                 worst = std::max(worst, std::sqrt(num / den));
                 if (r[best] - r[second] > 0.05f && best_got != best) ++misses;
             }
-            MESSAGE(name << (mode == SPARK_SPLIT_TENSOR ? " tp" : " ep") << " x2: worst relative error " << worst << ", top-1 misses " << misses);
+            MESSAGE(std::string(name) << (mode == SPARK_SPLIT_TENSOR ? " tp" : " ep") << " x2: worst relative error " << worst << ", top-1 misses " << misses);
             CHECK(worst <= 1e-3);
             CHECK(misses == 0);
         }
