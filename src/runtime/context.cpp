@@ -31,6 +31,7 @@ Context::Context(Model & model, const spark_context_params & params) : model_(mo
         BackendLock lock(*peer->backend);
         peers_.push_back(std::make_unique<Context>(*peer, params_));
     }
+    if (!peers_.empty()) rank_threads_ = std::make_unique<RankThreads>(int(peers_.size()) + 1);
 }
 
 void Context::each_rank(const std::function<void(Context &)> & fn) {
@@ -47,7 +48,7 @@ void Context::decode(const spark_batch & batch) {
     // on the calling thread. The caller holds rank 0's backend lock, each peer takes its own.
     std::vector<Communicator *> comms{model_.shard.comm};
     for (auto & p : peers_) comms.push_back(p->model().shard.comm);
-    run_ranks(comms, [&](int r) {
+    rank_threads_->run(comms, [&](int r) {
         if (r == 0) return decode_rank(batch);
         Context &   peer = *peers_[size_t(r - 1)];
         BackendLock lock(*peer.model().backend);

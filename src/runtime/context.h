@@ -18,6 +18,8 @@
 
 namespace spark {
 
+class RankThreads;
+
 // Hidden states a step outputs besides the logits (the inputs of EAGLE3 and MTP heads): the
 // outputs of the listed layers, concatenated in that order, for every token of the step. A layer
 // id of kFinalNorm stands for the final normed hidden state (what lm_head reads). With `project`,
@@ -136,6 +138,7 @@ private:
     std::unique_ptr<Executor> executor_;  // this context's CPU threads (the model's weights are shared)
     std::unique_ptr<Memory> memory_;
     std::vector<std::unique_ptr<Context>> peers_;  // a split model's other ranks, in rank order
+    std::unique_ptr<RankThreads>          rank_threads_;  // the threads the peers' steps run on
     std::unique_ptr<Buffer> arena_;
     std::vector<std::unique_ptr<StepGraph>> steps_;  // recent step shapes (graph + plan)
     std::vector<int32_t>    staging_;                 // packed step inputs

@@ -15,12 +15,15 @@ std::vector<Communicator *> RankGroup::communicators() const {
     return c;
 }
 
-void run_ranks(const std::vector<Communicator *> & comms, const std::function<void(int)> & fn) {
-    const int          n = int(comms.size());
-    std::mutex         mutex;
-    std::exception_ptr first;       // the first failure
-    bool               first_is_abort = true;
-    auto               rank_body = [&](int r) {
+namespace {
+
+// The first failure of a group's ranks; a rank that fails aborts its communicator, so that no other
+// rank waits for it in a collective.
+class RankErrors {
+public:
+    explicit RankErrors(const std::vector<Communicator *> & comms) : comms_(comms) {}
+
+    void run(int r, const std::function<void(int)> & fn) {
         try {
             fn(r);
         } catch (...) {
@@ -33,19 +36,82 @@ void run_ranks(const std::vector<Communicator *> & comms, const std::function<vo
             } catch (...) {
             }
             {
-                std::lock_guard<std::mutex> lock(mutex);
+                std::lock_guard<std::mutex> lock(mutex_);
                 // An error of the rank's own wins over the aborts it causes in the others.
-                if (!first || (first_is_abort && !abort)) first = e, first_is_abort = abort;
+                if (!first_ || (first_is_abort_ && !abort)) first_ = e, first_is_abort_ = abort;
             }
-            if (comms[size_t(r)]) comms[size_t(r)]->abort("another rank of the split model failed");
+            if (comms_[size_t(r)]) comms_[size_t(r)]->abort("another rank of the split model failed");
         }
-    };
+    }
+    void rethrow() {
+        if (first_) std::rethrow_exception(first_);
+    }
+
+private:
+    const std::vector<Communicator *> & comms_;
+    std::mutex                          mutex_;
+    std::exception_ptr                  first_;
+    bool                                first_is_abort_ = true;
+};
+
+}  // namespace
+
+void run_ranks(const std::vector<Communicator *> & comms, const std::function<void(int)> & fn) {
+    const int                n = int(comms.size());
+    RankErrors               errors(comms);
     std::vector<std::thread> threads;
     threads.reserve(size_t(n > 0 ? n - 1 : 0));
-    for (int r = 1; r < n; ++r) threads.emplace_back(rank_body, r);
-    if (n > 0) rank_body(0);
+    for (int r = 1; r < n; ++r) threads.emplace_back([&errors, &fn, r] { errors.run(r, fn); });
+    if (n > 0) errors.run(0, fn);
     for (std::thread & t : threads) t.join();
-    if (first) std::rethrow_exception(first);
+    errors.rethrow();
+}
+
+RankThreads::RankThreads(int n_ranks) {
+    for (int r = 1; r < n_ranks; ++r) threads_.emplace_back([this, r] { loop(r); });
+}
+
+RankThreads::~RankThreads() {
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        stop_ = true;
+    }
+    start_.notify_all();
+    for (std::thread & t : threads_) t.join();
+}
+
+void RankThreads::loop(int rank) {
+    uint64_t seen = 0;
+    for (;;) {
+        std::unique_lock<std::mutex> lock(mutex_);
+        start_.wait(lock, [&] { return stop_ || round_ != seen; });
+        if (stop_) return;
+        seen                                = round_;
+        const std::function<void(int)> body = body_;
+        lock.unlock();
+        body(rank);
+        lock.lock();
+        if (--pending_ == 0) done_.notify_one();
+    }
+}
+
+void RankThreads::run(const std::vector<Communicator *> & comms, const std::function<void(int)> & fn) {
+    SPARK_ASSERT(comms.size() == threads_.size() + 1);
+    RankErrors errors(comms);
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        body_    = [&errors, &fn](int r) { errors.run(r, fn); };
+        pending_ = int(threads_.size());
+        ++round_;
+    }
+    start_.notify_all();
+    errors.run(0, fn);
+    {
+        std::unique_lock<std::mutex> lock(mutex_);
+        done_.wait(lock, [&] { return pending_ == 0; });
+        body_ = nullptr;
+    }
+    errors.rethrow();
 }
 
 RankGroup load_rank_group(const std::string & path, const spark_model_params & params, SplitMode mode, int size, const std::vector<int> & devices) {

@@ -123,7 +123,8 @@ TEST_CASE("weight slices: rows and columns of every format dequantize to that pa
     for (Case & c : cases) {
         const std::string name = c.name;
         CAPTURE(name);
-        for (auto [a, b] : c.rows) {
+        for (const auto & [row0, row1] : c.rows) {
+            const int64_t a = row0, b = row1;  // copies: CAPTURE makes a lambda, which clang does not let capture bindings
             CAPTURE(a);
             CAPTURE(b);
             SliceOwner    owner;
@@ -137,7 +138,8 @@ TEST_CASE("weight slices: rows and columns of every format dequantize to that pa
             SliceOwner                  owner;
             const QWeight               s  = slice_rows(c.m.w, ranges, owner);
             int64_t                     at = 0;
-            for (auto [a, b] : ranges) {
+            for (const RowRange & r : ranges) {
+                const int64_t a = r.first, b = r.second;
                 CAPTURE(a);
                 const QWeight part = slice_rows(s, at, at + b - a, owner);
                 CHECK(same_part(c.m.w, part, a, 0));
@@ -145,7 +147,8 @@ TEST_CASE("weight slices: rows and columns of every format dequantize to that pa
             }
             CHECK(s.n == at);
         }
-        for (auto [a, b] : c.cols) {
+        for (const auto & [col0, col1] : c.cols) {
+            const int64_t a = col0, b = col1;
             CAPTURE(a);
             CAPTURE(b);
             SliceOwner    owner;
