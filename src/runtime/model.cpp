@@ -138,6 +138,8 @@ void fill_info(Model & m, int64_t n_params) {
     i.n_layer_attention        = int32_t(hp.n_layer_of(LayerKind::Attention));
     i.n_layer_linear_attention = int32_t(hp.n_layer_of(LayerKind::LinearAttention));
     i.n_params                 = n_params;
+    i.n_devices                = 1;  // a split model's rank 0 says otherwise (rank_group.cpp)
+    i.split_mode               = SPARK_SPLIT_NONE;
     i.weight_bytes = i.weight_bytes_embedding + i.weight_bytes_attention + i.weight_bytes_ffn + i.weight_bytes_output;
 
     // One decode step reads every weight except the embedding table (one row) and the experts the

@@ -57,6 +57,8 @@ TEST_CASE("split models through the API: spark_decode and the memory operations 
             spark_model_info a{}, b{};
             REQUIRE(spark_model_get_info(whole.get(), &a) == SPARK_OK);
             REQUIRE(spark_model_get_info(split.get(), &b) == SPARK_OK);
+            CHECK(a.n_devices == 1);
+            CHECK(a.split_mode == SPARK_SPLIT_NONE);
             CHECK(b.n_devices == 2);
             CHECK(b.split_mode == mode);
             CHECK(b.n_head == a.n_head);  // the whole model's shape
