@@ -3,6 +3,7 @@
 #include "common/error.h"
 #include "runtime/device.h"
 
+#include <cstring>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -143,10 +144,15 @@ RankGroup load_rank_group(const std::string & path, const spark_model_params & p
 namespace {
 
 SplitMode split_mode_of(const spark_model_params & params) {
-    switch (params.split_mode) {
+    // Read as the integer the host stored: a value outside the enum's must be refused, not loaded
+    // as the enum (undefined behaviour).
+    static_assert(sizeof(params.split_mode) == sizeof(int32_t));
+    int32_t mode = 0;
+    std::memcpy(&mode, &params.split_mode, sizeof mode);
+    switch (mode) {
         case SPARK_SPLIT_TENSOR: return SplitMode::Tensor;
         case SPARK_SPLIT_EXPERT: return SplitMode::Expert;
-        default: fail(SPARK_ERR_INVALID_ARGUMENT, "split_mode %d is not SPARK_SPLIT_TENSOR or SPARK_SPLIT_EXPERT", int(params.split_mode));
+        default: fail(SPARK_ERR_INVALID_ARGUMENT, "split_mode %d is not SPARK_SPLIT_TENSOR or SPARK_SPLIT_EXPERT", mode);
     }
 }
 

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -80,7 +81,8 @@ TEST_CASE("split models through the API: refused parameters say why and change n
     p.n_devices            = 9;
     CHECK(spark_model_load(dir.c_str(), p, &m) == SPARK_ERR_INVALID_ARGUMENT);
     p.n_devices  = 2;
-    p.split_mode = spark_split_mode(7);
+    const int32_t bad_mode = 7;  // what a C host may store; no C++ enum value (stored as its bytes)
+    std::memcpy(&p.split_mode, &bad_mode, sizeof bad_mode);
     CHECK(spark_model_load(dir.c_str(), p, &m) == SPARK_ERR_INVALID_ARGUMENT);
     p.split_mode = SPARK_SPLIT_TENSOR;
     p.n_devices  = 8;  // 4 attention heads
