@@ -48,8 +48,7 @@ private:
 
     std::mutex                      mutex_;
     std::condition_variable         start_, done_;
-    const std::function<void(int)> * job_ = nullptr;
-    std::function<void(int)>        body_;      // job_ with the group's error handling
+    std::function<void(int)>        body_;  // this round's work, with the group's error handling
     uint64_t                        round_   = 0;
     int                             pending_ = 0;
     bool                            stop_    = false;
