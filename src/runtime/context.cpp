@@ -31,7 +31,11 @@ Context::Context(Model & model, const spark_context_params & params) : model_(mo
         BackendLock lock(*peer->backend);
         peers_.push_back(std::make_unique<Context>(*peer, params_));
     }
-    if (!peers_.empty()) rank_threads_ = std::make_unique<RankThreads>(int(peers_.size()) + 1);
+    if (!peers_.empty()) {
+        rank_threads_ = std::make_unique<RankThreads>(int(peers_.size()) + 1);
+        rank_comms_.push_back(model_.shard.comm);
+        for (auto & p : peers_) rank_comms_.push_back(p->model().shard.comm);
+    }
 }
 
 void Context::each_rank(const std::function<void(Context &)> & fn) {
@@ -44,11 +48,20 @@ void Context::each_rank(const std::function<void(Context &)> & fn) {
 
 void Context::decode(const spark_batch & batch) {
     if (peers_.empty()) return decode_rank(batch);
+    // A rank that fails aborts the group for good (no rank waits for one that has gone), so what
+    // can be refused is refused here first, on the host, where it changes nothing: the batch, the
+    // room in the cache (every rank's memory is the same), the abort callback (checked once a call:
+    // a rank stopping between steps alone would end the group).
+    {
+        std::vector<Row>     rows;
+        std::vector<int32_t> n_new;
+        validate(batch, rows, n_new);
+        memory_->check_room(n_new);
+        if (abort_cb_ && abort_cb_(abort_data_)) fail(SPARK_ERR_ABORTED, "decode aborted by the abort callback");
+    }
     // Every rank runs the same steps at once, joined by their all-reduces; rank 0 (this context)
     // on the calling thread. The caller holds rank 0's backend lock, each peer takes its own.
-    std::vector<Communicator *> comms{model_.shard.comm};
-    for (auto & p : peers_) comms.push_back(p->model().shard.comm);
-    rank_threads_->run(comms, [&](int r) {
+    rank_threads_->run(rank_comms_, [&](int r) {
         if (r == 0) return decode_rank(batch);
         Context &   peer = *peers_[size_t(r - 1)];
         BackendLock lock(*peer.model().backend);
@@ -284,7 +297,7 @@ void Context::decode_rank(const spark_batch & batch) {
         const auto t_start = std::chrono::steady_clock::now();
         memory_->drop_backup();
         try {
-            if (abort_cb_ && abort_cb_(abort_data_)) fail(SPARK_ERR_ABORTED, "decode aborted by the abort callback");
+            if (abort_cb_ && peers_.empty() && abort_cb_(abort_data_)) fail(SPARK_ERR_ABORTED, "decode aborted by the abort callback");
             // A step that can stop half-way (a later step of the call may fail; the CPU checks the
             // abort callback between ops) and writes the ring entry its sequence started from must
             // be able to put that state back.
@@ -322,7 +335,8 @@ void Context::decode_rank(const spark_batch & batch) {
 void Context::set_abort(spark_abort_callback cb, void * data) {
     abort_cb_   = cb;
     abort_data_ = data;
-    if (executor_) executor_->should_abort = cb ? std::function<bool()>([cb, data] { return cb(data); }) : std::function<bool()>();
+    // A split context checks it before each call only (decode): see there.
+    if (executor_ && peers_.empty()) executor_->should_abort = cb ? std::function<bool()>([cb, data] { return cb(data); }) : std::function<bool()>();
 }
 
 void Context::step(const std::vector<StepRow> & in, const std::vector<DeviceRows> & tokens, const std::vector<DeviceRows> & hidden) {

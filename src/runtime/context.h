@@ -139,6 +139,7 @@ private:
     std::unique_ptr<Memory> memory_;
     std::vector<std::unique_ptr<Context>> peers_;  // a split model's other ranks, in rank order
     std::unique_ptr<RankThreads>          rank_threads_;  // the threads the peers' steps run on
+    std::vector<Communicator *>           rank_comms_;    // every rank's communicator, in rank order
     std::unique_ptr<Buffer> arena_;
     std::vector<std::unique_ptr<StepGraph>> steps_;  // recent step shapes (graph + plan)
     std::vector<int32_t>    staging_;                 // packed step inputs

@@ -107,7 +107,23 @@ TEST_CASE("split models through the API: what a split model does not do yet is r
     size_t               written = 0;
     CHECK(spark_state_seq_save(ctx.get(), 0, buf.data(), buf.size(), &written) == SPARK_ERR_UNSUPPORTED);
     CHECK(spark_state_seq_load(ctx.get(), 0, buf.data(), buf.size()) == SPARK_ERR_UNSUPPORTED);
-    // The context goes on as before.
+    // So are a bad token, a full context and the abort callback, before any rank starts.
+    std::vector<int32_t> bad = g.prompt;
+    bad[4]                   = int32_t(g.n_vocab) + 5;
+    std::vector<float> ignored;
+    CHECK(test::decode_range(ctx.get(), bad, 4, 5, 0, int32_t(g.n_vocab), ignored) == SPARK_ERR_INVALID_TOKEN);
+    std::vector<int32_t> many(100, g.prompt[0]);
+    CHECK(test::decode_range(ctx.get(), many, 4, 100, 0, int32_t(g.n_vocab), ignored) == SPARK_ERR_CONTEXT_FULL);
+    spark_context_set_abort_callback(ctx.get(), [](void *) { return true; }, nullptr);
+    CHECK(test::decode_range(ctx.get(), g.prompt, 4, 5, 0, int32_t(g.n_vocab), ignored) == SPARK_ERR_ABORTED);
+    spark_context_set_abort_callback(ctx.get(), nullptr, nullptr);
+    // The context goes on as before: the same logits as a context that never failed.
     REQUIRE(test::decode_range(ctx.get(), g.prompt, 4, 5, 0, int32_t(g.n_vocab), again) == SPARK_OK);
     CHECK(spark_memory_seq_length(ctx.get(), 0) == 5);
+    test::ContextPtr   fresh = test::new_context(split.get(), 64, 1, 64);
+    std::vector<float> expect;
+    REQUIRE(test::decode_range(fresh.get(), g.prompt, 0, 4, 0, int32_t(g.n_vocab), expect) == SPARK_OK);
+    expect.clear();
+    REQUIRE(test::decode_range(fresh.get(), g.prompt, 4, 5, 0, int32_t(g.n_vocab), expect) == SPARK_OK);
+    CHECK(again == expect);  // the same steps: the same bits
 }

@@ -110,11 +110,15 @@ int32_t Memory::total_tokens() const {
     return n;
 }
 
-void Memory::reserve(const std::vector<int32_t> & n_new) {
+void Memory::check_room(const std::vector<int32_t> & n_new) const {
     int32_t total = total_tokens();
     for (int32_t n : n_new) total += n;
     if (total > n_ctx_)
         fail(SPARK_ERR_CONTEXT_FULL, "context full: the batch needs %d tokens of KV cache but the context holds %d (n_ctx)", total, n_ctx_);
+}
+
+void Memory::reserve(const std::vector<int32_t> & n_new) {
+    check_room(n_new);
     for (SequenceState * p : parts()) p->reserve(seq_len_, n_new);
 }
 

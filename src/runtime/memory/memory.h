@@ -110,6 +110,8 @@ public:
     // or aborted step puts the lengths back to `len` (pages beyond return to the free list) and the
     // backed-up states back in place.
     void    reserve(const std::vector<int32_t> & n_new);
+    // Throws SPARK_ERR_CONTEXT_FULL where reserve(n_new) would; changes nothing.
+    void    check_room(const std::vector<int32_t> & n_new) const;
     void    advance(int32_t seq, int32_t n);
     int32_t ring_size() const { return n_rollback_ + 1; }
     void    backup(const std::vector<int32_t> & seqs);
