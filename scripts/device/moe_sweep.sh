@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The expert GEMVs of Qwen3-30B-A3B and MiniMax-M2 under every MMA plan the planner can make, timed
-# against its own choice (dev/kernels/matmul/bench_matmul.cu --moe-sweep; docs/PERF.md). The objects
+# against its own choice (dev/kernels/matmul/bench_matmul.cu --moe-sweep; docs/PERF.md); with DENSE=1
+# first the dense shapes' sweep (--sweep: Qwen3-8B, the 30B-A3B and MiniMax-M2 attention). The objects
 # compile in parallel (one nvcc per file). Output to $OUT (or /tmp/moe_sweep).
 set -eo pipefail
 out=${OUT:-/tmp/moe_sweep}
@@ -12,4 +13,5 @@ srcs=(dev/kernels/matmul/bench_matmul.cu src/backends/cuda/matmul/gemv_*.cu src/
       src/backends/cuda/matmul/side_kernels.cu src/backends/cuda/matmul/plan.cpp src/backends/cuda/common/launch.cpp)
 printf '%s\n' "${srcs[@]}" | xargs -P 16 -I{} sh -c 'nvcc '"${flags[*]}"' -c {} -o '"$obj"'/$(echo {} | tr / _).o'
 nvcc -arch=sm_90a "$obj"/*.o -o "$obj/bench_matmul"
+if [ "${DENSE:-0}" = 1 ]; then "$obj/bench_matmul" --sweep | tee "$out/sweep.txt"; fi
 "$obj/bench_matmul" --moe-sweep "$@" | tee "$out/moe_sweep.txt"

@@ -17,7 +17,7 @@
 //
 // Build and run from the repository root (one line; -arch as the GPU: sm_90a H100, sm_120a RTX 50xx):
 //   nvcc -O3 -std=c++20 --expt-relaxed-constexpr -arch=sm_90a -Isrc -Iinclude dev/kernels/matmul/bench_matmul.cu src/backends/cuda/matmul/gemv_*.cu src/backends/cuda/matmul/gemm_*.cu src/backends/cuda/matmul/side_kernels.cu src/backends/cuda/matmul/plan.cpp src/backends/cuda/common/launch.cpp -o /tmp/bench_matmul && /tmp/bench_matmul
-// Options: --sweep (every plan of the large 8B INT4 shapes, timed), --sweep-rows R (the same at R
+// Options: --sweep (every plan of the large 8B INT4 shapes and the 30B-A3B / MiniMax-M2 attention projections, timed), --sweep-rows R (the same at R
 // activation rows), --moe-sweep (every MMA plan of the 30B-A3B and MiniMax-M2 expert GEMVs, INT4 and
 // NVFP4), --gemm-sweep (the prefill GEMM's K splits), --quick (INT4 only, no GEMM), --no-gemm, --rows (also 2, 4, 8 activation rows), --no-pdl
 // (GEMV launches without programmatic dependent launch; the dispatch's default is with, on sm_90+),
@@ -817,7 +817,8 @@ void gemm_sweep() {
 }  // namespace
 
 // --sweep: every decode-GEMV plan the planner can make (kernel x K-pair or lanes per row x K-warps x
-// K splits, restricted through the tuning overrides) for the large INT4 shapes of Qwen3-8B, to check
+// K splits, restricted through the tuning overrides) for the large INT4 shapes of Qwen3-8B and the
+// attention projections of Qwen3-30B-A3B and MiniMax-M2 (q + k + v as one weight), to check
 // the cost model's choice against the clock. --sweep-rows R: the same with R activation rows (a
 // verify step of speculative decoding: R = k + 1).
 void sweep(int rows) {
@@ -828,7 +829,11 @@ void sweep(int rows) {
     };
     const S shapes[] = {{"8B ffn gate+up+swiglu N=12288 K=4096", 12288, 4096, 2},
                         {"8B down N=4096 K=12288", 4096, 12288, 1},
-                        {"8B q/o N=4096 K=4096", 4096, 4096, 1}};
+                        {"8B q/o N=4096 K=4096", 4096, 4096, 1},
+                        {"30B-A3B q+k+v N=5120 K=2048", 5120, 2048, 1},
+                        {"30B-A3B o N=2048 K=4096", 2048, 4096, 1},
+                        {"MiniMax-M2 q+k+v N=8192 K=3072", 8192, 3072, 1},
+                        {"MiniMax-M2 o N=3072 K=6144", 3072, 6144, 1}};
     Overrides & ov = overrides();
     for (const S & s : shapes) {
         print_header();
