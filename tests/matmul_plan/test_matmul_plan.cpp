@@ -452,6 +452,54 @@ TEST_CASE("GEMV planner: device rates from the attributes; the H100's plans unch
     }
 }
 
+// A device with more bandwidth than the H100 (the H200: HBM3e at 3201 MHz on 6144 bits, the H100's
+// SMs and clock) gets the H100's MMA plans: with its own bandwidth the model asked for more, smaller
+// blocks, which measured slower there (bench_matmul --sweep / --moe-sweep on an H200, docs/PERF.md
+// "The GEMV planner on the H200": the MiniMax-M2 experts' gate/up 23.3 us with 8 K-warps x 768
+// blocks, 20.0 us with the H100's 2 x 192).
+TEST_CASE("GEMV planner: a device faster than the H100 gets the H100's MMA plans") {
+    OverrideGuard guard;
+    DeviceProps   h200 = h100(), fitted = h100();
+    mm::device_rates(h200, 3201000, 6144, 1980000);
+    REQUIRE(h200.bw_bytes_per_us > 4.3e6);
+    struct Shape {
+        int64_t n, k, jobs;
+        int     nw;
+    };
+    const Shape shapes[] = {{12288, 4096, 1, 2}, {4096, 12288, 1, 1}, {768, 2048, 8, 2},  {2048, 768, 8, 1},  {512, 2048, 10, 2},
+                            {2048, 512, 10, 1},  {8192, 3072, 1, 1}, {3072, 6144, 1, 1}, {1536, 3072, 8, 2}, {3072, 1536, 8, 1}};
+    for (const WeightFormat f : {WeightFormat::INT4, WeightFormat::NVFP4})
+        for (const Shape & s : shapes)
+            for (const int rows : {1, 2, 3, 4, 8}) {
+                mm::GemvOpts a, b;
+                a.mma = b.mma = true;
+                a.smem_optin = b.smem_optin = fitted.max_smem_per_block;
+                b.bw_per_us                 = h200.bw_bytes_per_us;
+                b.issue_per_sm_us           = h200.issue_per_sm_us;
+                const mm::GemvPlan p = mm::plan_gemv(f, s.n, s.k, s.jobs, rows, s.nw, 132, a);
+                const mm::GemvPlan q = mm::plan_gemv(f, s.n, s.k, s.jobs, rows, s.nw, 132, b);
+                const int64_t n = s.n, k = s.k;
+                CAPTURE(n);
+                CAPTURE(k);
+                CAPTURE(rows);
+                CHECK(q.mma);
+                CHECK(p.wk == q.wk);
+                CHECK(p.ksplit == q.ksplit);
+                CHECK(p.mma_kpair == q.mma_kpair);
+                CHECK(p.grid.x == q.grid.x);
+            }
+    // The plan measured best on the H200 for MiniMax-M2's experts' gate/up (8 of 256, 1536 x 3072).
+    mm::GemvOpts o;
+    o.mma             = true;
+    o.smem_optin      = fitted.max_smem_per_block;
+    o.bw_per_us       = h200.bw_bytes_per_us;
+    o.issue_per_sm_us = h200.issue_per_sm_us;
+    const mm::GemvPlan up = mm::plan_gemv(WeightFormat::INT4, 1536, 3072, 8, 1, 2, 132, o);
+    CHECK(up.wk == 2);
+    CHECK(up.ksplit == 1);
+    CHECK(up.grid.x == 24);
+}
+
 // Where the weights go (weight_placement.h), on injected device and host properties.
 TEST_CASE("weight placement: in place from the mapped file only where the GPU's memory is the host's") {
     using spark::cuda::MemoryFacts;

@@ -19,6 +19,8 @@ Overrides & overrides() {
         d.path = v == "gemv" ? ForcePath::Gemv : v == "gemm" ? ForcePath::Gemm : v == "generic" ? ForcePath::Generic : ForcePath::Auto;
         const char * w = std::getenv("SPARK_W4A4");  // A/B runs on Blackwell GeForce / DGX Spark (docs/SM120.md)
         if (w && *w) d.w4a4 = std::string(w) == "0" ? 0 : 1;
+        const char * c = std::getenv("SPARK_GEMV_BW_CAP");  // A/B runs of the GEMV planner on fast devices
+        if (c && std::string(c) == "0") d.gemv_bw_cap = 0;
         return d;
     }();
     return o;
@@ -186,10 +188,20 @@ GemvPlan plan_gemv(WeightFormat f, int64_t N, int64_t K, int64_t jobs, int rows,
     const int64_t   one_n[1] = {N};
     const int64_t * mat_n    = o.n_mats > 1 ? o.mat_n : one_n;
     const int       n_mats   = o.n_mats > 1 ? o.n_mats : 1;
-    const double bw    = o.bw_per_us > 0.0 ? o.bw_per_us : 3.0e6;               // an H100 (fitted there)
+    constexpr double kFittedBw = 3.0e6;  // an H100's, where the latencies and costs were fitted
+    const double bw    = o.bw_per_us > 0.0 ? o.bw_per_us : kFittedBw;
     const double issue = o.issue_per_sm_us > 0.0 ? o.issue_per_sm_us : 128 * 1750.0;
     if (o.mma) {
-        const GemvPlan m = plan_gemv_mma(f, mat_n, n_mats, K, jobs, rows, nw, sm_count, o.smem_optin, bw, issue);
+        // The MMA model plans a device faster than the H100 as if it were one. Its memory term asks
+        // for the bytes in flight that the bandwidth needs at a fixed loaded latency, so a faster
+        // device gets more, smaller blocks (H200: 768 instead of 192 for the 8B gate/up, 4 times
+        // the MiniMax-M2 experts' blocks, split K for Qwen3-Next's); but these kernels are held by
+        // their own issue and latency (Nsight Compute on the H200: ~46% of the issue slots, ~40%
+        // of DRAM), not by bytes in flight, and the extra blocks each re-split the activations. On
+        // the H200 the H100's plans measured as fast or faster on every shape swept (docs/PERF.md,
+        // "The GEMV planner on the H200": MiniMax-M2 experts gate/up 20.0 against 23.3 us).
+        const double bw_mma = overrides().gemv_bw_cap ? std::min(bw, kFittedBw) : bw;
+        const GemvPlan m = plan_gemv_mma(f, mat_n, n_mats, K, jobs, rows, nw, sm_count, o.smem_optin, bw_mma, issue);
         if (m.grid.x > 0) return m;  // else: no split fits the shared memory; the FMA kernel
     }
     GemvPlan p;

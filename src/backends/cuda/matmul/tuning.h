@@ -24,6 +24,9 @@ struct Overrides {
     // W4A4 for NVFP4 weights with activation scales on devices that run it (op_plan.cpp, w4a4_takes):
     // -1 as SPARK_W4A4 (unset: prefill steps only), 0 never, 1 every row count (decode too; A/B runs).
     int       w4a4        = -1;
+    // The MMA GEMV's plans on a device faster than the H100 (plan.cpp): 1 as the H100's (default), 0
+    // with the device's own bandwidth (SPARK_GEMV_BW_CAP=0: A/B runs).
+    int       gemv_bw_cap = 1;
 };
 
 Overrides & overrides();
