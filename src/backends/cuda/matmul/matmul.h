@@ -104,8 +104,16 @@ constexpr int kMmaK = 128;                                                     /
 constexpr int gemv_mma_tiles(int nw) { return nw == 2 ? 1 : 2; }               // row tiles per warp (per weight)
 constexpr int kGemvMmaSplit = 2;                                                // f16 parts per activation: hi, lo
 constexpr int gemv_mma_parts(int r) { return kGemvMmaSplit * r; }               // B columns
-constexpr int gemv_mma_depth(int r) { return r <= 4 ? 2 : 1; }                 // steps in flight per lane
-constexpr int gemv_mma_min_blocks(int r) { return r <= 4 ? 2 : 1; }            // __launch_bounds__ blocks per SM
+// Steps in flight per lane and __launch_bounds__ blocks per SM for 1-4 rows; the kernel lab builds
+// other values (bench_matmul, -DSPARK_GEMV_MMA_DEPTH=... -DSPARK_GEMV_MMA_BLOCKS=...).
+#ifndef SPARK_GEMV_MMA_DEPTH
+#define SPARK_GEMV_MMA_DEPTH 2
+#endif
+#ifndef SPARK_GEMV_MMA_BLOCKS
+#define SPARK_GEMV_MMA_BLOCKS 2
+#endif
+constexpr int gemv_mma_depth(int r) { return r <= 4 ? SPARK_GEMV_MMA_DEPTH : 1; }       // steps in flight per lane
+constexpr int gemv_mma_min_blocks(int r) { return r <= 4 ? SPARK_GEMV_MMA_BLOCKS : 1; }  // __launch_bounds__ blocks per SM
 constexpr int gemv_mma_col_stride(int r) { return (gemv_mma_parts(r) + 7) / 8 * 8; }  // 1 / s per block and column
 // Shared memory of one block: the split activations of cps 128-K blocks (16 words x parts x 4
 // lanes x 16 bytes each) and their 1 / s, reused for the cross-warp reduction ([8 warps][2 tiles]
