@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The GEMV planner on a device faster than the H100 (docs/PERF.md, "The GEMV planner on the H200"):
-# test-cuda's matmul and golden suites with the default plans, then tg128 at depth 0 of each shape
-# with the H100's MMA plans (default) and with the device's own bandwidth (SPARK_GEMV_BW_CAP=0),
-# interleaved, each run its own process. Logs to $OUT (or /tmp/plan_ab).
-#   scripts/device/plan_ab.sh minimax-m2:int4,nvfp4 qwen3-next-80b-a3b:int4
+# A/B of a GEMV planning switch (AB: SPARK_GEMV_BW_CAP, the default, "The GEMV planner on the H200";
+# SPARK_GEMV_WAVE, "The one-wave gate/up"; docs/PERF.md): test-cuda's suites (SUITES, default the
+# matmul and golden ones) with the switch on, then tg128 at depth 0 of each shape with it on (1) and
+# off (0), interleaved, each run its own process (REPS: pairs, default 2). Logs to $OUT (or /tmp/plan_ab).
+#   AB=SPARK_GEMV_WAVE scripts/device/plan_ab.sh qwen3-8b:int4 minimax-m2:int4,nvfp4
 set -o pipefail
 source scripts/device/setup.sh
 out=${OUT:-/tmp/plan_ab}
@@ -15,9 +15,9 @@ rc=$?
 echo "test-cuda rc $rc"; tail -3 "$out/test_cuda.log"
 for spec in "$@"; do
     shape=${spec%%:*} formats=${spec#*:}
-    for cap in 1 0 1 0; do
-        SPARK_GEMV_BW_CAP=$cap build-dev/tools/bench/spark-bench --synthetic "$shape" --format "$formats" -d 0 -p 0 -n 128 -r 3 2>&1 |
-            tee -a "$out/bench.md" | grep -E "tg128" | sed "s/^/$shape cap=$cap /"
+    for cap in $(for i in $(seq "${REPS:-2}"); do echo 1 0; done); do
+        env "${AB:-SPARK_GEMV_BW_CAP}=$cap" build-dev/tools/bench/spark-bench --synthetic "$shape" --format "$formats" -d 0 -p 0 -n 128 -r "${RUNS:-3}" 2>&1 |
+            tee -a "$out/bench.md" | grep -E "tg128" | sed "s/^/$shape ${AB:-SPARK_GEMV_BW_CAP}=$cap /"
     done
 done
 exit $rc

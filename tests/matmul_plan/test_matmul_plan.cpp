@@ -459,6 +459,7 @@ TEST_CASE("GEMV planner: device rates from the attributes; the H100's plans unch
 // blocks, 20.0 us with the H100's 2 x 192).
 TEST_CASE("GEMV planner: a device faster than the H100 gets the H100's MMA plans") {
     OverrideGuard guard;
+    mm::overrides().gemv_wave = 0;  // the cost model's plans (the one-wave gate/up has no bandwidth term: below)
     DeviceProps   h200 = h100(), fitted = h100();
     mm::device_rates(h200, 3201000, 6144, 1980000);
     REQUIRE(h200.bw_bytes_per_us > 4.3e6);
@@ -498,6 +499,60 @@ TEST_CASE("GEMV planner: a device faster than the H100 gets the H100's MMA plans
     CHECK(up.wk == 2);
     CHECK(up.ksplit == 1);
     CHECK(up.grid.x == 24);
+}
+
+// The fused gate/up at one row runs as one wave of the 3-block variant (matmul.h, plan.cpp): the plans
+// measured best on the H200 for the three gate/up shapes swept (docs/PERF.md, "The one-wave
+// gate/up"), on any bandwidth; the 2-block kernel's plans where it does not apply.
+TEST_CASE("GEMV planner: the one-wave gate/up") {
+    OverrideGuard guard;
+    struct Case {
+        int64_t n, k, jobs;
+        int     wk;
+        unsigned grid_x;
+    };
+    const Case cases[] = {
+        {12288, 4096, 1, 4, 384},  // Qwen3-8B: 384 blocks
+        {768, 2048, 8, 8, 48},    // Qwen3-30B-A3B experts: 48 x 8
+        {1536, 3072, 8, 4, 48},   // MiniMax-M2 experts: 48 x 8
+    };
+    for (const double bw : {3.0e6, 4.4e6, 0.244e6})
+        for (const WeightFormat f : {WeightFormat::INT4, WeightFormat::NVFP4})
+            for (const Case & c : cases) {
+                mm::GemvOpts o;
+                o.mma        = true;
+                o.smem_optin = 227 * 1024;
+                o.bw_per_us  = bw;
+                const int64_t n = c.n;
+                CAPTURE(n);
+                CAPTURE(bw);
+                const mm::GemvPlan p = mm::plan_gemv(f, c.n, c.k, c.jobs, 1, 2, 132, o);
+                CHECK(p.mma_wave);
+                CHECK(p.wk == c.wk);
+                CHECK(p.ksplit == 1);
+                CHECK(p.grid.x == c.grid_x);
+                CHECK(int64_t(p.grid.x) * p.grid.z <= 132 * mm::kGemvMmaWaveBlocks);
+                // Not for verify rows, a single weight, SPARK_GEMV_WAVE=0, the lab's restrictions.
+                CHECK_FALSE(mm::plan_gemv(f, c.n, c.k, c.jobs, 3, 2, 132, o).mma_wave);
+                CHECK_FALSE(mm::plan_gemv(f, c.n, c.k, c.jobs, 1, 1, 132, o).mma_wave);
+                mm::overrides().gemv_wave = 0;
+                CHECK_FALSE(mm::plan_gemv(f, c.n, c.k, c.jobs, 1, 2, 132, o).mma_wave);
+                mm::overrides()         = mm::Overrides{};
+                mm::overrides().gemv_wk = 2;
+                CHECK_FALSE(mm::plan_gemv(f, c.n, c.k, c.jobs, 1, 2, 132, o).mma_wave);
+                mm::overrides() = mm::Overrides{};
+            }
+    // A K of one 128-K block leaves no K-warp two steps: the 2-block kernel.
+    mm::GemvOpts o;
+    o.mma        = true;
+    o.smem_optin = 227 * 1024;
+    CHECK_FALSE(mm::plan_gemv(WeightFormat::INT4, 256, 128, 1, 1, 2, 132, o).mma_wave);
+    // A gate/up too wide for one wave at one K-warp: the 2-block kernel.
+    CHECK_FALSE(mm::plan_gemv(WeightFormat::INT4, 128 * 400, 4096, 1, 1, 2, 132, o).mma_wave);
+    // Fewer SMs, fewer K-warps (GB10's 48: the 30B-A3B experts in one wave of 144 blocks).
+    const mm::GemvPlan g = mm::plan_gemv(WeightFormat::INT4, 768, 2048, 8, 1, 2, 48, o);
+    CHECK(g.mma_wave);
+    CHECK(int64_t(g.grid.x) * g.grid.z <= 48 * mm::kGemvMmaWaveBlocks);
 }
 
 // Where the weights go (weight_placement.h), on injected device and host properties.

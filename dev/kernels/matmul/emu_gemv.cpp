@@ -222,7 +222,12 @@ void run_mma_kernel(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, int sme
     auto       go = [&](auto kernel) { emu::launch(grid, block, size_t(smem), [&] { kernel(a); }, rng()); };
     switch (r_tmpl * 2 + glu) {
         case 2: go(gemv_mma_kernel<F, 1, false>); break;
-        case 3: go(gemv_mma_kernel<F, 1, true>); break;
+        case 3:
+            if (a.mma_wave)
+                go(gemv_mma_kernel<F, 1, true, true>);
+            else
+                go(gemv_mma_kernel<F, 1, true>);
+            break;
         case 4: go(gemv_mma_kernel<F, 2, false>); break;
         case 5: go(gemv_mma_kernel<F, 2, true>); break;
         case 6: go(gemv_mma_kernel<F, 3, false>); break;
@@ -260,6 +265,7 @@ void run_plan_pdl(const std::string & name, WeightFormat f, bool int4_zeros, con
 struct Split {
     int lpr = 0, wk = 0, ks = 0;  // 0: plan_gemv's choice
     int kp  = 0;                  // MMA: one row tile at two K blocks per step (nw = 1)
+    int wave = 0;                 // MMA: the one-wave variant (fused gate/up at one row)
 };
 
 bool mma_spec(const Spec & s, int64_t k) {
@@ -288,6 +294,7 @@ GemvPlan make_plan(const Spec & s, int64_t n, int64_t k, int64_t jobs, int rows,
         if (sp.kp && nw == 1) p.cps += p.cps & 1;     // kp: even (room for the zero block of an odd range)
         p.ksplit         = int((KB + p.cps - 1) / p.cps);
         p.mma_kpair      = sp.kp && nw == 1;
+        p.mma_wave       = sp.wave && nw == 2 && rows == 1;
         p.rows_per_block = (kGemvThreads / 32 / sp.wk) * (p.mma_kpair ? 1 : gemv_mma_tiles(nw)) * 16;
         p.smem           = gemv_mma_smem(p.r_tmpl, std::min<int64_t>(p.cps, KB + 1));
         int64_t tiles    = 0;
@@ -353,7 +360,7 @@ void check_dense(const Spec & s, int64_t n, int64_t k, int rows, int nw, Split s
     if (mma && !mma_spec(s, k)) return;
     const std::string name = std::string(mma ? "mma " : "") + s.name + " N=" + std::to_string(n) + " K=" + std::to_string(k) +
                              " rows=" + std::to_string(rows) + (nw == 2 ? " glu" : "") + (g_wide_x ? " wide-x" : "") +
-                             (sp.lpr ? " forced " + (mma ? std::string(sp.kp ? "kp/" : "") : std::to_string(sp.lpr) + "/") + std::to_string(sp.wk) + "/" + std::to_string(sp.ks) : "");
+                             (sp.lpr ? " forced " + (mma ? std::string(sp.kp ? "kp/" : sp.wave ? "wave/" : "") : std::to_string(sp.lpr) + "/") + std::to_string(sp.wk) + "/" + std::to_string(sp.ks) : "");
     if (name.find(filter) == std::string::npos) return;
     std::vector<HostWeight> w;
     for (int i = 0; i < nw; ++i) w.push_back(make_weight(s, n, k));
@@ -376,6 +383,7 @@ void check_dense(const Spec & s, int64_t n, int64_t k, int rows, int nw, Split s
     a.chunks_per_split = p.cps;
     a.int4_zeros       = s.zeros;
     a.mma_kpair        = p.mma_kpair;
+    a.mma_wave         = p.mma_wave;
     a.y                = y;
     if (p.ksplit > 1) {
         a.partial  = reinterpret_cast<float *>(pb.data());
@@ -462,6 +470,7 @@ void check_moe(const Spec & s, int64_t n, int64_t k, int experts, int k_slots, i
     a.chunks_per_split = p.cps;
     a.int4_zeros       = s.zeros;
     a.mma_kpair        = p.mma_kpair;
+    a.mma_wave         = p.mma_wave;
     a.y                = y;
     if (p.ksplit > 1) {
         a.partial  = reinterpret_cast<float *>(pb.data());
@@ -540,6 +549,7 @@ void check_multi(const Spec & s, const std::vector<int64_t> & ns, int64_t k, int
     a.chunks_per_split = p.cps;
     a.int4_zeros       = s.zeros;
     a.mma_kpair        = p.mma_kpair;
+    a.mma_wave         = p.mma_wave;
     if (p.ksplit > 1) {
         a.partial  = reinterpret_cast<float *>(pb.data());
         a.counters = reinterpret_cast<uint32_t *>(cb.data());
@@ -586,7 +596,7 @@ int main(int argc, char ** argv) {
                         o.smem_optin = 227 * 1024;
                         const GemvPlan p = plan_gemv(f, sh.n, sh.k, sh.jobs, rows, sh.nw, 132, o);
                         std::printf("%-6s rows=%d %-30s %s%s wk=%d lpr=%2d ks=%2d cps=%4lld rows/block=%3d smem=%6d grid=%ux%ux%u\n",
-                                    f == WeightFormat::INT4 ? "int4" : "nvfp4", rows, sh.name, mma ? "mma" : "fma", p.mma_kpair ? "-kp" : "   ", p.wk, p.lpr, p.ksplit,
+                                    f == WeightFormat::INT4 ? "int4" : "nvfp4", rows, sh.name, mma ? "mma" : "fma", p.mma_kpair ? "-kp" : p.mma_wave ? "-wv" : "   ", p.wk, p.lpr, p.ksplit,
                                     (long long) p.cps, p.rows_per_block, p.smem, p.grid.x, p.grid.y, p.grid.z);
                     }
                 }
@@ -696,6 +706,13 @@ int main(int argc, char ** argv) {
                     check_dense(s, 21, 1280, nw == 1 ? 1 : 2, nw, {1, wk, ks}, filter, true);
                     if (nw == 1) check_dense(s, 21, nw == 1 && ks == 3 ? 1152 : 1280, 1, 1, {1, wk, ks, 1}, filter, true);  // kp; 9 blocks: odd ranges
                 }
+    // The one-wave gate/up (one step in flight, 3 blocks per SM) at every K-warp count, K of whole
+    // and half last blocks, with and without a K split (the planner never splits it; the kernel may).
+    for (const Spec & s : {specs[0], specs[1], specs[5], specs[4]})
+        for (const int wk : {1, 2, 4, 8}) {
+            check_dense(s, 21, 1280, 1, 2, {1, wk, 1, 0, 1}, filter, true);
+            check_dense(s, 37, 576, 1, 2, {1, wk, wk == 2 ? 2 : 1, 0, 1}, filter, true);
+        }
     check_dense(specs[0], 70, 4096, 1, 2, {}, filter, true);
     check_dense(specs[0], 70, 12288, 1, 1, {}, filter, true);
     check_dense(specs[0], 3, 2048, 1, 1, {}, filter, true);

@@ -61,7 +61,8 @@
 // their latency.
 //
 // Pipeline: a register ring of D steps (T tiles x 2 x 16 bytes of weights + scales per lane per
-// step), as the FMA kernel.
+// step), as the FMA kernel. WAVE (the fused gate/up at one row, GemvPlan::mma_wave): D = 1 and 3
+// blocks per SM instead of 2 and 2 (matmul.h, kGemvMmaWaveBlocks): more warps to hide the latency.
 //
 // Reduction, all in fixed orders (deterministic): each warp writes its accumulators (per row and
 // column) to shared memory; one thread per (row, activation row) sums the K-warps in order and the
@@ -279,15 +280,16 @@ __device__ __forceinline__ void gemv_mma_split(const float * const (&xr)[R], uin
 
 // ---- the kernel -------------------------------------------------------------------------------------
 
-template <class F, int R, bool GLU>
-__global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R)) gemv_mma_kernel(const GemvArgs a) {
+template <class F, int R, bool GLU, bool WAVE = false>
+__global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) gemv_mma_kernel(const GemvArgs a) {
+    static_assert(!WAVE || (GLU && R == 1), "the one-wave variant is the fused gate/up at one row");
     constexpr int NW     = GLU ? 2 : 1;
     constexpr int U      = gemv_mma_tiles(NW);  // row tiles per weight
     constexpr int T      = U * NW;              // tiles per step (index t = i * U + u)
     constexpr int P      = gemv_mma_parts(R);
     constexpr int NB     = (P + 7) / 8;  // MMAs per A fragment (n = 8 columns each)
     constexpr int CS     = gemv_mma_col_stride(R);
-    constexpr int D      = gemv_mma_depth(R);
+    constexpr int D      = gemv_mma_depth(R, WAVE);
     constexpr int kWarps = kGemvThreads / 32;
     SPARK_DYNAMIC_SMEM(uint4, gemv_mma_smem_buf);
 
@@ -514,9 +516,9 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R)) gemv_mma
 }
 
 #ifdef __CUDACC__
-template <class F, int R, bool GLU>
+template <class F, int R, bool GLU, bool WAVE = false>
 void gemv_mma_launch_one(const GemvArgs & a, dim3 grid, int smem, cudaStream_t s) {
-    auto             kernel = gemv_mma_kernel<F, R, GLU>;
+    auto             kernel = gemv_mma_kernel<F, R, GLU, WAVE>;
     static SmemLimit limit;  // (plan_gemv stays under the device's opt-in maximum)
     raise_smem_limit(reinterpret_cast<const void *>(kernel), smem, limit);
     launch_kernel(kernel, grid, dim3(kGemvThreads), size_t(smem), s, a.pdl != 0, a);
@@ -524,6 +526,7 @@ void gemv_mma_launch_one(const GemvArgs & a, dim3 grid, int smem, cudaStream_t s
 
 template <class F>
 void gemv_mma_launch(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, int smem, cudaStream_t s) {
+    if (a.mma_wave && glu && r_tmpl == 1) return gemv_mma_launch_one<F, 1, true, true>(a, grid, smem, s);
 #define SPARK_GEMV_MMA_CASE(R)                              \
     case R:                                                 \
         if (glu)                                            \

@@ -50,6 +50,7 @@ struct GemvPlan {
     int     rows_per_block = 0;  // output rows of one block (multi-weight launches tile each weight by it)
     int     smem           = 0;  // dynamic shared memory bytes per block (MMA kernel)
     bool    mma_kpair      = false;  // MMA kernel, nw = 1: 16 rows per warp, two K blocks per step
+    bool    mma_wave       = false;  // MMA kernel, fused gate/up at one row: the one-wave variant
     dim3    grid{0, 0, 0};       // (row tiles, ksplit, jobs); x = 0: no plan (no candidate fitted)
     // Split-K scratch (ksplit > 1): partial floats [ksplit][nw][out_rows][n] and arrival counters
     // (one per row tile and job, zeroed on the stream before the launch).
@@ -104,16 +105,15 @@ constexpr int kMmaK = 128;                                                     /
 constexpr int gemv_mma_tiles(int nw) { return nw == 2 ? 1 : 2; }               // row tiles per warp (per weight)
 constexpr int kGemvMmaSplit = 2;                                                // f16 parts per activation: hi, lo
 constexpr int gemv_mma_parts(int r) { return kGemvMmaSplit * r; }               // B columns
-// Steps in flight per lane and __launch_bounds__ blocks per SM for 1-4 rows; the kernel lab builds
-// other values (bench_matmul, -DSPARK_GEMV_MMA_DEPTH=... -DSPARK_GEMV_MMA_BLOCKS=...).
-#ifndef SPARK_GEMV_MMA_DEPTH
-#define SPARK_GEMV_MMA_DEPTH 2
-#endif
-#ifndef SPARK_GEMV_MMA_BLOCKS
-#define SPARK_GEMV_MMA_BLOCKS 2
-#endif
-constexpr int gemv_mma_depth(int r) { return r <= 4 ? SPARK_GEMV_MMA_DEPTH : 1; }       // steps in flight per lane
-constexpr int gemv_mma_min_blocks(int r) { return r <= 4 ? SPARK_GEMV_MMA_BLOCKS : 1; }  // __launch_bounds__ blocks per SM
+constexpr int gemv_mma_depth(int r) { return r <= 4 ? 2 : 1; }                 // steps in flight per lane
+constexpr int gemv_mma_min_blocks(int r) { return r <= 4 ? 2 : 1; }            // __launch_bounds__ blocks per SM
+// The one-wave variant of the fused gate/up + SwiGLU at one activation row (GemvPlan::mma_wave): one
+// step in flight per lane and 3 blocks per SM (80 registers instead of 114-121: 24 warps per SM
+// instead of 16), the grid one wave of them. The kernels are held by latency, not by bytes in flight:
+// on the H200 the warps gained more than the deeper ring (docs/PERF.md, "The one-wave gate/up").
+constexpr int kGemvMmaWaveBlocks = 3;
+constexpr int gemv_mma_depth(int r, bool wave) { return wave ? 1 : gemv_mma_depth(r); }
+constexpr int gemv_mma_min_blocks(int r, bool wave) { return wave ? kGemvMmaWaveBlocks : gemv_mma_min_blocks(r); }
 constexpr int gemv_mma_col_stride(int r) { return (gemv_mma_parts(r) + 7) / 8 * 8; }  // 1 / s per block and column
 // Shared memory of one block: the split activations of cps 128-K blocks (16 words x parts x 4
 // lanes x 16 bytes each) and their 1 / s, reused for the cross-warp reduction ([8 warps][2 tiles]
@@ -165,6 +165,9 @@ struct GemvArgs {
     // MMA kernel, one weight: a warp's two row tiles are one tile at two consecutive 128-K blocks
     // (plan.mma_kpair; rows per block halve).
     int32_t mma_kpair = 0;
+    // MMA kernel, fused gate/up at one row: the one-wave variant (plan.mma_wave; selects the
+    // instantiation on the host).
+    int32_t mma_wave = 0;
     // Multi-weight launch (n_mats > 1; plain MATMUL, nw = 1, one activation set): weight m = w[m]
     // has mat_n[m] rows, written to mat_y[m] [rows][mat_n[m]], and owns the blocks x in
     // [mat_tile0[m], mat_tile0[m + 1]). n is the sum of mat_n (split-K partials are laid out over the
@@ -194,6 +197,7 @@ inline void gemv_launch_planned(WeightFormat f, const GemvPlan & p, bool glu, Ge
     a.lpr              = p.lpr;
     a.chunks_per_split = p.cps;
     a.mma_kpair        = p.mma_kpair ? 1 : 0;
+    a.mma_wave         = p.mma_wave ? 1 : 0;
     if (p.mma) {
         if (f == WeightFormat::NVFP4)
             gemv_mma_launch_nvfp4(p.r_tmpl, glu, a, p.grid, p.smem, s);

@@ -21,6 +21,8 @@ Overrides & overrides() {
         if (w && *w) d.w4a4 = std::string(w) == "0" ? 0 : 1;
         const char * c = std::getenv("SPARK_GEMV_BW_CAP");  // A/B runs of the GEMV planner on fast devices
         if (c && std::string(c) == "0") d.gemv_bw_cap = 0;
+        const char * wv = std::getenv("SPARK_GEMV_WAVE");  // A/B runs of the one-wave gate/up
+        if (wv && std::string(wv) == "0") d.gemv_wave = 0;
         return d;
     }();
     return o;
@@ -182,6 +184,36 @@ GemvPlan plan_gemv_mma(WeightFormat f, const int64_t * mat_n, int n_mats, int64_
     return p;
 }
 
+// The fused gate/up + SwiGLU at one activation row, one-wave variant (matmul.h): no cost model, the
+// rule the H200's sweeps gave (docs/PERF.md, "The one-wave gate/up"): the most K-warps (the most,
+// smallest blocks) whose grid fits one wave of 3 blocks per SM, each warp at least two steps of K; no
+// K split. No plan (grid.x = 0) where no grid fits one wave or the shared memory holds fewer than 3
+// blocks: the cost model's plans of the 2-block kernel.
+GemvPlan plan_gemv_mma_wave(int64_t N, int64_t K, int64_t jobs, int sm_count, int smem_optin) {
+    GemvPlan      p;
+    const int64_t KB    = std::max<int64_t>(1, ceil_div(K, int64_t(kMmaK)));
+    const int64_t slots = int64_t(std::max(1, sm_count)) * kGemvMmaWaveBlocks;
+    const int     smem  = gemv_mma_smem(1, KB);
+    if (smem + 1024 > smem_optin || int64_t(kGemvMmaWaveBlocks) * (smem + 1024 + 512) > int64_t(smem_optin) + 1024) return p;
+    for (const int wk : {8, 4, 2, 1}) {
+        if (KB < 2 * wk) continue;
+        const int     rb     = (kGemvThreads / 32 / wk) * gemv_mma_tiles(2) * 16;
+        const int64_t tiles  = ceil_div(N, int64_t(rb));
+        if (tiles * jobs > slots) continue;
+        p.mma            = true;
+        p.mma_wave       = true;
+        p.r_tmpl         = 1;
+        p.wk             = wk;
+        p.ksplit         = 1;
+        p.cps            = KB;
+        p.smem           = smem;
+        p.rows_per_block = rb;
+        p.grid           = dim3(unsigned(tiles), 1u, unsigned(jobs));
+        return p;
+    }
+    return p;
+}
+
 }  // namespace
 
 GemvPlan plan_gemv(WeightFormat f, int64_t N, int64_t K, int64_t jobs, int rows, int nw, int sm_count, const GemvOpts & o) {
@@ -191,6 +223,11 @@ GemvPlan plan_gemv(WeightFormat f, int64_t N, int64_t K, int64_t jobs, int rows,
     constexpr double kFittedBw = 3.0e6;  // an H100's, where the latencies and costs were fitted
     const double bw    = o.bw_per_us > 0.0 ? o.bw_per_us : kFittedBw;
     const double issue = o.issue_per_sm_us > 0.0 ? o.issue_per_sm_us : 128 * 1750.0;
+    const Overrides & ov = overrides();
+    if (o.mma && nw == 2 && rows == 1 && n_mats == 1 && ov.gemv_wave && ov.gemv_wk == 0 && ov.gemv_ksplit == 0 && ov.gemv_kpair < 0) {
+        const GemvPlan w = plan_gemv_mma_wave(N, K, jobs, sm_count, o.smem_optin);
+        if (w.grid.x > 0) return w;
+    }
     if (o.mma) {
         // The MMA model plans a device faster than the H100 as if it were one. Its memory term asks
         // for the bytes in flight that the bandwidth needs at a fixed loaded latency, so a faster
