@@ -33,6 +33,36 @@ DeviceProps h100() {
 
 DeviceWeight weight(WeightFormat f, int64_t n, int64_t k, int32_t group = 128) { return mm::weight_shape(f, n, k, group); }
 
+// A GEMV problem of the planner tests: the weight's N and K, jobs (experts' pairs), weights (2: gate/up).
+struct PlanShape {
+    int64_t n, k, jobs;
+    int     nw;
+};
+
+// The plans of a shape planned with the model's fitted rates (those of an H100: rates 0) and with
+// the rates of `d` are the same.
+void check_plans_as_fitted(WeightFormat f, const PlanShape & s, int rows, bool mma, const DeviceProps & d) {
+    mm::GemvOpts a, b;
+    a.mma = b.mma = mma;
+    a.smem_optin = b.smem_optin = d.max_smem_per_block;
+    b.bw_per_us                 = d.bw_bytes_per_us;
+    b.issue_per_sm_us           = d.issue_per_sm_us;
+    const mm::GemvPlan p = mm::plan_gemv(f, s.n, s.k, s.jobs, rows, s.nw, d.sm_count, a);
+    const mm::GemvPlan q = mm::plan_gemv(f, s.n, s.k, s.jobs, rows, s.nw, d.sm_count, b);
+    const int64_t      n = s.n, k = s.k;
+    CAPTURE(n);
+    CAPTURE(k);
+    CAPTURE(rows);
+    CAPTURE(mma);
+    CHECK(p.mma == q.mma);
+    CHECK(p.mma_wave == q.mma_wave);
+    CHECK(p.wk == q.wk);
+    CHECK(p.lpr == q.lpr);
+    CHECK(p.ksplit == q.ksplit);
+    CHECK(p.mma_kpair == q.mma_kpair);
+    CHECK(p.grid.x == q.grid.x);
+}
+
 // Activation rows [rows][k] at `base` (only the address matters: plans read no data).
 mm::XRows rows_at(uintptr_t base, int64_t rows, int64_t k) {
     mm::XRows x;
@@ -390,46 +420,24 @@ TEST_CASE("W4A4 dispatch: the kernel each NVFP4 matmul takes, by device, build a
 // 1980 MHz SM clock); on other devices the plans follow their own rates.
 TEST_CASE("GEMV planner: device rates from the attributes; the H100's plans unchanged") {
     OverrideGuard guard;
-    DeviceProps   fitted = h100();  // rates 0: the model's fitted H100 values
-    DeviceProps   h      = h100();
+    DeviceProps   h = h100();  // against rates 0: the model's fitted H100 values (check_plans_as_fitted)
     mm::device_rates(h, 2619000, 5120, 1980000);
     MESSAGE("H100 rates: " << h.bw_bytes_per_us << " B/us, " << h.issue_per_sm_us << " lanes/us per SM");
     CHECK(std::abs(h.bw_bytes_per_us / 3.0e6 - 1.0) < 2e-4);
     CHECK(std::abs(h.issue_per_sm_us / (128 * 1750.0) - 1.0) < 2e-4);
-    struct Shape {
-        int64_t n, k, jobs;
-        int     nw;
-    };
     // Qwen3-8B, Qwen3-30B-A3B and Qwen3-Next-80B-A3B projections (experts as jobs of 8 / 10 pairs).
-    const Shape shapes[] = {{6144, 4096, 1, 1}, {4096, 4096, 1, 1}, {12288, 4096, 1, 2}, {4096, 12288, 1, 1}, {5120, 2048, 1, 1},
-                            {2048, 4096, 1, 1}, {128, 2048, 1, 1},  {768, 2048, 8, 2},   {2048, 768, 8, 1},   {512, 2048, 10, 2},
-                            {2048, 512, 10, 1}, {12288, 2048, 1, 1}, {151936, 2048, 1, 1}};
+    const PlanShape shapes[] = {{6144, 4096, 1, 1}, {4096, 4096, 1, 1}, {12288, 4096, 1, 2}, {4096, 12288, 1, 1}, {5120, 2048, 1, 1},
+                                {2048, 4096, 1, 1}, {128, 2048, 1, 1},  {768, 2048, 8, 2},   {2048, 768, 8, 1},   {512, 2048, 10, 2},
+                                {2048, 512, 10, 1}, {12288, 2048, 1, 1}, {151936, 2048, 1, 1}};
     int compared = 0;
     for (const WeightFormat f : {WeightFormat::INT4, WeightFormat::NVFP4, WeightFormat::FP8, WeightFormat::BF16})
-        for (const Shape & s : shapes)
-            for (const int rows : {1, 2, 3, 4, 8}) {
-                const DeviceWeight w = weight(f, s.n, s.k);
+        for (const PlanShape & s : shapes)
+            for (const int rows : {1, 2, 3, 4, 8})
                 for (const bool mma : {false, true}) {
-                    if (mma && !mm::gemv_mma_ok(w)) continue;
-                    mm::GemvOpts a, b;
-                    a.mma = b.mma = mma;
-                    a.smem_optin = b.smem_optin = fitted.max_smem_per_block;
-                    b.bw_per_us                 = h.bw_bytes_per_us;
-                    b.issue_per_sm_us           = h.issue_per_sm_us;
-                    const mm::GemvPlan p = mm::plan_gemv(f, s.n, s.k, s.jobs, rows, s.nw, 132, a);
-                    const mm::GemvPlan q = mm::plan_gemv(f, s.n, s.k, s.jobs, rows, s.nw, 132, b);
-                    CAPTURE(s.n);
-                    CAPTURE(s.k);
-                    CAPTURE(rows);
-                    CHECK(p.mma == q.mma);
-                    CHECK(p.wk == q.wk);
-                    CHECK(p.lpr == q.lpr);
-                    CHECK(p.ksplit == q.ksplit);
-                    CHECK(p.mma_kpair == q.mma_kpair);
-                    CHECK(p.grid.x == q.grid.x);
+                    if (mma && !mm::gemv_mma_ok(weight(f, s.n, s.k))) continue;
+                    check_plans_as_fitted(f, s, rows, mma, h);
                     ++compared;
                 }
-            }
     MESSAGE(compared << " H100 plans compared");
 
     // RTX PRO 6000 (GDDR7 at 1.79 TB/s over 188 SMs) and DGX Spark GB10 (LPDDR5X at 273 GB/s over 48
@@ -463,32 +471,11 @@ TEST_CASE("GEMV planner: a device faster than the H100 gets the H100's MMA plans
     DeviceProps   h200 = h100(), fitted = h100();
     mm::device_rates(h200, 3201000, 6144, 1980000);
     REQUIRE(h200.bw_bytes_per_us > 4.3e6);
-    struct Shape {
-        int64_t n, k, jobs;
-        int     nw;
-    };
-    const Shape shapes[] = {{12288, 4096, 1, 2}, {4096, 12288, 1, 1}, {768, 2048, 8, 2},  {2048, 768, 8, 1},  {512, 2048, 10, 2},
-                            {2048, 512, 10, 1},  {8192, 3072, 1, 1}, {3072, 6144, 1, 1}, {1536, 3072, 8, 2}, {3072, 1536, 8, 1}};
+    const PlanShape shapes[] = {{12288, 4096, 1, 2}, {4096, 12288, 1, 1}, {768, 2048, 8, 2},  {2048, 768, 8, 1},  {512, 2048, 10, 2},
+                                {2048, 512, 10, 1},  {8192, 3072, 1, 1}, {3072, 6144, 1, 1}, {1536, 3072, 8, 2}, {3072, 1536, 8, 1}};
     for (const WeightFormat f : {WeightFormat::INT4, WeightFormat::NVFP4})
-        for (const Shape & s : shapes)
-            for (const int rows : {1, 2, 3, 4, 8}) {
-                mm::GemvOpts a, b;
-                a.mma = b.mma = true;
-                a.smem_optin = b.smem_optin = fitted.max_smem_per_block;
-                b.bw_per_us                 = h200.bw_bytes_per_us;
-                b.issue_per_sm_us           = h200.issue_per_sm_us;
-                const mm::GemvPlan p = mm::plan_gemv(f, s.n, s.k, s.jobs, rows, s.nw, 132, a);
-                const mm::GemvPlan q = mm::plan_gemv(f, s.n, s.k, s.jobs, rows, s.nw, 132, b);
-                const int64_t n = s.n, k = s.k;
-                CAPTURE(n);
-                CAPTURE(k);
-                CAPTURE(rows);
-                CHECK(q.mma);
-                CHECK(p.wk == q.wk);
-                CHECK(p.ksplit == q.ksplit);
-                CHECK(p.mma_kpair == q.mma_kpair);
-                CHECK(p.grid.x == q.grid.x);
-            }
+        for (const PlanShape & s : shapes)
+            for (const int rows : {1, 2, 3, 4, 8}) check_plans_as_fitted(f, s, rows, true, h200);
     // The plan measured best on the H200 for MiniMax-M2's experts' gate/up (8 of 256, 1536 x 3072).
     mm::GemvOpts o;
     o.mma             = true;
