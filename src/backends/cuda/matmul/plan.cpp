@@ -237,7 +237,7 @@ GemvPlan plan_gemv(WeightFormat f, int64_t N, int64_t K, int64_t jobs, int rows,
         // of DRAM), not by bytes in flight, and the extra blocks each re-split the activations. On
         // the H200 the H100's plans measured as fast or faster on every shape swept (docs/PERF.md,
         // "The GEMV planner on the H200": MiniMax-M2 experts gate/up 20.0 against 23.3 us).
-        const double bw_mma = overrides().gemv_bw_cap ? std::min(bw, kFittedBw) : bw;
+        const double bw_mma = ov.gemv_bw_cap ? std::min(bw, kFittedBw) : bw;
         const GemvPlan m = plan_gemv_mma(f, mat_n, n_mats, K, jobs, rows, nw, sm_count, o.smem_optin, bw_mma, issue);
         if (m.grid.x > 0) return m;  // else: no split fits the shared memory; the FMA kernel
     }
