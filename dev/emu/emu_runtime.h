@@ -327,6 +327,17 @@ inline int __shfl_xor_sync(unsigned, int v, int m) {
     return r;
 }
 
+// shfl.sync.idx over the whole warp (width 32): lane src's value.
+inline float __shfl_sync(unsigned, float v, int src) {
+    emu::Warp & w = emu::warp();
+    const int   l = emu::lane();
+    w.f[l][0]     = v;
+    emu::warp_sync();
+    const float r = w.f[src & 31][0];
+    emu::warp_sync();
+    return r;
+}
+
 // redux.sync: every lane of the warp must take part (the kernels call it with the full mask).
 template <typename Op> inline uint32_t emu_redux(uint32_t v, Op op) {
     emu::Warp & w = emu::warp();

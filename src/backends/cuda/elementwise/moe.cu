@@ -12,11 +12,14 @@
 //            then two warp reductions in hardware (redux.sync max of the heads' probability keys,
 //            redux.sync min of the ids whose key equals it: ties to the lower id) and a register
 //            shift in the winning lane -- instead of a per-lane scan plus a 5-step, two-shuffle
-//            (value, id) butterfly and an owner broadcast per round.
+//            (value, id) butterfly and an owner broadcast per round. The rounds touch no memory:
+//            a softmax weight is decoded from the winning key; a sigmoid score (the key holds
+//            score + bias) comes from the registers of the lane that holds the winner (one
+//            shuffle).
 //   sigmoid scoring (MiniMax-M2): p = 1 / (1 + expf(-x)) per expert, no max and no sum; the experts
 //            are chosen by p + bias (the optional e_score_correction_bias; the key is the
-//            order-preserving integer of any float) and weighted by p alone, read back from the
-//            winner's logit in every lane.
+//            order-preserving integer of any float) and weighted by p alone. The bias is a weight:
+//            read before the PDL wait, so its trip to DRAM overlaps the router GEMV.
 // The ids are always distinct and in [0, E): a NaN probability ranks below every number, so k <= E
 // valid experts always exist (MATMUL_ID indexes expert tables with them).
 // Arithmetic mirrors the CPU backend: m = max logit, e = expf(x - m), p = e / sum(e), weights summed
@@ -40,7 +43,6 @@ using ew::kMaxTopK;
 using ew::kRouteWarps;
 using ew::RouteArgs;
 using ew::moe_combine_kernel;
-using ew::moe_route_kernel;
 
 }  // namespace
 
@@ -60,9 +62,9 @@ void op_moe_route(const Tensor & t, const OpContext & ctx) {
     args.nrows     = lg.nrows();
     args.k         = k;
     args.normalize = t.ip[1] != 0;
-    args.sigmoid   = t.ip[2] == int32_t(RouterScore::Sigmoid);
+    const bool sigmoid = t.ip[2] == int32_t(RouterScore::Sigmoid);
     if (const Tensor * bias = t.src[1]) {
-        ew::require(args.sigmoid && bias->type == DType::F32 && bias->ne[0] == E && bias->nrows() == 1 && bias->nb[0] == 4, "MOE_ROUTE",
+        ew::require(sigmoid && bias->type == DType::F32 && bias->ne[0] == E && bias->nrows() == 1 && bias->nb[0] == 4, "MOE_ROUTE",
                     "the choice bias must be F32 [E] (sigmoid scoring only)");
         args.bias = static_cast<const float *>(bias->data);
     }
@@ -70,11 +72,7 @@ void op_moe_route(const Tensor & t, const OpContext & ctx) {
     const int64_t blocks = ceil_div(args.nrows, kRouteWarps);
     ew::require(blocks <= 0x7fffffff, "MOE_ROUTE", "too many tokens");
     const unsigned grid = unsigned(blocks), threads = 32 * kRouteWarps;
-    if (E <= 32) launch(moe_route_kernel<1>, grid, threads, 0, ctx.stream, args);
-    else if (E <= 64) launch(moe_route_kernel<2>, grid, threads, 0, ctx.stream, args);
-    else if (E <= 128) launch(moe_route_kernel<4>, grid, threads, 0, ctx.stream, args);
-    else if (E <= 256) launch(moe_route_kernel<8>, grid, threads, 0, ctx.stream, args);
-    else launch(moe_route_kernel<16>, grid, threads, 0, ctx.stream, args);
+    launch(ew::route_kernel_for(E, sigmoid), grid, threads, 0, ctx.stream, args);
     SPARK_CUDA_CHECK_LAUNCH();
 }
 

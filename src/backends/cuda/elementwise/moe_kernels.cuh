@@ -17,7 +17,6 @@ struct RouteArgs {
     int64_t       n_expert = 0, nrows = 0;
     int           k         = 0;
     bool          normalize = false;
-    bool          sigmoid   = false;    // sigmoid scores instead of a softmax (MiniMax-M2)
     const float * bias      = nullptr;  // sigmoid only, optional: added to the scores to choose, not to the weights
 };
 
@@ -30,14 +29,23 @@ __device__ __forceinline__ uint32_t choice_key(float c) { return c == c ? ordere
 __device__ __forceinline__ uint32_t prob_key(float p) { return p == p ? __float_as_uint(p) + 2u : 1u; }
 __device__ __forceinline__ float    key_prob(uint32_t k) { return k >= 2u ? __uint_as_float(k - 2u) : __int_as_float(0x7fffffff); }
 
-// NPL values per lane (power of two, 32 * NPL >= E).
-template <int NPL> __global__ void __launch_bounds__(32 * kRouteWarps) moe_route_kernel(const RouteArgs args) {
+// NPL values per lane (power of two, 32 * NPL >= E). SIGMOID: sigmoid scores (MiniMax-M2), else a
+// softmax; a template parameter so that each variant keeps only its own values in registers.
+template <int NPL, bool SIGMOID> __global__ void __launch_bounds__(32 * kRouteWarps) moe_route_kernel(const RouteArgs args) {
     pdl::launch_dependents();
-    pdl::wait();
     const int64_t r    = int64_t(blockIdx.x) * kRouteWarps + (threadIdx.x >> 5);
     const int     lane = threadIdx.x & 31;
+    const int     E    = int(args.n_expert);
+    // The choice bias is a weight (written at load time): requested before the wait, so its trip to
+    // DRAM (the step's weight stream has evicted it from L2) overlaps the router GEMV's end.
+    float bias[NPL];
+#pragma unroll
+    for (int j = 0; j < NPL; ++j) {
+        const int e = lane + 32 * j;
+        bias[j]     = SIGMOID && args.bias && e < E && r < args.nrows ? __ldg(args.bias + e) : 0.0f;
+    }
+    pdl::wait();
     if (r >= args.nrows) return;  // whole warps
-    const int     E = int(args.n_expert);
     const float * x = reinterpret_cast<const float *>(args.logits.row(r));
 
     float p[NPL];
@@ -47,14 +55,14 @@ template <int NPL> __global__ void __launch_bounds__(32 * kRouteWarps) moe_route
         p[j]        = e < E ? x[e] : 0.0f;
     }
     // Candidates as 64-bit keys (score key, then ~id: equal keys rank the lower id first), sorted
-    // descending per lane.
+    // descending per lane. Sigmoid: p becomes the score each expert would be weighted by.
     uint64_t c[NPL];
-    if (args.sigmoid) {
+    if constexpr (SIGMOID) {
 #pragma unroll
         for (int j = 0; j < NPL; ++j) {
             const uint32_t e = uint32_t(lane + 32 * j);
-            const float    b = args.bias && e < uint32_t(E) ? args.bias[e] : 0.0f;
-            c[j] = e < uint32_t(E) ? (uint64_t(choice_key(route_sigmoid(p[j]) + b)) << 32) | uint64_t(~e) : 0ull;
+            p[j]             = route_sigmoid(p[j]);
+            c[j]             = e < uint32_t(E) ? (uint64_t(choice_key(p[j] + bias[j])) << 32) | uint64_t(~e) : 0ull;
         }
     } else {
         // max: NaN-free logits give the same m as a float max (a NaN makes every p NaN either way)
@@ -74,7 +82,7 @@ template <int NPL> __global__ void __launch_bounds__(32 * kRouteWarps) moe_route
 #pragma unroll
         for (int j = 0; j < NPL; ++j) {
             const uint32_t e = uint32_t(lane + 32 * j);
-            c[j] = e < uint32_t(E) ? (uint64_t(prob_key(p[j] / s)) << 32) | uint64_t(~e) : 0ull;
+            c[j]             = e < uint32_t(E) ? (uint64_t(prob_key(p[j] / s)) << 32) | uint64_t(~e) : 0ull;
         }
     }
 #pragma unroll
@@ -92,6 +100,8 @@ template <int NPL> __global__ void __launch_bounds__(32 * kRouteWarps) moe_route
                 }
             }
 
+    // Selection: k rounds of register work only (no memory: the winner's weight is in its key, or
+    // with sigmoid scores in the registers of the lane that holds it: e % 32, slot e / 32).
     float    wsum = 0.0f, my_w = 0.0f;
     uint32_t my_id = 0;
     for (int it = 0; it < args.k; ++it) {
@@ -104,9 +114,21 @@ template <int NPL> __global__ void __launch_bounds__(32 * kRouteWarps) moe_route
             for (int j = 0; j + 1 < NPL; ++j) c[j] = c[j + 1];
             c[NPL - 1] = 0ull;
         }
-        // The weight: the softmax probability the key holds, or the winner's sigmoid score without
-        // the bias (every lane reads the one logit).
-        const float pv = args.sigmoid ? route_sigmoid(x[wid]) : key_prob(kmax);
+        float pv;
+        if constexpr (SIGMOID) {  // the winner's score without the bias: slot wid / 32 (warp-uniform) of lane wid % 32
+            // (a tree of selects on the slot's bits: a dynamic index would put p in local memory)
+            const uint32_t slot = wid >> 5;
+            float          v[NPL];
+#pragma unroll
+            for (int j = 0; j < NPL; ++j) v[j] = p[j];
+#pragma unroll
+            for (int b = NPL / 2; b >= 1; b >>= 1)
+#pragma unroll
+                for (int j = 0; j < b; ++j) v[j] = slot & uint32_t(b) ? v[j + b] : v[j];
+            pv = __shfl_sync(0xffffffffu, v[0], int(wid & 31u));
+        } else {
+            pv = key_prob(kmax);  // the softmax probability the key holds
+        }
         wsum += pv;  // the CPU's order: selection order
         if (lane == it) {
             my_w  = pv;
@@ -120,6 +142,17 @@ template <int NPL> __global__ void __launch_bounds__(32 * kRouteWarps) moe_route
         ids[lane]     = int32_t(my_id);
     }
 }
+
+// The route kernel of E experts and a scoring (host side: the launcher and the emulator test).
+using RouteKernel = void (*)(RouteArgs);
+template <bool SIGMOID> inline RouteKernel route_kernel_of(int64_t E) {
+    return E <= 32    ? moe_route_kernel<1, SIGMOID>
+           : E <= 64  ? moe_route_kernel<2, SIGMOID>
+           : E <= 128 ? moe_route_kernel<4, SIGMOID>
+           : E <= 256 ? moe_route_kernel<8, SIGMOID>
+                      : moe_route_kernel<16, SIGMOID>;
+}
+inline RouteKernel route_kernel_for(int64_t E, bool sigmoid) { return sigmoid ? route_kernel_of<true>(E) : route_kernel_of<false>(E); }
 
 struct CombineArgs {
     const char * y = nullptr;
