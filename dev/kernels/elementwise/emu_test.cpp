@@ -415,6 +415,7 @@ void test_moe() {
                 RouteArgs          a;
                 a.logits = rows_at(x.data(), st), a.out = rows_at(out.data(), 2 * c.k), a.n_expert = c.E, a.nrows = rows,
                 a.k = c.k, a.normalize = normalize;
+                a.sigmoid = score > 0;
                 a.bias    = score == 2 ? bias.data() : nullptr;
                 const unsigned blocks = unsigned((rows + kRouteWarps - 1) / kRouteWarps);
                 {
@@ -422,8 +423,8 @@ void test_moe() {
                     PdlGuard g({pdl::model::in(x.data(), x.size() * 4),
                                 pdl::model::out(out.data(), out.size() * 4)});
                     const int npl = c.E <= 32 ? 1 : c.E <= 64 ? 2 : c.E <= 128 ? 4 : c.E <= 256 ? 8 : 16;
-                    last_kernel   = "moe_route_kernel" + targs({npl, score > 0 ? 1 : 0});
-                    const RouteKernel kernel = route_kernel_for(c.E, score > 0);
+                    last_kernel   = "moe_route_kernel" + targs({npl});
+                    const RouteKernel kernel = route_kernel_for(c.E);
                     emu::launch(dim3(blocks), dim3(32 * kRouteWarps), [&] { kernel(a); }, uint64_t(c.E * 31 + kind));
                     g.check(last_kernel + " E=" + std::to_string(c.E) + " k=" + std::to_string(c.k) + " kind " + std::to_string(kind));
                 }
@@ -448,8 +449,8 @@ void test_moe() {
         RouteArgs          a;
         a.logits = rows_at(x.data(), 8), a.out = rows_at(out.data(), 8), a.n_expert = 8, a.nrows = 1, a.k = 4, a.normalize = true;
         PdlGuard g({pdl::model::in(x.data(), x.size() * 4), pdl::model::out(out.data(), out.size() * 4)});
-        emu::launch(dim3(1), dim3(128), [&] { moe_route_kernel<1, false>(a); });
-        g.check("moe_route_kernel<1, false> known ties");
+        emu::launch(dim3(1), dim3(128), [&] { moe_route_kernel<1>(a); });
+        g.check("moe_route_kernel<1> known ties");
         const int32_t * ids = reinterpret_cast<const int32_t *>(out.data() + 4);
         expect(ids[0] == 0 && ids[1] == 2 && ids[2] == 3 && ids[3] == 1, "moe_route known ties");
     }

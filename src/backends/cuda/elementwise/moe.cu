@@ -62,9 +62,9 @@ void op_moe_route(const Tensor & t, const OpContext & ctx) {
     args.nrows     = lg.nrows();
     args.k         = k;
     args.normalize = t.ip[1] != 0;
-    const bool sigmoid = t.ip[2] == int32_t(RouterScore::Sigmoid);
+    args.sigmoid   = t.ip[2] == int32_t(RouterScore::Sigmoid);
     if (const Tensor * bias = t.src[1]) {
-        ew::require(sigmoid && bias->type == DType::F32 && bias->ne[0] == E && bias->nrows() == 1 && bias->nb[0] == 4, "MOE_ROUTE",
+        ew::require(args.sigmoid && bias->type == DType::F32 && bias->ne[0] == E && bias->nrows() == 1 && bias->nb[0] == 4, "MOE_ROUTE",
                     "the choice bias must be F32 [E] (sigmoid scoring only)");
         args.bias = static_cast<const float *>(bias->data);
     }
@@ -72,7 +72,7 @@ void op_moe_route(const Tensor & t, const OpContext & ctx) {
     const int64_t blocks = ceil_div(args.nrows, kRouteWarps);
     ew::require(blocks <= 0x7fffffff, "MOE_ROUTE", "too many tokens");
     const unsigned grid = unsigned(blocks), threads = 32 * kRouteWarps;
-    launch(ew::route_kernel_for(E, sigmoid), grid, threads, 0, ctx.stream, args);
+    launch(ew::route_kernel_for(E), grid, threads, 0, ctx.stream, args);
     SPARK_CUDA_CHECK_LAUNCH();
 }
 
