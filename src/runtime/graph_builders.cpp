@@ -175,30 +175,32 @@ Tensor * build_attention(GraphContext & gc, Tensor * x, const AttentionWeights &
     const HParams & hp = gc.model.hparams;
     const int64_t   T = x->ne[1], hd = hp.head_dim, nh = hp.n_head, nkv = hp.n_head_kv;
 
-    // A norm of the whole projection (MiniMax-M2) comes before the split into heads; the three
-    // matmuls stay adjacent (one launch on CUDA).
+    // The three matmuls stay adjacent (one launch on CUDA).
     const bool whole_q = w.q_norm.data && w.whole_norms, whole_k = w.k_norm.data && w.whole_norms;
     Tensor *   q       = g.matmul(x, w.wq);
     Tensor *   k       = g.matmul(x, w.wk);
     Tensor *   v       = g.reshape(g.matmul(x, w.wv), {hd, nkv, T});
-    if (whole_q) q = whole_norm(gc, q, w.q_norm, "q_norm", hp.n_head, gc.model.shard.full.n_head, zc);
-    if (whole_k) k = whole_norm(gc, k, w.k_norm, "k_norm", hp.n_head_kv, gc.model.shard.full.n_head_kv, zc);
-    k = g.reshape(k, {hd, nkv, T});
-    Tensor * gate = nullptr;
+    Tensor *   gate    = nullptr;
     if (q_gated) {
-        // q_proj rows are [q (hd) | gate (hd)] per head: split with strided views.
+        // q_proj rows are [q (hd) | gate (hd)] per head: split with strided views (a norm of the
+        // whole projection first: it covers the gates too).
+        if (whole_q) q = whole_norm(gc, q, w.q_norm, "q_norm", hp.n_head, gc.model.shard.full.n_head, zc);
         Tensor * qg = g.reshape(q, {2 * hd, nh, T});
         gate        = g.view(qg, {hd, nh, T}, {4, qg->nb[1], qg->nb[2]}, size_t(hd) * 4);
         q           = g.view(qg, {hd, nh, T}, {4, qg->nb[1], qg->nb[2]}, 0);
-    } else {
+    } else if (!whole_q) {
         q = g.reshape(q, {hd, nh, T});
     }
+    if (!whole_k) k = g.reshape(k, {hd, nkv, T});
 
-    // Each norm directly followed by its RoPE: backends may fuse the pair. Llama-style layers (an
-    // EAGLE3 head) have no q/k norms.
-    if (w.q_norm.data && !whole_q) q = g.rms_norm(q, param(gc, w.q_norm, "q_norm"), hp.rms_eps, zc);
+    // Each norm directly followed by its RoPE: backends may fuse the pair. A norm of the whole
+    // projection (MiniMax-M2) comes before the split into heads. Llama-style layers (an EAGLE3 head)
+    // have no q/k norms.
+    if (whole_q && !q_gated) q = g.reshape(whole_norm(gc, q, w.q_norm, "q_norm", hp.n_head, gc.model.shard.full.n_head, zc), {hd, nh, T});
+    else if (w.q_norm.data && !whole_q) q = g.rms_norm(q, param(gc, w.q_norm, "q_norm"), hp.rms_eps, zc);
     q = g.named(g.rope(q, gc.step.pos, int32_t(hp.n_rot), hp.rope_theta), "q_rope", il);
-    if (w.k_norm.data && !whole_k) k = g.rms_norm(k, param(gc, w.k_norm, "k_norm"), hp.rms_eps, zc);
+    if (whole_k) k = g.reshape(whole_norm(gc, k, w.k_norm, "k_norm", hp.n_head_kv, gc.model.shard.full.n_head_kv, zc), {hd, nkv, T});
+    else if (w.k_norm.data) k = g.rms_norm(k, param(gc, w.k_norm, "k_norm"), hp.rms_eps, zc);
     k = g.named(g.rope(k, gc.step.pos, int32_t(hp.n_rot), hp.rope_theta), "k_rope", il);
 
     Tensor * o = g.attention(q, k, v, gc.memory.k_cache(g, il), gc.memory.v_cache(g, il), gc.step,

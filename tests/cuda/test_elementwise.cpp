@@ -23,6 +23,7 @@
 
 #include "backends/cpu/cpu_ops.h"
 #include "backends/cpu/thread_pool.h"
+#include "backends/cuda/fusion.h"
 #include "backends/cuda/ops.h"
 #include "graph/graph.h"
 
@@ -308,6 +309,62 @@ TEST_CASE("cuda elementwise: per-head RMS_NORM then ROPE through the graph") {
             return g.rope(k, b.input_i32({rows}, pos), 64, 1e7f);
         });
     }
+}
+
+TEST_CASE("cuda elementwise: RMS_NORM of whole rows then ROPE of their heads through the graph (MiniMax-M2 q / k)") {
+    // kF32 (the sum of squares' order, sincosf ulps). The backend runs each pair, and the q and k
+    // pairs together, as op_whole_norm_rope_pair (one launch: the fusion pass's case below); either
+    // way the result is the CPU's RMS_NORM followed by ROPE.
+    OpHarness h(23);
+    h.set_replay_check(true);
+    for (int64_t rows : kRows) {
+        std::vector<int32_t> pos(static_cast<size_t>(rows));
+        for (int64_t i = 0; i < rows; ++i) pos[size_t(i)] = int32_t(rows == 1 ? 31999 : i * 61 % 40000);
+        h.check_multi(shape_name("q_norm [6144] -> rope [128, 48]; k_norm [1024] -> rope [128, 8]", 6144, rows), kF32, [&](OpBuilder & b) {
+            Graph &  g  = b.graph();
+            Tensor * p  = b.input_i32({rows}, pos);
+            Tensor * q  = g.rms_norm(b.input({6144, rows}, 2.0f), b.param({6144}, 0.1f, 1.0f), 1e-6f);
+            Tensor * rq = g.rope(g.reshape(q, {128, 48, rows}), p, 64, 5e6f);
+            Tensor * k  = g.rms_norm(b.input({1024, rows}, 2.0f), b.param({1024}, 0.1f, 1.0f), 1e-6f);
+            Tensor * rk = g.rope(g.reshape(k, {128, 8, rows}), p, 64, 5e6f);
+            return std::vector<Tensor *>{rq, rk};
+        });
+        h.check(shape_name("zero-centred norm [2048] -> full rope [64, 32]", 2048, rows), kF32, [&](OpBuilder & b) {
+            Graph &  g = b.graph();
+            Tensor * x = g.rms_norm(b.input({2048, rows}), b.param({2048}, 0.1f), 1e-6f, /*zero_centered=*/true);
+            return g.rope(g.reshape(x, {64, 32, rows}), b.input_i32({rows}, pos), 64, 1e4f);
+        });
+        h.check(shape_name("unweighted norm [1280] -> partial rope [128, 10]", 1280, rows), kF32, [&](OpBuilder & b) {
+            Graph &  g = b.graph();
+            Tensor * x = g.rms_norm(b.input({1280, rows}, 3.0f), nullptr, 1e-6f);
+            return g.rope(g.reshape(x, {128, 10, rows}), b.input_i32({rows}, pos), 32, 1e4f);
+        });
+    }
+}
+
+TEST_CASE("cuda elementwise: the fusion pass launches a whole-row norm with the RoPE of its heads") {
+    // (Host code: the launches the dispatch would make.) The q and k pairs of a MiniMax-M2 layer as
+    // graph_builders.cpp orders them: one launch; a norm with a second reader, two launches.
+    using Kind = spark::cuda::FusedLaunch::Kind;
+    const int64_t T = 2;
+    Graph         g;
+    Tensor *      pos = g.input(DType::I32, {T}, "pos");
+    Tensor *      q   = g.input(DType::F32, {512, T}, "q");
+    Tensor *      k   = g.input(DType::F32, {128, T}, "k");
+    Tensor *      rq  = g.rope(g.reshape(g.rms_norm(q, nullptr, 1e-6f), {128, 4, T}), pos, 64, 1e6f);
+    Tensor *      rk  = g.rope(g.reshape(g.rms_norm(k, nullptr, 1e-6f), {128, 1, T}), pos, 64, 1e6f);
+    Tensor *      n2  = g.rms_norm(q, nullptr, 1e-6f);
+    Tensor *      r2  = g.rope(g.reshape(n2, {128, 4, T}), pos, 64, 1e6f);
+    for (Tensor * t : {rq, rk, r2, n2}) g.mark_output(t);
+    spark::cuda::OpContext  ctx;
+    spark::cuda::FusionPass pass(g, ctx);
+    std::vector<std::string> got;
+    for (spark::cuda::FusedLaunch l; pass.next(l);) {
+        CHECK((l.kind != Kind::WholeNormRope || (l.count == 4 && l.nodes[1] == rq && l.nodes[3] == rk)));
+        got.push_back(l.kind == Kind::Node ? spark::op_name(l.nodes[0]->op) : l.label ? l.label : "?");
+    }
+    const std::vector<std::string> want = {"RMS_NORM+ROPE (rows) x2", "RMS_NORM", "ROPE"};
+    CHECK(got == want);
 }
 
 TEST_CASE("cuda elementwise: ARGMAX") {

@@ -336,6 +336,100 @@ void test_rope() {
                 check_heads(q, "q");
                 if (pair) check_heads(k, "k");
             }
+
+    // The RMS_NORM of whole rows (the mean over every head of a token) + RoPE of the heads, q rows and
+    // optionally k rows in one launch (rope_row_norm_kernel, op_whole_norm_rope_pair): MiniMax-M2's
+    // 48 + 8 heads of 128 with 64 rotated dims, and the other register layouts the launcher takes.
+    struct RowCfg {
+        int  hd, nq, nk, n_rot;
+        bool zc, has_w;
+    };
+    const RowCfg row_cfgs[] = {{128, 48, 8, 64, false, true}, {128, 64, 0, 128, true, true}, {64, 3, 1, 64, false, false},
+                               {256, 16, 4, 256, false, true}, {96, 5, 2, 32, true, true}, {128, 1, 1, 64, false, true}};
+    for (const RowCfg & c : row_cfgs)
+        for (int T : {1, 3}) {
+            struct Rows {
+                int                nh = 0;
+                int64_t            st = 0;  // row stride (floats)
+                std::vector<float> x, w, o;
+            };
+            auto make_rows = [&](int nh) {
+                Rows r;
+                r.nh = nh, r.st = int64_t(c.hd) * nh + 8;
+                r.x.resize(static_cast<size_t>(r.st * T)), r.w.resize(static_cast<size_t>(c.hd * nh));
+                r.o.assign(static_cast<size_t>(c.hd * nh * T + 1), NAN);
+                for (auto & v : r.x) v = randn() * 2.0f;
+                for (auto & v : r.w) v = c.zc ? 0.1f * randn() : 1.0f + 0.1f * randn();
+                return r;
+            };
+            Rows                 q = make_rows(c.nq), k = make_rows(c.nk);
+            std::vector<int32_t> pos(static_cast<size_t>(T));
+            for (int t = 0; t < T; ++t) pos[size_t(t)] = T == 1 ? 31999 : t * 7919 % 40000;
+            RopeArgs  a;
+            RopeFreqs f{};
+            const int half = c.n_rot / 2;
+            for (int i = 0; i < half; ++i) f.inv_freq[i] = 1.0f / std::pow(5e6f, float(2 * i) / float(c.n_rot));
+            a.x = reinterpret_cast<const char *>(q.x.data()), a.o = reinterpret_cast<char *>(q.o.data()), a.pos = pos.data();
+            a.x_nb1 = c.hd * 4, a.x_nb2 = q.st * 4, a.o_nb1 = c.hd * 4, a.o_nb2 = int64_t(c.hd) * q.nh * 4;
+            a.hd = c.hd, a.nh = q.nh, a.n_rot = c.n_rot, a.items = T;
+            a.w = c.has_w ? q.w.data() : nullptr, a.eps = 1e-6f, a.zc = c.zc;
+            if (c.nk)
+                a.second = RopeHeads{reinterpret_cast<const char *>(k.x.data()), reinterpret_cast<char *>(k.o.data()),
+                                     c.has_w ? k.w.data() : nullptr, c.hd * 4, k.st * 4, c.hd * 4, int64_t(c.hd) * k.nh * 4, k.nh, T};
+            const int copy = c.hd - c.n_rot;
+            auto      go   = [&](auto np_tag, auto nc_tag) {
+                constexpr int NP = decltype(np_tag)::value, NC = decltype(nc_tag)::value;
+                last_kernel      = "rope_row_norm_kernel" + targs({NP, NC});
+                emu::launch(dim3(unsigned(T + (c.nk ? T : 0))), dim3(32 * kRowWarps), [&] { rope_row_norm_kernel<NP, NC>(a, f); });
+            };
+            {
+                // x comes from an earlier kernel; the norm weights are read before the wait.
+                PdlGuard g({pdl::model::in(q.x.data(), q.x.size() * 4), pdl::model::out(q.o.data(), q.o.size() * 4),
+                            pdl::model::in(c.nk ? k.x.data() : nullptr, k.x.size() * 4),
+                            pdl::model::out(c.nk ? k.o.data() : nullptr, k.o.size() * 4)});
+                using I0 = std::integral_constant<int, 0>;
+                using I2 = std::integral_constant<int, 2>;
+                if (half <= 32) copy == 0 ? go(std::integral_constant<int, 1>{}, I0{}) : go(std::integral_constant<int, 1>{}, I2{});
+                else if (half <= 64) copy == 0 ? go(std::integral_constant<int, 2>{}, I0{}) : go(std::integral_constant<int, 2>{}, I2{});
+                else copy == 0 ? go(std::integral_constant<int, 4>{}, I0{}) : go(std::integral_constant<int, 4>{}, I2{});
+                g.check(last_kernel + " hd=" + std::to_string(c.hd) + " heads " + std::to_string(c.nq) + "+" + std::to_string(c.nk));
+            }
+            // reference: the CPU backend's RMS_NORM of the whole row (a double sum of squares), then
+            // ROPE of each head; nmse 1e-12 (the kernel's float sum in another order: ~1e-14)
+            auto check_rows = [&](const Rows & rs, const char * which) {
+                const int          L = c.hd * rs.nh;
+                std::vector<float> ref(static_cast<size_t>(L * T)), y(static_cast<size_t>(L));
+                for (int t = 0; t < T; ++t) {
+                    const float * xr = rs.x.data() + t * rs.st;
+                    double        ss = 0;
+                    for (int i = 0; i < L; ++i) ss += double(xr[i]) * xr[i];
+                    const float inv = 1.0f / std::sqrt(float(ss / double(L)) + 1e-6f);
+                    for (int i = 0; i < L; ++i) {
+                        float v = xr[i] * inv;
+                        if (c.has_w) v *= c.zc ? (1.0f + rs.w[size_t(i)]) : rs.w[size_t(i)];
+                        y[size_t(i)] = v;
+                    }
+                    const float p = float(pos[size_t(t)]);
+                    for (int h = 0; h < rs.nh; ++h) {
+                        const float * yh = y.data() + h * c.hd;
+                        float *       rr = ref.data() + (size_t(t) * rs.nh + h) * c.hd;
+                        for (int i = 0; i < half; ++i) {
+                            const float ang = p * f.inv_freq[i];
+                            const float cs = std::cos(ang), sn = std::sin(ang);
+                            rr[i]        = yh[i] * cs - yh[i + half] * sn;
+                            rr[i + half] = yh[i + half] * cs + yh[i] * sn;
+                        }
+                        for (int i = c.n_rot; i < c.hd; ++i) rr[i] = yh[i];
+                    }
+                }
+                const double e = nmse(rs.o.data(), ref.data(), ref.size());
+                expect(e <= 1e-12 && !std::isfinite(rs.o.back()), std::string("rope row norm ") + which + " hd=" + std::to_string(c.hd) +
+                                                                      " heads=" + std::to_string(rs.nh) + " T=" + std::to_string(T) +
+                                                                      " nmse " + std::to_string(e));
+            };
+            check_rows(q, "q");
+            if (c.nk) check_rows(k, "k");
+        }
 }
 
 // ---------------------------------------------------------------- moe route / combine

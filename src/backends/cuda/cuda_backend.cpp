@@ -357,6 +357,9 @@ private:
             case Kind::AddRmsNorm: return cuda::op_add_rms_norm(*l.nodes[0], *l.nodes[1], ctx_);
             case Kind::RmsNormRope: return cuda::op_rms_norm_rope(*l.nodes[0], *l.nodes[1], ctx_);
             case Kind::RmsNormRopePair: return cuda::op_rms_norm_rope_pair(*l.nodes[0], *l.nodes[1], *l.nodes[2], *l.nodes[3], ctx_);
+            case Kind::WholeNormRope:
+                return cuda::op_whole_norm_rope_pair(*l.nodes[0], *l.nodes[1], l.count == 4 ? l.nodes[2] : nullptr,
+                                                     l.count == 4 ? l.nodes[3] : nullptr, ctx_);
             case Kind::AttentionNormRope:
                 return cuda::op_attention_norm_rope(*l.nodes[0], *l.nodes[1], *l.nodes[2], *l.nodes[3], *l.nodes[4], ctx_);
         }

@@ -79,10 +79,52 @@ bool FusionPass::next(FusedLaunch & l) {
             i_ += size_t(l.count);
             return true;
         }
+        // RMS_NORM of whole rows whose heads only a ROPE reads (MiniMax-M2's q / k norms), and the
+        // k pair after it: one launch at the q norm (views between launch nothing; the k norm's
+        // input exists already, written by the q/k/v matmuls before).
+        if (const size_t rq = whole_norm_rope_at(i_)) {
+            l.kind                 = FusedLaunch::Kind::WholeNormRope;
+            l.count                = 2;
+            l.nodes[1]             = nodes_[rq];
+            l.label                = "RMS_NORM+ROPE (rows)";
+            skip_[size_t(nodes_[rq]->id)] = true;
+            if (const size_t rk = whole_norm_rope_at(next_launching(rq + 1))) {
+                const size_t nk = next_launching(rq + 1);
+                l.count         = 4;
+                l.nodes[2]      = nodes_[nk];
+                l.nodes[3]      = nodes_[rk];
+                l.label         = "RMS_NORM+ROPE (rows) x2";
+                skip_[size_t(nodes_[nk]->id)] = skip_[size_t(nodes_[rk]->id)] = true;
+            }
+            ++i_;
+            return true;
+        }
         ++i_;
         return true;
     }
     return false;
+}
+
+// The first node at or after i that launches something (not a view, not NONE); nodes_.size() if none.
+size_t FusionPass::next_launching(size_t i) const {
+    while (i < nodes_.size() && (nodes_[i]->op == Op::VIEW || nodes_[i]->op == Op::NONE)) ++i;
+    return i;
+}
+
+// nodes[i] is an RMS_NORM of whole rows (no sums of squares given, src3; no gate, src2) whose only
+// reader is a view whose only reader is the next launching node, a ROPE: that ROPE's position, else 0.
+size_t FusionPass::whole_norm_rope_at(size_t i) const {
+    if (i >= nodes_.size()) return 0;
+    const Tensor * n = nodes_[i];
+    if (n->op != Op::RMS_NORM || n->src[2] || n->src[3] || uses_[size_t(n->id)] != 1 || (n->flags & TENSOR_OUTPUT)) return 0;
+    const size_t j = next_launching(i + 1);
+    if (j >= nodes_.size()) return 0;
+    const Tensor * r     = nodes_[j];
+    const Tensor * heads = r->src[0];
+    if (r->op != Op::ROPE || !heads || heads->op != Op::VIEW || heads->src[0] != n || uses_[size_t(heads->id)] != 1 ||
+        (heads->flags & TENSOR_OUTPUT) || skip_[size_t(r->id)])
+        return 0;
+    return j;
 }
 
 bool FusionPass::ids_written_before_previous(const FusedLaunch & l) const {

@@ -6,6 +6,7 @@
 //   ADD directly followed by the RMS_NORM of its sum                 op_add_rms_norm
 //   per-head RMS_NORM read only by the ROPE after it (q, then k)     op_rms_norm_rope(_pair)
 //   ... whose two ROPE outputs only the next ATTENTION reads          op_attention_norm_rope
+//   RMS_NORM of whole rows read only by the ROPE of its heads (q, k)  op_whole_norm_rope_pair
 // Views and NONE nodes launch nothing; the nodes a fused launch computes are not launched again.
 // A collective (ALL_REDUCE) is a launch of its own, never part of a group; norms of rows split over ranks (RMS_NORM with src3, Graph::rms_norm_split) are
 // never fused: the fused kernels sum their own rows.
@@ -20,13 +21,14 @@
 namespace spark::cuda {
 
 struct FusedLaunch {
-    enum class Kind { Node, MatmulSwiglu, MatmulMulti, AddRmsNorm, RmsNormRope, RmsNormRopePair, AttentionNormRope };
+    enum class Kind { Node, MatmulSwiglu, MatmulMulti, AddRmsNorm, RmsNormRope, RmsNormRopePair, AttentionNormRope, WholeNormRope };
     static constexpr int kMaxNodes    = 5;
     static constexpr int kMaxMatmuls  = 4;  // of a MatmulMulti launch
 
     Kind           kind  = Kind::Node;
     int            count = 1;  // nodes[0 .. count): MatmulMulti the matmuls; RmsNormRopePair norm q, rope q, norm k,
-                               // rope k; AttentionNormRope those and the attention
+                               // rope k; AttentionNormRope those and the attention; WholeNormRope
+                               // norm q, rope q (then norm k, rope k)
     const Tensor * nodes[kMaxNodes] = {};
     const char *   label = nullptr;  // the op profiler's name of a fused launch (nullptr: the node's op)
 };
@@ -48,6 +50,8 @@ public:
 private:
     bool fusable_swiglu(const Tensor & sw) const;
     bool norm_rope_at(size_t i) const;
+    size_t whole_norm_rope_at(size_t i) const;
+    size_t next_launching(size_t i) const;
     const Tensor * attention_after_pair(size_t i) const;
     int  matmul_group(size_t first, const Tensor ** group) const;
 

@@ -160,6 +160,12 @@ void op_rms_norm_rope(const Tensor & norm, const Tensor & rope, const OpContext 
 // Two such pairs (a layer's q and k heads) in one launch where they rotate alike; otherwise in turn.
 void op_rms_norm_rope_pair(const Tensor & norm_q, const Tensor & rope_q, const Tensor & norm_k, const Tensor & rope_k,
                            const OpContext & ctx);
+// Fused RMS_NORM of whole rows + ROPE of their heads (MiniMax-M2's q / k norms over the whole
+// projection): `norm` over [hd * nh, T] (optional weight of hd * nh), read only by a contiguous view
+// [hd, nh, T] that only the ROPE node `rope` reads; the k pair (optional) in the same launch where
+// both rotate alike. Writes the ROPE outputs only; otherwise the nodes run in turn.
+void op_whole_norm_rope_pair(const Tensor & norm_q, const Tensor & rope_q, const Tensor * norm_k, const Tensor * rope_k,
+                             const OpContext & ctx);
 
 // Which kernel path each weight format takes on a device, decode / prefill, as the matmul planner
 // (matmul/op_plan.h) chooses it for representative weights (spark_device_info::kernel_paths), e.g.

@@ -70,36 +70,47 @@ template <int NP> __device__ __forceinline__ void rope_angles(int32_t pos, const
     }
 }
 
-// NORM: RMS-normalise the head first, y = (x * inv) * w or * (1 + w) with zc (hw: a weight w is
-// given), inv = 1 / sqrtf(mean x^2 + eps) from a float sum of squares (per lane, then the warp
-// butterfly). Then the rotation without FMA contraction in the CPU's order (o[j] = x0 c - x1 s,
-// o[j + half] = x1 c + x0 s): v becomes the output (x0 = o[j], x1 = o[j + half], xc the copied dims).
+// The sum of squares of the values v holds (per lane, in register order; the caller reduces).
+template <int NP, int NC> __device__ __forceinline__ float rope_sum_sqr(const RopeRegs<NP, NC> & v) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NP; ++k) ss += v.x0[k] * v.x0[k] + v.x1[k] * v.x1[k];
+#pragma unroll
+    for (int c = 0; c < NC; ++c) ss += v.xc[c] * v.xc[c];
+    return ss;
+}
+
+// The RMS_NORM of v given inv = 1 / sqrtf(mean x^2 + eps): y = (x * inv) * w or * (1 + w) with zc
+// (hw: a weight w is given).
+template <int NP, int NC>
+__device__ __forceinline__ void rope_norm_scale(RopeRegs<NP, NC> & v, const RopeRegs<NP, NC> & w, bool hw, bool zc, float inv) {
+#pragma unroll
+    for (int k = 0; k < NP; ++k) {
+        v.x0[k] = v.x0[k] * inv;
+        v.x1[k] = v.x1[k] * inv;
+        if (hw) {
+            v.x0[k] = v.x0[k] * (zc ? 1.0f + w.x0[k] : w.x0[k]);
+            v.x1[k] = v.x1[k] * (zc ? 1.0f + w.x1[k] : w.x1[k]);
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+        v.xc[c] = v.xc[c] * inv;
+        if (hw) v.xc[c] = v.xc[c] * (zc ? 1.0f + w.xc[c] : w.xc[c]);
+    }
+}
+
+// NORM: RMS-normalise the head first (rope_norm_scale), inv from a float sum of squares (per lane,
+// then the warp butterfly). Then the rotation without FMA contraction in the CPU's order (o[j] = x0
+// c - x1 s, o[j + half] = x1 c + x0 s): v becomes the output (x0 = o[j], x1 = o[j + half], xc the
+// copied dims).
 template <int NP, int NC, bool NORM>
 __device__ __forceinline__ void rope_apply(RopeRegs<NP, NC> & v, const RopeRegs<NP, NC> & w, bool hw, float eps, bool zc, int hd,
                                            int n_rot, int lane, const float (&sn)[NP], const float (&cs)[NP]) {
     const int half = n_rot >> 1;
     if constexpr (NORM) {
-        float ss = 0.0f;
-#pragma unroll
-        for (int k = 0; k < NP; ++k) ss += v.x0[k] * v.x0[k] + v.x1[k] * v.x1[k];
-#pragma unroll
-        for (int c = 0; c < NC; ++c) ss += v.xc[c] * v.xc[c];
-        ss              = warp_sum(ss);
-        const float inv = 1.0f / sqrtf(ss / float(hd) + eps);
-#pragma unroll
-        for (int k = 0; k < NP; ++k) {
-            v.x0[k] = v.x0[k] * inv;
-            v.x1[k] = v.x1[k] * inv;
-            if (hw) {
-                v.x0[k] = v.x0[k] * (zc ? 1.0f + w.x0[k] : w.x0[k]);
-                v.x1[k] = v.x1[k] * (zc ? 1.0f + w.x1[k] : w.x1[k]);
-            }
-        }
-#pragma unroll
-        for (int c = 0; c < NC; ++c) {
-            v.xc[c] = v.xc[c] * inv;
-            if (hw) v.xc[c] = v.xc[c] * (zc ? 1.0f + w.xc[c] : w.xc[c]);
-        }
+        const float ss = warp_sum(rope_sum_sqr(v));
+        rope_norm_scale(v, w, hw, zc, 1.0f / sqrtf(ss / float(hd) + eps));
     }
 #pragma unroll
     for (int k = 0; k < NP; ++k) {

@@ -12,6 +12,10 @@
 // rotation then reads y exactly as the CPU's ROPE reads the RMS_NORM output. A head's arithmetic is
 // common/rope.cuh (rope_head), which the attention decode kernel also runs for a fused q/k norm.
 //
+// The RMS_NORM of a whole projection (MiniMax-M2's q / k norms: the mean over all heads of a token)
+// followed by the RoPE of its heads (op_whole_norm_rope_pair) runs the same arithmetic per head with
+// the row's inv from a block-wide sum (rope_row_norm_kernel): one launch instead of four.
+//
 // One warp per (token, head), 4 per block, no shared memory and no barrier: lane l owns the rotation
 // pairs j = l + 32 k (elements j and j + n_rot / 2) and the copied dims n_rot + l + 32 c, all in
 // registers. Every load (position, head, norm weight) is issued first, so a head costs one memory
@@ -30,6 +34,8 @@ namespace {
 
 using ew::kMaxCopyReg;
 using ew::kRopeWarps;
+using ew::kRowHeads;
+using ew::kRowWarps;
 using ew::RopeArgs;
 using ew::RopeHeads;
 
@@ -148,6 +154,72 @@ void op_rms_norm_rope_pair(const Tensor & norm_q, const Tensor & rope_q, const T
     }
     q.second = RopeHeads{k.x, k.o, k.w, k.x_nb1, k.x_nb2, k.o_nb1, k.o_nb2, k.nh, k.items};
     launch_rope<true>(q, fq, ctx);
+}
+
+namespace {
+
+// The arguments of one RMS_NORM of whole rows whose output, reshaped into heads, only the ROPE
+// `rope` reads; false when the pair must run as two ops (RopeArgs::x is then the norm's input).
+bool setup_whole_norm_rope(const Tensor & norm, const Tensor & rope, RopeArgs & args, RopeFreqs & freqs) {
+    const Tensor * heads = rope.src[0];
+    ew::require(norm.op == Op::RMS_NORM && rope.op == Op::ROPE && heads && heads->op == Op::VIEW && heads->src[0] == &norm,
+                "RMS_NORM+ROPE", "rope must be the ROPE of a view of the RMS_NORM node");
+    const Tensor & x = *norm.src[0];
+    ew::require_f32_rows(norm, "RMS_NORM+ROPE");
+    ew::require_f32_rows(x, "RMS_NORM+ROPE");
+    ew::require(ew::same_shape(x, norm), "RMS_NORM+ROPE", "norm output shape differs from its input");
+    setup_rope(rope, *heads, args, freqs);
+    // The view must be the norm's rows cut into heads: [hd, nh, T] over [hd * nh, T], both contiguous.
+    const bool reshaped = heads->view_offs == 0 && norm.is_contiguous() && heads->is_contiguous() && x.ne[0] == heads->ne[0] * heads->ne[1] &&
+                          x.nrows() == heads->ne[2];
+    if (!reshaped || norm.src[2] || norm.src[3] || x.nb[0] != 4) return false;
+    args.x         = static_cast<const char *>(x.data);
+    args.x_nb1     = int64_t(args.hd) * 4;
+    args.x_nb2     = int64_t(x.nb[1]);
+    bool w_aligned = true;
+    args.w         = ew::norm_weight(norm, x.ne[0], w_aligned);
+    args.eps       = norm.fp[0];
+    args.zc        = norm.ip[0] != 0;
+    // The kernel's register budget (kRowHeads heads of at most 64 rotation pairs and 64 copied dims
+    // per warp), and the output either exactly in place or apart from the input.
+    const bool in_place = x.data == rope.data && x.nb[1] == rope.nb[2];
+    return args.nh <= kRowWarps * kRowHeads && args.n_rot <= 256 && args.hd - args.n_rot <= 64 && (in_place || !overlaps(rope, x));
+}
+
+template <int NP, int NC> void launch_row_norm(const RopeArgs & args, const RopeFreqs & freqs, const OpContext & ctx) {
+    const unsigned blocks = unsigned(int64_t(args.items) + args.second.items);
+    launch(ew::rope_row_norm_kernel<NP, NC>, blocks, 32 * kRowWarps, 0, ctx.stream, args, freqs);
+    SPARK_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void op_whole_norm_rope_pair(const Tensor & norm_q, const Tensor & rope_q, const Tensor * norm_k, const Tensor * rope_k,
+                             const OpContext & ctx) {
+    RopeArgs  q, k;
+    RopeFreqs fq{}, fk{};
+    bool      fused = setup_whole_norm_rope(norm_q, rope_q, q, fq);
+    if (norm_k)
+        fused = fused && setup_whole_norm_rope(*norm_k, *rope_k, k, fk) && q.pos == k.pos && q.hd == k.hd && q.n_rot == k.n_rot &&
+                q.eps == k.eps && q.zc == k.zc && std::memcmp(&fq, &fk, sizeof fq) == 0 && !overlaps(*rope_k, *norm_q.src[0]) &&
+                !overlaps(*rope_k, rope_q) && !overlaps(rope_q, *norm_k->src[0]);
+    if (!fused) {  // the nodes in their order
+        op_rms_norm(norm_q, ctx);
+        op_rope(rope_q, ctx);
+        if (norm_k) {
+            op_rms_norm(*norm_k, ctx);
+            op_rope(*rope_k, ctx);
+        }
+        return;
+    }
+    // (items: tokens here; nh the heads of a token's row)
+    q.items = int(rope_q.ne[2]);
+    if (norm_k) q.second = RopeHeads{k.x, k.o, k.w, k.x_nb1, k.x_nb2, k.o_nb1, k.o_nb2, k.nh, int(rope_k->ne[2])};
+    if (q.items == 0) return;
+    const int half = q.n_rot / 2, copy = q.hd - q.n_rot;
+    if (half <= 32) return copy == 0 ? launch_row_norm<1, 0>(q, fq, ctx) : launch_row_norm<1, 2>(q, fq, ctx);
+    if (half <= 64) return copy == 0 ? launch_row_norm<2, 0>(q, fq, ctx) : launch_row_norm<2, 2>(q, fq, ctx);
+    return copy == 0 ? launch_row_norm<4, 0>(q, fq, ctx) : launch_row_norm<4, 2>(q, fq, ctx);
 }
 
 }  // namespace spark::cuda
