@@ -83,17 +83,17 @@ bool FusionPass::next(FusedLaunch & l) {
         // k pair after it: one launch at the q norm (views between launch nothing; the k norm's
         // input exists already, written by the q/k/v matmuls before).
         if (const size_t rq = whole_norm_rope_at(i_)) {
-            l.kind                 = FusedLaunch::Kind::WholeNormRope;
-            l.count                = 2;
-            l.nodes[1]             = nodes_[rq];
-            l.label                = "RMS_NORM+ROPE (rows)";
-            skip_[size_t(nodes_[rq]->id)] = true;
-            if (const size_t rk = whole_norm_rope_at(next_launching(rq + 1))) {
-                const size_t nk = next_launching(rq + 1);
-                l.count         = 4;
-                l.nodes[2]      = nodes_[nk];
-                l.nodes[3]      = nodes_[rk];
-                l.label         = "RMS_NORM+ROPE (rows) x2";
+            l.kind     = FusedLaunch::Kind::WholeNormRope;
+            l.count    = 2;
+            l.nodes[1] = nodes_[rq];
+            l.label    = "RMS_NORM+ROPE (rows)";
+            skip_[size_t(nodes_[rq]->id)] = true;  // (computed by this launch)
+            const size_t nk = next_launching(rq + 1);
+            if (const size_t rk = whole_norm_rope_at(nk)) {
+                l.count    = 4;
+                l.nodes[2] = nodes_[nk];
+                l.nodes[3] = nodes_[rk];
+                l.label    = "RMS_NORM+ROPE (rows) x2";
                 skip_[size_t(nodes_[nk]->id)] = skip_[size_t(nodes_[rk]->id)] = true;
             }
             ++i_;
