@@ -355,12 +355,19 @@ float x_value() {
     return std::ldexp(uni(-1.0f, 1.0f), int(bits32() % 81) - 40);
 }
 
+// The name part of a forced split ("" for the plan's).
+std::string forced_label(const Split & sp, bool mma) {
+    if (!sp.lpr) return "";
+    const std::string kind = mma ? std::string(sp.kp ? "kp/" : sp.wave ? "wave/" : "") : std::to_string(sp.lpr) + "/";
+    return " forced " + kind + std::to_string(sp.wk) + "/" + std::to_string(sp.ks);
+}
+
 // Plain MATMUL (nw = 1) or fused gate/up + SwiGLU (nw = 2) over `rows` activation rows.
 void check_dense(const Spec & s, int64_t n, int64_t k, int rows, int nw, Split sp, const std::string & filter, bool mma = false) {
     if (mma && !mma_spec(s, k)) return;
     const std::string name = std::string(mma ? "mma " : "") + s.name + " N=" + std::to_string(n) + " K=" + std::to_string(k) +
                              " rows=" + std::to_string(rows) + (nw == 2 ? " glu" : "") + (g_wide_x ? " wide-x" : "") +
-                             (sp.lpr ? " forced " + (mma ? std::string(sp.kp ? "kp/" : sp.wave ? "wave/" : "") : std::to_string(sp.lpr) + "/") + std::to_string(sp.wk) + "/" + std::to_string(sp.ks) : "");
+                             forced_label(sp, mma);
     if (name.find(filter) == std::string::npos) return;
     std::vector<HostWeight> w;
     for (int i = 0; i < nw; ++i) w.push_back(make_weight(s, n, k));
@@ -424,7 +431,7 @@ void check_moe(const Spec & s, int64_t n, int64_t k, int experts, int k_slots, i
                              std::to_string(k_slots) + "x" + std::to_string(T) + (nw == 2 ? " glu" : "") + (shared_x ? " shared-x" : "") +
                              (ids_early ? " ids-early" : "") +
                              (absent == Absent::first_half ? " absent-first-half" : absent == Absent::odd ? " absent-odd" : "") +
-                             (sp.lpr ? " forced " + (mma ? std::string(sp.kp ? "kp/" : "") : std::to_string(sp.lpr) + "/") + std::to_string(sp.wk) + "/" + std::to_string(sp.ks) : "");
+                             forced_label(sp, mma);
     if (name.find(filter) == std::string::npos) return;
     std::vector<HostWeight> w[2];
     std::vector<DeviceWeight> table[2];
@@ -511,7 +518,7 @@ void check_multi(const Spec & s, const std::vector<int64_t> & ns, int64_t k, int
     std::string name = std::string(mma ? "mma " : "") + "multi " + s.name + " N=";
     for (size_t m = 0; m < ns.size(); ++m) name += (m ? "+" : "") + std::to_string(ns[m]);
     name += " K=" + std::to_string(k) + " rows=" + std::to_string(rows) +
-            (sp.lpr ? " forced " + (mma ? std::string(sp.kp ? "kp/" : "") : std::to_string(sp.lpr) + "/") + std::to_string(sp.wk) + "/" + std::to_string(sp.ks) : "");
+            forced_label(sp, mma);
     if (name.find(filter) == std::string::npos) return;
     const int               count = int(ns.size());
     std::vector<HostWeight> w;

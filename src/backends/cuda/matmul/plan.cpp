@@ -96,6 +96,14 @@ GemvCost gemv_cost(WeightFormat f, int r) {
     return {1.0, 1.0 + r};
 }
 
+// MMA GEMV blocks of `smem` dynamic shared memory bytes that one SM holds: the static shared memory
+// needs 1 KB more per block, the driver reserves 1 KB per block (smem_optin + 1 KB per SM) and 512
+// bytes more is left for alignment; 0 where one block does not fit.
+int64_t gemv_mma_smem_blocks(int smem, int smem_optin) {
+    if (smem + 1024 > smem_optin) return 0;
+    return (int64_t(smem_optin) + 1024) / (smem + 1024 + 512);
+}
+
 // The MMA kernel (gemv_mma_kernels.cuh): the same model over K-warps and K splits, with its own costs: 2 x 16
 // rows x 128 K per warp step, ~2 (INT4) / ~2.9 (NVFP4) instructions per weight for any row count up to
 // 2 (+0.15 per further 8 B columns), a prologue that splits the block's K range of the activations
@@ -119,7 +127,6 @@ GemvPlan plan_gemv_mma(WeightFormat f, const int64_t * mat_n, int n_mats, int64_
     const int     warps = kGemvThreads / 32;
     const double  ipe   = (f == WeightFormat::NVFP4 ? 2.9 : 2.0) + 0.15 * (NB - 1);
     const double  epb   = f == WeightFormat::NVFP4 ? 1.78 : 1.94;  // weights per streamed byte
-    const int64_t smem_sm = int64_t(smem_optin) + 1024;                // per SM (one 1 KB reservation per block)
 
     // kLatLoaded: DRAM latency under load, fitted to the 8B gate/up plans measured with
     // bench_matmul --sweep on an H100 (one block alone streams ~16 KB/us).
@@ -144,8 +151,7 @@ GemvPlan plan_gemv_mma(WeightFormat f, const int64_t * mat_n, int n_mats, int64_
             const int64_t ks  = ceil_div(KB, cps);
             if (forced > 0 ? (ks > 1) != (forced > 1 && KB > 1) : ks != ks_try) continue;
             const int smem = gemv_mma_smem(R, std::min(cps, KB + kp));  // kp: room for the appended zero block
-            if (smem + 1024 > smem_optin) continue;  // (room for the static shared memory)
-            const int64_t bps = std::min<int64_t>(gemv_mma_min_blocks(R) == 1 ? 1 : 2, smem_sm / (smem + 1024 + 512));
+            const int64_t bps = std::min<int64_t>(gemv_mma_min_blocks(R) == 1 ? 1 : 2, gemv_mma_smem_blocks(smem, smem_optin));
             if (bps < 1) continue;
             const int64_t J        = cps / per_step;
             const int64_t blocks   = tiles * ks * jobs;
@@ -194,7 +200,7 @@ GemvPlan plan_gemv_mma_wave(int64_t N, int64_t K, int64_t jobs, int sm_count, in
     const int64_t KB    = std::max<int64_t>(1, ceil_div(K, int64_t(kMmaK)));
     const int64_t slots = int64_t(std::max(1, sm_count)) * kGemvMmaWaveBlocks;
     const int     smem  = gemv_mma_smem(1, KB);
-    if (smem + 1024 > smem_optin || int64_t(kGemvMmaWaveBlocks) * (smem + 1024 + 512) > int64_t(smem_optin) + 1024) return p;
+    if (gemv_mma_smem_blocks(smem, smem_optin) < kGemvMmaWaveBlocks) return p;
     for (const int wk : {8, 4, 2, 1}) {
         if (KB < 2 * wk) continue;
         const int     rb     = (kGemvThreads / 32 / wk) * gemv_mma_tiles(2) * 16;
