@@ -2,8 +2,9 @@
 # A/B of a decode change on the device: test-cuda's suites (SUITES, default the matmul and golden
 # ones) on this tree, then tg128 at depth 0 of each shape, the two sides interleaved, each run its
 # own process (REPS: pairs, default 2; RUNS: spark-bench -r). The two sides are either
-#   AB=VAR      an environment switch of this tree at 1 and 0 (SPARK_GEMV_BW_CAP, the default: "The
-#               GEMV planner on the H200"; SPARK_GEMV_WAVE: "The one-wave gate/up"; docs/PERF.md), or
+#   AB=VAR      an environment switch of this tree at 1 and AB_OFF (default 0) (SPARK_GEMV_BW_CAP, the
+#               default: "The GEMV planner on the H200"; SPARK_GEMV_WAVE: "The one-wave gate/up",
+#               AB_OFF=2 for the single weights' part alone; docs/PERF.md), or
 #   BASE=DIR    this tree against another one, unpacked into a git-ignored folder carried along:
 #               git archive REV | tar -x -C .device/base   (run with carry [".deps", ".device"])
 # Logs to $OUT (or /tmp/plan_ab).
@@ -24,12 +25,13 @@ echo "built $(date +%T)"
 build-dev/tests/test-cuda -tc="${SUITES:-matmul*,GPU golden*}" > "$out/test_cuda.log" 2>&1
 rc=$?
 echo "test-cuda rc $rc $(date +%T)"; tail -3 "$out/test_cuda.log"
-# side 1: this tree (with AB=1); side 0: the base tree, or this tree with AB=0
+# side 1: this tree (with AB=1); side 0: the base tree, or this tree with AB=AB_OFF
+side_value() { [ "$1" = 1 ] && echo 1 || echo "${AB_OFF:-0}"; }
 bench_side() {
     if [ -n "${BASE:-}" ]; then
         [ "$1" = 1 ] && echo build-dev/tools/bench/spark-bench || echo "$BASE/build-dev/tools/bench/spark-bench"
     else
-        echo "env ${AB:-SPARK_GEMV_BW_CAP}=$1 build-dev/tools/bench/spark-bench"
+        echo "env ${AB:-SPARK_GEMV_BW_CAP}=$(side_value "$1") build-dev/tools/bench/spark-bench"
     fi
 }
 label=${AB:-SPARK_GEMV_BW_CAP}
@@ -38,7 +40,7 @@ for spec in "$@"; do
     shape=${spec%%:*} formats=${spec#*:}
     for side in $(for i in $(seq "${REPS:-2}"); do echo 1 0; done); do
         $(bench_side "$side") --synthetic "$shape" --format "$formats" -d "${DEPTH:-0}" -p 0 -n 128 -r "${RUNS:-3}" 2>&1 |
-            tee -a "$out/bench.md" | grep -E "tg128" | sed "s/^/$shape $label=$side /"
+            tee -a "$out/bench.md" | grep -E "tg128" | sed "s/^/$shape $label=$([ -n "${BASE:-}" ] && echo "$side" || side_value "$side") /"
     done
 done
 exit $rc

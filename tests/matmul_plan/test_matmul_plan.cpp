@@ -519,9 +519,8 @@ TEST_CASE("GEMV planner: the one-wave gate/up") {
                 CHECK(p.ksplit == 1);
                 CHECK(p.grid.x == c.grid_x);
                 CHECK(int64_t(p.grid.x) * p.grid.z <= 132 * mm::kGemvMmaWaveBlocks);
-                // Not for verify rows, a single weight, SPARK_GEMV_WAVE=0, the lab's restrictions.
+                // Not for verify rows, SPARK_GEMV_WAVE=0, the lab's restrictions.
                 CHECK_FALSE(mm::plan_gemv(f, c.n, c.k, c.jobs, 3, 2, 132, o).mma_wave);
-                CHECK_FALSE(mm::plan_gemv(f, c.n, c.k, c.jobs, 1, 1, 132, o).mma_wave);
                 mm::overrides().gemv_wave = 0;
                 CHECK_FALSE(mm::plan_gemv(f, c.n, c.k, c.jobs, 1, 2, 132, o).mma_wave);
                 mm::overrides()         = mm::Overrides{};
@@ -536,6 +535,23 @@ TEST_CASE("GEMV planner: the one-wave gate/up") {
     CHECK_FALSE(mm::plan_gemv(WeightFormat::INT4, 256, 128, 1, 1, 2, 132, o).mma_wave);
     // A gate/up too wide for one wave at one K-warp: the 2-block kernel.
     CHECK_FALSE(mm::plan_gemv(WeightFormat::INT4, 128 * 400, 4096, 1, 1, 2, 132, o).mma_wave);
+    // A single weight only where one wave fills more than two blocks per SM: MiniMax-M2's experts'
+    // down (48 x 8 blocks of 4 K-warps), not the 30B-A3B's (16 x 8 at most) nor the dense and attention
+    // projections swept (a sweep's best 3-block plan was slower for each of them).
+    for (const WeightFormat f : {WeightFormat::INT4, WeightFormat::NVFP4}) {
+        const mm::GemvPlan d = mm::plan_gemv(f, 3072, 1536, 8, 1, 1, 132, o);
+        CHECK(d.mma_wave);
+        CHECK(d.wk == 4);
+        CHECK(d.grid.x == 48);
+        CHECK(d.ksplit == 1);
+        CHECK_FALSE(mm::plan_gemv(f, 3072, 1536, 8, 2, 1, 132, o).mma_wave);
+        CHECK_FALSE(mm::plan_gemv(f, 2048, 768, 8, 1, 1, 132, o).mma_wave);   // 30B-A3B experts' down
+        CHECK_FALSE(mm::plan_gemv(f, 4096, 12288, 1, 1, 1, 132, o).mma_wave);  // Qwen3-8B down
+        CHECK_FALSE(mm::plan_gemv(f, 4096, 4096, 1, 1, 1, 132, o).mma_wave);   // Qwen3-8B o
+        CHECK_FALSE(mm::plan_gemv(f, 3072, 6144, 1, 1, 1, 132, o).mma_wave);   // MiniMax-M2 o
+        CHECK_FALSE(mm::plan_gemv(f, 8192, 3072, 1, 1, 1, 132, o).mma_wave);   // MiniMax-M2 q + k + v as one weight
+        CHECK_FALSE(mm::plan_gemv(f, 2048, 4096, 1, 1, 1, 132, o).mma_wave);   // 30B-A3B o
+    }
     // Fewer SMs, fewer K-warps (GB10's 48: the 30B-A3B experts in one wave of 144 blocks).
     const mm::GemvPlan g = mm::plan_gemv(WeightFormat::INT4, 768, 2048, 8, 1, 2, 48, o);
     CHECK(g.mma_wave);

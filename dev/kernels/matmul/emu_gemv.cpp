@@ -221,7 +221,12 @@ void run_mma_kernel(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, int sme
     const dim3 block(kGemvThreads);
     auto       go = [&](auto kernel) { emu::launch(grid, block, size_t(smem), [&] { kernel(a); }, rng()); };
     switch (r_tmpl * 2 + glu) {
-        case 2: go(gemv_mma_kernel<F, 1, false>); break;
+        case 2:
+            if (a.mma_wave)
+                go(gemv_mma_kernel<F, 1, false, true>);
+            else
+                go(gemv_mma_kernel<F, 1, false>);
+            break;
         case 3:
             if (a.mma_wave)
                 go(gemv_mma_kernel<F, 1, true, true>);
@@ -265,7 +270,7 @@ void run_plan_pdl(const std::string & name, WeightFormat f, bool int4_zeros, con
 struct Split {
     int lpr = 0, wk = 0, ks = 0;  // 0: plan_gemv's choice
     int kp  = 0;                  // MMA: one row tile at two K blocks per step (nw = 1)
-    int wave = 0;                 // MMA: the one-wave variant (fused gate/up at one row)
+    int wave = 0;                 // MMA: the one-wave variant (one activation row)
 };
 
 bool mma_spec(const Spec & s, int64_t k) {
@@ -294,7 +299,7 @@ GemvPlan make_plan(const Spec & s, int64_t n, int64_t k, int64_t jobs, int rows,
         if (sp.kp && nw == 1) p.cps += p.cps & 1;     // kp: even (room for the zero block of an odd range)
         p.ksplit         = int((KB + p.cps - 1) / p.cps);
         p.mma_kpair      = sp.kp && nw == 1;
-        p.mma_wave       = sp.wave && nw == 2 && rows == 1;
+        p.mma_wave       = sp.wave && rows == 1 && !(sp.kp && nw == 1);
         p.rows_per_block = (kGemvThreads / 32 / sp.wk) * (p.mma_kpair ? 1 : gemv_mma_tiles(nw)) * 16;
         p.smem           = gemv_mma_smem(p.r_tmpl, std::min<int64_t>(p.cps, KB + 1));
         int64_t tiles    = 0;
@@ -713,12 +718,15 @@ int main(int argc, char ** argv) {
                     check_dense(s, 21, 1280, nw == 1 ? 1 : 2, nw, {1, wk, ks}, filter, true);
                     if (nw == 1) check_dense(s, 21, nw == 1 && ks == 3 ? 1152 : 1280, 1, 1, {1, wk, ks, 1}, filter, true);  // kp; 9 blocks: odd ranges
                 }
-    // The one-wave gate/up (one step in flight, 3 blocks per SM) at every K-warp count, K of whole
-    // and half last blocks, with and without a K split (the planner never splits it; the kernel may).
+    // The one-wave variant (one step in flight, 3 blocks per SM) of the gate/up and of a single
+    // weight at every K-warp count, K of whole and half last blocks, with and without a K split (the
+    // planner never splits it; the kernel may).
     for (const Spec & s : {specs[0], specs[1], specs[5], specs[4]})
         for (const int wk : {1, 2, 4, 8}) {
             check_dense(s, 21, 1280, 1, 2, {1, wk, 1, 0, 1}, filter, true);
             check_dense(s, 37, 576, 1, 2, {1, wk, wk == 2 ? 2 : 1, 0, 1}, filter, true);
+            check_dense(s, 21, 1280, 1, 1, {1, wk, 1, 0, 1}, filter, true);  // a single weight (the experts' down)
+            check_dense(s, 37, 576, 1, 1, {1, wk, wk == 2 ? 2 : 1, 0, 1}, filter, true);
         }
     check_dense(specs[0], 70, 4096, 1, 2, {}, filter, true);
     check_dense(specs[0], 70, 12288, 1, 1, {}, filter, true);
@@ -736,6 +744,7 @@ int main(int argc, char ** argv) {
         check_moe(s, 33, 768, 16, 4, 3, 2, false, {1, 1, 2}, filter, true);
         check_moe(s, 33, 1024, 16, 4, 2, 1, true, {1, 2, 3}, filter, true);
         check_moe(s, 33, 1152, 16, 4, 2, 1, true, {1, 2, 2, 1}, filter, true);
+        check_moe(s, 40, 768, 16, 8, 1, 1, false, {1, 4, 1, 0, 1}, filter, true);  // the experts' down, one wave
     }
     std::printf("worst MMA nmse %.1e (tensor-core sums modelled %s)\n", g_worst_mma,
                 emu::mma_sum() == emu::MmaSum::Truncating ? "with truncation to 2^(e_max - 23)" : "exactly");

@@ -61,7 +61,7 @@
 // their latency.
 //
 // Pipeline: a register ring of D steps (T tiles x 2 x 16 bytes of weights + scales per lane per
-// step), as the FMA kernel. WAVE (the fused gate/up at one row, GemvPlan::mma_wave): D = 1 and 3
+// step), as the FMA kernel. WAVE (one activation row, GemvPlan::mma_wave): D = 1 and 3
 // blocks per SM instead of 2 and 2 (matmul.h, kGemvMmaWaveBlocks): more warps to hide the latency.
 //
 // Reduction, all in fixed orders (deterministic): each warp writes its accumulators (per row and
@@ -282,7 +282,7 @@ __device__ __forceinline__ void gemv_mma_split(const float * const (&xr)[R], uin
 
 template <class F, int R, bool GLU, bool WAVE = false>
 __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) gemv_mma_kernel(const GemvArgs a) {
-    static_assert(!WAVE || (GLU && R == 1), "the one-wave variant is the fused gate/up at one row");
+    static_assert(!WAVE || R == 1, "the one-wave variant is for one activation row");
     constexpr int NW     = GLU ? 2 : 1;
     constexpr int U      = gemv_mma_tiles(NW);  // row tiles per weight
     constexpr int T      = U * NW;              // tiles per step (index t = i * U + u)
@@ -526,7 +526,8 @@ void gemv_mma_launch_one(const GemvArgs & a, dim3 grid, int smem, cudaStream_t s
 
 template <class F>
 void gemv_mma_launch(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, int smem, cudaStream_t s) {
-    if (a.mma_wave && glu && r_tmpl == 1) return gemv_mma_launch_one<F, 1, true, true>(a, grid, smem, s);
+    if (a.mma_wave && r_tmpl == 1)
+        return glu ? gemv_mma_launch_one<F, 1, true, true>(a, grid, smem, s) : gemv_mma_launch_one<F, 1, false, true>(a, grid, smem, s);
 #define SPARK_GEMV_MMA_CASE(R)                              \
     case R:                                                 \
         if (glu)                                            \

@@ -50,7 +50,7 @@ struct GemvPlan {
     int     rows_per_block = 0;  // output rows of one block (multi-weight launches tile each weight by it)
     int     smem           = 0;  // dynamic shared memory bytes per block (MMA kernel)
     bool    mma_kpair      = false;  // MMA kernel, nw = 1: 16 rows per warp, two K blocks per step
-    bool    mma_wave       = false;  // MMA kernel, fused gate/up at one row: the one-wave variant
+    bool    mma_wave       = false;  // MMA kernel at one row: the one-wave variant
     dim3    grid{0, 0, 0};       // (row tiles, ksplit, jobs); x = 0: no plan (no candidate fitted)
     // Split-K scratch (ksplit > 1): partial floats [ksplit][nw][out_rows][n] and arrival counters
     // (one per row tile and job, zeroed on the stream before the launch).
@@ -107,10 +107,11 @@ constexpr int kGemvMmaSplit = 2;                                                
 constexpr int gemv_mma_parts(int r) { return kGemvMmaSplit * r; }               // B columns
 constexpr int gemv_mma_depth(int r) { return r <= 4 ? 2 : 1; }                 // steps in flight per lane
 constexpr int gemv_mma_min_blocks(int r) { return r <= 4 ? 2 : 1; }            // __launch_bounds__ blocks per SM
-// The one-wave variant of the fused gate/up + SwiGLU at one activation row (GemvPlan::mma_wave): one
-// step in flight per lane and 3 blocks per SM (80 registers instead of 114-121: 24 warps per SM
-// instead of 16), the grid one wave of them. The kernels are held by latency, not by bytes in flight:
-// on the H200 the warps gained more than the deeper ring (docs/PERF.md, "The one-wave gate/up").
+// The one-wave variant at one activation row (GemvPlan::mma_wave): one step in flight per lane and 3
+// blocks per SM (80 registers instead of 114-121: 24 warps per SM instead of 16), the grid one wave of
+// them. The kernels are held by latency, not by bytes in flight: on the H200 the warps gained more
+// than the deeper ring for the fused gate/up + SwiGLU (docs/PERF.md, "The one-wave gate/up"), and for a
+// single weight where the grid fills more than two blocks per SM (MiniMax-M2's experts' down).
 constexpr int kGemvMmaWaveBlocks = 3;
 constexpr int gemv_mma_depth(int r, bool wave) { return wave ? 1 : gemv_mma_depth(r); }
 constexpr int gemv_mma_min_blocks(int r, bool wave) { return wave ? kGemvMmaWaveBlocks : gemv_mma_min_blocks(r); }

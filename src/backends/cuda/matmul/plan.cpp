@@ -22,7 +22,7 @@ Overrides & overrides() {
         const char * c = std::getenv("SPARK_GEMV_BW_CAP");  // A/B runs of the GEMV planner on fast devices
         if (c && std::string(c) == "0") d.gemv_bw_cap = 0;
         const char * wv = std::getenv("SPARK_GEMV_WAVE");  // A/B runs of the one-wave gate/up
-        if (wv && std::string(wv) == "0") d.gemv_wave = 0;
+        if (wv && (std::string(wv) == "0" || std::string(wv) == "2")) d.gemv_wave = std::string(wv)[0] - '0';
         return d;
     }();
     return o;
@@ -190,12 +190,13 @@ GemvPlan plan_gemv_mma(WeightFormat f, const int64_t * mat_n, int n_mats, int64_
     return p;
 }
 
-// The fused gate/up + SwiGLU at one activation row, one-wave variant (matmul.h): no cost model, the
-// rule the H200's sweeps gave (docs/PERF.md, "The one-wave gate/up"): the most K-warps (the most,
-// smallest blocks) whose grid fits one wave of 3 blocks per SM, each warp at least two steps of K; no
-// K split. No plan (grid.x = 0) where no grid fits one wave or the shared memory holds fewer than 3
-// blocks: the cost model's plans of the 2-block kernel.
-GemvPlan plan_gemv_mma_wave(int64_t N, int64_t K, int64_t jobs, int sm_count, int smem_optin) {
+// The one-wave variant at one activation row (matmul.h): no cost model, the rule the H200's sweeps
+// gave (docs/PERF.md, "The one-wave gate/up"): the most K-warps (the most, smallest blocks) whose
+// grid fits one wave of 3 blocks per SM, each warp at least two steps of K; no K split. A single
+// weight takes it only where that grid fills more than two blocks per SM (the sweeps: MiniMax-M2's
+// experts' down gained, smaller grids of single weights lost). No plan (grid.x = 0) where no grid
+// fits or the shared memory holds fewer than 3 blocks: the cost model's plans of the 2-block kernel.
+GemvPlan plan_gemv_mma_wave(int64_t N, int64_t K, int64_t jobs, int nw, int sm_count, int smem_optin) {
     GemvPlan      p;
     const int64_t KB    = std::max<int64_t>(1, ceil_div(K, int64_t(kMmaK)));
     const int64_t slots = int64_t(std::max(1, sm_count)) * kGemvMmaWaveBlocks;
@@ -203,9 +204,10 @@ GemvPlan plan_gemv_mma_wave(int64_t N, int64_t K, int64_t jobs, int sm_count, in
     if (gemv_mma_smem_blocks(smem, smem_optin) < kGemvMmaWaveBlocks) return p;
     for (const int wk : {8, 4, 2, 1}) {
         if (KB < 2 * wk) continue;
-        const int     rb     = (kGemvThreads / 32 / wk) * gemv_mma_tiles(2) * 16;
+        const int     rb     = (kGemvThreads / 32 / wk) * gemv_mma_tiles(nw) * 16;
         const int64_t tiles  = ceil_div(N, int64_t(rb));
         if (tiles * jobs > slots) continue;
+        if (nw == 1 && tiles * jobs <= int64_t(std::max(1, sm_count)) * 2) return p;
         p.mma            = true;
         p.mma_wave       = true;
         p.r_tmpl         = 1;
@@ -230,8 +232,9 @@ GemvPlan plan_gemv(WeightFormat f, int64_t N, int64_t K, int64_t jobs, int rows,
     const double bw    = o.bw_per_us > 0.0 ? o.bw_per_us : kFittedBw;
     const double issue = o.issue_per_sm_us > 0.0 ? o.issue_per_sm_us : 128 * 1750.0;
     const Overrides & ov = overrides();
-    if (o.mma && nw == 2 && rows == 1 && n_mats == 1 && ov.gemv_wave && ov.gemv_wk == 0 && ov.gemv_ksplit == 0 && ov.gemv_kpair < 0) {
-        const GemvPlan w = plan_gemv_mma_wave(N, K, jobs, sm_count, o.smem_optin);
+    if (o.mma && rows == 1 && n_mats == 1 && ov.gemv_wave && (nw == 2 || ov.gemv_wave == 1) && ov.gemv_wk == 0 && ov.gemv_ksplit == 0 &&
+        ov.gemv_kpair < 0) {
+        const GemvPlan w = plan_gemv_mma_wave(N, K, jobs, nw, sm_count, o.smem_optin);
         if (w.grid.x > 0) return w;
     }
     if (o.mma) {

@@ -27,8 +27,9 @@ struct Overrides {
     // The MMA GEMV's plans on a device faster than the H100 (plan.cpp): 1 as the H100's (default), 0
     // with the device's own bandwidth (SPARK_GEMV_BW_CAP=0: A/B runs).
     int       gemv_bw_cap = 1;
-    // The fused gate/up at one row as one wave of the 3-block variant (plan.cpp): 1 (default), 0 never
-    // (SPARK_GEMV_WAVE=0: A/B runs). The lab's plan restrictions (wk, ksplit, kpair) turn it off.
+    // The one-wave 3-block variant at one row (plan.cpp): 1 (default) the fused gate/up and the single
+    // weights the rule takes, 2 the fused gate/up only, 0 never (SPARK_GEMV_WAVE=0 / 2: A/B runs). The
+    // lab's plan restrictions (wk, ksplit, kpair) turn it off.
     int       gemv_wave   = 1;
 };
 
