@@ -523,6 +523,34 @@ void bench_moe(WeightFormat f, double brief_up_us, double brief_down_us, bool mm
         a.partial       = partial;
         return a;
     };
+    // nmse of routing set 0 against the double reference on sampled rows, after a launch of that
+    // set: the gate/up + SwiGLU output (from x) or the down output (from act_in).
+    auto set0_error = [&](bool is_up) {
+        std::vector<float> out(size_t(top) * size_t(is_up ? F : H));
+        CK(cudaStreamSynchronize(g_stream));
+        CK(cudaMemcpy(out.data(), is_up ? dact : dy, out.size() * 4, cudaMemcpyDeviceToHost));
+        double num = 0, den = 0;
+        for (int j = 0; j < top; ++j) {
+            const int e = ids[size_t(j)];
+            for (int n = 0; n < (is_up ? F : H); n += is_up ? 37 : 53) {
+                double ref = 0;
+                if (is_up) {
+                    double g = 0, u = 0;
+                    for (int k = 0; k < H; ++k) {
+                        g += ref_weight(gate[size_t(e)], n, k) * x[size_t(k)];
+                        u += ref_weight(up[size_t(e)], n, k) * x[size_t(k)];
+                    }
+                    ref = g / (1 + std::exp(-g)) * u;
+                } else {
+                    for (int k = 0; k < F; ++k) ref += ref_weight(down[size_t(e)], n, k) * act_in[size_t(j * F + k)];
+                }
+                const double d = out[size_t(j) * size_t(is_up ? F : H) + size_t(n)] - ref;
+                num += d * d;
+                den += ref * ref;
+            }
+        }
+        return den > 0 ? num / den : num;
+    };
     const std::string up_name   = std::string(shape.name) + " moe gate+up+swiglu " + std::to_string(top) + "x(" + std::to_string(F) + "+" +
                                 std::to_string(F) + ")x" + std::to_string(H);
     const std::string down_name = std::string(shape.name) + " moe down " + std::to_string(top) + "x" + std::to_string(H) + "x" + std::to_string(F);
@@ -558,9 +586,11 @@ void bench_moe(WeightFormat f, double brief_up_us, double brief_down_us, bool mm
                 SplitScratch sc(g.p, is_up ? 2 : 1, top, is_up ? F : H);
                 g.counters  = sc.counters;
                 auto launch = [&](int i, cudaStream_t st) { g.launch(moe_args(is_up, i, is_up ? dx : dact_in, sc.partial), st); };
+                launch(0, g_stream);
+                const double err   = set0_error(is_up);
                 const double bytes = is_up ? bytes_up : bytes_down;
                 const Timing t     = time_launches(launch, per_graph_for(bytes), g_stream);
-                print_row((is_up ? up_name : down_name) + (planner ? " (planner)" : ""), f, g.p, t, 0.0, bytes, 0.0);
+                print_row((is_up ? up_name : down_name) + (planner ? " (planner)" : ""), f, g.p, t, 0.0, bytes, err);
             }
         }
     }
@@ -578,39 +608,15 @@ void bench_moe(WeightFormat f, double brief_up_us, double brief_down_us, bool mm
         auto launch_down = [&](int i, cudaStream_t s, const float * in) { pd.launch(moe_args(false, i, in, sd.partial), s); };
         launch_up(0, g_stream);
         launch_down(0, g_stream, dact_in);
-        CK(cudaStreamSynchronize(g_stream));
-        std::vector<float> act(size_t(top * F)), yd(size_t(top * H));
-        CK(cudaMemcpy(act.data(), dact, act.size() * 4, cudaMemcpyDeviceToHost));
-        CK(cudaMemcpy(yd.data(), dy, yd.size() * 4, cudaMemcpyDeviceToHost));
-        double num = 0, den = 0, num_d = 0, den_d = 0;
-        for (int j = 0; j < top; ++j) {
-            const int e = ids[size_t(j)];
-            for (int n = 0; n < F; n += 37) {
-                double g = 0, u = 0;
-                for (int k = 0; k < H; ++k) {
-                    g += ref_weight(gate[size_t(e)], n, k) * x[size_t(k)];
-                    u += ref_weight(up[size_t(e)], n, k) * x[size_t(k)];
-                }
-                const double ref = g / (1 + std::exp(-g)) * u, d = act[size_t(j * F + n)] - ref;
-                num += d * d;
-                den += ref * ref;
-            }
-            for (int n = 0; n < H; n += 53) {
-                double ref = 0;
-                for (int k = 0; k < F; ++k) ref += ref_weight(down[size_t(e)], n, k) * act_in[size_t(j * F + k)];
-                const double d = yd[size_t(j * H + n)] - ref;
-                num_d += d * d;
-                den_d += ref * ref;
-            }
-        }
+        const double err_up = set0_error(true), err_down = set0_error(false);
         const double bytes_up   = double(top) * double(gate[0].bytes() + up[0].bytes());
         const double bytes_down = double(top) * double(down[0].bytes());
         const Timing tu_        = time_launches(launch_up, per_graph_for(bytes_up), g_stream);
         const Timing td_        = time_launches([&](int i, cudaStream_t s) { launch_down(i, s, dact_in); }, per_graph_for(bytes_down), g_stream);
         const Timing tl         = time_launches([&](int i, cudaStream_t s) { launch_up(i, s), launch_down(i, s, dact); },
                                                 per_graph_for(bytes_up + bytes_down), g_stream);
-        print_row(up_name, f, pu.p, tu_, brief_up_us, bytes_up, den > 0 ? num / den : num);
-        print_row(down_name, f, pd.p, td_, brief_down_us, bytes_down, den_d > 0 ? num_d / den_d : num_d);
+        print_row(up_name, f, pu.p, tu_, brief_up_us, bytes_up, err_up);
+        print_row(down_name, f, pd.p, td_, brief_down_us, bytes_down, err_down);
         GemvPlan both = pu.p;
         both.grid     = dim3(0, 0, 0);
         print_row(std::string(shape.name) + " moe layer (gate/up, then down)", f, both, tl,
