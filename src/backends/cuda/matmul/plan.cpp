@@ -21,8 +21,9 @@ Overrides & overrides() {
         if (w && *w) d.w4a4 = std::string(w) == "0" ? 0 : 1;
         const char * c = std::getenv("SPARK_GEMV_BW_CAP");  // A/B runs of the GEMV planner on fast devices
         if (c && std::string(c) == "0") d.gemv_bw_cap = 0;
-        const char * wv = std::getenv("SPARK_GEMV_WAVE");  // A/B runs of the one-wave gate/up
-        if (wv && (std::string(wv) == "0" || std::string(wv) == "2")) d.gemv_wave = std::string(wv)[0] - '0';
+        const char * wv = std::getenv("SPARK_GEMV_WAVE");  // A/B runs of the one-wave variant
+        if (wv && std::string(wv) == "0") d.gemv_wave = 0;
+        if (wv && std::string(wv) == "2") d.gemv_wave = 2;  // the fused gate/up only
         return d;
     }();
     return o;
