@@ -551,6 +551,10 @@ TEST_CASE("GEMV planner: the one-wave gate/up") {
         CHECK_FALSE(mm::plan_gemv(f, 3072, 6144, 1, 1, 1, 132, o).mma_wave);   // MiniMax-M2 o
         CHECK_FALSE(mm::plan_gemv(f, 8192, 3072, 1, 1, 1, 132, o).mma_wave);   // MiniMax-M2 q + k + v as one weight
         CHECK_FALSE(mm::plan_gemv(f, 2048, 4096, 1, 1, 1, 132, o).mma_wave);   // 30B-A3B o
+        mm::overrides().gemv_wave = 2;  // SPARK_GEMV_WAVE=2: the fused gate/up only
+        CHECK_FALSE(mm::plan_gemv(f, 3072, 1536, 8, 1, 1, 132, o).mma_wave);
+        CHECK(mm::plan_gemv(f, 1536, 3072, 8, 1, 2, 132, o).mma_wave);
+        mm::overrides() = mm::Overrides{};
     }
     // Fewer SMs, fewer K-warps (GB10's 48: the 30B-A3B experts in one wave of 144 blocks).
     const mm::GemvPlan g = mm::plan_gemv(WeightFormat::INT4, 768, 2048, 8, 1, 2, 48, o);
