@@ -220,19 +220,11 @@ template <class F>
 void run_mma_kernel(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, int smem) {
     const dim3 block(kGemvThreads);
     auto       go = [&](auto kernel) { emu::launch(grid, block, size_t(smem), [&] { kernel(a); }, rng()); };
+    if (a.mma_wave && r_tmpl == 1)  // (as gemv_mma_launch)
+        return glu ? go(gemv_mma_kernel<F, 1, true, true>) : go(gemv_mma_kernel<F, 1, false, true>);
     switch (r_tmpl * 2 + glu) {
-        case 2:
-            if (a.mma_wave)
-                go(gemv_mma_kernel<F, 1, false, true>);
-            else
-                go(gemv_mma_kernel<F, 1, false>);
-            break;
-        case 3:
-            if (a.mma_wave)
-                go(gemv_mma_kernel<F, 1, true, true>);
-            else
-                go(gemv_mma_kernel<F, 1, true>);
-            break;
+        case 2: go(gemv_mma_kernel<F, 1, false>); break;
+        case 3: go(gemv_mma_kernel<F, 1, true>); break;
         case 4: go(gemv_mma_kernel<F, 2, false>); break;
         case 5: go(gemv_mma_kernel<F, 2, true>); break;
         case 6: go(gemv_mma_kernel<F, 3, false>); break;
