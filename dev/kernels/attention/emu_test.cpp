@@ -799,6 +799,8 @@ int main(int argc, char ** argv) {
         {"dec d256 g8 ctx300", 256, 16, 2, {{1, 299, 1}}, 8, 2},
         {"dec d256 g8 ctx4096", 256, 16, 2, {{0, 4095, 1}}, 72, 1, 16},
         {"dec d64 g1 ctx4096", 64, 2, 2, {{0, 4095, 1}}, 64, 1, 8},
+        // 66 splits with positions: the merge reads the splits' (m, l) in two groups of 64.
+        {"dec d64 g2 ctx8400 66 splits", 64, 8, 4, {{0, 8399, 1}}, 132, 1},
         {"dec d128 g2 ctx1", 128, 4, 2, {{0, 0, 1}}, 64, 1},
         // Verify batches of one sequence, several sequences in one step.
         {"verify d128 g8 T=2", 128, 16, 2, {{0, 100, 2}}, 4, 1},

@@ -527,26 +527,66 @@ template <int D, bool NR, class Freqs> __device__ __forceinline__ void attn_deco
         const int n_act = decode_active_splits(L, decode_chunk(L, p.n_splits, kN));
         if (n_act > 1) {
             // Weights exp2(m_s - M) of the splits with l_s > 0 and the total sum, warp w: rows w, w + 4, ...
-            for (int r = warp; r < 16; r += 4) {
-                const int R = R0 + r, tok = R / p.group;
-                if (R >= n_rows || tok < t || tok >= te) continue;  // warp-uniform
-                const int64_t Rg = int64_t(tok) * p.n_head + kvh * p.group + R % p.group;
-                float         M  = -INFINITY;
-                for (int y = lane; y < n_act; y += 32) {
-                    const float * ml = p.part_ml + 2 * (int64_t(y) * all_rows + Rg);
-                    if (ptx::ld_cg_f32(ml + 1) > 0.0f) M = fmaxf(M, ptx::ld_cg_f32(ml));
-                }
-                for (int off = 16; off > 0; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
-                float sum = 0.0f;
-                for (int y = lane; y < n_act; y += 32) {
-                    const float * ml = p.part_ml + 2 * (int64_t(y) * all_rows + Rg);
-                    const float   ly = ptx::ld_cg_f32(ml + 1);
-                    const float   w  = ly > 0.0f ? exp2f(ptx::ld_cg_f32(ml) - M) : 0.0f;
-                    sum += w * ly;
-                    wts[r * n_act + y] = w;
-                }
-                for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-                if (lane == 0) row_sum[r] = sum;
+            // The (m, l) pairs of all the warp's rows are requested together, 32 kMlSlots splits
+            // at a time (one round trip to L2 per group; reading them row by row, l before m, made
+            // the merge a chain of eight), and kept in registers when one group holds them all
+            // (read twice otherwise). Each row's M, weights and sum: lane y's splits y, y + 32, ...
+            // in order, then the shuffle tree (the same arithmetic in any case).
+            constexpr int kMlSlots = 2;  // 64 splits a group: MiniMax-M2's 33 and most of the 30B-A3B's 66 in one
+            const int     n_groups = (n_act + 32 * kMlSlots - 1) / (32 * kMlSlots);
+            bool          rv[4];
+            int64_t       Rg[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int R = R0 + warp + 4 * i, tok = R / p.group;
+                rv[i]       = !(R >= n_rows || tok < t || tok >= te);  // warp-uniform
+                Rg[i]       = int64_t(tok) * p.n_head + kvh * p.group + R % p.group;
+            }
+            float mv[4][kMlSlots], lv[4][kMlSlots];
+            auto  load_group = [&](int gi) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+#pragma unroll
+                    for (int j = 0; j < kMlSlots; ++j) {
+                        const int y = lane + 32 * (gi * kMlSlots + j);
+                        mv[i][j] = lv[i][j] = 0.0f;
+                        if (rv[i] && y < n_act) {
+                            const float * ml = p.part_ml + 2 * (int64_t(y) * all_rows + Rg[i]);
+                            mv[i][j]         = ptx::ld_cg_f32(ml);
+                            lv[i][j]         = ptx::ld_cg_f32(ml + 1);
+                        }
+                    }
+            };
+            float M[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int gi = 0; gi < n_groups; ++gi) {
+                load_group(gi);
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+#pragma unroll
+                    for (int j = 0; j < kMlSlots; ++j)
+                        if (lv[i][j] > 0.0f) M[i] = fmaxf(M[i], mv[i][j]);  // (l = 0 past n_act)
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+                for (int off = 16; off > 0; off >>= 1) M[i] = fmaxf(M[i], __shfl_xor_sync(0xffffffffu, M[i], off));
+            for (int gi = 0; gi < n_groups; ++gi) {
+                if (n_groups > 1) load_group(gi);
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+#pragma unroll
+                    for (int j = 0; j < kMlSlots; ++j) {
+                        const int y = lane + 32 * (gi * kMlSlots + j);
+                        if (!rv[i] || y >= n_act) continue;
+                        const float w = lv[i][j] > 0.0f ? exp2f(mv[i][j] - M[i]) : 0.0f;
+                        sum[i] += w * lv[i][j];
+                        wts[(warp + 4 * i) * n_act + y] = w;
+                    }
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                if (!rv[i]) continue;
+                for (int off = 16; off > 0; off >>= 1) sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], off);
+                if (lane == 0) row_sum[warp + 4 * i] = sum[i];
             }
             __syncthreads();
             // O = sum_s w_s O_s / sum, four dims per thread and item.
