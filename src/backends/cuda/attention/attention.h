@@ -48,8 +48,9 @@
 // counter; the last one reads every split's partial in split order (deterministic whichever block
 // is last), writes the output and resets the counter to 0 for the next launch. The counters live
 // in a zeroed per-(device, stream) buffer (decode_counters) that is always 0 between launches.
-// That block reads n_active x (its valid rows) x D partial floats (float4, 8 loads in flight per
-// thread): ~4 KB per split for Qwen3-30B-A3B at T = 1.
+// That block reads the splits' (m, l) pairs (a warp's rows all at once, 64 splits a request) and
+// n_active x (its valid rows) x D partial floats (float4, 8 loads in flight per thread): ~4 KB per
+// split for Qwen3-30B-A3B at T = 1.
 //   Inside a block, 4 warps share a cp.async pipeline of K/V tiles (one tile never crosses a
 // page); for each tile each warp scores kN/4 positions for all 16 rows (mma m16n8k16 f16), the
 // block agrees on the running row maxima through shared memory, then each warp accumulates O for
