@@ -3,8 +3,9 @@
 # reference per shape, then us per layer at contexts 64 .. 32K from a graph over enough layers' caches
 # to defeat L2) for this tree and, with BASE=DIR (a tree unpacked with git archive, carried along),
 # for that tree too, built side by side; the two tables are printed next to each other. Logs to
-# $OUT (or /tmp/attn_bench).
+# $OUT (or /tmp/attn_bench). Arguments go to bench_decode: [shape-substring [ctx,ctx,...]].
 #   BASE=.device/base scripts/device/attn_bench.sh
+#   BASE=.device/base scripts/device/attn_bench.sh MiniMax 300,2048
 set -eo pipefail
 out=${OUT:-/tmp/attn_bench}
 mkdir -p "$out"
@@ -16,9 +17,9 @@ build() {  # tree binary
 build . "$out/bench_decode" &
 [ -n "${BASE:-}" ] && build "$BASE" "$out/bench_decode_base" &
 wait
-"$out/bench_decode" > "$out/tree.txt"
+"$out/bench_decode" "$@" > "$out/tree.txt"
 if [ -n "${BASE:-}" ]; then
-    "$out/bench_decode_base" > "$out/base.txt"
+    "$out/bench_decode_base" "$@" > "$out/base.txt"
     paste -d'|' <(grep -E "^(shape|Qwen|MiniMax|demo|check)" "$out/tree.txt") <(grep -E "^(shape|Qwen|MiniMax|demo|check)" "$out/base.txt" | cut -c31-)
 else
     cat "$out/tree.txt"

@@ -17,17 +17,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
 #include <vector>
-#include <map>
-#ifdef SPARK_ATTN_PROBE
-namespace spark::cuda::attn {
-std::vector<unsigned long long> probe_take();  // [grid id % 64][block < 2048][phase < 16], 0: not reached
-}
-#endif
 
 namespace spark::cuda {
 void throw_cuda_error(cudaError_t err, const char * call, const char * file, int line) {
@@ -228,75 +223,6 @@ double check(Setup & st, cudaStream_t stream) {
     return num / den;
 }
 
-
-#ifdef SPARK_ATTN_PROBE
-// Phase stamps of thread 0 of every block (lab build, -DSPARK_ATTN_PROBE): per phase the median over
-// launches of the earliest and latest block, relative to the launch's first release from its wait.
-void probe_run(const Shape & s, int ctx, int T, int sm_count, size_t l2) {
-    Setup st = make(s, ctx, T, 32768 + 64 * 8, l2, sm_count);
-    cudaStream_t stream;
-    CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    cudaGraph_t     g;
-    cudaGraphExec_t ge;
-    CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    for (const auto & p : st.params) attn::launch_attention(p, st.plan, stream);
-    CK(cudaStreamEndCapture(stream, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, stream));
-    CK(cudaStreamSynchronize(stream));
-    attn::probe_take();
-    CK(cudaGraphLaunch(ge, stream));
-    CK(cudaStreamSynchronize(stream));
-    const auto recs = attn::probe_take();
-    struct G { double rel; double ph_min[16], ph_max[16]; int n[16]; double end; };
-    std::vector<G> gs;
-    for (int node = 0; node < 64; ++node) {
-        G x{};
-        double rel = 1e30, end = 0;
-        bool any = false;
-        for (int b = 0; b < 2048; ++b) {
-            const unsigned long long t = recs[(size_t(node) * 2048 + b) * 16 + 1];
-            if (t) rel = std::min(rel, double(t)), any = true;
-        }
-        if (!any) continue;
-        for (int i = 0; i < 16; ++i) x.ph_min[i] = 1e30, x.ph_max[i] = -1e30;
-        for (int b = 0; b < 2048; ++b)
-            for (int ph = 0; ph < 16; ++ph) {
-                const unsigned long long tt = recs[(size_t(node) * 2048 + b) * 16 + ph];
-                if (!tt) continue;
-                const double t = double(tt) - rel;
-                x.ph_min[ph] = std::min(x.ph_min[ph], t);
-                x.ph_max[ph] = std::max(x.ph_max[ph], t);
-                x.n[ph]++;
-                end = std::max(end, t);
-            }
-        x.rel = rel, x.end = end;
-        gs.push_back(x);
-    }
-    std::sort(gs.begin(), gs.end(), [](const G & a, const G & b) { return a.rel < b.rel; });
-    auto med = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v.empty() ? 0.0 : v[v.size() / 2]; };
-    std::printf("probe %s T=%d ctx %d splits %d: %zu launches\n", s.name, T, ctx, st.plan.n_splits, gs.size());
-    const char * names[16] = {"entry", "released", "meta", "tiles issued", "q loaded", "tile 0", "tile 1", "tile 2", "tile 3+",
-                              "loop done", "outputs stored", "counted", "combined", "", "not last", "no work"};
-    for (int ph = 0; ph < 16; ++ph) {
-        std::vector<double> mn, mx;
-        int                 n = 0;
-        for (size_t i = 1; i < gs.size(); ++i)
-            if (gs[i].n[ph]) mn.push_back(gs[i].ph_min[ph]), mx.push_back(gs[i].ph_max[ph]), n = gs[i].n[ph];
-        if (mn.empty()) continue;
-        std::printf("  %-15s blocks %4d  first %8.0f ns  last %8.0f ns\n", names[ph], n, med(mn), med(mx));
-    }
-    std::vector<double> ends, gaps;
-    for (size_t i = 1; i + 1 < gs.size(); ++i) {
-        ends.push_back(gs[i].end);
-        gaps.push_back(gs[i + 1].rel - gs[i].rel);
-    }
-    std::printf("  last stamp %.0f ns after release; release to next release %.0f ns\n", med(ends), med(gaps));
-    CK(cudaGraphExecDestroy(ge));
-    CK(cudaGraphDestroy(g));
-    destroy(st);
-}
-#endif
 }  // namespace
 
 int main(int argc, char ** argv) {
@@ -305,15 +231,18 @@ int main(int argc, char ** argv) {
     std::printf("%s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
     cudaStream_t stream;
     CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-#ifdef SPARK_ATTN_PROBE
-    if (argc > 1 && std::string(argv[1]) == "--probe") {
-        const Shape mm{"MiniMax-M2 (hd128, 48/8)", 128, 48, 8}, q30{"Qwen3-30B-A3B (hd128, 32/4)", 128, 32, 4};
-        for (int ctx : {64, 128, 300, 2048, 8192}) probe_run(mm, ctx, 1, prop.multiProcessorCount, size_t(prop.l2CacheSize));
-        for (int ctx : {128, 2048}) probe_run(q30, ctx, 1, prop.multiProcessorCount, size_t(prop.l2CacheSize));
-        return 0;
+    // bench_decode [shape-substring [ctx,ctx,...]]: only the shapes whose name contains the string
+    // (checks and timings), at those contexts.
+    const std::string only = argc > 1 ? argv[1] : "";
+    std::vector<int>  ctxs = {64, 128, 300, 1024, 2048, 8192, 16384, 32768};
+    if (argc > 2) {
+        ctxs.clear();
+        for (const char * c = argv[2]; *c;) {
+            ctxs.push_back(std::atoi(c));
+            while (*c && *c != ',') ++c;
+            if (*c == ',') ++c;
+        }
     }
-#endif
-    (void)argc, (void)argv;
 
     const Shape shapes[] = {
         {"Qwen3-30B-A3B (hd128, 32/4)", 128, 32, 4},
@@ -326,6 +255,7 @@ int main(int argc, char ** argv) {
     for (const Shape & s : shapes)
         for (int T : {1, 4})
             for (int ctx : {8, 300, 1000}) {
+                if (std::string(s.name).find(only) == std::string::npos) continue;
                 Setup st = make(s, ctx, T, ctx == 8 ? 128 : 32768, 0, prop.multiProcessorCount);
                 std::printf("check %-30s T=%d ctx %4d: nmse %.2e (splits %d)\n", s.name, T, ctx, check(st, stream), st.plan.n_splits);
                 destroy(st);
@@ -334,7 +264,8 @@ int main(int argc, char ** argv) {
     std::printf("\n%-30s %3s %6s %6s %6s %9s %9s\n", "shape", "T", "ctx", "cap", "splits", "us/layer", "KV GB/s");
     for (const Shape & s : shapes)
         for (int T : {1, 4})
-            for (int ctx : {64, 128, 300, 1024, 2048, 8192, 16384, 32768}) {
+            for (int ctx : ctxs) {
+                if (std::string(s.name).find(only) == std::string::npos) continue;
                 const int capacity = 32768 + 64 * 8;
                 Setup     st       = make(s, ctx, T, capacity, size_t(prop.l2CacheSize), prop.multiProcessorCount);
                 // One graph: every layer's step once, replayed.
