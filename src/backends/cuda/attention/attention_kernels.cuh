@@ -529,8 +529,8 @@ template <int D, bool NR, class Freqs> __device__ __forceinline__ void attn_deco
             // Weights exp2(m_s - M) of the splits with l_s > 0 and the total sum, warp w: rows w, w + 4, ...
             // The (m, l) pairs of all the warp's rows are requested together, 32 kMlSlots splits
             // at a time (one round trip to L2 per group; read row by row, l before m and again for
-            // the weights, they were three dependent trips per row), and kept in registers when one group holds them all
-            // (read twice otherwise). Each row's M, weights and sum: lane y's splits y, y + 32, ...
+            // the weights, they were three dependent trips per row), and kept in registers when
+            // one group holds them all (read twice otherwise). Each row's M, weights and sum: lane y's splits y, y + 32, ...
             // in order, then the shuffle tree (the same arithmetic in any case).
             constexpr int kMlSlots = 2;  // 64 splits a group: MiniMax-M2's 33 and most of the 30B-A3B's 66 in one
             const int     n_groups = (n_act + 32 * kMlSlots - 1) / (32 * kMlSlots);
