@@ -120,6 +120,7 @@ HostWeight make_weight(const Spec & s, int64_t n, int64_t k) {
             d.group_size = s.group > 0 ? s.group : int32_t(k);
             d.n_groups   = int32_t((k + d.group_size - 1) / d.group_size);
             d.scale_type = s.bf16_scales ? ScaleType::BF16 : ScaleType::F16;
+            d.tiled      = int4_tiled_layout(n, k);  // as the upload stores it (random words: only the order matters)
             h.data       = std::make_shared<Buf>(size_t(n * k / 2));
             h.scales     = std::make_shared<Buf>(size_t(n * d.n_groups) * 2);
             fill(*h.data);
@@ -165,7 +166,7 @@ double ref_weight(const HostWeight & h, int64_t n, int64_t k) {
             return double(e2m1_to_f32(uint8_t(k & 1 ? b >> 4 : b & 15))) * double(s);
         }
         case WeightFormat::INT4: {
-            const uint32_t word = reinterpret_cast<const uint32_t *>(w.data)[n * (w.k / 8) + k / 8];
+            const uint32_t word = reinterpret_cast<const uint32_t *>(w.data)[int4_word_index(w.tiled, n, k / 8, w.k / 8)];
             const int64_t  idx  = n * w.n_groups + k / w.group_size;
             const uint16_t sb   = static_cast<const uint16_t *>(w.scales)[idx];
             const double   s    = w.scale_type == ScaleType::BF16 ? bf16_to_f32(sb) : f16_to_f32(sb);
@@ -644,9 +645,11 @@ int main(int argc, char ** argv) {
         for (const int lpr : {32, 16, 8})
             for (const int wk : {1, 2, 4, 8})
                 for (const int ks : {1, 3})
-                    for (const int nw : {1, 2}) check_dense(s, 21, 1280, nw == 1 ? 1 : 2, nw, {lpr, wk, ks}, filter);
+                    for (const int nw : {1, 2}) check_dense(s, 32, 1280, nw == 1 ? 1 : 2, nw, {lpr, wk, ks}, filter);
     // Model-like shapes at the plan's split (K as the models; N cut to keep the emulation short).
-    check_dense(specs[0], 70, 4096, 1, 2, {}, filter);
+    // INT4 of N % 16 == 0 and K % 128 == 0 is tile-major (device_weight.h), other shapes row-major:
+    // the cases here and below have both.
+    check_dense(specs[0], 80, 4096, 1, 2, {}, filter);
     check_dense(specs[0], 70, 12288, 1, 1, {}, filter);
     check_dense(specs[0], 3, 2048, 1, 1, {}, filter);   // N < rows per group
     check_dense(specs[5], 70, 4096, 2, 2, {}, filter);
@@ -662,7 +665,7 @@ int main(int argc, char ** argv) {
     // MATMUL_ID: Qwen3-30B-A3B gate/up (K 2048, expert width 768 cut to 40 rows) and down (K 768),
     // several tokens, strided ids with invalid entries, shared and per-slot inputs.
     for (const Spec & s : {specs[0], specs[1], specs[5], specs[6], specs[9]}) {
-        check_moe(s, 40, 2048, 16, 8, 1, 2, true, {}, filter);
+        check_moe(s, 48, 2048, 16, 8, 1, 2, true, {}, filter);
         check_moe(s, 40, 768, 16, 8, 2, 1, false, {}, filter);
         check_moe(s, 33, 768, 16, 4, 3, 2, false, {8, 1, 2}, filter);
         check_moe(s, 33, 1024, 16, 4, 2, 1, true, {32, 2, 3}, filter);
@@ -687,6 +690,7 @@ int main(int argc, char ** argv) {
         for (const Spec & s : {specs[0], specs[1], specs[5], specs[9]}) {
             check_multi(s, {70, 20, 20}, 1280, 1, {}, filter, mma);
             check_multi(s, {45, 3}, 576, 3, {}, filter, mma);
+            check_multi(s, {48, 20}, 1280, 1, {}, filter, mma);  // INT4: one tile-major weight, one row-major
         }
         check_multi(specs[0], {40, 17, 9, 33}, 1280, 2, {8, 2, 3}, filter, mma);
         check_multi(specs[5], {40, 17}, 1280, 1, {8, 1, 4}, filter, mma);
@@ -707,20 +711,21 @@ int main(int argc, char ** argv) {
         for (const int wk : {1, 2, 4, 8})
             for (const int ks : {1, 3})
                 for (const int nw : {1, 2}) {
-                    check_dense(s, 21, 1280, nw == 1 ? 1 : 2, nw, {1, wk, ks}, filter, true);
-                    if (nw == 1) check_dense(s, 21, nw == 1 && ks == 3 ? 1152 : 1280, 1, 1, {1, wk, ks, 1}, filter, true);  // kp; 9 blocks: odd ranges
+                    const int64_t n = wk == 1 ? 21 : 32;  // INT4 row-major, tile-major
+                    check_dense(s, n, 1280, nw == 1 ? 1 : 2, nw, {1, wk, ks}, filter, true);
+                    if (nw == 1) check_dense(s, n, nw == 1 && ks == 3 ? 1152 : 1280, 1, 1, {1, wk, ks, 1}, filter, true);  // kp; 9 blocks: odd ranges
                 }
     // The one-wave variant (one step in flight, 3 blocks per SM) of the gate/up and of a single
     // weight at every K-warp count, K of whole and half last blocks, with and without a K split (the
     // planner never splits it; the kernel may).
     for (const Spec & s : {specs[0], specs[1], specs[5], specs[4]})
         for (const int wk : {1, 2, 4, 8}) {
-            check_dense(s, 21, 1280, 1, 2, {1, wk, 1, 0, 1}, filter, true);
+            check_dense(s, 32, 1280, 1, 2, {1, wk, 1, 0, 1}, filter, true);
             check_dense(s, 37, 576, 1, 2, {1, wk, wk == 2 ? 2 : 1, 0, 1}, filter, true);
-            check_dense(s, 21, 1280, 1, 1, {1, wk, 1, 0, 1}, filter, true);  // a single weight (the experts' down)
+            check_dense(s, 32, 1280, 1, 1, {1, wk, 1, 0, 1}, filter, true);  // a single weight (the experts' down)
             check_dense(s, 37, 576, 1, 1, {1, wk, wk == 2 ? 2 : 1, 0, 1}, filter, true);
         }
-    check_dense(specs[0], 70, 4096, 1, 2, {}, filter, true);
+    check_dense(specs[0], 80, 4096, 1, 2, {}, filter, true);
     check_dense(specs[0], 70, 12288, 1, 1, {}, filter, true);
     check_dense(specs[0], 3, 2048, 1, 1, {}, filter, true);
     check_dense(specs[5], 70, 4096, 2, 2, {}, filter, true);
@@ -731,12 +736,12 @@ int main(int argc, char ** argv) {
     check_dense(specs[0], 40, 1280, 1, 1, {}, filter, false);
     g_wide_x = false;
     for (const Spec & s : {specs[0], specs[1], specs[5]}) {
-        check_moe(s, 40, 2048, 16, 8, 1, 2, true, {}, filter, true);
-        check_moe(s, 40, 768, 16, 8, 2, 1, false, {}, filter, true);
+        check_moe(s, 48, 2048, 16, 8, 1, 2, true, {}, filter, true);
+        check_moe(s, 48, 768, 16, 8, 2, 1, false, {}, filter, true);
         check_moe(s, 33, 768, 16, 4, 3, 2, false, {1, 1, 2}, filter, true);
         check_moe(s, 33, 1024, 16, 4, 2, 1, true, {1, 2, 3}, filter, true);
         check_moe(s, 33, 1152, 16, 4, 2, 1, true, {1, 2, 2, 1}, filter, true);
-        check_moe(s, 40, 768, 16, 8, 1, 1, false, {1, 4, 1, 0, 1}, filter, true);  // the experts' down, one wave
+        check_moe(s, 48, 768, 16, 8, 1, 1, false, {1, 4, 1, 0, 1}, filter, true);  // the experts' down, one wave
     }
     std::printf("worst MMA nmse %.1e (tensor-core sums modelled %s)\n", g_worst_mma,
                 emu::mma_sum() == emu::MmaSum::Truncating ? "with truncation to 2^(e_max - 23)" : "exactly");

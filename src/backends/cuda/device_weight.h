@@ -9,7 +9,9 @@
 //   NVFP4             data u8 [N][K/2] (element 2i in the low nibble), scales E4M3 [N][K/16],
 //                     global_scale (multiplier). Same as the checkpoint: uploaded as is.
 //   INT4              data u32 [N][K/8]: nibble j of word w of row n is q[n][8w + j]
-//                     (the GPTQ [K/8][N] words transposed by a device kernel);
+//                     (the GPTQ [K/8][N] words transposed by a device kernel), in the
+//                     order of int4_word_index: tile-major (`tiled`) where N % 16 == 0 and
+//                     K % 128 == 0, row-major otherwise;
 //                     scales f16|bf16 [N][G]; zeros u8 [N][G] = effective zero (offset applied),
 //                     nullptr = symmetric (zero 8);
 //                     act-order checkpoints: K is stored sorted by group and perm[k] is the input
@@ -18,15 +20,33 @@
 //   FP8               data E4M3 [N][K], scales f32 [ceil(N/block_n)][ceil(K/block_k)]. As is.
 #pragma once
 
+#include "quant/hd.h"
 #include "quant/qweight.h"
 
 #include <cstdint>
 
 namespace spark::cuda {
 
+// The INT4 tile-major order. A tile is 16 rows x 128 K (64 bytes of each row, 1 KB), stored as the
+// 16 rows one after the other; a row tile's K tiles follow each other, then the next 16 rows. The
+// decode GEMV's warp loads rows g and g + 8 (g < 8) of a 128-K block, 16 bytes a lane: in this order
+// each of its load instructions reads 512 contiguous bytes instead of 8 runs of 64 bytes K / 2 bytes
+// apart, which the memory system serves faster (docs/PERF.md, "The weights in 16 x 128 tiles").
+// Every byte is where it was within its row's 64-byte block; only the blocks move.
+SPARK_HD bool int4_tiled_layout(int64_t n, int64_t k) { return n % 16 == 0 && k % 128 == 0; }
+// Index of 16-byte chunk c (K elements 32c .. 32c + 31) of row n, in chunks from `data`; kc = K / 32.
+SPARK_HD int64_t int4_chunk_index(bool tiled, int64_t n, int64_t c, int64_t kc) {
+    return tiled ? (n >> 4) * 16 * kc + (c >> 2) * 64 + (n & 15) * 4 + (c & 3) : n * kc + c;
+}
+// Index of 32-bit word w (K elements 8w .. 8w + 7) of row n, in words from `data`; k8 = K / 8.
+SPARK_HD int64_t int4_word_index(bool tiled, int64_t n, int64_t w, int64_t k8) {
+    return tiled ? (n >> 4) * 16 * k8 + (w >> 4) * 256 + (n & 15) * 16 + (w & 15) : n * k8 + w;
+}
+
 struct DeviceWeight {
     WeightFormat    format       = WeightFormat::BF16;
     ScaleType       scale_type   = ScaleType::F16;  // INT4
+    bool            tiled        = false;           // INT4: data in the tile-major order (above)
     int32_t         group_size   = 0;               // INT4
     int32_t         n_groups     = 0;               // INT4
     int32_t         block_n      = 0;               // FP8
@@ -56,6 +76,7 @@ inline DeviceWeight device_weight_shape(const QWeight & w) {
     d.block_k      = w.block_k;
     d.global_scale = w.global_scale;
     d.act_scale    = w.act_scale;
+    d.tiled        = w.format == WeightFormat::INT4 && int4_tiled_layout(w.n, w.k);
     return d;
 }
 

@@ -111,6 +111,7 @@ struct Int4RepackItem {
     uint8_t *        dst_zeros  = nullptr;
     int64_t          n = 0, k8 = 0, groups = 0;
     int32_t          zero_offset = 0;
+    bool             tiled       = false;  // DeviceWeight::tiled of the destination
     int64_t          first_block = 0;
 };
 int64_t int4_repack_blocks(const Int4RepackItem & item);

@@ -32,14 +32,15 @@ __global__ void fill_nvfp4(uint8_t * codes, uint8_t * scales, int64_t N, int64_t
     }
 }
 
-// Device layout [N][K/8]: nibble j of word w of row n is q[n][8w + j].
-__global__ void fill_int4(uint32_t * words, uint16_t * scales, int64_t N, int64_t K, int64_t gs, int64_t G, uint64_t seed, float scale) {
+// Device layout [N][K/8] (in the order of int4_word_index): nibble j of word w of row n is q[n][8w + j].
+__global__ void fill_int4(uint32_t * words, bool tiled, uint16_t * scales, int64_t N, int64_t K, int64_t gs, int64_t G, uint64_t seed,
+                          float scale) {
     const int64_t n_words = N * (K / 8);
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n_words; i += int64_t(gridDim.x) * blockDim.x) {
         const int64_t n = i / (K / 8), w = i % (K / 8);
         uint32_t      word = 0;
         for (int j = 0; j < 8; ++j) word |= rw::int4_code(seed, n, 8 * w + j, K) << (4 * j);
-        words[i] = word;
+        words[int4_word_index(tiled, n, w, K / 8)] = word;
         if ((8 * w) % gs == 0) {
             const int64_t g = (8 * w) / gs;
             scales[n * G + g] = rw::int4_scale_f16(seed, n, g, G, scale);
@@ -85,7 +86,7 @@ DeviceWeight random_device_weight(const RandomWeightSpec & s, void * (*alloc)(vo
             if (gs % 8) fail(SPARK_ERR_UNSUPPORTED, "random INT4 weight: group size %lld is not a multiple of 8", (long long) gs);
             auto * words  = static_cast<uint32_t *>(alloc(owner, size_t(N * K / 8) * 4));
             auto * scales = static_cast<uint16_t *>(alloc(owner, size_t(N * G) * 2));
-            fill_int4<<<blocks_for(N * K / 8), kThreads, 0, stream>>>(words, scales, N, K, gs, G, s.seed, s.scale);
+            fill_int4<<<blocks_for(N * K / 8), kThreads, 0, stream>>>(words, w.tiled, scales, N, K, gs, G, s.seed, s.scale);
             w.data   = words;
             w.scales = scales;
             break;

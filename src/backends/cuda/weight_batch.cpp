@@ -339,6 +339,7 @@ private:
         it.dst_zeros   = const_cast<uint8_t *>(job.layout.zeros);
         it.n           = job.layout.n;
         it.k8          = job.layout.k / 8;
+        it.tiled       = job.layout.tiled;
         it.groups      = job.layout.n_groups;
         it.zero_offset = job.zero_offset;
         it.first_block = p.blocks;

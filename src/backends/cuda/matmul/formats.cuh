@@ -207,7 +207,7 @@ __device__ __forceinline__ float weight_at(const DeviceWeight & w, int64_t n, in
             return e2m1_to_f32(code) * scale;
         }
         case WeightFormat::INT4: {
-            const uint32_t word = __ldg(static_cast<const uint32_t *>(w.data) + n * (w.k / 8) + k / 8);
+            const uint32_t word = __ldg(static_cast<const uint32_t *>(w.data) + int4_word_index(w.tiled, n, k / 8, w.k / 8));
             const int64_t  idx  = n * w.n_groups + k / w.group_size;
             const float    s    = scale16_to_f32(__ldg(static_cast<const uint16_t *>(w.scales) + idx), w.scale_type);
             const float    z    = w.zeros ? float(__ldg(w.zeros + idx)) : 8.0f;

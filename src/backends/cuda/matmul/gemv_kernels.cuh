@@ -432,6 +432,9 @@ __global__ void __launch_bounds__(kGemvThreads, R == 1 ? F::kMinBlocksR1 : gemv_
     const int      J       = c_end > c_begin ? int((c_end - c_begin + stride - 1) / stride) : 0;
 
     // Row offsets in chunks (32 bits: weights below 64 GB) and into the scales: one register each.
+    // Tile-major INT4 (device_weight.h; a GLU's two weights have one shape, so one order): chunk c
+    // of a row is 64 chunks per 4 further, int4_chunk_index.
+    const bool      tiled = w[0].tiled;
     typename F::Wt  wt[NW];
     typename F::Row rr[NW][U];
     uint32_t        roff[U];
@@ -440,7 +443,7 @@ __global__ void __launch_bounds__(kGemvThreads, R == 1 ? F::kMinBlocksR1 : gemv_
 #pragma unroll
     for (int u = 0; u < U; ++u) {
         const int64_t n = min(n_base + u, N - 1);  // rows past N load row N - 1 and are not stored
-        roff[u]         = uint32_t(n) * KC;
+        roff[u]         = uint32_t(int4_chunk_index(tiled, n, 0, KC));
 #pragma unroll
         for (int i = 0; i < NW; ++i) rr[i][u] = F::row(w[i], wt[i], n);
     }
@@ -460,11 +463,12 @@ __global__ void __launch_bounds__(kGemvThreads, R == 1 ? F::kMinBlocksR1 : gemv_
     auto issue = [&](const int slot, const int j) {
         const uint32_t c = c0 + uint32_t(j) * stride;
         if (c < c_end) {
+            const uint32_t cw = tiled ? c + (c >> 2) * 60 : c;
 #pragma unroll
             for (int i = 0; i < NW; ++i)
 #pragma unroll
                 for (int u = 0; u < U; ++u)
-                    raw[slot][i][u] = ptx::ld_stream_v4(static_cast<const uint4 *>(w[i].data) + (roff[u] + c), policy);
+                    raw[slot][i][u] = ptx::ld_stream_v4(static_cast<const uint4 *>(w[i].data) + (roff[u] + cw), policy);
 #pragma unroll
             for (int i = 0; i < NW; ++i)
 #pragma unroll

@@ -325,6 +325,11 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
     const uint32_t nstep  = (nblk + uint32_t(kp)) >> kp;  // step positions in the range
     const int      J      = nstep > uint32_t(kw) ? int((nstep - uint32_t(kw) + uint32_t(wk) - 1) >> wk_shift) : 0;
 
+    // INT4 tile-major (device_weight.h; a GLU's two weights have one shape, so one order): a row's
+    // next 128-K block is 64 chunks on instead of 4, and each load instruction of the warp reads
+    // 512 contiguous bytes.
+    const bool      tiled        = F::kFormat == WeightFormat::INT4 && w[0].tiled;
+    const uint32_t  block_chunks = tiled ? 64u : 4u;
     typename F::Wt  wt[NW];
     typename F::Row rr[T];
     const uint4 *   wp[T][2];  // rows g and g + 8 of each tile, at the chunk of the next step
@@ -337,8 +342,8 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
             const int     t  = i * U + u;
             const int64_t r0 = n_warp + (kp ? 0 : u * 16) + g;
             const int64_t n0 = min(r0, N - 1), n1 = min(r0 + 8, N - 1);  // past N: row N - 1, not stored
-            wp[t][0]         = static_cast<const uint4 *>(w[i].data) + size_t(n0) * KC;
-            wp[t][1]         = static_cast<const uint4 *>(w[i].data) + size_t(n1) * KC;
+            wp[t][0]         = static_cast<const uint4 *>(w[i].data) + int4_chunk_index(tiled, n0, 0, KC);
+            wp[t][1]         = static_cast<const uint4 *>(w[i].data) + int4_chunk_index(tiled, n1, 0, KC);
             rr[t]            = F::row(w[i], wt[i], n0, n1);
         }
 
@@ -367,7 +372,7 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
 #pragma unroll
     for (int t = 0; t < T; ++t)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) wp[t][h] += (cb + bl_next + uint32_t(kp * t)) * 4 + uint32_t(q);
+        for (int h = 0; h < 2; ++h) wp[t][h] += (cb + bl_next + uint32_t(kp * t)) * block_chunks + uint32_t(q);
     const uint32_t bl_step = uint32_t(wk) << kp;
     auto issue = [&](const int slot, const int j) {
         if (j < J) {
@@ -383,7 +388,7 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
                 }
                 sc[slot][t] = F::load_scale(w[t / U], wt[t / U], rr[t], cb + bl, c, ok, block_ok);
 #pragma unroll
-                for (int h = 0; h < 2; ++h) wp[t][h] += bl_step * 4;
+                for (int h = 0; h < 2; ++h) wp[t][h] += bl_step * block_chunks;
             }
             bl_next += bl_step;
         }

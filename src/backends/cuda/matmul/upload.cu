@@ -2,7 +2,8 @@
 //
 // F32 / F16 / BF16, NVFP4 and FP8 are already row-major with K contiguous and are copied as they
 // are. INT4 arrives in GPTQ orientation and is repacked on the device from a staging copy:
-//   words  u32 [K/8][N] -> [N][K/8]        (32x32 tile transpose through shared memory)
+//   words  u32 [K/8][N] -> [N][K/8]        (32x32 tile transpose through shared memory; stored in
+//                                           the order of int4_word_index: tile-major if d.tiled)
 //   scales u16 [G][N]   -> [N][G]          (same)
 //   zeros  packed [G][N/8] nibbles + zero_offset -> u8 [N][G] effective zeros (nullptr: symmetric)
 // Act-order (a g_idx that is not k / group_size): input channels are sorted by group (stable), so
@@ -27,9 +28,10 @@ namespace {
 
 constexpr int kTile = 32;
 
-// One 32x32 tile (bx over N, by over K/8) of dst[n][w] = word w of row n in the device layout;
-// src[w][n] GPTQ words. With perm, nibble j of the output word is input channel perm[8w + j].
-__device__ void int4_words_tile(const uint32_t * src, int64_t n, int64_t k8, const int32_t * perm, uint32_t * dst, int64_t bx, int64_t by) {
+// One 32x32 tile (bx over N, by over K/8) of the device words: word w of row n (at int4_word_index)
+// from src[w][n] GPTQ words. With perm, nibble j of the output word is input channel perm[8w + j].
+__device__ void int4_words_tile(const uint32_t * src, int64_t n, int64_t k8, const int32_t * perm, bool tiled, uint32_t * dst, int64_t bx,
+                                int64_t by) {
     __shared__ uint32_t tile[kTile][kTile + 1];
     const int64_t n0 = bx * kTile, w0 = by * kTile;
     for (int i = int(threadIdx.y); i < kTile; i += int(blockDim.y)) {
@@ -50,7 +52,7 @@ __device__ void int4_words_tile(const uint32_t * src, int64_t n, int64_t k8, con
     __syncthreads();
     for (int i = int(threadIdx.y); i < kTile; i += int(blockDim.y)) {
         const int64_t nn = n0 + i, w = w0 + threadIdx.x;
-        if (nn < n && w < k8) dst[nn * k8 + w] = tile[threadIdx.x][i];
+        if (nn < n && w < k8) dst[int4_word_index(tiled, nn, w, k8)] = tile[threadIdx.x][i];
     }
 }
 
@@ -79,8 +81,8 @@ __device__ void int4_zeros_range(const uint32_t * src, int64_t n, int64_t groups
     }
 }
 
-__global__ void int4_words_kernel(const uint32_t * src, int64_t n, int64_t k8, const int32_t * perm, uint32_t * dst) {
-    int4_words_tile(src, n, k8, perm, dst, blockIdx.x, blockIdx.y);
+__global__ void int4_words_kernel(const uint32_t * src, int64_t n, int64_t k8, const int32_t * perm, bool tiled, uint32_t * dst) {
+    int4_words_tile(src, n, k8, perm, tiled, dst, blockIdx.x, blockIdx.y);
 }
 
 __global__ void transpose_u16_kernel(const uint16_t * src, int64_t rows, int64_t cols, uint16_t * dst) {
@@ -107,7 +109,7 @@ __global__ void int4_repack_many_kernel(const Int4RepackItem * items, int count)
     const Int4RepackItem & it = items[lo];
     int64_t               t  = b - it.first_block;
     const int64_t         wx = tiles_of(it.n), wt = wx * tiles_of(it.k8);
-    if (t < wt) return int4_words_tile(it.words, it.n, it.k8, nullptr, it.dst_words, t % wx, t / wx);
+    if (t < wt) return int4_words_tile(it.words, it.n, it.k8, nullptr, it.tiled, it.dst_words, t % wx, t / wx);
     t -= wt;
     const int64_t sx = tiles_of(it.n), st = sx * tiles_of(it.groups);
     if (t < st) return transpose_u16_tile(it.scales, it.groups, it.n, it.dst_scales, t % sx, t / sx);
@@ -210,7 +212,7 @@ void repack_int4(const DeviceWeight & d, const void * words, const void * scales
     const int64_t N = d.n, K8 = d.k / 8, G = d.n_groups;
     {
         const dim3 grid(unsigned(ceil_div(N, kTile)), unsigned(ceil_div(K8, kTile)));
-        int4_words_kernel<<<grid, dim3(kTile, 8), 0, stream>>>(static_cast<const uint32_t *>(words), N, K8, d.perm,
+        int4_words_kernel<<<grid, dim3(kTile, 8), 0, stream>>>(static_cast<const uint32_t *>(words), N, K8, d.perm, d.tiled,
                                                                 static_cast<uint32_t *>(const_cast<void *>(d.data)));
         SPARK_CUDA_CHECK_LAUNCH();
     }
