@@ -518,9 +518,10 @@ QuantOut check_quant(int64_t rows, int64_t k, int64_t pad, int64_t offset, Data 
 // =============================================================================================
 // gemm: the W4A4 GEMM
 
-struct Operand {  // E2M1 codes [rows][k/2] and UE4M3 scales [rows][k/16], exactly sized
+struct Operand {  // E2M1 codes [rows][k/2] (tiled: in the weights' tile-major order) and UE4M3 scales [rows][k/16], exactly sized
     std::unique_ptr<Buf> codes, scales;
     int64_t              rows = 0, k = 0;
+    bool                 tiled = false;
 };
 
 Operand random_operand(int64_t rows, int64_t k) {
@@ -554,7 +555,7 @@ std::vector<double> dequant(const Operand & o) {
     std::vector<double> v(size_t(o.rows * o.k));
     for (int64_t r = 0; r < o.rows; ++r)
         for (int64_t i = 0; i < o.k; ++i) {
-            const uint8_t byte = o.codes->data()[r * (o.k / 2) + i / 2];
+            const uint8_t byte = o.codes->data()[w4_byte_index(o.tiled, r, i / 2, o.k / 2)];
             v[size_t(r * o.k + i)] = double(e2m1_to_f32(uint8_t(i % 2 ? byte >> 4 : byte & 15))) *
                                      double(e4m3_to_f32(o.scales->data()[r * (o.k / 16) + i / 16]));
         }
@@ -590,6 +591,7 @@ void check_gemm(const Operand & w, float w_global, const Operand & act, float a_
     a.rows     = rows;
     a.y_stride = ys;
     a.alpha    = a_global * w_global;  // as the launcher computes it
+    a.w_tiled  = w.tiled;
     const auto t0 = std::chrono::steady_clock::now();
     bool       pdl_ok;
     {
@@ -649,7 +651,8 @@ void gemm_case(const std::string & tag, int64_t n, int64_t k, int64_t rows, bool
     const std::string name = "gemm " + tag + (tag.empty() ? "" : " ") + "N=" + std::to_string(n) + " K=" + std::to_string(k) +
                              " tokens=" + std::to_string(rows) + (pipeline ? " quantized-x" : "") + (force_other ? " other-config" : "");
     if (!selected(name)) return;
-    const Operand w        = random_operand(n, k);
+    Operand       w        = random_operand(n, k);
+    w.tiled                = w4_tiled_layout(n, k);  // as the upload stores it (random codes: only the order matters)
     const float   w_global = 0.37f / 448.0f;
     if (!pipeline) return check_gemm(w, w_global, random_operand(rows, k), 1.5f / 448.0f, force_other, name);
     // The real pipeline: x quantized by the emulated quantizer kernel (itself checked bit for bit),

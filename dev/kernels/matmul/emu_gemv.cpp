@@ -114,13 +114,14 @@ HostWeight make_weight(const Spec & s, int64_t n, int64_t k) {
             fill(*h.data);
             for (size_t i = 0; i < h.scales->bytes; ++i) h.scales->data()[i] = f32_to_e4m3(uni(0.25f, 4.0f));
             d.global_scale = 0.37f;
+            d.tiled        = w4_tiled_layout(n, k);  // as the upload stores it
             break;
         }
         case WeightFormat::INT4: {
             d.group_size = s.group > 0 ? s.group : int32_t(k);
             d.n_groups   = int32_t((k + d.group_size - 1) / d.group_size);
             d.scale_type = s.bf16_scales ? ScaleType::BF16 : ScaleType::F16;
-            d.tiled      = int4_tiled_layout(n, k);  // as the upload stores it (random words: only the order matters)
+            d.tiled      = w4_tiled_layout(n, k);  // as the upload stores it (random words: only the order matters)
             h.data       = std::make_shared<Buf>(size_t(n * k / 2));
             h.scales     = std::make_shared<Buf>(size_t(n * d.n_groups) * 2);
             fill(*h.data);
@@ -161,12 +162,12 @@ double ref_weight(const HostWeight & h, int64_t n, int64_t k) {
         case WeightFormat::F16: return f16_to_f32(reinterpret_cast<const uint16_t *>(w.data)[n * w.k + k]);
         case WeightFormat::BF16: return bf16_to_f32(reinterpret_cast<const uint16_t *>(w.data)[n * w.k + k]);
         case WeightFormat::NVFP4: {
-            const uint8_t b = static_cast<const uint8_t *>(w.data)[n * (w.k / 2) + k / 2];
+            const uint8_t b = static_cast<const uint8_t *>(w.data)[w4_byte_index(w.tiled, n, k / 2, w.k / 2)];
             const float   s = e4m3_to_f32(static_cast<const uint8_t *>(w.scales)[n * (w.k / 16) + k / 16]) * w.global_scale;
             return double(e2m1_to_f32(uint8_t(k & 1 ? b >> 4 : b & 15))) * double(s);
         }
         case WeightFormat::INT4: {
-            const uint32_t word = reinterpret_cast<const uint32_t *>(w.data)[int4_word_index(w.tiled, n, k / 8, w.k / 8)];
+            const uint32_t word = reinterpret_cast<const uint32_t *>(w.data)[w4_word_index(w.tiled, n, k / 8, w.k / 8)];
             const int64_t  idx  = n * w.n_groups + k / w.group_size;
             const uint16_t sb   = static_cast<const uint16_t *>(w.scales)[idx];
             const double   s    = w.scale_type == ScaleType::BF16 ? bf16_to_f32(sb) : f16_to_f32(sb);

@@ -117,6 +117,10 @@ struct Int4RepackItem {
 int64_t int4_repack_blocks(const Int4RepackItem & item);
 void    repack_int4_many(const Int4RepackItem * items, int count, int64_t blocks, cudaStream_t stream);
 
+// Row-major 16-byte chunks [first, first + count) of a 4-bit weight with kc chunks a row (src: those
+// chunks, on the device) stored into `data` in the tile-major order (device_weight.h).
+void tile_w4_chunks(const void * src, int64_t first, int64_t count, int64_t kc, void * data, cudaStream_t stream);
+
 // A random weight generated on the device in the device layout (src/backends/cuda/random_weights.cu).
 DeviceWeight random_device_weight(const RandomWeightSpec & spec, void * (*alloc)(void * owner, size_t bytes), void * owner, cudaStream_t stream);
 

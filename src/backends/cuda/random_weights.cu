@@ -23,16 +23,17 @@ __global__ void fill_dense(void * out, WeightFormat f, int64_t N, int64_t K, uin
     }
 }
 
-__global__ void fill_nvfp4(uint8_t * codes, uint8_t * scales, int64_t N, int64_t K, uint64_t seed) {
+// Codes in the order of w4_byte_index (device_weight.h), scales row-major.
+__global__ void fill_nvfp4(uint8_t * codes, bool tiled, uint8_t * scales, int64_t N, int64_t K, uint64_t seed) {
     const int64_t n_bytes = N * K / 2;
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n_bytes; i += int64_t(gridDim.x) * blockDim.x) {
         const int64_t n = i / (K / 2), k = (i % (K / 2)) * 2;
-        codes[i] = uint8_t(rw::nvfp4_code(seed, n, k, K) | (rw::nvfp4_code(seed, n, k + 1, K) << 4));
+        codes[w4_byte_index(tiled, n, k / 2, K / 2)] = uint8_t(rw::nvfp4_code(seed, n, k, K) | (rw::nvfp4_code(seed, n, k + 1, K) << 4));
         if (k % 16 == 0) scales[n * (K / 16) + k / 16] = rw::nvfp4_block_scale(seed, n, k / 16, K / 16);
     }
 }
 
-// Device layout [N][K/8] (in the order of int4_word_index): nibble j of word w of row n is q[n][8w + j].
+// Device layout [N][K/8] (in the order of w4_word_index): nibble j of word w of row n is q[n][8w + j].
 __global__ void fill_int4(uint32_t * words, bool tiled, uint16_t * scales, int64_t N, int64_t K, int64_t gs, int64_t G, uint64_t seed,
                           float scale) {
     const int64_t n_words = N * (K / 8);
@@ -40,7 +41,7 @@ __global__ void fill_int4(uint32_t * words, bool tiled, uint16_t * scales, int64
         const int64_t n = i / (K / 8), w = i % (K / 8);
         uint32_t      word = 0;
         for (int j = 0; j < 8; ++j) word |= rw::int4_code(seed, n, 8 * w + j, K) << (4 * j);
-        words[int4_word_index(tiled, n, w, K / 8)] = word;
+        words[w4_word_index(tiled, n, w, K / 8)] = word;
         if ((8 * w) % gs == 0) {
             const int64_t g = (8 * w) / gs;
             scales[n * G + g] = rw::int4_scale_f16(seed, n, g, G, scale);
@@ -75,7 +76,7 @@ DeviceWeight random_device_weight(const RandomWeightSpec & s, void * (*alloc)(vo
             if (K % 16) fail(SPARK_ERR_UNSUPPORTED, "random NVFP4 weight: K = %lld is not a multiple of 16", (long long) K);
             auto * codes  = static_cast<uint8_t *>(alloc(owner, size_t(N * K / 2)));
             auto * scales = static_cast<uint8_t *>(alloc(owner, size_t(N * K / 16)));
-            fill_nvfp4<<<blocks_for(N * K / 2), kThreads, 0, stream>>>(codes, scales, N, K, s.seed);
+            fill_nvfp4<<<blocks_for(N * K / 2), kThreads, 0, stream>>>(codes, w.tiled, scales, N, K, s.seed);
             w.data   = codes;
             w.scales = scales;
             break;

@@ -36,12 +36,16 @@ constexpr size_t kGroupBytes     = size_t(16) << 20;  // and neighbouring jobs g
 constexpr size_t kBytesPerWorker = size_t(64) << 20;  // no more threads than this many bytes each
 constexpr size_t kProgressStep   = size_t(64) << 20;  // progress is reported in steps of this many bytes
 
-// A host range and where it goes: a device address, or an offset into the job's scratch buffer.
+// A host range and where it goes: a device address, or an offset into the job's scratch buffer, or
+// (tile_kc > 0) row-major bytes [tile_at, tile_at + bytes) of a tile-major 4-bit weight whose data
+// starts at dst (each slot goes through the lane's device stage and tile_w4_chunks).
 struct Piece {
     const void * src     = nullptr;
     size_t       bytes   = 0;
     void *       dst     = nullptr;
     size_t       scratch = 0;  // when the job repacks
+    int64_t      tile_kc = 0;  // 16-byte chunks a row of the tile-major weight
+    size_t       tile_at = 0;
 };
 
 struct Job {
@@ -146,7 +150,7 @@ public:
         place_weight_upload(plan, &CudaWeightBatch::take, arena_);
         const DeviceWeight & d = plan.layout;
         if (!plan.repack) {
-            add_plain(host.data, plan.host.data, const_cast<void *>(d.data));
+            add_plain(host.data, plan.host.data, const_cast<void *>(d.data), d.tiled ? d.k / 32 : 0);
             if (plan.host.scales) add_plain(host.scales, plan.host.scales, const_cast<void *>(d.scales));
         } else {
             Job j;
@@ -267,11 +271,14 @@ private:
     static size_t round_up(size_t v) { return (v + 255) / 256 * 256; }
     static void * take(void * arena, size_t bytes) { return static_cast<WeightArena *>(arena)->take(bytes); }
 
-    // Plain bytes to a final address, split so that several threads share a large tensor.
-    void add_plain(const void * src, size_t bytes, void * dst) {
+    // Plain bytes to a final address, split so that several threads share a large tensor; tile_kc > 0:
+    // the row-major bytes of a tile-major 4-bit weight at dst (kJobBytes is a multiple of 16).
+    void add_plain(const void * src, size_t bytes, void * dst, int64_t tile_kc = 0) {
         for (size_t off = 0; off < bytes; off += kJobBytes) {
-            Job j;
-            j.pieces.push_back({static_cast<const uint8_t *>(src) + off, std::min(kJobBytes, bytes - off), static_cast<uint8_t *>(dst) + off, 0});
+            Job   j;
+            Piece p{static_cast<const uint8_t *>(src) + off, std::min(kJobBytes, bytes - off), static_cast<uint8_t *>(dst) + off, 0};
+            if (tile_kc > 0) p.dst = dst, p.tile_kc = tile_kc, p.tile_at = off;
+            j.pieces.push_back(p);
             jobs_.push_back(std::move(j));
         }
         bytes_ += bytes;
@@ -368,7 +375,12 @@ private:
                 const int    slot = turn++ & 1;
                 SPARK_CUDA_CHECK(cudaEventSynchronize(lane.free[slot]));  // its previous copy is done
                 sh.reader->read(lane.slot[slot], static_cast<const uint8_t *>(p.src) + off, n);
-                SPARK_CUDA_CHECK(cudaMemcpyAsync(dst + off, lane.slot[slot], n, cudaMemcpyHostToDevice, lane.stream));
+                if (p.tile_kc > 0) {  // (slots are a multiple of 4096 bytes: whole chunks)
+                    SPARK_CUDA_CHECK(cudaMemcpyAsync(lane.stage[slot], lane.slot[slot], n, cudaMemcpyHostToDevice, lane.stream));
+                    tile_w4_chunks(lane.stage[slot], int64_t((p.tile_at + off) / 16), int64_t(n / 16), p.tile_kc, dst, lane.stream);
+                } else {
+                    SPARK_CUDA_CHECK(cudaMemcpyAsync(dst + off, lane.slot[slot], n, cudaMemcpyHostToDevice, lane.stream));
+                }
                 SPARK_CUDA_CHECK(cudaEventRecord(lane.free[slot], lane.stream));
                 sh.advance(n);
             }
@@ -405,6 +417,7 @@ private:
         }
         plan.layout.data   = dev[0];
         plan.layout.scales = dev[1];
+        plan.layout.tiled  = false;  // the checkpoint's bytes as they are: row-major
         bytes_in_place_ += sizes[0] + sizes[1];
         return true;
     }

@@ -6,7 +6,8 @@
 //
 // Only weights the kernels read in the checkpoint's own layout go in place (NVFP4, FP8, BF16 / F16
 // / F32; data and scales 16-byte aligned inside one mapped file): INT4 is repacked into the
-// kernels' layout at load and is copied on every GPU. The decision is a pure function of the
+// kernels' layout at load and is copied on every GPU. NVFP4 in place keeps the checkpoint's
+// row-major codes (copied, they are stored in 16 x 128 tiles: device_weight.h). The decision is a pure function of the
 // device's and the host's properties (tested with injected ones); SPARK_WEIGHTS_IN_PLACE=0/1
 // overrides it (1 on a discrete GPU reads the weights over PCIe: for testing the path only).
 #pragma once

@@ -6,11 +6,12 @@
 //
 // The weight is the MMA's A operand (16 output features per MMA) and the activations its B
 // operand (8 tokens per MMA): at decode and verify batch sizes the 8-wide N side is the small one.
-// Fragments come straight from global memory in the checkpoint layouts (codes [rows][K/2], scales
-// [rows][K/16]): for every MMA a lane reads four 32-bit words of weight codes (its rows g and g + 8,
-// K offsets 8t and 32 + 8t), two of activation codes and one 32-bit word (four scales) per operand.
-// A warp's weight loads cover 16 rows x 32 contiguous bytes per K step (whole 32-byte sectors,
-// through L1). No shared memory, no barriers: a warp owns an MT x NT grid of 16x8 tiles and walks
+// Fragments come straight from global memory in the device layouts (weight codes [rows][K/2]
+// row-major or in 16 x 128 tiles, device_weight.h; scales [rows][K/16]; activations row-major): for
+// every MMA a lane reads four 32-bit words of weight codes (its rows g and g + 8, K offsets 8t and
+// 32 + 8t), two of activation codes and one 32-bit word (four scales) per operand. A warp's weight
+// loads cover 16 rows x 32 contiguous bytes per K step (whole 32-byte sectors, through L1; a 64-byte
+// row block of a tile holds two steps). No shared memory, no barriers: a warp owns an MT x NT grid of 16x8 tiles and walks
 // K; blocks of WARPS_M x WARPS_N warps tile N x rows. The float32 accumulators are scaled by
 // alpha = a_global * w.global_scale once at the end.
 //
@@ -22,19 +23,21 @@
 #include "backends/cuda/common/arch.h"
 #include "backends/cuda/common/pdl.cuh"
 #include "backends/cuda/common/ptx_sm120.cuh"
+#include "backends/cuda/device_weight.h"
 
 #include <cstdint>
 
 namespace spark::cuda::fp4 {
 
 struct W4A4Args {
-    const uint8_t * w_codes;   // [N][K/2]
+    const uint8_t * w_codes;   // [N][K/2], in the order of w4_byte_index(w_tiled, ...)
     const uint8_t * w_scales;  // [N][K/16]
     const uint8_t * a_codes;   // [R][K/2]
     const uint8_t * a_scales;  // [R][K/16]
     float *         y;         // [R][y_stride]
     int64_t         n, k, rows, y_stride;
     float           alpha;
+    bool            w_tiled;
 };
 
 __device__ __forceinline__ uint32_t w4a4_ld_u32(const uint8_t * p) { return __ldg(reinterpret_cast<const unsigned int *>(p)); }
@@ -63,8 +66,8 @@ __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N) gemm_w4a4_kernel(const
         const int64_t r_lo = min(m0 + 16 * i + g, args.n - 1);
         const int64_t r_hi = min(m0 + 16 * i + g + 8, args.n - 1);
         const int64_t r_sf = min(m0 + 16 * i + g + 8 * (lane & 1), args.n - 1);
-        wc[i][0]           = args.w_codes + r_lo * code_stride + 4 * t;
-        wc[i][1]           = args.w_codes + r_hi * code_stride + 4 * t;
+        wc[i][0]           = args.w_codes + w4_byte_index(args.w_tiled, r_lo, 0, code_stride) + 4 * t;
+        wc[i][1]           = args.w_codes + w4_byte_index(args.w_tiled, r_hi, 0, code_stride) + 4 * t;
         ws[i]              = args.w_scales + r_sf * scale_stride;
     }
 #pragma unroll
@@ -85,13 +88,15 @@ __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N) gemm_w4a4_kernel(const
     for (int64_t s = 0; s < steps; ++s) {
         const int64_t cb = s * 32;  // code bytes of this K step (64 codes)
         const int64_t sb = s * 4;   // scale bytes of this K step (4 blocks)
+        // In a tile, the row's 64-byte block of this step is 1 KB per block on (two steps a block).
+        const int64_t wb = args.w_tiled ? (cb >> 6) * 1024 + (cb & 63) : cb;
         uint32_t      a[MT][4], b[NT][2], sfa[MT], sfb[NT];
 #pragma unroll
         for (int i = 0; i < MT; ++i) {
-            a[i][0] = w4a4_ld_u32(wc[i][0] + cb);
-            a[i][1] = w4a4_ld_u32(wc[i][1] + cb);
-            a[i][2] = w4a4_ld_u32(wc[i][0] + cb + 16);
-            a[i][3] = w4a4_ld_u32(wc[i][1] + cb + 16);
+            a[i][0] = w4a4_ld_u32(wc[i][0] + wb);
+            a[i][1] = w4a4_ld_u32(wc[i][1] + wb);
+            a[i][2] = w4a4_ld_u32(wc[i][0] + wb + 16);
+            a[i][3] = w4a4_ld_u32(wc[i][1] + wb + 16);
             sfa[i]  = w4a4_ld_u32(ws[i] + sb);
         }
 #pragma unroll

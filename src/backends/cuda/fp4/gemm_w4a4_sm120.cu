@@ -63,6 +63,7 @@ void gemm_nvfp4_w4a4_sm120(const DeviceWeight & w, const uint8_t * a_codes, cons
     args.rows     = rows;
     args.y_stride = y_stride;
     args.alpha    = a_global * w.global_scale;
+    args.w_tiled  = w.tiled;
     if (rows <= fp4::kW4A4SmallRows) launch_tiles<fp4::W4A4Small>(args, stream);
     else launch_tiles<fp4::W4A4Large>(args, stream);
 }

@@ -201,13 +201,13 @@ __device__ __forceinline__ float weight_at(const DeviceWeight & w, int64_t n, in
         case WeightFormat::F16: return f16_to_f32(__ldg(static_cast<const uint16_t *>(w.data) + n * w.k + k));
         case WeightFormat::BF16: return bf16_to_f32(__ldg(static_cast<const uint16_t *>(w.data) + n * w.k + k));
         case WeightFormat::NVFP4: {
-            const uint8_t byte  = __ldg(static_cast<const uint8_t *>(w.data) + n * (w.k / 2) + k / 2);
+            const uint8_t byte  = __ldg(static_cast<const uint8_t *>(w.data) + w4_byte_index(w.tiled, n, k / 2, w.k / 2));
             const uint8_t code  = uint8_t((k & 1) ? byte >> 4 : byte & 0xF);
             const float   scale = e4m3_to_f32(__ldg(static_cast<const uint8_t *>(w.scales) + n * (w.k / 16) + k / 16)) * w.global_scale;
             return e2m1_to_f32(code) * scale;
         }
         case WeightFormat::INT4: {
-            const uint32_t word = __ldg(static_cast<const uint32_t *>(w.data) + int4_word_index(w.tiled, n, k / 8, w.k / 8));
+            const uint32_t word = __ldg(static_cast<const uint32_t *>(w.data) + w4_word_index(w.tiled, n, k / 8, w.k / 8));
             const int64_t  idx  = n * w.n_groups + k / w.group_size;
             const float    s    = scale16_to_f32(__ldg(static_cast<const uint16_t *>(w.scales) + idx), w.scale_type);
             const float    z    = w.zeros ? float(__ldg(w.zeros + idx)) : 8.0f;

@@ -126,9 +126,9 @@ __global__ void __launch_bounds__(kGemmThreads, gemm_min_blocks(MT)) gemm_kernel
 
     // Weight chunks this thread loads each stage: chunk q = tid + i * 256 -> smem row q / CPR,
     // chunk q % CPR of the stage.
-    // INT4 tile-major (device_weight.h; a GLU's two weights have one shape, so one order): brow is
+    // 4-bit tile-major (device_weight.h; a GLU's two weights have one shape, so one order): brow is
     // the row's first chunk, chunk c lies at chunk_at(c) from it.
-    const bool      tiled    = F::kFormat == WeightFormat::INT4 && w[0].tiled;
+    const bool      tiled    = w4_format(F::kFormat) && w[0].tiled;
     auto            chunk_at = [&](int64_t c) { return tiled ? c + (c >> 2) * 60 : c; };
     const uint8_t * brow[CPT];
     int64_t         bn[CPT];
@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(kGemmThreads, gemm_min_blocks(MT)) gemm_kernel
         const int64_t n = min(n0 + (GLU ? r % 64 : r), N - 1);  // rows past N compute unused columns
         bwi[i]  = wi;
         bn[i]   = n;
-        brow[i] = static_cast<const uint8_t *>(wi != 0 ? w[NW - 1].data : w[0].data) + int4_chunk_index(tiled, n, 0, KC) * 16;
+        brow[i] = static_cast<const uint8_t *>(wi != 0 ? w[NW - 1].data : w[0].data) + w4_chunk_index(tiled, n, 0, KC) * 16;
     }
 
     auto load_a = [&](int buf, int64_t kt) {

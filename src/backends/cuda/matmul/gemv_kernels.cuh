@@ -432,8 +432,8 @@ __global__ void __launch_bounds__(kGemvThreads, R == 1 ? F::kMinBlocksR1 : gemv_
     const int      J       = c_end > c_begin ? int((c_end - c_begin + stride - 1) / stride) : 0;
 
     // Row offsets in chunks (32 bits: weights below 64 GB) and into the scales: one register each.
-    // Tile-major INT4 (device_weight.h; a GLU's two weights have one shape, so one order): chunk c
-    // of a row is 64 chunks per 4 further, int4_chunk_index.
+    // Tile-major INT4 / NVFP4 (device_weight.h; a GLU's two weights have one shape, so one order): chunk c
+    // of a row is 64 chunks per 4 further, w4_chunk_index.
     const bool      tiled = w[0].tiled;
     typename F::Wt  wt[NW];
     typename F::Row rr[NW][U];
@@ -443,7 +443,7 @@ __global__ void __launch_bounds__(kGemvThreads, R == 1 ? F::kMinBlocksR1 : gemv_
 #pragma unroll
     for (int u = 0; u < U; ++u) {
         const int64_t n = min(n_base + u, N - 1);  // rows past N load row N - 1 and are not stored
-        roff[u]         = uint32_t(int4_chunk_index(tiled, n, 0, KC));
+        roff[u]         = uint32_t(w4_chunk_index(tiled, n, 0, KC));
 #pragma unroll
         for (int i = 0; i < NW; ++i) rr[i][u] = F::row(w[i], wt[i], n);
     }

@@ -325,10 +325,10 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
     const uint32_t nstep  = (nblk + uint32_t(kp)) >> kp;  // step positions in the range
     const int      J      = nstep > uint32_t(kw) ? int((nstep - uint32_t(kw) + uint32_t(wk) - 1) >> wk_shift) : 0;
 
-    // INT4 tile-major (device_weight.h; a GLU's two weights have one shape, so one order): a row's
+    // 4-bit tile-major (device_weight.h; a GLU's two weights have one shape, so one order): a row's
     // next 128-K block is 64 chunks on instead of 4, and each load instruction of the warp reads
     // 512 contiguous bytes.
-    const bool      tiled        = F::kFormat == WeightFormat::INT4 && w[0].tiled;
+    const bool      tiled        = w4_format(F::kFormat) && w[0].tiled;
     const uint32_t  block_chunks = tiled ? 64u : 4u;
     typename F::Wt  wt[NW];
     typename F::Row rr[T];
@@ -342,8 +342,8 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
             const int     t  = i * U + u;
             const int64_t r0 = n_warp + (kp ? 0 : u * 16) + g;
             const int64_t n0 = min(r0, N - 1), n1 = min(r0 + 8, N - 1);  // past N: row N - 1, not stored
-            wp[t][0]         = static_cast<const uint4 *>(w[i].data) + int4_chunk_index(tiled, n0, 0, KC);
-            wp[t][1]         = static_cast<const uint4 *>(w[i].data) + int4_chunk_index(tiled, n1, 0, KC);
+            wp[t][0]         = static_cast<const uint4 *>(w[i].data) + w4_chunk_index(tiled, n0, 0, KC);
+            wp[t][1]         = static_cast<const uint4 *>(w[i].data) + w4_chunk_index(tiled, n1, 0, KC);
             rr[t]            = F::row(w[i], wt[i], n0, n1);
         }
 

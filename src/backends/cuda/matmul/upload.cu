@@ -1,9 +1,12 @@
 // upload_weight: canonical host QWeight (src/quant/qweight.h) -> DeviceWeight (device_weight.h).
 //
-// F32 / F16 / BF16, NVFP4 and FP8 are already row-major with K contiguous and are copied as they
-// are. INT4 arrives in GPTQ orientation and is repacked on the device from a staging copy:
+// F32 / F16 / BF16 and FP8 are already row-major with K contiguous and are copied as they are, and
+// so are NVFP4's scales; NVFP4 codes of a tile-major weight (DeviceWeight::tiled) are copied to a
+// staging buffer and stored in that order by a device kernel (tile_w4_chunks; the batched loader
+// does the same a slot at a time). INT4 arrives in GPTQ orientation and is repacked on the device
+// from a staging copy:
 //   words  u32 [K/8][N] -> [N][K/8]        (32x32 tile transpose through shared memory; stored in
-//                                           the order of int4_word_index: tile-major if d.tiled)
+//                                           the order of w4_word_index: tile-major if d.tiled)
 //   scales u16 [G][N]   -> [N][G]          (same)
 //   zeros  packed [G][N/8] nibbles + zero_offset -> u8 [N][G] effective zeros (nullptr: symmetric)
 // Act-order (a g_idx that is not k / group_size): input channels are sorted by group (stable), so
@@ -28,7 +31,7 @@ namespace {
 
 constexpr int kTile = 32;
 
-// One 32x32 tile (bx over N, by over K/8) of the device words: word w of row n (at int4_word_index)
+// One 32x32 tile (bx over N, by over K/8) of the device words: word w of row n (at w4_word_index)
 // from src[w][n] GPTQ words. With perm, nibble j of the output word is input channel perm[8w + j].
 __device__ void int4_words_tile(const uint32_t * src, int64_t n, int64_t k8, const int32_t * perm, bool tiled, uint32_t * dst, int64_t bx,
                                 int64_t by) {
@@ -52,7 +55,7 @@ __device__ void int4_words_tile(const uint32_t * src, int64_t n, int64_t k8, con
     __syncthreads();
     for (int i = int(threadIdx.y); i < kTile; i += int(blockDim.y)) {
         const int64_t nn = n0 + i, w = w0 + threadIdx.x;
-        if (nn < n && w < k8) dst[int4_word_index(tiled, nn, w, k8)] = tile[threadIdx.x][i];
+        if (nn < n && w < k8) dst[w4_word_index(tiled, nn, w, k8)] = tile[threadIdx.x][i];
     }
 }
 
@@ -116,6 +119,15 @@ __global__ void int4_repack_many_kernel(const Int4RepackItem * items, int count)
     t -= st;
     const int64_t tid = int64_t(threadIdx.y) * blockDim.x + threadIdx.x, threads = int64_t(blockDim.x) * blockDim.y;
     if (it.zeros) int4_zeros_range(it.zeros, it.n, it.groups, it.zero_offset, it.dst_zeros, t * threads + tid, int64_t(1) << 62);
+}
+
+// Chunk i of src is 16-byte chunk first + i of a 4-bit weight's row-major data (kc chunks a row):
+// stored at its place in the tile-major order (w4_chunk_index).
+__global__ void tile_w4_kernel(const uint4 * src, int64_t first, int64_t count, int64_t kc, uint4 * dst) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t c = first + i;
+        dst[w4_chunk_index(true, c / kc, c % kc, kc)] = src[i];
+    }
 }
 
 struct Staging {
@@ -229,6 +241,13 @@ void repack_int4(const DeviceWeight & d, const void * words, const void * scales
     }
 }
 
+void tile_w4_chunks(const void * src, int64_t first, int64_t count, int64_t kc, void * data, cudaStream_t stream) {
+    if (count <= 0) return;
+    const int blocks = int(std::min<int64_t>(4096, ceil_div(count, 256)));
+    tile_w4_kernel<<<blocks, 256, 0, stream>>>(static_cast<const uint4 *>(src), first, count, kc, static_cast<uint4 *>(data));
+    SPARK_CUDA_CHECK_LAUNCH();
+}
+
 int64_t int4_repack_blocks(const Int4RepackItem & it) {
     const int64_t tiles = ceil_div(it.n, kTile) * (ceil_div(it.k8, kTile) + ceil_div(it.groups, kTile));
     return tiles + (it.zeros ? ceil_div(it.n * it.groups, kTile * 8) : 0);
@@ -247,7 +266,14 @@ DeviceWeight upload_weight(const QWeight & host, void * (*alloc)(void * owner, s
     auto copy = [&](const void * dst, const void * src, size_t n) {
         if (n) SPARK_CUDA_CHECK(cudaMemcpyAsync(const_cast<void *>(dst), src, n, cudaMemcpyHostToDevice, stream));
     };
-    if (!p.repack) {
+    if (!p.repack && d.tiled) {  // NVFP4 codes: through a staging copy into the tile-major order
+        Staging staging{stream, {}};
+        void *  codes = staging.get(p.host.data);
+        copy(codes, host.data, p.host.data);
+        tile_w4_chunks(codes, 0, int64_t(p.host.data / 16), d.k / 32, const_cast<void *>(d.data), stream);
+        copy(d.scales, host.scales, p.host.scales);
+        SPARK_CUDA_CHECK(cudaStreamSynchronize(stream));  // the staging buffer goes (stream-ordered) here
+    } else if (!p.repack) {
         copy(d.data, host.data, p.host.data);
         copy(d.scales, host.scales, p.host.scales);
     } else {
