@@ -34,7 +34,9 @@ namespace spark::cuda {
 // decode GEMV's warp loads rows g and g + 8 (g < 8) of a 128-K block, 16 bytes a lane: in this order
 // each of its load instructions reads 512 contiguous bytes instead of 8 runs of 64 bytes K / 2 bytes
 // apart, which the memory system serves faster (docs/PERF.md, "The weights in 16 x 128 tiles").
-// Every byte is where it was within its row's 64-byte block; only the blocks move.
+// Every byte is where it was within its row's 64-byte block; only the blocks move. In both orders an
+// index is the row's plus the column's, index(n, c) = index(n, 0) + index(0, c): kernels keep a row's
+// first chunk (or byte) and add index(0, c) of the chunk they read.
 SPARK_HD constexpr bool w4_format(WeightFormat f) { return f == WeightFormat::INT4 || f == WeightFormat::NVFP4; }
 SPARK_HD bool           w4_tiled_layout(int64_t n, int64_t k) { return n % 16 == 0 && k % 128 == 0; }
 // Index of 16-byte chunk c (K elements 32c .. 32c + 31) of row n, in chunks from `data`; kc = K / 32.

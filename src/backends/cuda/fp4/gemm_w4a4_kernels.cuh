@@ -88,8 +88,7 @@ __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N) gemm_w4a4_kernel(const
     for (int64_t s = 0; s < steps; ++s) {
         const int64_t cb = s * 32;  // code bytes of this K step (64 codes)
         const int64_t sb = s * 4;   // scale bytes of this K step (4 blocks)
-        // In a tile, the row's 64-byte block of this step is 1 KB per block on (two steps a block).
-        const int64_t wb = args.w_tiled ? (cb >> 6) * 1024 + (cb & 63) : cb;
+        const int64_t wb = w4_byte_index(args.w_tiled, 0, cb, code_stride);  // (a tile's 64-byte row block: two steps)
         uint32_t      a[MT][4], b[NT][2], sfa[MT], sfb[NT];
 #pragma unroll
         for (int i = 0; i < MT; ++i) {

@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(kGemmThreads, gemm_min_blocks(MT)) gemm_kernel
     // 4-bit tile-major (device_weight.h; a GLU's two weights have one shape, so one order): brow is
     // the row's first chunk, chunk c lies at chunk_at(c) from it.
     const bool      tiled    = w4_format(F::kFormat) && w[0].tiled;
-    auto            chunk_at = [&](int64_t c) { return tiled ? c + (c >> 2) * 60 : c; };
+    auto            chunk_at = [&](int64_t c) { return w4_chunk_index(tiled, 0, c, KC); };
     const uint8_t * brow[CPT];
     int64_t         bn[CPT];
     int             bwi[CPT];

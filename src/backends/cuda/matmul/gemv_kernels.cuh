@@ -432,8 +432,8 @@ __global__ void __launch_bounds__(kGemvThreads, R == 1 ? F::kMinBlocksR1 : gemv_
     const int      J       = c_end > c_begin ? int((c_end - c_begin + stride - 1) / stride) : 0;
 
     // Row offsets in chunks (32 bits: weights below 64 GB) and into the scales: one register each.
-    // Tile-major INT4 / NVFP4 (device_weight.h; a GLU's two weights have one shape, so one order): chunk c
-    // of a row is 64 chunks per 4 further, w4_chunk_index.
+    // Tile-major INT4 / NVFP4 (device_weight.h; a GLU's two weights have one shape, so one order): the
+    // row's first chunk plus w4_chunk_index(tiled, 0, c).
     const bool      tiled = w[0].tiled;
     typename F::Wt  wt[NW];
     typename F::Row rr[NW][U];
@@ -463,7 +463,7 @@ __global__ void __launch_bounds__(kGemvThreads, R == 1 ? F::kMinBlocksR1 : gemv_
     auto issue = [&](const int slot, const int j) {
         const uint32_t c = c0 + uint32_t(j) * stride;
         if (c < c_end) {
-            const uint32_t cw = tiled ? c + (c >> 2) * 60 : c;
+            const uint32_t cw = uint32_t(w4_chunk_index(tiled, 0, c, KC));
 #pragma unroll
             for (int i = 0; i < NW; ++i)
 #pragma unroll

@@ -329,7 +329,7 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
     // next 128-K block is 64 chunks on instead of 4, and each load instruction of the warp reads
     // 512 contiguous bytes.
     const bool      tiled        = w4_format(F::kFormat) && w[0].tiled;
-    const uint32_t  block_chunks = tiled ? 64u : 4u;
+    const uint32_t  block_chunks = uint32_t(w4_chunk_index(tiled, 0, 4, KC));  // one 128-K block on
     typename F::Wt  wt[NW];
     typename F::Row rr[T];
     const uint4 *   wp[T][2];  // rows g and g + 8 of each tile, at the chunk of the next step
