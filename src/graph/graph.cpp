@@ -239,28 +239,31 @@ Tensor * Graph::attention(Tensor * q, Tensor * k, Tensor * v, Tensor * k_cache, 
     return t;
 }
 
-Tensor * Graph::moe_route(Tensor * logits, int32_t k, bool normalize, RouterScore score, Tensor * choice_bias) {
+Tensor * Graph::moe_route(Tensor * logits, int32_t k, bool normalize, RouterScore score, Tensor * choice_bias, bool shared_slot) {
     SPARK_ASSERT(logits->type == DType::F32 && k > 0 && k <= logits->ne[0]);
     SPARK_ASSERT(!choice_bias || (score == RouterScore::Sigmoid && choice_bias->type == DType::F32 && choice_bias->ne[0] == logits->ne[0] &&
                                   choice_bias->nrows() == 1));
-    int64_t  ne[2] = {2 * int64_t(k), logits->nrows()};
+    int64_t  ne[2] = {2 * int64_t(k) + (shared_slot ? 1 : 0), logits->nrows()};
     Tensor * t     = new_tensor(DType::F32, ne, 2, Op::MOE_ROUTE);
     t->src[0]      = logits;
     t->src[1]      = choice_bias;
     t->ip[0]       = k;
     t->ip[1]       = normalize ? 1 : 0;
     t->ip[2]       = int32_t(score);
+    t->ip[3]       = shared_slot ? 1 : 0;
     return t;
 }
 
 Tensor * Graph::moe_weights(Tensor * route) {
-    const int64_t k = route->ne[0] / 2;
+    SPARK_ASSERT(route->op == Op::MOE_ROUTE);
+    const int64_t k = route->ip[0];
     return view(route, {k, route->ne[1]}, {4, route->nb[1]}, 0);
 }
 
 Tensor * Graph::moe_ids(Tensor * route) {
-    const int64_t k = route->ne[0] / 2;
-    Tensor *      t = view(route, {k, route->ne[1]}, {4, route->nb[1]}, size_t(k) * 4);
+    SPARK_ASSERT(route->op == Op::MOE_ROUTE);
+    const int64_t k = route->ip[0];
+    Tensor *      t = view(route, {k + route->ip[3], route->ne[1]}, {4, route->nb[1]}, size_t(k) * 4);
     t->type         = DType::I32;  // same 4-byte cells, reinterpreted
     return t;
 }

@@ -54,7 +54,8 @@ enum class Op : uint8_t {
     MUL_SIGMOID,  // src0 * sigmoid(src1) (src1 broadcast along rows when its ne0 == 1)
     ATTENTION,    // causal GQA attention over the paged KV cache; see Graph::attention
     MOE_ROUTE,    // scores (ip2: RouterScore) + top-k of router logits src0 [E, T] (+ choice bias src1) -> [2k, T]: k weights (F32)
-                  // then k expert ids (I32 bits); ip[0] = k, ip[1] = normalize top-k weights
+                  // then k expert ids (I32 bits); ip[0] = k, ip[1] = normalize top-k weights; ip[3] = 1:
+                  // one more id, E, after the k chosen ([2k + 1, T]: the shared expert as slot k)
     MOE_COMBINE,  // sum_j w[j, t] * y[:, j, t]: src0 y [H, k, T], src1 w [k, T] -> [H, T];
                   // src2 (optional) a shared expert's s [H, T] added as s * sigmoid(src3 [1, T])
     CONV1D_SSM,   // causal depthwise conv + silu with rolling state; see Graph::conv1d_ssm
@@ -177,10 +178,13 @@ public:
     // MoE routing: scores over experts (a softmax, or sigmoids), top-k, optional renormalisation.
     // Returns the packed [2k, T] result; moe_weights / moe_ids are views of it. choice_bias
     // (sigmoid only, optional F32 [E]: MiniMax-M2's e_score_correction_bias) is added to the scores
-    // to choose the experts; the weights are the chosen scores without it.
-    Tensor * moe_route(Tensor * logits, int32_t k, bool normalize, RouterScore score = RouterScore::Softmax, Tensor * choice_bias = nullptr);
+    // to choose the experts; the weights are the chosen scores without it. shared_slot: every token's
+    // ids end with one more, E (the shared expert stored after the E routed ones), so the routed
+    // matmuls compute the shared expert as slot k in the same launches (Qwen3-Next).
+    Tensor * moe_route(Tensor * logits, int32_t k, bool normalize, RouterScore score = RouterScore::Softmax, Tensor * choice_bias = nullptr,
+                       bool shared_slot = false);
     Tensor * moe_weights(Tensor * route);   // F32 [k, T]
-    Tensor * moe_ids(Tensor * route);       // I32 [k, T]
+    Tensor * moe_ids(Tensor * route);       // I32 [k, T] ([k + 1, T] with the shared slot)
     // shared (optional): a shared expert's output [H, T] gated by sigmoid(shared_gate [1, T]) and
     // added, as add(combine, mul_sigmoid(shared, shared_gate)) in one op (Qwen3-Next).
     Tensor * moe_combine(Tensor * y, Tensor * weights, Tensor * shared = nullptr, Tensor * shared_gate = nullptr);

@@ -29,6 +29,14 @@ const HParams & whole(const ModelLoader & ml, const HParams & hp) { return ml.sh
 // The part [rank * n, (rank + 1) * n) of a width split evenly over the ranks (n: the rank's).
 Range even_part(const Shard & s, int64_t n) { return {s.rank * n, (s.rank + 1) * n}; }
 
+// Whether one launch's kernels can take both weights through one expert table: the same format,
+// shape and quantization layout (the tables' entries differ only in their pointers and scales).
+bool same_layout(const QWeight & a, const QWeight & b) {
+    return a.n > 0 && a.format == b.format && a.n == b.n && a.k == b.k && a.group_size == b.group_size && a.n_groups == b.n_groups &&
+           a.zero_offset == b.zero_offset && a.scale_type == b.scale_type && (a.zeros == nullptr) == (b.zeros == nullptr) &&
+           (a.g_idx == nullptr) == (b.g_idx == nullptr) && a.block_n == b.block_n && a.block_k == b.block_k;
+}
+
 }  // namespace
 
 AttentionWeights load_attention(ModelLoader & ml, const HParams & hp, const std::string & p, int64_t in, int64_t q_per_head, QkNormScope qk_norm,
@@ -99,6 +107,17 @@ MoeWeights load_moe(ModelLoader & ml, const HParams & hp, const std::string & p,
     if (hp.n_ff_shexp > 0) {
         w.shared      = load_mlp(ml, p + ".shared_expert", hp.n_ff_shexp, hp.n_embd, bytes);
         w.shared_gate = ml.linear(p + ".shared_expert_gate", 1, hp.n_embd, bytes);
+        // Laid out as the routed experts (Qwen3-Next: both 512 wide, one format): the shared
+        // expert joins the expert arrays as entry n_expert (MoeWeights::shared_slot).
+        const auto routed = [&](const std::vector<QWeight> & set) { return std::find_if(set.begin(), set.end(), [](const QWeight & q) { return q.n > 0; }); };
+        const auto g = routed(w.gate), u = routed(w.up), d = routed(w.down);
+        if (g != w.gate.end() && same_layout(w.shared.gate, *g) && same_layout(w.shared.up, *u) && same_layout(w.shared.down, *d)) {
+            w.gate.push_back(w.shared.gate);
+            w.up.push_back(w.shared.up);
+            w.down.push_back(w.shared.down);
+            w.shared      = MlpWeights{};
+            w.shared_slot = true;
+        }
     }
     return w;
 }
@@ -135,23 +154,28 @@ Tensor * build_moe(GraphContext & gc, Tensor * x, const MoeWeights & w, int il) 
     // The shared expert first; its gate logit's matmul right before the router's (the CUDA backend
     // runs adjacent matmuls of one input as one launch); its output joins the routed experts' in
     // the combine.
+    // A shared expert in the expert arrays (shared_slot) is slot k of the routed matmuls instead.
     Tensor * shared = nullptr, * shared_gate = nullptr;
-    if (w.shared.gate.n) {
-        shared      = build_ffn(gc, x, w.shared.gate, w.shared.up, w.shared.down, il);
-        shared_gate = g.matmul(x, w.shared_gate);
-    }
+    if (w.shared.gate.n) shared = build_ffn(gc, x, w.shared.gate, w.shared.up, w.shared.down, il);
+    if (w.shared_gate.n) shared_gate = g.matmul(x, w.shared_gate);
     Tensor * logits = g.named(g.matmul(x, w.router), "router_logits", il);
     Tensor * bias   = w.choice_bias.data ? param(gc, w.choice_bias, "router_bias") : nullptr;
-    Tensor * route  = g.moe_route(logits, int32_t(hp.n_expert_used), hp.norm_topk_prob,
-                                  hp.router_sigmoid ? RouterScore::Sigmoid : RouterScore::Softmax, bias);
+    const int32_t k = int32_t(hp.n_expert_used);
+    Tensor * route  = g.moe_route(logits, k, hp.norm_topk_prob, hp.router_sigmoid ? RouterScore::Sigmoid : RouterScore::Softmax, bias,
+                                  w.shared_slot);
     Tensor * ids    = g.moe_ids(route);
-    Tensor * xe     = g.reshape(x, {x->ne[0], 1, T});  // one input row shared by the k slots
-    const int32_t ne = int32_t(hp.n_expert);
+    Tensor * xe     = g.reshape(x, {x->ne[0], 1, T});  // one input row shared by the slots
+    const int32_t ne = int32_t(w.gate.size());           // (n_expert, + 1 with the shared slot)
     Tensor * gate   = g.matmul_id(xe, w.gate.data(), ne, ids);
     Tensor * up     = g.matmul_id(xe, w.up.data(), ne, ids);
-    Tensor * act    = g.swiglu(gate, up);                        // [n_ff_expert, k, T]
-    Tensor * down   = g.matmul_id(act, w.down.data(), ne, ids);  // [n_embd, k, T]
-    return g.named(reduce_ranks(gc, g.moe_combine(down, g.moe_weights(route), shared, shared_gate)), "moe_out", il);
+    Tensor * act    = g.swiglu(gate, up);                        // [n_ff_expert, slots, T]
+    Tensor * down   = g.matmul_id(act, w.down.data(), ne, ids);  // [n_embd, slots, T]
+    Tensor * routed = down;
+    if (w.shared_slot) {
+        routed = g.view(down, {down->ne[0], k, T}, {4, down->nb[1], down->nb[2]}, 0);
+        shared = g.view(down, {down->ne[0], T}, {4, down->nb[2]}, size_t(k) * down->nb[1]);
+    }
+    return g.named(reduce_ranks(gc, g.moe_combine(routed, g.moe_weights(route), shared, shared_gate)), "moe_out", il);
 }
 
 namespace {

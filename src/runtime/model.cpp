@@ -46,8 +46,10 @@ void MlpWeights::visit(const WeightVisitor & v, WeightRole role) const {
 void MoeWeights::visit(const WeightVisitor & v) const {
     v(router, WeightRole::Auxiliary);
     v(choice_bias);
-    for (const auto * experts : {&gate, &up, &down})
-        for (const QWeight & w : *experts) v(w, WeightRole::Expert);
+    for (const auto * experts : {&gate, &up, &down}) {
+        const size_t routed = experts->size() - (shared_slot ? 1 : 0);
+        for (size_t e = 0; e < experts->size(); ++e) v((*experts)[e], e < routed ? WeightRole::Expert : WeightRole::Auxiliary);
+    }
     shared.visit(v, WeightRole::Auxiliary);
     v(shared_gate, WeightRole::Auxiliary);
 }

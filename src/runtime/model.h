@@ -81,7 +81,11 @@ struct MlpWeights {
 struct MoeWeights {
     QWeight              router;       // [n_expert, n_embd]
     Param                choice_bias;  // [n_expert]: added to sigmoid scores to choose (MiniMax-M2)
-    std::vector<QWeight> gate, up, down;  // one per expert
+    std::vector<QWeight> gate, up, down;  // one per expert (then the shared expert, with shared_slot)
+    // The shared expert, where it is laid out as the routed experts are (same format and shape):
+    // entry n_expert of gate / up / down, computed as one more slot of the routed matmuls (two
+    // launches fewer a layer); otherwise in `shared`.
+    bool                 shared_slot = false;
     MlpWeights           shared;
     QWeight              shared_gate;  // [1, n_embd]
     void                 visit(const WeightVisitor & v) const;

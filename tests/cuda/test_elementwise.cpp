@@ -449,6 +449,15 @@ TEST_CASE("cuda elementwise: MOE_ROUTE (softmax or sigmoid scores + top-k + reno
                                   Tensor * r    = g.moe_route(b.input({c.e, rows}, 2.0f), c.k, true, RouterScore::Sigmoid, bias);
                                   return std::vector<Tensor *>{g.moe_weights(r), g.moe_ids(r)};
                               });
+    // The shared expert's slot (Qwen3-Next: 512 experts, top-10): the ids end with E.
+    for (Cfg c : {Cfg{512, 10}, Cfg{8, 2}})
+        for (int64_t rows : kRows)
+            h.check_multi("moe_route shared slot E=" + std::to_string(c.e) + " k=" + std::to_string(c.k) + " T=" + std::to_string(rows), kF32,
+                          [&](OpBuilder & b) {
+                              Graph &  g = b.graph();
+                              Tensor * r = g.moe_route(b.input({c.e, rows}, 2.0f), c.k, true, RouterScore::Softmax, nullptr, true);
+                              return std::vector<Tensor *>{g.moe_weights(r), g.moe_ids(r)};
+                          });
     for (int64_t rows : kRows) {
         // Every probability appears twice (experts e and e + 64): ties go to the lower id.
         h.check_multi("moe_route ties E=128 k=8 T=" + std::to_string(rows), kF32, [&](OpBuilder & b) {

@@ -97,6 +97,35 @@ TEST_CASE("model info reports architecture, weight format, experts, layer types 
     CHECK(mi.kv_cells_total == 256);
 }
 
+// Qwen3-Next's shared expert has the routed experts' shape and format in every fixture: it joins the
+// expert arrays as entry n_expert (one more slot of the routed launches; build_moe) and is still
+// counted as a weight every step reads, once (the fixtures' goldens check what it computes).
+TEST_CASE("the Qwen3-Next shared expert is entry n_expert of the expert arrays, read every step") {
+    for (const char * name : {"qwen3_next-bf16", "qwen3_next-fp8-block", "qwen3_next-int4-autoround", "qwen3_next-nvfp4-modelopt"}) {
+        CAPTURE(name);
+        spark_model_params p = spark_model_default_params();
+        p.load_tokenizer     = false;
+        const auto           owned = spark::load_model(model_dir(name), p);
+        const spark::Model & model = *owned;
+        for (const spark::LayerWeights & L : model.layers) {
+            REQUIRE(L.moe.shared_slot);
+            CHECK(L.moe.gate.size() == size_t(model.hparams.n_expert) + 1);
+            CHECK(L.moe.down.size() == L.moe.gate.size());
+            CHECK(L.moe.shared.gate.n == 0);  // (not a second copy)
+            int experts = 0, auxiliary = 0;
+            spark::WeightVisitor v;
+            v.weight = [&](const spark::QWeight &, spark::WeightRole r) {
+                experts += r == spark::WeightRole::Expert;
+                auxiliary += r == spark::WeightRole::Auxiliary;
+            };
+            v.param = [](const spark::Param &) {};
+            L.moe.visit(v);
+            CHECK(experts == 3 * int(model.hparams.n_expert));
+            CHECK(auxiliary == 5);  // router, shared expert gate / up / down, shared expert gate logit
+        }
+    }
+}
+
 // Round-to-nearest quantization of the bf16 fixture into every format spark-convert writes.
 // The quantized fixtures were produced from the same bf16 weights by the real tools' recipes, so
 // where spark-convert follows the same recipe its output must run like that fixture: its golden is

@@ -489,8 +489,11 @@ void test_moe() {
     for (int score = 0; score < 3; ++score)
     for (Cfg c : {Cfg{8, 2}, Cfg{128, 8}, Cfg{512, 10}, Cfg{60, 4}, Cfg{512, 16}, Cfg{256, 8}, Cfg{64, 32}, Cfg{33, 1}, Cfg{20, 20}})
         for (int kind = 0; kind < 4; ++kind)  // 0 random, 1 ties (pairs of equal logits), 2 quantised (many ties), 3 a NaN
-            for (bool normalize : {false, true}) {
+            for (bool normalize : {false, true})
+            for (bool shared : {false, true}) {  // the shared expert's id E after the k chosen (Qwen3-Next)
                 if (score > 0 && !normalize) continue;  // sigmoid routers renormalise
+                if (shared && (c.k == kMaxTopK || kind == 1 || kind == 2)) continue;
+                const int width = 2 * c.k + (shared ? 1 : 0);
                 std::vector<float> bias(static_cast<size_t>(c.E));
                 for (auto & v : bias) v = randn() * 0.05f;  // of the order of the scores' spread
 
@@ -505,10 +508,10 @@ void test_moe() {
                         for (int e = 0; e < c.E; ++e) xr[e] = std::round(xr[e]);
                     if (kind == 3 && r == 2) xr[c.E / 2] = NAN;
                 }
-                std::vector<float> out(static_cast<size_t>(2 * c.k * rows));
+                std::vector<float> out(static_cast<size_t>(width * rows), NAN);
                 RouteArgs          a;
-                a.logits = rows_at(x.data(), st), a.out = rows_at(out.data(), 2 * c.k), a.n_expert = c.E, a.nrows = rows,
-                a.k = c.k, a.normalize = normalize;
+                a.logits = rows_at(x.data(), st), a.out = rows_at(out.data(), width), a.n_expert = c.E, a.nrows = rows,
+                a.k = c.k, a.normalize = normalize, a.shared = shared;
                 a.sigmoid = score > 0;
                 a.bias    = score == 2 ? bias.data() : nullptr;
                 const unsigned blocks = unsigned((rows + kRouteWarps - 1) / kRouteWarps);
@@ -527,15 +530,17 @@ void test_moe() {
                     std::vector<float>   w;
                     std::vector<int32_t> ids;
                     route_ref(x.data() + r * st, c.E, c.k, normalize, w, ids, score > 0, score == 2 ? bias.data() : nullptr);
-                    const float *   gw   = out.data() + r * 2 * c.k;
+                    const float *   gw   = out.data() + r * width;
                     const int32_t * gids = reinterpret_cast<const int32_t *>(gw + c.k);
                     for (int j = 0; j < c.k; ++j) {
                         ok = ok && gids[j] == ids[size_t(j)];
                         ok = ok && (std::memcmp(&gw[j], &w[size_t(j)], 4) == 0 || (gw[j] != gw[j] && w[size_t(j)] != w[size_t(j)]));
                     }
+                    if (shared) ok = ok && gids[c.k] == c.E;
                 }
                 expect(ok, "moe_route E=" + std::to_string(c.E) + " k=" + std::to_string(c.k) + " kind " + std::to_string(kind) +
-                               (normalize ? " norm" : "") + (score == 1 ? " sigmoid" : score == 2 ? " sigmoid+bias" : ""));
+                               (normalize ? " norm" : "") + (score == 1 ? " sigmoid" : score == 2 ? " sigmoid+bias" : "") +
+                               (shared ? " shared slot" : ""));
             }
     // Exact ties with known answers: logits [3, 1, 3, 3, 0, 1, 1, 1], k = 4 -> ids 0, 2, 3, 1.
     {

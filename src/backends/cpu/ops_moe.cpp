@@ -18,6 +18,7 @@ void op_moe_route(const Tensor & t, ThreadPool & pool) {
     const bool     normalize = t.ip[1] != 0;
     const bool     sigmoid   = t.ip[2] == int32_t(RouterScore::Sigmoid);
     const float *  bias      = t.src[1] ? static_cast<const float *>(t.src[1]->data) : nullptr;  // sigmoid only
+    const bool     shared    = t.ip[3] != 0;  // ids end with E: the shared expert's slot (Graph::moe_route)
     pool.parallel_for(lg.nrows(), 8, [&](int64_t b, int64_t e, int) {
         std::vector<float> p(static_cast<size_t>(n_expert)), choice;
         std::vector<int>   order(static_cast<size_t>(n_expert));
@@ -49,6 +50,7 @@ void op_moe_route(const Tensor & t, ThreadPool & pool) {
                 w[j]   = normalize ? p[size_t(order[size_t(j)])] / wsum : p[size_t(order[size_t(j)])];
                 ids[j] = order[size_t(j)];
             }
+            if (shared) ids[k] = int32_t(n_expert);
         }
     });
 }

@@ -3,7 +3,8 @@
 // MOE_ROUTE: softmax over the E router logits of a token, top-k (highest probability first, ties to
 // the lower expert id), optional renormalisation of the k weights, all in ONE kernel with one warp
 // per token and no shared memory: lane l holds experts l, l + 32, ... (E <= 512: at most 16 values
-// per lane in registers). Output row: k F32 weights, then k expert ids as I32 bits.
+// per lane in registers). Output row: k F32 weights, then k expert ids as I32 bits (and, with the
+// shared slot, the id E after them: lane k writes it).
 //   softmax: m = max logit (one redux.sync over order-preserving integer keys), e = expf(x - m),
 //            s = per-lane sum then a 5-step butterfly, p = e / s (IEEE) -- the same expressions and
 //            summation order as before, so p is bit-identical to the previous kernel's;
@@ -53,8 +54,10 @@ void op_moe_route(const Tensor & t, const OpContext & ctx) {
     const int     k = t.ip[0];
     const int64_t E = lg.ne[0];
     ew::require(E >= 1 && E <= kMaxExperts, "MOE_ROUTE", "more than 512 experts is not supported");
-    ew::require(k >= 1 && k <= E && k <= kMaxTopK, "MOE_ROUTE", "top-k must be in [1, min(E, 32)]");
-    ew::require(t.ne[0] == 2 * int64_t(k) && t.nrows() == lg.nrows(), "MOE_ROUTE", "output must be [2k, rows]");
+    const bool    shared = t.ip[3] != 0;
+    ew::require(k >= 1 && k <= E && k + (shared ? 1 : 0) <= kMaxTopK, "MOE_ROUTE", "top-k (and the shared slot) must be in [1, min(E, 32)]");
+    ew::require(t.ne[0] == 2 * int64_t(k) + (shared ? 1 : 0) && t.nrows() == lg.nrows(), "MOE_ROUTE",
+                "output must be [2k, rows] ([2k + 1, rows] with the shared slot)");
     RouteArgs args;
     args.logits    = ew::rows_of(lg);
     args.out       = ew::rows_of(t);
@@ -63,6 +66,7 @@ void op_moe_route(const Tensor & t, const OpContext & ctx) {
     args.k         = k;
     args.normalize = t.ip[1] != 0;
     args.sigmoid   = t.ip[2] == int32_t(RouterScore::Sigmoid);
+    args.shared    = shared;
     if (const Tensor * bias = t.src[1]) {
         ew::require(args.sigmoid && bias->type == DType::F32 && bias->ne[0] == E && bias->nrows() == 1 && bias->nb[0] == 4, "MOE_ROUTE",
                     "the choice bias must be F32 [E] (sigmoid scoring only)");

@@ -19,6 +19,7 @@ struct RouteArgs {
     bool          normalize = false;
     bool          sigmoid   = false;    // sigmoid scores instead of a softmax (MiniMax-M2)
     const float * bias      = nullptr;  // sigmoid only, optional: added to the scores to choose, not to the weights
+    bool          shared    = false;    // ids end with n_expert: the shared expert's slot k (Graph::moe_route)
 };
 
 __device__ __forceinline__ float route_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
@@ -142,6 +143,8 @@ template <int NPL> __global__ void __launch_bounds__(32 * kRouteWarps) moe_route
         int32_t * ids = reinterpret_cast<int32_t *>(w + args.k);
         w[lane]       = args.normalize ? my_w / wsum : my_w;
         ids[lane]     = int32_t(my_id);
+    } else if (lane == args.k && args.shared) {
+        reinterpret_cast<int32_t *>(args.out.row(r))[2 * args.k] = int32_t(E);
     }
 }
 
