@@ -599,8 +599,8 @@ template <int D, bool NR, class Freqs> __device__ __forceinline__ void attn_deco
                 const int64_t Rg = int64_t(tok) * p.n_head + h;
                 float         acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                 const float * po     = p.part_o + Rg * D + d;
-#pragma unroll 8
-                for (int y = 0; y < n_act; ++y) {  // every active split wrote part_o (n_tiles > 0)
+#pragma unroll 16
+                for (int y = 0; y < n_act; ++y) {  // every active split wrote part_o (n_tiles > 0); 16 loads in flight
                     float     v[4];
                     ptx::ld_cg_f32x4(po + int64_t(y) * all_rows * D, v);
                     const float w = wts[r * n_act + y];
