@@ -487,7 +487,8 @@ void test_moe() {
     };
     // score 0: softmax; 1: sigmoid; 2: sigmoid chosen with a bias (MiniMax-M2's 256 experts, top-8)
     for (int score = 0; score < 3; ++score)
-    for (Cfg c : {Cfg{8, 2}, Cfg{128, 8}, Cfg{512, 10}, Cfg{60, 4}, Cfg{512, 16}, Cfg{256, 8}, Cfg{64, 32}, Cfg{33, 1}, Cfg{20, 20}})
+    for (Cfg c : {Cfg{8, 2}, Cfg{128, 8}, Cfg{512, 10}, Cfg{60, 4}, Cfg{512, 16}, Cfg{256, 8}, Cfg{64, 32}, Cfg{33, 1}, Cfg{20, 20},
+                  Cfg{129, 8}, Cfg{200, 32}, Cfg{300, 10}, Cfg{257, 8}, Cfg{512, 32}})  // (past 256: the block-per-token kernel, partial warps)
         for (int kind = 0; kind < 4; ++kind)  // 0 random, 1 ties (pairs of equal logits), 2 quantised (many ties), 3 a NaN
             for (bool normalize : {false, true})
             for (bool shared : {false, true}) {  // the shared expert's id E after the k chosen (Qwen3-Next)
@@ -514,15 +515,15 @@ void test_moe() {
                 a.k = c.k, a.normalize = normalize, a.shared = shared;
                 a.sigmoid = score > 0;
                 a.bias    = score == 2 ? bias.data() : nullptr;
-                const unsigned blocks = unsigned((rows + kRouteWarps - 1) / kRouteWarps);
+                const RouteLaunch rl     = route_launch_for(c.E);
+                const unsigned    blocks = unsigned((rows + rl.rows_per_block - 1) / rl.rows_per_block);
                 {
                     // The bias is a weight (not armed: the kernel reads it before its wait).
                     PdlGuard g({pdl::model::in(x.data(), x.size() * 4),
                                 pdl::model::out(out.data(), out.size() * 4)});
-                    const int npl = c.E <= 32 ? 1 : c.E <= 64 ? 2 : c.E <= 128 ? 4 : c.E <= 256 ? 8 : 16;
-                    last_kernel   = "moe_route_kernel" + targs({npl});
-                    const RouteKernel kernel = route_kernel_for(c.E);
-                    emu::launch(dim3(blocks), dim3(32 * kRouteWarps), [&] { kernel(a); }, uint64_t(c.E * 31 + kind));
+                    last_kernel = c.E <= 256 ? "moe_route_kernel" + targs({c.E <= 32 ? 1 : c.E <= 64 ? 2 : c.E <= 128 ? 4 : 8})
+                                             : "moe_route_wide_kernel" + targs({4});
+                    emu::launch(dim3(blocks), dim3(unsigned(rl.threads)), [&] { rl.kernel(a); }, uint64_t(c.E * 31 + kind));
                     g.check(last_kernel + " E=" + std::to_string(c.E) + " k=" + std::to_string(c.k) + " kind " + std::to_string(kind));
                 }
                 bool ok = true;

@@ -1,9 +1,11 @@
 // MoE routing and combine.
 //
 // MOE_ROUTE: softmax over the E router logits of a token, top-k (highest probability first, ties to
-// the lower expert id), optional renormalisation of the k weights, all in ONE kernel with one warp
-// per token and no shared memory: lane l holds experts l, l + 32, ... (E <= 512: at most 16 values
-// per lane in registers). Output row: k F32 weights, then k expert ids as I32 bits (and, with the
+// the lower expert id), optional renormalisation of the k weights, all in ONE kernel: E <= 256 with
+// one warp per token and no shared memory, lane l holding experts l, l + 32, ... (at most 8 values
+// per lane in registers); E > 256 (Qwen3-Next's 512) with one block of 4 warps per token, each warp
+// as the one-warp kernel over its 128 experts, then the 4 lists' k largest keys by rank
+// (moe_kernels.cuh: moe_route_wide_kernel; the same results bit for bit). Output row: k F32 weights, then k expert ids as I32 bits (and, with the
 // shared slot, the id E after them: lane k writes it).
 //   softmax: m = max logit (one redux.sync over order-preserving integer keys), e = expf(x - m),
 //            s = per-lane sum then a 5-step butterfly, p = e / s (IEEE) -- the same expressions and
@@ -41,7 +43,6 @@ using ew::CombineArgs;
 using ew::kCombineThreads;
 using ew::kMaxExperts;
 using ew::kMaxTopK;
-using ew::kRouteWarps;
 using ew::RouteArgs;
 using ew::moe_combine_kernel;
 
@@ -73,10 +74,10 @@ void op_moe_route(const Tensor & t, const OpContext & ctx) {
         args.bias = static_cast<const float *>(bias->data);
     }
     if (args.nrows == 0) return;
-    const int64_t blocks = ceil_div(args.nrows, kRouteWarps);
+    const ew::RouteLaunch rl     = ew::route_launch_for(E);
+    const int64_t         blocks = ceil_div(args.nrows, int64_t(rl.rows_per_block));
     ew::require(blocks <= 0x7fffffff, "MOE_ROUTE", "too many tokens");
-    const unsigned grid = unsigned(blocks), threads = 32 * kRouteWarps;
-    launch(ew::route_kernel_for(E), grid, threads, 0, ctx.stream, args);
+    launch(rl.kernel, unsigned(blocks), unsigned(rl.threads), 0, ctx.stream, args);
     SPARK_CUDA_CHECK_LAUNCH();
 }
 

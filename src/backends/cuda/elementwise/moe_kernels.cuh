@@ -31,63 +31,11 @@ __device__ __forceinline__ uint32_t choice_key(float c) { return c == c ? ordere
 __device__ __forceinline__ uint32_t prob_key(float p) { return p == p ? __float_as_uint(p) + 2u : 1u; }
 __device__ __forceinline__ float    key_prob(uint32_t k) { return k >= 2u ? __uint_as_float(k - 2u) : __int_as_float(0x7fffffff); }
 
-// NPL values per lane (power of two, 32 * NPL >= E). The scoring is a run-time flag: one warp's
-// chain of dependent instructions is this kernel's time, and a kernel per scoring (template) made
-// Qwen3-Next's 512-expert route 5.1 -> 7.5 us (tg128 -2%, H200) with near-identical SASS.
-template <int NPL> __global__ void __launch_bounds__(32 * kRouteWarps) moe_route_kernel(const RouteArgs args) {
-    pdl::launch_dependents();
-    const int64_t r    = int64_t(blockIdx.x) * kRouteWarps + (threadIdx.x >> 5);
-    const int     lane = threadIdx.x & 31;
-    const int     E    = int(args.n_expert);
-    // The choice bias is a weight (written at load time): requested before the wait, so its trip to
-    // DRAM (the step's weight stream has evicted it from L2) overlaps the router GEMV's end.
-    float bias[NPL];
-#pragma unroll
-    for (int j = 0; j < NPL; ++j) {
-        const int e = lane + 32 * j;
-        bias[j]     = args.bias && e < E && r < args.nrows ? __ldg(args.bias + e) : 0.0f;
-    }
-    pdl::wait();
-    if (r >= args.nrows) return;  // whole warps
-    const float * x = reinterpret_cast<const float *>(args.logits.row(r));
+// ---- routing building blocks (one warp's candidates: lane l holds experts base + l + 32 j, j < NPL)
 
-    float p[NPL];
-#pragma unroll
-    for (int j = 0; j < NPL; ++j) {
-        const int e = lane + 32 * j;
-        p[j]        = e < E ? x[e] : 0.0f;
-    }
-    // Candidates as 64-bit keys (score key, then ~id: equal keys rank the lower id first), sorted
-    // descending per lane. Sigmoid: p becomes the score each expert would be weighted by.
-    uint64_t c[NPL];
-    if (args.sigmoid) {
-#pragma unroll
-        for (int j = 0; j < NPL; ++j) {
-            const uint32_t e = uint32_t(lane + 32 * j);
-            p[j]             = route_sigmoid(p[j]);
-            c[j]             = e < uint32_t(E) ? (uint64_t(choice_key(p[j] + bias[j])) << 32) | uint64_t(~e) : 0ull;
-        }
-    } else {
-        // max: NaN-free logits give the same m as a float max (a NaN makes every p NaN either way)
-        uint32_t mk = 0;
-#pragma unroll
-        for (int j = 0; j < NPL; ++j)
-            if (lane + 32 * j < E) mk = max(mk, ordered_key(p[j]));
-        const float m = from_ordered_key(__reduce_max_sync(0xffffffffu, mk));
-        float       s = 0.0f;
-#pragma unroll
-        for (int j = 0; j < NPL; ++j)
-            if (lane + 32 * j < E) {
-                p[j] = expf(p[j] - m);
-                s += p[j];
-            }
-        s = warp_sum(s);
-#pragma unroll
-        for (int j = 0; j < NPL; ++j) {
-            const uint32_t e = uint32_t(lane + 32 * j);
-            c[j]             = e < uint32_t(E) ? (uint64_t(prob_key(p[j] / s)) << 32) | uint64_t(~e) : 0ull;
-        }
-    }
+// The candidates as 64-bit keys (score key, then ~id: equal keys rank the lower id first), sorted
+// descending per lane by a register bitonic network.
+template <int NPL> __device__ __forceinline__ void route_sort_desc(uint64_t (&c)[NPL]) {
 #pragma unroll
     for (int size = 2; size <= NPL; size <<= 1)
 #pragma unroll
@@ -102,15 +50,21 @@ template <int NPL> __global__ void __launch_bounds__(32 * kRouteWarps) moe_route
                     c[l]              = desc ? lo : hi;
                 }
             }
+}
 
-    // Selection: k rounds of register work only (no memory: the winner's weight is in its key, or
-    // with sigmoid scores in the registers of the lane that holds it: e % 32, slot e / 32).
-    float    wsum = 0.0f, my_w = 0.0f;
-    uint32_t my_id = 0;
-    for (int it = 0; it < args.k; ++it) {
+// k selection rounds over a warp's sorted candidates, register work only (no memory): lane it < k
+// ends with the it-th winner's key and weight (softmax: the probability its key holds; sigmoid: the
+// score without the bias, from the registers of the lane that holds it: e % 32, slot (e / 32) % NPL),
+// wsum with the k weights summed in selection order (the CPU's order). Past the warp's candidates
+// the winners are key 0 (no candidate).
+template <int NPL>
+__device__ __forceinline__ void route_select(uint64_t (&c)[NPL], const float (&p)[NPL], int k, bool sigmoid, int lane, uint64_t & my_key,
+                                             float & my_w, float & wsum) {
+    wsum = 0.0f, my_w = 0.0f, my_key = 0ull;
+    for (int it = 0; it < k; ++it) {
         const uint32_t hk   = uint32_t(c[0] >> 32);
         const uint32_t hid  = ~uint32_t(c[0]);
-        const uint32_t kmax = __reduce_max_sync(0xffffffffu, hk);  // >= 1: k <= E candidates exist
+        const uint32_t kmax = __reduce_max_sync(0xffffffffu, hk);
         const uint32_t wid  = __reduce_min_sync(0xffffffffu, hk == kmax ? hid : 0xffffffffu);
         if (hid == wid) {  // the winner's lane drops its head
 #pragma unroll
@@ -118,9 +72,9 @@ template <int NPL> __global__ void __launch_bounds__(32 * kRouteWarps) moe_route
             c[NPL - 1] = 0ull;
         }
         float pv;
-        if (args.sigmoid) {  // the winner's score without the bias: slot wid / 32 (warp-uniform) of lane wid % 32
-            // (a tree of selects on the slot's bits: a dynamic index would put p in local memory)
-            const uint32_t slot = wid >> 5;
+        if (sigmoid) {  // slot (wid / 32) % NPL (warp-uniform) of lane wid % 32, by a tree of selects on
+                        // the slot's bits (a dynamic index would put p in local memory)
+            const uint32_t slot = (wid >> 5) & uint32_t(NPL - 1);
             float          v[NPL];
 #pragma unroll
             for (int j = 0; j < NPL; ++j) v[j] = p[j];
@@ -132,26 +86,199 @@ template <int NPL> __global__ void __launch_bounds__(32 * kRouteWarps) moe_route
         } else {
             pv = key_prob(kmax);  // the softmax probability the key holds
         }
-        wsum += pv;  // the CPU's order: selection order
+        wsum += pv;
         if (lane == it) {
-            my_w  = pv;
-            my_id = wid;
+            my_w   = pv;
+            my_key = (uint64_t(kmax) << 32) | uint64_t(~wid);
         }
-    }
-    if (lane < args.k) {
-        float *   w   = reinterpret_cast<float *>(args.out.row(r));
-        int32_t * ids = reinterpret_cast<int32_t *>(w + args.k);
-        w[lane]       = args.normalize ? my_w / wsum : my_w;
-        ids[lane]     = int32_t(my_id);
-    } else if (lane == args.k && args.shared) {
-        reinterpret_cast<int32_t *>(args.out.row(r))[2 * args.k] = int32_t(E);
     }
 }
 
-// The route kernel of E experts (host side: the launcher and the emulator test).
+// A row's output: k weights (renormalised by wsum when asked), k ids, the shared expert's id E.
+__device__ __forceinline__ void route_store(const RouteArgs & args, int64_t r, int lane, uint64_t key, float w_val, float wsum) {
+    float * w = reinterpret_cast<float *>(args.out.row(r));
+    if (lane < args.k) {
+        int32_t * ids = reinterpret_cast<int32_t *>(w + args.k);
+        w[lane]       = args.normalize ? w_val / wsum : w_val;
+        ids[lane]     = int32_t(~uint32_t(key));
+    } else if (lane == args.k && args.shared) {
+        reinterpret_cast<int32_t *>(w)[2 * args.k] = int32_t(args.n_expert);
+    }
+}
+
+// The choice bias of this lane's experts (a weight, written at load time): requested before the PDL
+// wait, so its trip to DRAM (the step's weight stream has evicted it from L2) overlaps the router
+// GEMV's end.
+template <int NPL> __device__ __forceinline__ void route_load_bias(const RouteArgs & args, bool row_ok, int e0, float (&bias)[NPL]) {
+#pragma unroll
+    for (int j = 0; j < NPL; ++j) {
+        const int e = e0 + 32 * j;
+        bias[j]     = args.bias && e < args.n_expert && row_ok ? __ldg(args.bias + e) : 0.0f;
+    }
+}
+
+// Sigmoid scores: p becomes the score each expert would be weighted by, c its choice key (p + bias).
+template <int NPL>
+__device__ __forceinline__ void route_sigmoid_keys(int e0, int E, const float (&bias)[NPL], float (&p)[NPL], uint64_t (&c)[NPL]) {
+#pragma unroll
+    for (int j = 0; j < NPL; ++j) {
+        const uint32_t e = uint32_t(e0 + 32 * j);
+        p[j]             = route_sigmoid(p[j]);
+        c[j]             = e < uint32_t(E) ? (uint64_t(choice_key(p[j] + bias[j])) << 32) | uint64_t(~e) : 0ull;
+    }
+}
+
+// Softmax keys from p = exp(x - m) / s.
+template <int NPL> __device__ __forceinline__ void route_softmax_keys(int e0, int E, float s, const float (&ex)[NPL], uint64_t (&c)[NPL]) {
+#pragma unroll
+    for (int j = 0; j < NPL; ++j) {
+        const uint32_t e = uint32_t(e0 + 32 * j);
+        c[j]             = e < uint32_t(E) ? (uint64_t(prob_key(ex[j] / s)) << 32) | uint64_t(~e) : 0ull;
+    }
+}
+
+// E <= 256: one warp per token (NPL values per lane, a power of two, 32 NPL >= E), kRouteWarps
+// tokens a block.
+template <int NPL> __global__ void __launch_bounds__(32 * kRouteWarps) moe_route_kernel(const RouteArgs args) {
+    pdl::launch_dependents();
+    const int64_t r    = int64_t(blockIdx.x) * kRouteWarps + (threadIdx.x >> 5);
+    const int     lane = threadIdx.x & 31;
+    const int     E    = int(args.n_expert);
+    float         bias[NPL];
+    route_load_bias(args, r < args.nrows, lane, bias);
+    pdl::wait();
+    if (r >= args.nrows) return;  // whole warps
+    const float * x = reinterpret_cast<const float *>(args.logits.row(r));
+
+    float p[NPL];
+#pragma unroll
+    for (int j = 0; j < NPL; ++j) {
+        const int e = lane + 32 * j;
+        p[j]        = e < E ? x[e] : 0.0f;
+    }
+    uint64_t c[NPL];
+    if (args.sigmoid) {
+        route_sigmoid_keys(lane, E, bias, p, c);
+    } else {
+        // max: NaN-free logits give the same m as a float max (a NaN makes every p NaN either way)
+        uint32_t mk = 0;
+#pragma unroll
+        for (int j = 0; j < NPL; ++j)
+            if (lane + 32 * j < E) mk = max(mk, ordered_key(p[j]));
+        const float m = from_ordered_key(__reduce_max_sync(0xffffffffu, mk));
+        float       s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NPL; ++j)
+            if (lane + 32 * j < E) {
+                p[j] = expf(p[j] - m);
+                s += p[j];
+            }
+        route_softmax_keys(lane, E, warp_sum(s), p, c);
+    }
+    route_sort_desc(c);
+    uint64_t my_key;
+    float    my_w, wsum;
+    route_select(c, p, args.k, args.sigmoid, lane, my_key, my_w, wsum);
+    route_store(args, r, lane, my_key, my_w, wsum);
+}
+
+// E > 256: one block of W warps per token, warp w holding experts 128 w .. 128 w + 127 (4 a lane),
+// so no lane sorts or shifts more than 4 keys (16 in one warp at E = 512 made the kernel twice as
+// long as 4 at E = 128). The results are the one-warp kernel's bit for bit: the softmax's maximum is a
+// maximum; its sum runs per lane in the same slot order (the exponentials through shared memory,
+// every warp summing all of them) and the same butterfly; each warp selects its own top k, and the
+// k largest keys of the W lists (a key's rank: its index plus the keys above it in the other lists;
+// keys are unique) are the k winners in selection order, their weights summed in that order.
+constexpr int kRouteWideNPL = 4;
+template <int W> __global__ void __launch_bounds__(32 * W) moe_route_wide_kernel(const RouteArgs args) {
+    constexpr int NPL = kRouteWideNPL, kPerWarp = 32 * NPL;
+    __shared__ uint32_t max_s[W];
+    __shared__ float    ex_s[W * kPerWarp];
+    __shared__ uint64_t key_s[W][kMaxTopK];
+    __shared__ float    w_s[W][kMaxTopK];
+    __shared__ uint64_t win_key[kMaxTopK];
+    __shared__ float    win_w[kMaxTopK];
+    pdl::launch_dependents();
+    const int64_t r    = blockIdx.x;
+    const int     warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int     E = int(args.n_expert), e0 = kPerWarp * warp + lane;
+    float         bias[NPL];
+    route_load_bias(args, r < args.nrows, e0, bias);
+    pdl::wait();
+    if (r >= args.nrows) return;  // the whole block
+    const float * x = reinterpret_cast<const float *>(args.logits.row(r));
+
+    float p[NPL];
+#pragma unroll
+    for (int j = 0; j < NPL; ++j) {
+        const int e = e0 + 32 * j;
+        p[j]        = e < E ? x[e] : 0.0f;
+    }
+    uint64_t c[NPL];
+    if (args.sigmoid) {
+        route_sigmoid_keys(e0, E, bias, p, c);
+    } else {
+        uint32_t mk = 0;
+#pragma unroll
+        for (int j = 0; j < NPL; ++j)
+            if (e0 + 32 * j < E) mk = max(mk, ordered_key(p[j]));
+        mk = __reduce_max_sync(0xffffffffu, mk);
+        if (lane == 0) max_s[warp] = mk;
+        __syncthreads();
+#pragma unroll
+        for (int v = 0; v < W; ++v) mk = max(mk, max_s[v]);
+        const float m = from_ordered_key(mk);
+#pragma unroll
+        for (int j = 0; j < NPL; ++j) {
+            const int e = e0 + 32 * j;
+            if (e < E) ex_s[e] = p[j] = expf(p[j] - m);
+        }
+        __syncthreads();
+        float s = 0.0f;  // lane l: experts l, l + 32, ... in order, as the one-warp kernel's lane
+#pragma unroll
+        for (int j = 0; j < W * NPL; ++j)
+            if (lane + 32 * j < E) s += ex_s[lane + 32 * j];
+        route_softmax_keys(e0, E, warp_sum(s), p, c);
+    }
+    route_sort_desc(c);
+    uint64_t my_key;
+    float    my_w, wsum;
+    route_select(c, p, args.k, args.sigmoid, lane, my_key, my_w, wsum);
+    if (lane < args.k) {
+        key_s[warp][lane] = my_key;
+        w_s[warp][lane]   = my_w;
+    }
+    __syncthreads();
+    if (lane < args.k) {  // this warp's it-th winner: its rank among all W lists
+        int rank = lane;
+#pragma unroll
+        for (int v = 0; v < W; ++v)
+            if (v != warp)
+                for (int j = 0; j < args.k; ++j) rank += key_s[v][j] > my_key ? 1 : 0;
+        if (rank < args.k) {  // (keys 0, past a warp's candidates, always rank k or later)
+            win_key[rank] = my_key;
+            win_w[rank]   = my_w;
+        }
+    }
+    __syncthreads();
+    if (warp != 0) return;
+    wsum = 0.0f;
+    for (int it = 0; it < args.k; ++it) wsum += win_w[it];  // selection order
+    route_store(args, r, lane, lane < args.k ? win_key[lane] : 0ull, lane < args.k ? win_w[lane] : 0.0f, wsum);
+}
+
+// The route kernel of E experts and its launch (host side: the launcher and the emulator test).
 using RouteKernel = void (*)(RouteArgs);
-inline RouteKernel route_kernel_for(int64_t E) {
-    return E <= 32 ? moe_route_kernel<1> : E <= 64 ? moe_route_kernel<2> : E <= 128 ? moe_route_kernel<4> : E <= 256 ? moe_route_kernel<8> : moe_route_kernel<16>;
+struct RouteLaunch {
+    RouteKernel kernel;
+    int         rows_per_block, threads;
+};
+// Past 256 experts the block per token (Qwen3-Next, 512: tg128 +2%, H200); at 256
+// (MiniMax-M2) two warps measured 0.5% slower than one warp of 8 values a lane.
+inline RouteLaunch route_launch_for(int64_t E) {
+    if (E > 256) return {moe_route_wide_kernel<4>, 1, 32 * 4};
+    return {E <= 32 ? moe_route_kernel<1> : E <= 64 ? moe_route_kernel<2> : E <= 128 ? moe_route_kernel<4> : moe_route_kernel<8>, kRouteWarps,
+            32 * kRouteWarps};
 }
 
 struct CombineArgs {
