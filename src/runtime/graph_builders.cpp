@@ -230,7 +230,8 @@ Tensor * build_attention(GraphContext & gc, Tensor * x, const AttentionWeights &
     Tensor * o = g.attention(q, k, v, gc.memory.k_cache(g, il), gc.memory.v_cache(g, il), gc.step,
                              1.0f / std::sqrt(float(hd)));
     g.named(o, "attn", il);
-    if (gate) o = g.mul_sigmoid(o, g.reshape(g.cont(gate), {hd * nh, T}));
+    // The gate read in place (a strided view of the q projection): no copy launch.
+    if (gate) o = g.reshape(g.mul_sigmoid(g.reshape(o, {hd, nh, T}), gate), {hd * nh, T});
     return g.named(reduce_ranks(gc, g.matmul(o, w.wo)), "attn_out", il);
 }
 
