@@ -601,8 +601,9 @@ void run_conv(const std::string & label, int C, int K, int R, const std::vector<
     const bool one = T == int(rs.size());
     const dim3 block = one ? dim3(256, 1) : dim3(32, 8);
     {
-        // PDL: x and the state ring come from earlier kernels (w is a weight; ranges, pos: host).
-        PdlGuard g({in(x.data(), bytes_of(x)), in(st.data(), bytes_of(st)), pdl::model::out(out.data(), bytes_of(out))});
+        // PDL: x comes from the kernel before (w is a weight; ranges, pos: the step's inputs). The
+        // state ring, which only earlier steps wrote, may be read before the wait but not written.
+        PdlGuard g({in(x.data(), bytes_of(x)), pdl::model::out(st.data(), bytes_of(st)), pdl::model::out(out.data(), bytes_of(out))});
         emu::launch(dim3((C + block.x - 1) / block.x, p.n_seqs), block, 0, [&] { ssm::conv1d_ssm_kernel(p); }, rng());
         g.check("conv1d_ssm_kernel " + name);
     }
@@ -757,9 +758,10 @@ void run_gdn(const std::string & label, int dk, int dv, int n_kh, int n_vh, int 
     p.n_seqs = int(rs.size());
     const dim3 grid(n_vh * (dv / ssm::kGdnCols), p.n_seqs);
     {
-        // PDL: q, k, v, a, b and the state ring come from earlier kernels (A_log, dt_bias: weights).
+        // PDL: q, k, v, a, b come from earlier kernels (A_log, dt_bias: weights). The state ring,
+        // which only earlier steps wrote, may be read before the wait but not written.
         PdlGuard g({in(q.data(), bytes_of(q)), in(k.data(), bytes_of(k)), in(v.data(), bytes_of(v)), in(a.data(), bytes_of(a)),
-                    in(b.data(), bytes_of(b)), in(st.data(), bytes_of(st)), pdl::model::out(out.data(), bytes_of(out))});
+                    in(b.data(), bytes_of(b)), pdl::model::out(st.data(), bytes_of(st)), pdl::model::out(out.data(), bytes_of(out))});
         if (dk == 64) emu::launch(grid, dim3(ssm::kGdnThreads), 0, [&] { ssm::gated_delta_kernel<64>(p); }, rng());
         if (dk == 128) emu::launch(grid, dim3(ssm::kGdnThreads), 0, [&] { ssm::gated_delta_kernel<128>(p); }, rng());
         g.check("gated_delta_kernel<" + std::to_string(dk) + "> " + name);

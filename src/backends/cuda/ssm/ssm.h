@@ -30,6 +30,14 @@
 // one warp per token, when the op asks for it). Each thread reads its
 // elements of S once and writes them from registers after every kept token; no other thread touches
 // them, so the ring needs no barrier.
+//
+// Before the wait (pdl.cuh). Both kernels read, before their PDL wait, what no kernel of the step
+// writes before them: the weights (taps, A_log, dt_bias), the step's inputs (sequence ranges and
+// positions, uploaded before the step's graph starts) and the ring entry of the state after
+// position pos0 - 1, which only this layer's own kernel writes, in an earlier step (an earlier
+// graph launch, complete before this one starts; read with ld.cg, as L1 is not coherent). So the
+// gated delta's 2 MB of state a layer (Qwen3-Next) are on their way from DRAM while the conv runs.
+// They still trigger the next kernel only after their wait (pdl.cuh).
 #pragma once
 
 #include <cstdint>

@@ -16,8 +16,6 @@ __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf
 
 // grid (ceil(C / blockDim.x), n_seqs), block (channels, token lanes).
 __global__ void __launch_bounds__(256) conv1d_ssm_kernel(const ConvParams p) {
-    pdl::wait();
-    pdl::launch_dependents();
     const int       c     = blockIdx.x * blockDim.x + threadIdx.x;
     const int32_t * r     = p.ranges + 3 * int64_t(blockIdx.y);
     const int       slot  = r[0], first = r[1], count = r[2];
@@ -30,6 +28,20 @@ __global__ void __launch_bounds__(256) conv1d_ssm_kernel(const ConvParams p) {
     const int64_t state_size = int64_t(K - 1) * p.C;
     float * const ring       = p.state + (ok ? int64_t(slot) : 0) * R * state_size + (c < p.C ? c : 0);
     auto          entry      = [&](int at) { return ring + int64_t(at % R) * state_size; };
+
+    // Before the wait (ssm.h, "Before the wait"): the taps (weights) and the previous K-1 inputs
+    // (the state earlier steps wrote), all indices compile-time: registers. A sequence starting at
+    // position 0 has no previous inputs (zeros, whatever the ring holds).
+    float wr[kConvMaxK], hist[kConvMaxK - 1];
+    float w_last = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kConvMaxK; ++j) wr[j] = (alive && j < K) ? p.w[int64_t(c) * K + j] : 0.0f;
+    const float * prev = alive && pos0 > 0 ? entry(pos0 - 1) : nullptr;
+#pragma unroll
+    for (int j = 0; j < kConvMaxK - 1; ++j) hist[j] = (prev && j < K - 1) ? __ldcg(prev + int64_t(j) * p.C) : 0.0f;
+    if (alive) w_last = p.w[int64_t(c) * K + K - 1];
+    pdl::wait();
+    pdl::launch_dependents();
 
     // This thread's channel in the input parts: its first token's address and the token stride.
     const char * xc    = nullptr;
@@ -47,17 +59,6 @@ __global__ void __launch_bounds__(256) conv1d_ssm_kernel(const ConvParams p) {
             if (!xc) cc -= n;
         }
     }
-
-    // Taps and the previous K-1 inputs (oldest first), all indices compile-time: registers. A
-    // sequence starting at position 0 has no previous inputs (zeros, whatever the ring holds).
-    float wr[kConvMaxK], hist[kConvMaxK - 1];
-    float w_last = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kConvMaxK; ++j) wr[j] = (alive && j < K) ? p.w[int64_t(c) * K + j] : 0.0f;
-    const float * prev = alive && pos0 > 0 ? entry(pos0 - 1) : nullptr;
-#pragma unroll
-    for (int j = 0; j < kConvMaxK - 1; ++j) hist[j] = (prev && j < K - 1) ? prev[int64_t(j) * p.C] : 0.0f;
-    if (alive) w_last = p.w[int64_t(c) * K + K - 1];
 
     // Input m of the sequence (m < 0: from the previous state).
     auto input = [&](int m) -> float {
@@ -96,8 +97,6 @@ __global__ void __launch_bounds__(256) conv1d_ssm_kernel(const ConvParams p) {
 
 // grid (n_vh * dv / kGdnCols, n_seqs), block kGdnThreads.
 template <int DK> __global__ void __launch_bounds__(kGdnThreads, 4) gated_delta_kernel(const GdnParams p) {
-    pdl::wait();
-    pdl::launch_dependents();
     constexpr int kRows = DK / 8;  // state rows per thread
     __shared__ float k_s[kGdnTok][DK], q_s[kGdnTok][DK], v_s[kGdnTok][kGdnCols], dec_s[kGdnTok], beta_s[kGdnTok];
 
@@ -105,9 +104,8 @@ template <int DK> __global__ void __launch_bounds__(kGdnThreads, 4) gated_delta_
     const int       h    = blockIdx.x / ncb, cb = blockIdx.x % ncb;
     const int32_t * rg   = p.ranges + 3 * int64_t(blockIdx.y);
     const int       slot = rg[0], first = rg[1], count = rg[2];
-    if (slot < 0 || slot >= p.n_slots || count <= 0) return;  // block-uniform
-    const int32_t pos0 = p.pos[first];  // on the device: graph replays bring new positions
-    if (pos0 < 0) return;
+    const int32_t   pos0 = slot >= 0 && slot < p.n_slots && count > 0 ? p.pos[first] : -1;  // (graph replays bring new positions)
+    const bool      work = pos0 >= 0;  // block-uniform
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int jl = warp * 4 + (lane & 3);  // column within the block
@@ -119,19 +117,24 @@ template <int DK> __global__ void __launch_bounds__(kGdnThreads, 4) gated_delta_
     // after position `at`. No other thread reads or writes them, so the writes after kept tokens
     // can follow the read without a barrier.
     const int64_t state_size = int64_t(p.n_vh) * DK * p.dv;
-    float * const ring       = p.state + int64_t(slot) * p.R * state_size + (int64_t(h) * DK + i0) * p.dv + j;
+    float * const ring       = p.state + int64_t(work ? slot : 0) * p.R * state_size + (int64_t(h) * DK + i0) * p.dv + j;
     auto          entry      = [&](int at) { return ring + int64_t(at % p.R) * state_size; };
-    float         s[kRows];
-    if (pos0 > 0) {
+    // Before the wait (ssm.h, "Before the wait"): the state earlier steps wrote and the head's
+    // parameters, so their trip to DRAM overlaps the kernels before this one.
+    float s[kRows];
+    if (work && pos0 > 0) {
         const float * prev = entry(pos0 - 1);
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) s[r] = prev[int64_t(8 * r) * p.dv];
+        for (int r = 0; r < kRows; ++r) s[r] = __ldcg(prev + int64_t(8 * r) * p.dv);
     } else {
 #pragma unroll
         for (int r = 0; r < kRows; ++r) s[r] = 0.0f;  // position 0: no previous state, whatever the ring holds
     }
-    const float neg_A = -expf(p.A_log[h]);
-    const float dtb   = p.dt_bias[h];
+    const float neg_A = work ? -expf(p.A_log[h]) : 0.0f;
+    const float dtb   = work ? p.dt_bias[h] : 0.0f;
+    pdl::wait();
+    pdl::launch_dependents();
+    if (!work) return;
 
     for (int c0 = 0; c0 < count; c0 += kGdnTok) {
         const int nc = min(kGdnTok, count - c0);
