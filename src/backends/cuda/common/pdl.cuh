@@ -26,7 +26,9 @@
 // before every earlier kernel has completed, and their writes are visible in L2: read with ld.cg, as
 // L1 is not coherent). The expert GEMV of a MoE down projection reads its expert ids (from the
 // router, two launches back) this way and requests its weights before the gate/up GEMV ends
-// (GemvArgs::ids_early; the dispatch decides, cuda_backend.cpp).
+// (GemvArgs::ids_early; the dispatch decides, cuda_backend.cpp). And data that only earlier steps
+// wrote (earlier graph launches, complete before this step's first kernel; ld.cg): the step's
+// inputs and the linear-attention state (ssm.h, "Before the wait").
 //
 // Both are no-ops below sm_90 and for a kernel launched without the attribute (plain stream order).
 // The CPU warp emulator shadows this header with a model that checks both rules
