@@ -137,6 +137,26 @@ template <int NPL> __device__ __forceinline__ void route_softmax_keys(int e0, in
     }
 }
 
+// The row's logits of this lane's experts (0 past E).
+template <int NPL> __device__ __forceinline__ void route_load_logits(const RouteArgs & args, int64_t r, int e0, float (&p)[NPL]) {
+    const float * x = reinterpret_cast<const float *>(args.logits.row(r));
+#pragma unroll
+    for (int j = 0; j < NPL; ++j) {
+        const int e = e0 + 32 * j;
+        p[j]        = e < args.n_expert ? x[e] : 0.0f;
+    }
+}
+
+// The warp's largest logit as an order key (NaN-free logits give the same maximum as a float max; a
+// NaN makes every p NaN either way).
+template <int NPL> __device__ __forceinline__ uint32_t route_max_key(int e0, int E, const float (&p)[NPL]) {
+    uint32_t mk = 0;
+#pragma unroll
+    for (int j = 0; j < NPL; ++j)
+        if (e0 + 32 * j < E) mk = max(mk, ordered_key(p[j]));
+    return __reduce_max_sync(0xffffffffu, mk);
+}
+
 // E <= 256: one warp per token (NPL values per lane, a power of two, 32 NPL >= E), kRouteWarps
 // tokens a block.
 template <int NPL> __global__ void __launch_bounds__(32 * kRouteWarps) moe_route_kernel(const RouteArgs args) {
@@ -148,24 +168,13 @@ template <int NPL> __global__ void __launch_bounds__(32 * kRouteWarps) moe_route
     route_load_bias(args, r < args.nrows, lane, bias);
     pdl::wait();
     if (r >= args.nrows) return;  // whole warps
-    const float * x = reinterpret_cast<const float *>(args.logits.row(r));
-
     float p[NPL];
-#pragma unroll
-    for (int j = 0; j < NPL; ++j) {
-        const int e = lane + 32 * j;
-        p[j]        = e < E ? x[e] : 0.0f;
-    }
+    route_load_logits(args, r, lane, p);
     uint64_t c[NPL];
     if (args.sigmoid) {
         route_sigmoid_keys(lane, E, bias, p, c);
     } else {
-        // max: NaN-free logits give the same m as a float max (a NaN makes every p NaN either way)
-        uint32_t mk = 0;
-#pragma unroll
-        for (int j = 0; j < NPL; ++j)
-            if (lane + 32 * j < E) mk = max(mk, ordered_key(p[j]));
-        const float m = from_ordered_key(__reduce_max_sync(0xffffffffu, mk));
+        const float m = from_ordered_key(route_max_key(lane, E, p));
         float       s = 0.0f;
 #pragma unroll
         for (int j = 0; j < NPL; ++j)
@@ -206,23 +215,13 @@ template <int W> __global__ void __launch_bounds__(32 * W) moe_route_wide_kernel
     route_load_bias(args, r < args.nrows, e0, bias);
     pdl::wait();
     if (r >= args.nrows) return;  // the whole block
-    const float * x = reinterpret_cast<const float *>(args.logits.row(r));
-
     float p[NPL];
-#pragma unroll
-    for (int j = 0; j < NPL; ++j) {
-        const int e = e0 + 32 * j;
-        p[j]        = e < E ? x[e] : 0.0f;
-    }
+    route_load_logits(args, r, e0, p);
     uint64_t c[NPL];
     if (args.sigmoid) {
         route_sigmoid_keys(e0, E, bias, p, c);
     } else {
-        uint32_t mk = 0;
-#pragma unroll
-        for (int j = 0; j < NPL; ++j)
-            if (e0 + 32 * j < E) mk = max(mk, ordered_key(p[j]));
-        mk = __reduce_max_sync(0xffffffffu, mk);
+        uint32_t mk = route_max_key(e0, E, p);
         if (lane == 0) max_s[warp] = mk;
         __syncthreads();
 #pragma unroll
