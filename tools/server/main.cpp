@@ -26,12 +26,15 @@
 #include "version.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <pthread.h>
+#include <sys/socket.h>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -195,10 +198,22 @@ int main(int argc, char ** argv) {
     // few for the small endpoints, so that an overloaded server still answers 503 at once.
     const size_t http_threads = size_t(o.n_parallel) + size_t(o.max_queue) + 8;
     server.new_task_queue     = [http_threads] { return new httplib::ThreadPool(http_threads); };
+    // cpp-httplib listens with a backlog of 5, compiled into the library: as many clients as there
+    // are threads connecting at once overflow it while the accept loop waits for a core (a loaded
+    // machine), and Linux then resets connections (SYN cookies). The listening socket is kept as the
+    // library makes it and listen() called again with room for every thread (Linux takes a second
+    // listen() as the new backlog).
+    int listen_fd = -1;
+    server.set_socket_options([&listen_fd](socket_t sock) {
+        httplib::default_socket_options(sock);
+        listen_fd = int(sock);
+    });
     spark_server::mount_api(server, *engine, model, cfg);
 
     const int port = o.port == 0 ? server.bind_to_any_port(o.host) : (server.bind_to_port(o.host, o.port) ? o.port : -1);
     if (port < 0) return fail("cannot listen on " + o.host + ":" + std::to_string(o.port) + " (address in use or not available)");
+    if (listen_fd >= 0 && ::listen(listen_fd, int(std::min<size_t>(http_threads * 2, 4096))) != 0)
+        std::fprintf(stderr, "spark-server: warning: could not enlarge the listen backlog (%s)\n", std::strerror(errno));
 
     std::thread signal_thread([&] {
         int sig = 0;
