@@ -109,9 +109,12 @@ MoeWeights load_moe(ModelLoader & ml, const HParams & hp, const std::string & p,
         w.shared_gate = ml.linear(p + ".shared_expert_gate", 1, hp.n_embd, bytes);
         // Laid out as the routed experts (Qwen3-Next: both 512 wide, one format): the shared
         // expert joins the expert arrays as entry n_expert (MoeWeights::shared_slot).
-        const auto routed = [&](const std::vector<QWeight> & set) { return std::find_if(set.begin(), set.end(), [](const QWeight & q) { return q.n > 0; }); };
-        const auto g = routed(w.gate), u = routed(w.up), d = routed(w.down);
-        if (g != w.gate.end() && same_layout(w.shared.gate, *g) && same_layout(w.shared.up, *u) && same_layout(w.shared.down, *d)) {
+        // (any expert this rank holds: expert parallelism leaves the others empty)
+        const auto layout_of = [](const std::vector<QWeight> & set, const QWeight & shared) {
+            const auto held = std::find_if(set.begin(), set.end(), [](const QWeight & q) { return q.n > 0; });
+            return held != set.end() && same_layout(shared, *held);
+        };
+        if (layout_of(w.gate, w.shared.gate) && layout_of(w.up, w.shared.up) && layout_of(w.down, w.shared.down)) {
             w.gate.push_back(w.shared.gate);
             w.up.push_back(w.shared.up);
             w.down.push_back(w.shared.down);

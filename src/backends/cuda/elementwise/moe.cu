@@ -5,8 +5,8 @@
 // one warp per token and no shared memory, lane l holding experts l, l + 32, ... (at most 8 values
 // per lane in registers); E > 256 (Qwen3-Next's 512) with one block of 4 warps per token, each warp
 // as the one-warp kernel over its 128 experts, then the 4 lists' k largest keys by rank
-// (moe_kernels.cuh: moe_route_wide_kernel; the same results bit for bit). Output row: k F32 weights, then k expert ids as I32 bits (and, with the
-// shared slot, the id E after them: lane k writes it).
+// (moe_kernels.cuh: moe_route_wide_kernel; the same results bit for bit). Output row: k F32
+// weights, then k expert ids as I32 bits (and, with the shared slot, the id E after them).
 //   softmax: m = max logit (one redux.sync over order-preserving integer keys), e = expf(x - m),
 //            s = per-lane sum then a 5-step butterfly, p = e / s (IEEE) -- the same expressions and
 //            summation order as before, so p is bit-identical to the previous kernel's;
