@@ -29,6 +29,7 @@
 #include "op_harness.h"
 
 #include "backends/cuda/fp4/nvfp4_act_ref.h"
+#include "backends/cuda/fusion.h"
 #include "backends/cuda/fp4/w4a4.h"
 #include "backends/cuda/matmul/matmul.h"
 #include "backends/cuda/matmul/tuning.h"
@@ -1455,6 +1456,114 @@ TEST_CASE("matmul: op_matmul_multi (q/k/v-like weights in one launch)") {
             }
         }
     }
+}
+
+// ---- op_add_norm_matmul: ADD + RMS_NORM + the matmuls of the norm in one GEMV launch --------------
+TEST_CASE("matmul: op_add_norm_matmul (residual add + RMS_NORM inside the GEMV) gives the separate launches' bits") {
+    // The residual add, the norm of the sum and the q/k/v-like matmuls (or a gate/up + SwiGLU, or one
+    // matmul) of that norm as the fusion pass groups them. The memory plan takes the backend's hint
+    // (launch_last_nodes: the addends stay apart from the launch's outputs), so the fused launch runs;
+    // its sum, norm and matmul outputs must equal, bit for bit, those of the separate launches
+    // (op_add_rms_norm, then the matmul op) on the same plan: the GEMV's blocks add the squares in the
+    // row norm kernel's order (K = 2048: its 256-thread form) and so read the same norm. Then both
+    // against the host (kGemv). Refused groups (BF16 weights: the FMA kernel; rows past 8) run the
+    // separate launches through the same op.
+    OpHarness                                   h(49);
+    spark::Backend &                            be = h.cuda();
+    std::vector<std::unique_ptr<spark::Buffer>> storage;
+    HostWeights                                 host;
+    TestCtx                                     tc;
+    const int64_t                               k = 2048;
+    struct Case {
+        std::string                  name;
+        std::vector<const QWeight *> host;
+        bool                         swiglu, weighted, zc, fused;
+        std::vector<int64_t>         rows;
+    };
+    std::vector<Case> cases;
+    cases.push_back({"int4 q/k/v", {&host.int4(1024, k, 128, true, false, 110), &host.int4(256, k, 128, true, false, 111),
+                                    &host.int4(256, k, 128, true, false, 112)}, false, true, false, true, {1, 2, 5, 8}});
+    cases.push_back({"nvfp4 x2, zero-centred", {&host.nvfp4(512, k, 113), &host.nvfp4(72, k, 114)}, false, true, true, true, {1, 3}});
+    cases.push_back({"int4-asym one matmul, no weight", {&host.int4(1000, k, 128, false, false, 115)}, false, false, false, true, {1, 4}});
+    cases.push_back({"int4 gate/up + SwiGLU", {&host.int4(1536, k, 128, true, false, 116), &host.int4(1536, k, 128, true, false, 117)}, true,
+                     true, false, true, {1, 2}});
+    cases.push_back({"bf16 (refused)", {&host.bf16w(256, k, 118), &host.bf16w(64, k, 119)}, false, true, false, false, {1}});
+    cases.push_back({"int4 prefill rows (refused)", {&host.int4(256, k, 128, true, false, 120), &host.int4(64, k, 128, true, false, 121)},
+                     false, true, false, false, {12}});
+    for (const Case & c : cases) {
+        std::vector<QWeight>            prepared;
+        std::vector<std::vector<float>> refw;
+        for (const QWeight * w : c.host) prepared.push_back(be.prepare_weight(*w, storage)), refw.push_back(dequantized(*w));
+        for (const int64_t rows : c.rows) {
+            INFO(c.name << " rows " << rows);
+            spark::Graph gr;
+            Tensor *     a   = gr.input(DType::F32, {k, rows}, "a");
+            Tensor *     b   = gr.input(DType::F32, {k, rows}, "b");
+            Tensor *     nw  = gr.input(DType::F32, {k}, "norm_w");
+            Tensor *     sum = gr.add(a, b);
+            Tensor *     nrm = gr.rms_norm(sum, c.weighted ? nw : nullptr, 1e-6f, c.zc);
+            std::vector<Tensor *> ys;
+            for (const QWeight & w : prepared) ys.push_back(gr.matmul(nrm, w));
+            if (c.swiglu) ys = {gr.swiglu(ys[0], ys[1])};
+            gr.mark_output(gr.add(sum, sum));  // (the sum lives on, as the residual does)
+            for (Tensor * y : ys) gr.mark_output(y);
+            gr.mark_output(nrm);
+            tc.ctx.prompt_step = rows > 8;
+            const spark::MemoryPlan plan  = spark::plan_memory(gr, 256, spark::cuda::launch_last_nodes(gr, tc.ctx));
+            auto                    arena = be.alloc(std::max<size_t>(plan.arena_bytes, 256));
+            spark::bind_memory(gr, plan, arena->data());
+            const std::vector<float> av = normals(size_t(rows * k), 1.0f, 130 + uint64_t(rows)), bv = normals(size_t(rows * k), 0.5f, 140),
+                                     wv = normals(size_t(k), 0.3f, 150);
+            be.upload(a->data, av.data(), av.size() * 4);
+            be.upload(b->data, bv.data(), bv.size() * 4);
+            be.upload(nw->data, wv.data(), wv.size() * 4);
+            be.synchronize();
+            std::vector<const Tensor *> after(ys.begin(), ys.end());
+            CHECK(spark::cuda::add_norm_matmul_supported(*sum, *nrm, after.data(), int(after.size()), tc.ctx, true) == c.fused);
+            auto run = [&](bool fused) {
+                if (fused) {
+                    spark::cuda::op_add_norm_matmul(*sum, *nrm, after.data(), int(after.size()), tc.ctx);
+                } else {
+                    spark::cuda::op_add_rms_norm(*sum, *nrm, tc.ctx);
+                    if (c.swiglu)
+                        spark::cuda::op_matmul_swiglu(*ys[0], tc.ctx);
+                    else
+                        spark::cuda::op_matmul_multi(after.data(), int(after.size()), tc.ctx);
+                }
+                REQUIRE(cudaStreamSynchronize(tc.stream) == cudaSuccess);
+                std::vector<std::vector<float>> got = {download(be, *sum), download(be, *nrm)};
+                for (Tensor * y : ys) got.push_back(download(be, *y));
+                return got;
+            };
+            const auto fused = run(true), apart = run(false);
+            for (size_t i = 0; i < fused.size(); ++i) {
+                INFO("output " << i << " (0: the sum, 1: the norm, then the matmuls)");
+                CHECK(std::memcmp(fused[i].data(), apart[i].data(), fused[i].size() * 4) == 0);
+            }
+            // The host: the norm as the CPU backend computes it, then the matmuls in double.
+            std::vector<float> hn(size_t(rows * k));
+            for (int64_t r = 0; r < rows; ++r) {
+                double ss = 0;
+                for (int64_t i = 0; i < k; ++i) ss += double(av[size_t(r * k + i)] + bv[size_t(r * k + i)]) * (av[size_t(r * k + i)] + bv[size_t(r * k + i)]);
+                const float inv = 1.0f / std::sqrt(float(ss / double(k)) + 1e-6f);
+                for (int64_t i = 0; i < k; ++i) {
+                    const float g = c.weighted ? (c.zc ? 1.0f + wv[size_t(i)] : wv[size_t(i)]) : 1.0f;
+                    hn[size_t(r * k + i)] = (av[size_t(r * k + i)] + bv[size_t(r * k + i)]) * inv * g;
+                }
+            }
+            CHECK(nmse_of(fused[1], std::vector<double>(hn.begin(), hn.end())) <= 1e-12);
+            if (c.swiglu) {
+                const std::vector<double> g = reference(hn, rows, refw[0], ys[0]->ne[0], k), u = reference(hn, rows, refw[1], ys[0]->ne[0], k);
+                std::vector<double>       ref(g.size());
+                for (size_t i = 0; i < g.size(); ++i) ref[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+                CHECK(nmse_of(fused[2], ref) <= kGemv);
+            } else {
+                for (size_t i = 0; i < ys.size(); ++i)
+                    CHECK(nmse_of(fused[2 + i], reference(hn, rows, refw[i], ys[i]->ne[0], k)) <= (rows > 8 ? kGemm : kGemv));
+            }
+        }
+    }
+    tc.ctx.prompt_step = false;
 }
 
 // ---- W4A4: NVFP4 weights with activation scales on sm_120a / sm_121a -------------------------------

@@ -215,6 +215,72 @@ struct MmaNvfp4 {
 // k = 128 b + 32 q + 8 i + (0..7), scaled by s_{r,b} and split into that part. Then the floats
 // 1 / s_{r,b} at [b][col] (row stride gemv_mma_col_stride(R)), after the fragments.
 
+// What the split reads: activation rows x, or (GemvArgs::norm) the norm of rows x + b, elementwise
+// as the row norm kernel computes it: ((x + b) * inv) * w (w: 1 + w when zero-centred).
+template <int R>
+struct GemvMmaSrc {
+    const float * x[R];
+    const float * b[R] = {};  // nullptr: plain activations
+    const float * w    = nullptr;
+    float         inv[R] = {};
+    bool          zc     = false;
+    // Elements k .. k + 3 of row r.
+    __device__ __forceinline__ float4 load4(int r, size_t k) const {
+        const float4 u = __ldg(reinterpret_cast<const float4 *>(x[r] + k));
+        if (b[r] == nullptr) return u;
+        const float4 v = __ldg(reinterpret_cast<const float4 *>(b[r] + k));
+        const float  s = inv[r];
+        float4       y = make_float4((u.x + v.x) * s, (u.y + v.y) * s, (u.z + v.z) * s, (u.w + v.w) * s);
+        if (w != nullptr) {
+            float4 g = __ldg(reinterpret_cast<const float4 *>(w + k));
+            if (zc) g = make_float4(1.0f + g.x, 1.0f + g.y, 1.0f + g.z, 1.0f + g.w);
+            y = make_float4(y.x * g.x, y.y * g.y, y.z * g.z, y.w * g.w);
+        }
+        return y;
+    }
+    __device__ __forceinline__ void load8(int r, size_t k0, float (&e)[8]) const {
+        const float4 u = load4(r, k0), v = load4(r, k0 + 4);
+        e[0] = u.x, e[1] = u.y, e[2] = u.z, e[3] = u.w, e[4] = v.x, e[5] = v.y, e[6] = v.z, e[7] = v.w;
+    }
+};
+
+// The norm prologue (after the wait): the split's source becomes the norm of rows a + b. Row r's
+// sum of squares: every thread adds the squares of its float4s (j kGemvThreads + t) 4, j = 0, 1,
+// ..., in order, then row_sum over the block: the order of the row norm kernel for rows of 1025 to
+// 8192 floats (norm_kernels.cuh), so the norm has its bits; the mean and 1 / sqrt as there. Rows
+// past a.rows repeat row 0 (as the activations do). Block 0 writes the rows a + b and their norm.
+template <int R>
+__device__ __forceinline__ void gemv_norm_prologue(const GemvArgs & a, GemvMmaSrc<R> & src) {
+    __shared__ float scratch[R][kGemvThreads / 32];
+    const GemvNorm & nm = a.norm;
+    const int64_t    K  = a.k;
+    const int        t  = int(threadIdx.x);
+    src.w               = nm.w;
+    src.zc              = nm.zero_centered != 0;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int64_t row = r < a.rows ? r : 0;
+        src.x[r]          = nm.a + row * nm.lda;
+        src.b[r]          = nm.b + row * nm.ldb;
+        float ss          = 0.0f;
+        for (int64_t i = int64_t(t) * 4; i < K; i += int64_t(kGemvThreads) * 4) {
+            const float4 u = __ldg(reinterpret_cast<const float4 *>(src.x[r] + i)), v = __ldg(reinterpret_cast<const float4 *>(src.b[r] + i));
+            const float4 y = make_float4(u.x + v.x, u.y + v.y, u.z + v.z, u.w + v.w);
+            ss += y.x * y.x + y.y * y.y + y.z * y.z + y.w * y.w;
+        }
+        ss         = row_sum<kGemvThreads>(ss, scratch[r]);
+        src.inv[r] = 1.0f / sqrtf(ss / float(K) + nm.eps);
+    }
+    if (blockIdx.x != 0 || blockIdx.y != 0 || blockIdx.z != 0) return;
+#pragma unroll
+    for (int r = 0; r < R; ++r)  // (constant indices: src stays in registers)
+        for (int64_t i = int64_t(t) * 4; r < a.rows && i < K; i += int64_t(kGemvThreads) * 4) {
+            const float4 u = __ldg(reinterpret_cast<const float4 *>(src.x[r] + i)), v = __ldg(reinterpret_cast<const float4 *>(src.b[r] + i));
+            *reinterpret_cast<float4 *>(nm.sum + r * nm.ld_sum + i) = make_float4(u.x + v.x, u.y + v.y, u.z + v.z, u.w + v.w);
+            *reinterpret_cast<float4 *>(nm.out + r * nm.ld_out + i) = src.load4(r, size_t(i));
+        }
+}
+
 // Power-of-two scale from the max |x| bits: max * s in [2^14, 2^15); s and 1 / s normal. Returns the
 // exponent (s = 2^p); an all-zero block: 0.
 __device__ __forceinline__ int gemv_mma_scale_exp(uint32_t m) {
@@ -227,7 +293,7 @@ __device__ __forceinline__ int gemv_mma_scale_exp(uint32_t m) {
 // nblk): half a warp per 128-K block (thread wi: block wi / 16, chunk wi % 4, word wi / 4 % 4), one
 // pass (the block's max over its 16 lanes by shuffles).
 template <int R>
-__device__ __forceinline__ void gemv_mma_split(const float * const (&xr)[R], uint32_t cb, uint32_t nblk, uint32_t nblk_pad, uint32_t KC,
+__device__ __forceinline__ void gemv_mma_split(const GemvMmaSrc<R> & src, uint32_t cb, uint32_t nblk, uint32_t nblk_pad, uint32_t KC,
                                                uint4 * smem) {
     constexpr int  P     = gemv_mma_parts(R);
     float *        inv_s = reinterpret_cast<float *>(smem + size_t(nblk_pad) * 16 * P);
@@ -239,11 +305,7 @@ __device__ __forceinline__ void gemv_mma_split(const float * const (&xr)[R], uin
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             float e[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            if (in) {
-                const float4 * p = reinterpret_cast<const float4 *>(xr[r] + k0);
-                const float4   u = __ldg(p), v = __ldg(p + 1);
-                e[0] = u.x, e[1] = u.y, e[2] = u.z, e[3] = u.w, e[4] = v.x, e[5] = v.y, e[6] = v.z, e[7] = v.w;
-            }
+            if (in) src.load8(r, k0, e);
             // Max |x| bits; inf / NaN count as the largest finite value (the result is non-finite
             // anyway; the finite elements of the block then lose their low bits, harmlessly).
             uint32_t m = 0;
@@ -454,7 +516,11 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
     for (int s = 0; s < D; ++s) issue(s, s);
     pdl::launch_dependents();  // the next kernel may launch and request its own weights
     if (a.table[0] == nullptr || a.ids_early) pdl::wait();
-    gemv_mma_split<R>(xr, cb, nblk, nblk + (nblk & uint32_t(kp)), KC, gemv_mma_smem_buf);
+    GemvMmaSrc<R> src;
+#pragma unroll
+    for (int r = 0; r < R; ++r) src.x[r] = xr[r];
+    if (a.norm.a != nullptr) gemv_norm_prologue<R>(a, src);
+    gemv_mma_split<R>(src, cb, nblk, nblk + (nblk & uint32_t(kp)), KC, gemv_mma_smem_buf);
     __syncthreads();
     for (int j0 = 0; j0 < J; j0 += D) {
 #pragma unroll

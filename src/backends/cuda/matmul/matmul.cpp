@@ -137,6 +137,7 @@ void run_gemv(const Dense & d, const LaunchPlan & lp, Scratch & scratch, const O
         a.rows = a.out_rows = rb;
         a.int4_zeros       = int4_zeros(*d.w[0]) || (d.nw == 2 && int4_zeros(*d.w[1]));
         a.pdl              = pdl_enabled();
+        a.norm             = d.norm;  // (rows <= 8: one batch)
         a.y                = d.y + b0 * N;
         gemv_split(a, p, s, ctx);
         gemv_launch_fmt(w.format, p, d.nw == 2, a, ctx.stream);
@@ -488,7 +489,8 @@ void launch_multi_gemv(const Tensor * const * mms, const Multi & mu, const Launc
     a.k = K;
     a.rows = a.out_rows = int32_t(mu.rows);
     for (int i = 0; i < mu.count; ++i) a.int4_zeros = a.int4_zeros || int4_zeros(*mu.w[i]);
-    a.pdl = pdl_enabled();
+    a.pdl  = pdl_enabled();
+    a.norm = mu.norm;
     gemv_split(a, p, s, ctx);
     if (unsigned(tile) != p.grid.x) fail(SPARK_ERR_INTERNAL, "matmul_multi: %d row tiles, grid of %u", tile, p.grid.x);
     gemv_launch_fmt(a.w[0].format, p, false, a, ctx.stream);
@@ -521,6 +523,131 @@ void op_matmul_multi(const Tensor * const * matmuls, int count, const OpContext 
         return;
     }
     mm::exec_multi(matmuls, count, ctx);
+}
+
+// ---- ADD + RMS_NORM + the matmuls over the norm: one GEMV launch -----------------------------------
+namespace mm {
+namespace {
+
+// The op's plan is one tensor-core GEMV launch over the rows as they are (no staged copy, no
+// conversion, no second launch): what the norm prologue rides on.
+bool one_mma_launch(const LaunchPlan & lp, int64_t rows) {
+    return lp.path == Path::Gemv && rows <= kGemvMaxRows && lp.scratch.x_f32 == 0 && lp.gemv_for(int(rows)).mma;
+}
+
+bool aligned16(const void * p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The reason ADD + RMS_NORM + `mms` cannot be one GEMV launch with the norm prologue, or nullptr.
+// mms: 1..4 MATMULs over the norm, or one SWIGLU of two. bound: the tensors have their memory (the
+// dispatch), which adds the checks of addresses (alignment, outputs over inputs or each other);
+// without it (the memory planner's question, fusion.h) only the nodes' structure counts. `d` / `mu`:
+// the problem to run (Dense for one MATMUL or the SWIGLU, Multi for several).
+const char * add_norm_refusal(const Tensor & add, const Tensor & norm, const Tensor * const * mms, int count, const OpContext & ctx, bool bound,
+                              Dense & d, Multi & mu) {
+    if (add.op != Op::ADD || norm.op != Op::RMS_NORM || norm.src[0] != &add || norm.src[2] || norm.src[3]) return "nodes";
+    if (count < 1 || count > kGemvMaxMats || !ctx.props) return "count";
+    const Tensor & a = *add.src[0];
+    const Tensor & b = *add.src[1];
+    const int64_t  K = add.ne[0], rows = add.nrows();
+    if (rows < 1 || rows > kGemvMaxRows) return "rows";
+    for (const Tensor * t : {&a, &b, &add, &norm})
+        if (!f32_rows(*t) || t->ne[0] != K || t->ne[1] != rows || t->nrows() != rows) return "rows";
+    const Tensor * nw = norm.src[1];
+    if (nw && (!f32_rows(*nw) || nw->ne[0] != K || nw->nrows() != 1)) return "norm weight";
+    const bool swiglu = mms[0]->op == Op::SWIGLU;
+    if (swiglu && count != 1) return "count";
+    const Tensor * const * mat = swiglu ? mms[0]->src : mms;  // the matmuls (a SWIGLU's gate, up)
+    const int      n_mat = swiglu ? 2 : count;
+    XRows          x     = dense_rows(norm);
+    if (!bound) x.base = nullptr;  // (alignment only: the plan does not depend on where the memory goes)
+    for (int i = 0; i < n_mat; ++i) {
+        const Tensor * t = mat[i];
+        if (!t || t->op != Op::MATMUL || t->src[0] != &norm || !t->weight) return "not a MATMUL of the norm";
+        const DeviceWeight & w = device_weight(*t->weight);
+        if (w.k != K || w.format != device_weight(*mat[0]->weight).format || w.perm) return "weights";
+        if (!swiglu && (t->type != DType::F32 || !t->is_contiguous() || t->ne[0] != w.n || t->nrows() != rows)) return "output";
+    }
+    if (swiglu) {
+        d.w[0] = &device_weight(*mat[0]->weight);
+        d.w[1] = &device_weight(*mat[1]->weight);
+        d.nw   = 2;
+        if (d.w[1]->n != d.w[0]->n) return "gate and up differ";
+        const Tensor & y = *mms[0];
+        if (y.type != DType::F32 || !y.is_contiguous() || y.ne[0] != d.w[0]->n || y.nrows() != rows) return "output";
+    } else if (count == 1) {
+        d.w[0] = &device_weight(*mat[0]->weight);
+    }
+    if (swiglu || count == 1) {
+        d.x      = x;
+        d.rows   = rows;
+        d.prompt = ctx.prompt_step;
+        const OpPlan plan = plan_dense(d, *ctx.props);
+        if (plan.unfused || plan.x_copy || plan.ids_copy || !one_mma_launch(plan.launch[0], rows)) return "not one tensor-core GEMV";
+    } else {
+        for (int i = 0; i < count; ++i) {
+            mu.w[i] = &device_weight(*mat[i]->weight);
+            if (!chunk_ok(*mu.w[i]) || w4a4_takes(*mu.w[i], rows, ctx.prompt_step, *ctx.props)) return "layout";
+        }
+        mu.count = count;
+        mu.x     = x;
+        mu.rows  = rows;
+        if (!one_mma_launch(plan_multi(mu, *ctx.props), rows)) return "not one tensor-core GEMV";
+    }
+    if (!bound) return nullptr;
+    // Every block reads a and b; block 0 writes the sum and the norm, every block its outputs' rows.
+    for (const Tensor * t : {&a, &b, &add, &norm})
+        if (!aligned16(t->data) || t->nb[1] % 16 != 0) return "alignment";
+    if (nw && !aligned16(nw->data)) return "alignment";
+    const Tensor * outs[2 + kGemvMaxMats] = {&add, &norm};
+    int            n_out                  = 2;
+    for (int i = 0; i < count; ++i) outs[n_out++] = mms[i];
+    for (int i = 0; i < n_out; ++i) {
+        if (overlaps(*outs[i], a) || overlaps(*outs[i], b)) return "an output overlaps the addends";
+        for (int j = 0; j < i; ++j)
+            if (overlaps(*outs[i], *outs[j])) return "outputs overlap";
+    }
+    GemvNorm & g = swiglu || count == 1 ? d.norm : mu.norm;
+    g.a             = static_cast<const float *>(a.data);
+    g.b             = static_cast<const float *>(b.data);
+    g.sum           = static_cast<float *>(add.data);
+    g.out           = static_cast<float *>(norm.data);
+    g.w             = nw ? static_cast<const float *>(nw->data) : nullptr;
+    g.lda           = int64_t(a.nb[1] / 4);
+    g.ldb           = int64_t(b.nb[1] / 4);
+    g.ld_sum        = int64_t(add.nb[1] / 4);
+    g.ld_out        = int64_t(norm.nb[1] / 4);
+    g.eps           = norm.fp[0];
+    g.zero_centered = norm.ip[0] != 0;
+    return nullptr;
+}
+
+}  // namespace
+}  // namespace mm
+
+bool add_norm_matmul_supported(const Tensor & add, const Tensor & norm, const Tensor * const * mms, int count, const OpContext & ctx,
+                               bool with_addresses) {
+    mm::Dense d;
+    mm::Multi mu;
+    return mm::add_norm_refusal(add, norm, mms, count, ctx, with_addresses, d, mu) == nullptr;
+}
+
+void op_add_norm_matmul(const Tensor & add, const Tensor & norm, const Tensor * const * mms, int count, const OpContext & ctx) {
+    mm::Dense d;
+    mm::Multi mu;
+    if (mm::add_norm_refusal(add, norm, mms, count, ctx, true, d, mu) != nullptr) {  // the nodes' own launches
+        op_add_rms_norm(add, norm, ctx);
+        if (mms[0]->op == Op::SWIGLU) return op_matmul_swiglu(*mms[0], ctx);
+        if (count == 1) return op_matmul(*mms[0], ctx);
+        return op_matmul_multi(mms, count, ctx);
+    }
+    if (mms[0]->op == Op::SWIGLU || count == 1) {
+        d.y = static_cast<float *>(mms[0]->data);
+        return mm::exec_dense(d, ctx);
+    }
+    const mm::LaunchPlan lp = mm::plan_multi(mu, *ctx.props);
+    mm::Scratch      scratch;
+    if (lp.scratch.bytes() > 0) scratch.base = static_cast<char *>(ctx.workspace->get(lp.scratch.bytes()));
+    mm::launch_multi_gemv(mms, mu, lp, mm::carve(lp.scratch, scratch), ctx);
 }
 
 void op_matmul_id(const Tensor & t, const OpContext & ctx) {

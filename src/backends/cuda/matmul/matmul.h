@@ -126,6 +126,21 @@ constexpr int gemv_mma_smem(int r, int64_t cps) {
     return int(b > red ? b : red);
 }
 
+// The residual add and RMS_NORM a decode GEMV computes before its matmul (the fused ADD + RMS_NORM
+// + MATMUL launch, fusion.h): its activation rows are the norm of a + b, each block computing the
+// rows' sums of squares itself (as the row norm kernel does: the same bits); block 0 writes a + b
+// (the ADD node) and the norm (the RMS_NORM node). Rows of ld floats each; a == nullptr: none.
+struct GemvNorm {
+    const float * a = nullptr;
+    const float * b = nullptr;
+    float *       sum = nullptr;
+    float *       out = nullptr;
+    const float * w   = nullptr;  // the norm's weight (nullptr: none)
+    int64_t       lda = 0, ldb = 0, ld_sum = 0, ld_out = 0;
+    float         eps = 0.0f;
+    int32_t       zero_centered = 0;  // the weight is 1 + w
+};
+
 struct GemvArgs {
     // Plain MATMUL: the weight(s) (w[1] = the up projection of a fused gate/up + SwiGLU; w[0 ..
     // n_mats) the weights of a multi-weight launch).
@@ -169,6 +184,8 @@ struct GemvArgs {
     // MMA kernel, fused gate/up at one row: the one-wave variant (plan.mma_wave; selects the
     // instantiation on the host).
     int32_t mma_wave = 0;
+    // The residual add + RMS_NORM before the matmul (MMA kernel, plain MATMUL; x is unused then).
+    GemvNorm norm;
     // Multi-weight launch (n_mats > 1; plain MATMUL, nw = 1, one activation set): weight m = w[m]
     // has mat_n[m] rows, written to mat_y[m] [rows][mat_n[m]], and owns the blocks x in
     // [mat_tile0[m], mat_tile0[m + 1]). n is the sum of mat_n (split-K partials are laid out over the

@@ -73,6 +73,8 @@ struct Dense {
     bool stage_x = false;
     // A prompt step (OpContext::prompt_step): W4A4 may apply.
     bool prompt = false;
+    // The residual add + RMS_NORM the GEMV computes first (op_add_norm_matmul; norm.a == nullptr: none).
+    GemvNorm norm;
 };
 
 // MATMUL_ID, or its fused gate/up + SwiGLU (nw = 2): every (slot, token) pair's expert.
@@ -105,6 +107,7 @@ struct Multi {
     int                  count = 0;
     XRows                x;
     int64_t              rows = 0;
+    GemvNorm             norm;  // (as Dense::norm)
 };
 
 // ---- plans ---------------------------------------------------------------------------------------
