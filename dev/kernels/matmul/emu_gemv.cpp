@@ -581,10 +581,9 @@ void check_multi(const Spec & s, const std::vector<int64_t> & ns, int64_t k, int
 // `ld` floats apart (ld > k: the gaps must stay untouched), a norm weight or none, plain or
 // zero-centred; one weight, a fused gate/up (nw = 2) or several weights (ns.size() > 1). Checks the
 // matmul against the double reference over the norm as the CPU backend computes it (float sum,
-// mean of squares, 1 / sqrt, (s * inv) * w), the sum block 0 writes bit for bit, and its norm to
-// within k 2^-24 + 2^-21 relative: the kernel adds the k squares in f32 in its own order (at most
-// (k - 1) roundings of 2^-24 relative, all terms positive), the square root halves that, and the
-// few roundings after it stay below 2^-21.
+// mean of squares, 1 / sqrt, (s * inv) * w; the kernel scales each result by inv instead, a
+// reassociation of one rounding per element, far inside the nmse bound) and the sum the blocks of
+// row tile 0 write, bit for bit.
 void check_norm(const Spec & s, const std::vector<int64_t> & ns, int64_t k, int rows, int nw, bool weighted, bool zc, Split sp,
                 const std::string & filter) {
     if (!mma_spec(s, k)) return;
@@ -600,13 +599,12 @@ void check_norm(const Spec & s, const std::vector<int64_t> & ns, int64_t k, int 
     std::vector<HostWeight> w;
     for (int m = 0; m < count; ++m)
         for (int i = 0; i < nw; ++i) w.push_back(make_weight(s, ns[size_t(m)], k));
-    Buf     ab(size_t(rows * ld) * 4), bb(size_t(rows * ld) * 4), sb(size_t(rows * ld) * 4), ob(size_t(rows * ld) * 4), wb(size_t(k) * 4);
-    float * xa = reinterpret_cast<float *>(ab.data());
-    float * xb = reinterpret_cast<float *>(bb.data());
+    Buf     ab(size_t(rows * ld) * 4), bb(size_t(rows * ld) * 4), sb(size_t(rows * ld) * 4), wb(size_t(k) * 4);
+    float * xa  = reinterpret_cast<float *>(ab.data());
+    float * xb  = reinterpret_cast<float *>(bb.data());
     float * sum = reinterpret_cast<float *>(sb.data());
-    float * out = reinterpret_cast<float *>(ob.data());
     float * nw_ = reinterpret_cast<float *>(wb.data());
-    for (int64_t i = 0; i < rows * ld; ++i) xa[i] = uni(-2, 2), xb[i] = uni(-1, 1), sum[i] = out[i] = NAN;
+    for (int64_t i = 0; i < rows * ld; ++i) xa[i] = uni(-2, 2), xb[i] = uni(-1, 1), sum[i] = NAN;
     for (int64_t i = 0; i < k; ++i) nw_[i] = uni(-1.5f, 1.5f);
     const float eps = 1e-6f;
     // The host's norm (the CPU backend's expressions).
@@ -653,8 +651,8 @@ void check_norm(const Spec & s, const std::vector<int64_t> & ns, int64_t k, int 
         a.w[1] = w[size_t(nw - 1)].dw;
         a.y    = reinterpret_cast<float *>(yb[0]->data());
     }
-    a.norm.a = xa, a.norm.b = xb, a.norm.sum = sum, a.norm.out = out;
-    a.norm.lda = a.norm.ldb = a.norm.ld_sum = a.norm.ld_out = ld;
+    a.norm.a = xa, a.norm.b = xb, a.norm.sum = sum;
+    a.norm.lda = a.norm.ldb = a.norm.ld_sum = ld;
     a.norm.w             = weighted ? nw_ : nullptr;
     a.norm.eps           = eps;
     a.norm.zero_centered = zc;
@@ -672,23 +670,17 @@ void check_norm(const Spec & s, const std::vector<int64_t> & ns, int64_t k, int 
         a.counters = reinterpret_cast<uint32_t *>(cb.data());
     }
     std::vector<pdl::model::Region> regions = {pdl::model::in(ab.data(), ab.bytes), pdl::model::in(bb.data(), bb.bytes),
-                                               pdl::model::out(sb.data(), sb.bytes), pdl::model::out(ob.data(), ob.bytes),
+                                               pdl::model::out(sb.data(), sb.bytes),
                                                pdl::model::in(cb.data(), p.ksplit > 1 ? cb.bytes : 0),
                                                pdl::model::out(pb.data(), p.ksplit > 1 ? pb.bytes : 0)};
     for (auto & b : yb) regions.push_back(pdl::model::out(b->data(), b->bytes));
     run_plan_pdl(name, s.f, s.zeros, p, nw == 2, a, regions);
-    // Block 0's rows: the sum exactly, the norm within tol, the gaps untouched.
-    const float tol     = float(k) * 0x1p-24f + 0x1p-21f;
-    bool        rows_ok = true;
+    // The sum exactly, the gaps untouched.
+    bool rows_ok = true;
     for (int r = 0; r < rows; ++r)
         for (int64_t i = 0; i < ld; ++i) {
-            const float gs = sum[r * ld + i], gn = out[r * ld + i];
-            if (i >= k) {
-                rows_ok = rows_ok && std::isnan(gs) && std::isnan(gn);
-                continue;
-            }
-            const float hn_ = hn[size_t(r * k + i)];
-            rows_ok         = rows_ok && gs == hs[size_t(r * k + i)] && std::fabs(gn - hn_) <= tol * std::fabs(hn_);
+            const float gs = sum[r * ld + i];
+            rows_ok        = rows_ok && (i >= k ? std::isnan(gs) : gs == hs[size_t(r * k + i)]);
         }
     std::vector<float>  got;
     std::vector<double> ref;
@@ -703,7 +695,7 @@ void check_norm(const Spec & s, const std::vector<int64_t> & ns, int64_t k, int 
                 got.push_back(y[r * ns[size_t(m)] + j]);
             }
     }
-    report(name + (rows_ok ? "" : " [sum / norm rows wrong]"), rows_ok ? nmse(got, ref) : INFINITY, p);
+    report(name + (rows_ok ? "" : " [sum rows wrong]"), rows_ok ? nmse(got, ref) : INFINITY, p);
 }
 
 }  // namespace

@@ -75,8 +75,8 @@ private:
 
 // For the memory planner (planner.h, launch_last): per node of the graph, the position of the last
 // node of the launch that computes it, where a launch reads its nodes' inputs after an earlier node
-// of it wrote an output (ADD + RMS_NORM + MATMULs: the GEMV's blocks read the addends while block 0
-// writes the sum and the norm); -1 elsewhere. The plan then keeps those inputs apart from the
+// of it wrote an output (ADD + RMS_NORM + MATMULs: the GEMV's blocks read the addends while others
+// write the sum and the matmuls' rows); -1 elsewhere. The plan then keeps those inputs apart from the
 // launch's outputs. Asked before the graph has memory (only the nodes' structure counts).
 std::vector<int> launch_last_nodes(const Graph & graph, const OpContext & ctx);
 

@@ -82,14 +82,15 @@ void op_matmul_swiglu(const Tensor & swiglu, const OpContext & ctx);
 bool matmul_multi_supported(const Tensor * const * matmuls, int count, const OpContext & ctx);
 void op_matmul_multi(const Tensor * const * matmuls, int count, const OpContext & ctx);
 // The residual ADD, the RMS_NORM of its sum and the matmuls that read that norm (1..4 MATMULs, or
-// one SWIGLU of two) in ONE decode GEMV launch: every block computes the rows' norm itself before
-// its matmul (GemvArgs::norm), block 0 writes the sum and the norm (every node's output exists as
-// if each had its own launch, with the same bits: the norm adds its squares in the row norm
-// kernel's order). add_norm_matmul_supported() answers from the nodes alone (f32 rows of the same
-// shape, at most 8, no broadcast; one tensor-core GEMV launch as planned; the memory planner asks
-// it before any memory exists: fusion.h). op_add_norm_matmul() also needs the addresses to allow
-// it (aligned rows; no output over an addend or another output) and otherwise runs the nodes'
-// own launches (op_add_rms_norm, then the matmul op): always correct.
+// one SWIGLU of two) in ONE decode GEMV launch (GemvArgs::norm): the blocks read the addends, the
+// matmuls take (a + b) * w and each result is scaled by its row's 1 / rms, which every block sums
+// up itself; the sum (the ADD's output) is written, the norm is not (nothing else may read it: the
+// fusion pass takes the norm's readers only, add_norm_matmul_supported refuses a norm that is a
+// graph output). add_norm_matmul_supported() answers from the nodes alone (f32 rows of one shape,
+// at most 8, no broadcast; one tensor-core GEMV launch as planned): the memory planner asks it
+// before any memory exists (fusion.h). op_add_norm_matmul() also needs the addresses to allow it
+// (aligned rows; no output over an addend or another output) and otherwise runs the nodes' own
+// launches (op_add_rms_norm, then the matmul op): always correct.
 // with_addresses: the dispatch's answer (the tensors have their memory).
 bool add_norm_matmul_supported(const Tensor & add, const Tensor & norm, const Tensor * const * mms, int count, const OpContext & ctx,
                                bool with_addresses = false);

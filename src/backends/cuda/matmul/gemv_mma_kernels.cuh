@@ -215,22 +215,27 @@ struct MmaNvfp4 {
 // k = 128 b + 32 q + 8 i + (0..7), scaled by s_{r,b} and split into that part. Then the floats
 // 1 / s_{r,b} at [b][col] (row stride gemv_mma_col_stride(R)), after the fragments.
 
-// What the split reads: activation rows x, or (GemvArgs::norm) the norm of rows x + b, elementwise
-// as the row norm kernel computes it: ((x + b) * inv) * w (w: 1 + w when zero-centred).
+// What the split reads: activation rows x, or (GemvArgs::norm) rows x + b times the norm's weight,
+// whose sums of squares it adds up on the way (the norm's 1 / rms is a factor of each row's
+// results: the epilogue applies it, so no block waits for a whole-row reduction before its
+// matmul). sum: where the rows x + b go (the blocks of row tile 0 write their K ranges), or nullptr.
 template <int R>
 struct GemvMmaSrc {
     const float * x[R];
-    const float * b[R] = {};  // nullptr: plain activations
-    const float * w    = nullptr;
-    float         inv[R] = {};
+    const float * b[R]   = {};  // nullptr: plain activations
+    float *       sum[R] = {};
+    const float * w      = nullptr;
     bool          zc     = false;
-    // Elements k .. k + 3 of row r.
-    __device__ __forceinline__ float4 load4(int r, size_t k) const {
+    float         ss[R]  = {};  // this thread's sums of squares of x + b
+
+    // Elements k .. k + 3 of row r (as the split's loads: read-only path).
+    __device__ __forceinline__ float4 load4(int r, size_t k) {
         const float4 u = __ldg(reinterpret_cast<const float4 *>(x[r] + k));
         if (b[r] == nullptr) return u;
         const float4 v = __ldg(reinterpret_cast<const float4 *>(b[r] + k));
-        const float  s = inv[r];
-        float4       y = make_float4((u.x + v.x) * s, (u.y + v.y) * s, (u.z + v.z) * s, (u.w + v.w) * s);
+        float4       y = make_float4(u.x + v.x, u.y + v.y, u.z + v.z, u.w + v.w);
+        ss[r] += y.x * y.x + y.y * y.y + y.z * y.z + y.w * y.w;
+        if (sum[r] != nullptr) *reinterpret_cast<float4 *>(sum[r] + k) = y;
         if (w != nullptr) {
             float4 g = __ldg(reinterpret_cast<const float4 *>(w + k));
             if (zc) g = make_float4(1.0f + g.x, 1.0f + g.y, 1.0f + g.z, 1.0f + g.w);
@@ -238,47 +243,54 @@ struct GemvMmaSrc {
         }
         return y;
     }
-    __device__ __forceinline__ void load8(int r, size_t k0, float (&e)[8]) const {
+    __device__ __forceinline__ void load8(int r, size_t k0, float (&e)[8]) {
         const float4 u = load4(r, k0), v = load4(r, k0 + 4);
         e[0] = u.x, e[1] = u.y, e[2] = u.z, e[3] = u.w, e[4] = v.x, e[5] = v.y, e[6] = v.z, e[7] = v.w;
     }
 };
 
-// The norm prologue (after the wait): the split's source becomes the norm of rows a + b. Row r's
-// sum of squares: every thread adds the squares of its float4s (j kGemvThreads + t) 4, j = 0, 1,
-// ..., in order, then row_sum over the block: the order of the row norm kernel for rows of 1025 to
-// 8192 floats (norm_kernels.cuh), so the norm has its bits; the mean and 1 / sqrt as there. Rows
-// past a.rows repeat row 0 (as the activations do). Block 0 writes the rows a + b and their norm.
+// The norm's source for the split (after the wait). Rows past a.rows repeat row 0, as the
+// activations do; the blocks of row tile 0 (blockIdx.x == 0, job 0) write the sum of their K range.
 template <int R>
-__device__ __forceinline__ void gemv_norm_prologue(const GemvArgs & a, GemvMmaSrc<R> & src) {
-    __shared__ float scratch[R][kGemvThreads / 32];
-    const GemvNorm & nm = a.norm;
-    const int64_t    K  = a.k;
-    const int        t  = int(threadIdx.x);
-    src.w               = nm.w;
-    src.zc              = nm.zero_centered != 0;
+__device__ __forceinline__ void gemv_norm_source(const GemvArgs & a, GemvMmaSrc<R> & src) {
+    const GemvNorm & nm        = a.norm;
+    const bool       write_sum = blockIdx.x == 0 && blockIdx.z == 0;
+    src.w                      = nm.w;
+    src.zc                     = nm.zero_centered != 0;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         const int64_t row = r < a.rows ? r : 0;
         src.x[r]          = nm.a + row * nm.lda;
         src.b[r]          = nm.b + row * nm.ldb;
-        float ss          = 0.0f;
-        for (int64_t i = int64_t(t) * 4; i < K; i += int64_t(kGemvThreads) * 4) {
+        src.sum[r]        = write_sum && r < a.rows ? nm.sum + row * nm.ld_sum : nullptr;
+    }
+}
+
+// After the split: the squares of the row elements outside this block's K range [k0, k1) (a K split
+// across blocks), then each row's block total as per-warp partials in scratch[r][warp] (read after
+// the barrier that follows the split: gemv_norm_inv).
+template <int R>
+__device__ __forceinline__ void gemv_norm_partials(const GemvArgs & a, GemvMmaSrc<R> & src, int64_t k0, int64_t k1, float (*scratch)[kGemvThreads / 32]) {
+    const int64_t K = a.k;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        for (int64_t i = int64_t(threadIdx.x) * 4; i < K; i += int64_t(kGemvThreads) * 4) {
+            if (i >= k0 && i < k1) continue;
             const float4 u = __ldg(reinterpret_cast<const float4 *>(src.x[r] + i)), v = __ldg(reinterpret_cast<const float4 *>(src.b[r] + i));
             const float4 y = make_float4(u.x + v.x, u.y + v.y, u.z + v.z, u.w + v.w);
-            ss += y.x * y.x + y.y * y.y + y.z * y.z + y.w * y.w;
+            src.ss[r] += y.x * y.x + y.y * y.y + y.z * y.z + y.w * y.w;
         }
-        ss         = row_sum<kGemvThreads>(ss, scratch[r]);
-        src.inv[r] = 1.0f / sqrtf(ss / float(K) + nm.eps);
+        const float t = warp_sum(src.ss[r]);
+        if ((threadIdx.x & 31) == 0) scratch[r][threadIdx.x >> 5] = t;
     }
-    if (blockIdx.x != 0 || blockIdx.y != 0 || blockIdx.z != 0) return;
+}
+
+// Row r's 1 / rms (the mean of the squares and 1 / sqrt as the row norm kernel takes them).
+__device__ __forceinline__ float gemv_norm_inv(const GemvArgs & a, const float * partials) {
+    float ss = 0.0f;
 #pragma unroll
-    for (int r = 0; r < R; ++r)  // (constant indices: src stays in registers)
-        for (int64_t i = int64_t(t) * 4; r < a.rows && i < K; i += int64_t(kGemvThreads) * 4) {
-            const float4 u = __ldg(reinterpret_cast<const float4 *>(src.x[r] + i)), v = __ldg(reinterpret_cast<const float4 *>(src.b[r] + i));
-            *reinterpret_cast<float4 *>(nm.sum + r * nm.ld_sum + i) = make_float4(u.x + v.x, u.y + v.y, u.z + v.z, u.w + v.w);
-            *reinterpret_cast<float4 *>(nm.out + r * nm.ld_out + i) = src.load4(r, size_t(i));
-        }
+    for (int w = 0; w < kGemvThreads / 32; ++w) ss += partials[w];
+    return 1.0f / sqrtf(ss / float(a.k) + a.norm.eps);
 }
 
 // Power-of-two scale from the max |x| bits: max * s in [2^14, 2^15); s and 1 / s normal. Returns the
@@ -293,7 +305,7 @@ __device__ __forceinline__ int gemv_mma_scale_exp(uint32_t m) {
 // nblk): half a warp per 128-K block (thread wi: block wi / 16, chunk wi % 4, word wi / 4 % 4), one
 // pass (the block's max over its 16 lanes by shuffles).
 template <int R>
-__device__ __forceinline__ void gemv_mma_split(const GemvMmaSrc<R> & src, uint32_t cb, uint32_t nblk, uint32_t nblk_pad, uint32_t KC,
+__device__ __forceinline__ void gemv_mma_split(GemvMmaSrc<R> & src, uint32_t cb, uint32_t nblk, uint32_t nblk_pad, uint32_t KC,
                                                uint4 * smem) {
     constexpr int  P     = gemv_mma_parts(R);
     float *        inv_s = reinterpret_cast<float *>(smem + size_t(nblk_pad) * 16 * P);
@@ -519,8 +531,11 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
     GemvMmaSrc<R> src;
 #pragma unroll
     for (int r = 0; r < R; ++r) src.x[r] = xr[r];
-    if (a.norm.a != nullptr) gemv_norm_prologue<R>(a, src);
+    const bool       norm = a.norm.a != nullptr;
+    __shared__ float norm_partials[R][kGemvThreads / 32];
+    if (norm) gemv_norm_source<R>(a, src);
     gemv_mma_split<R>(src, cb, nblk, nblk + (nblk & uint32_t(kp)), KC, gemv_mma_smem_buf);
+    if (norm) gemv_norm_partials<R>(a, src, int64_t(cb) * kMmaK, int64_t(cb + nblk) * kMmaK, norm_partials);
     __syncthreads();
     for (int j0 = 0; j0 < J; j0 += D) {
 #pragma unroll
@@ -570,6 +585,11 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
                 lo += p[1];
             }
             v[i] = (hi + lo) * ffac[i];
+        }
+        if (norm) {  // (the norm's factor of the row: every result of it, before SwiGLU or the K split's sum)
+            const float inv = gemv_norm_inv(a, norm_partials[r]);
+#pragma unroll
+            for (int i = 0; i < NW; ++i) v[i] *= inv;
         }
         const int64_t row = out_row0 + r;
         if (a.partial == nullptr) {

@@ -545,6 +545,7 @@ bool aligned16(const void * p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0
 const char * add_norm_refusal(const Tensor & add, const Tensor & norm, const Tensor * const * mms, int count, const OpContext & ctx, bool bound,
                               Dense & d, Multi & mu) {
     if (add.op != Op::ADD || norm.op != Op::RMS_NORM || norm.src[0] != &add || norm.src[2] || norm.src[3]) return "nodes";
+    if (norm.flags & TENSOR_OUTPUT) return "the norm is an output (the fused launch never writes it)";
     if (count < 1 || count > kGemvMaxMats || !ctx.props) return "count";
     const Tensor & a = *add.src[0];
     const Tensor & b = *add.src[1];
@@ -594,12 +595,12 @@ const char * add_norm_refusal(const Tensor & add, const Tensor & norm, const Ten
         if (!one_mma_launch(plan_multi(mu, *ctx.props), rows)) return "not one tensor-core GEMV";
     }
     if (!bound) return nullptr;
-    // Every block reads a and b; block 0 writes the sum and the norm, every block its outputs' rows.
-    for (const Tensor * t : {&a, &b, &add, &norm})
+    // Every block reads a and b; the blocks of row tile 0 write the sum, every block its outputs' rows.
+    for (const Tensor * t : {&a, &b, &add})
         if (!aligned16(t->data) || t->nb[1] % 16 != 0) return "alignment";
     if (nw && !aligned16(nw->data)) return "alignment";
-    const Tensor * outs[2 + kGemvMaxMats] = {&add, &norm};
-    int            n_out                  = 2;
+    const Tensor * outs[1 + kGemvMaxMats] = {&add};
+    int            n_out                  = 1;
     for (int i = 0; i < count; ++i) outs[n_out++] = mms[i];
     for (int i = 0; i < n_out; ++i) {
         if (overlaps(*outs[i], a) || overlaps(*outs[i], b)) return "an output overlaps the addends";
@@ -610,12 +611,10 @@ const char * add_norm_refusal(const Tensor & add, const Tensor & norm, const Ten
     g.a             = static_cast<const float *>(a.data);
     g.b             = static_cast<const float *>(b.data);
     g.sum           = static_cast<float *>(add.data);
-    g.out           = static_cast<float *>(norm.data);
     g.w             = nw ? static_cast<const float *>(nw->data) : nullptr;
     g.lda           = int64_t(a.nb[1] / 4);
     g.ldb           = int64_t(b.nb[1] / 4);
     g.ld_sum        = int64_t(add.nb[1] / 4);
-    g.ld_out        = int64_t(norm.nb[1] / 4);
     g.eps           = norm.fp[0];
     g.zero_centered = norm.ip[0] != 0;
     return nullptr;

@@ -127,16 +127,17 @@ constexpr int gemv_mma_smem(int r, int64_t cps) {
 }
 
 // The residual add and RMS_NORM a decode GEMV computes before its matmul (the fused ADD + RMS_NORM
-// + MATMUL launch, fusion.h): its activation rows are the norm of a + b, each block computing the
-// rows' sums of squares itself (as the row norm kernel does: the same bits); block 0 writes a + b
-// (the ADD node) and the norm (the RMS_NORM node). Rows of ld floats each; a == nullptr: none.
+// + MATMUL launch, fusion.h): its activation rows are (a + b) * w, and each result is multiplied by
+// its row's 1 / rms(a + b), which every block sums up itself while it splits its activations (the
+// norm's factor is one per row, so it can wait for the epilogue: no block waits for a reduction
+// over the row before its matmul). The blocks of row tile 0 write a + b (the ADD node's output);
+// the norm itself (the RMS_NORM node) is never written. Rows of ld floats; a == nullptr: none.
 struct GemvNorm {
-    const float * a = nullptr;
-    const float * b = nullptr;
+    const float * a   = nullptr;
+    const float * b   = nullptr;
     float *       sum = nullptr;
-    float *       out = nullptr;
     const float * w   = nullptr;  // the norm's weight (nullptr: none)
-    int64_t       lda = 0, ldb = 0, ld_sum = 0, ld_out = 0;
+    int64_t       lda = 0, ldb = 0, ld_sum = 0;
     float         eps = 0.0f;
     int32_t       zero_centered = 0;  // the weight is 1 + w
 };
