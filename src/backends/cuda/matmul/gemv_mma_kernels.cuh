@@ -527,6 +527,8 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
 #pragma unroll
     for (int s = 0; s < D; ++s) issue(s, s);
     pdl::launch_dependents();  // the next kernel may launch and request its own weights
+    if (a.norm.w != nullptr)  // the norm's weight is no output of an earlier kernel: L2, before the wait
+        for (int64_t i = int64_t(threadIdx.x) * 32; i < a.k; i += int64_t(kGemvThreads) * 32) ptx::prefetch_l2(a.norm.w + i);
     if (a.table[0] == nullptr || a.ids_early) pdl::wait();
     GemvMmaSrc<R> src;
 #pragma unroll
