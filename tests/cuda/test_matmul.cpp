@@ -1486,8 +1486,11 @@ TEST_CASE("matmul: op_add_norm_matmul (residual add + RMS_NORM inside the GEMV) 
                                     &host.int4(256, k, 128, true, false, 112)}, false, true, false, true, {1, 2, 5, 8}});
     cases.push_back({"nvfp4 x2, zero-centred", {&host.nvfp4(512, k, 113), &host.nvfp4(72, k, 114)}, false, true, true, true, {1, 3}});
     cases.push_back({"int4-asym one matmul, no weight", {&host.int4(1000, k, 128, false, false, 115)}, false, false, false, true, {1, 4}});
+    // (one row: the one-wave gate/up, refused; two rows: the 2-block kernel)
+    cases.push_back({"int4 gate/up + SwiGLU, one row (refused: one wave)", {&host.int4(1536, k, 128, true, false, 116),
+                     &host.int4(1536, k, 128, true, false, 117)}, true, true, false, false, {1}});
     cases.push_back({"int4 gate/up + SwiGLU", {&host.int4(1536, k, 128, true, false, 116), &host.int4(1536, k, 128, true, false, 117)}, true,
-                     true, false, true, {1, 2}});
+                     true, false, true, {2}});
     cases.push_back({"bf16 (refused)", {&host.bf16w(256, k, 118), &host.bf16w(64, k, 119)}, false, true, false, false, {1}});
     cases.push_back({"int4 prefill rows (refused)", {&host.int4(256, k, 128, true, false, 120), &host.int4(64, k, 128, true, false, 121)},
                      false, true, false, false, {12}});

@@ -33,10 +33,10 @@
 #include "backends/cuda/ops.h"
 #include "common/error.h"
 
-#include <cstdlib>
-#include <string>
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
 namespace spark::cuda {
 
@@ -532,9 +532,14 @@ namespace mm {
 namespace {
 
 // The op's plan is one tensor-core GEMV launch over the rows as they are (no staged copy, no
-// conversion, no second launch): what the norm prologue rides on.
+// conversion, no second launch): what the norm prologue rides on. Not the one-wave variant: its
+// three blocks per SM each read the two addends and the norm's weight instead of one row, and the
+// SM's share of those reads cost more than the launch they save (the Qwen3-8B gate/up, H200:
+// docs/PERF.md, "The residual add + norm inside the GEMV").
 bool one_mma_launch(const LaunchPlan & lp, int64_t rows) {
-    return lp.path == Path::Gemv && rows <= kGemvMaxRows && lp.scratch.x_f32 == 0 && lp.gemv_for(int(rows)).mma;
+    if (lp.path != Path::Gemv || rows > kGemvMaxRows || lp.scratch.x_f32 != 0) return false;
+    const GemvPlan & p = lp.gemv_for(int(rows));
+    return p.mma && !p.mma_wave;
 }
 
 bool aligned16(const void * p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
