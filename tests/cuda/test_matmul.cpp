@@ -1460,15 +1460,15 @@ TEST_CASE("matmul: op_matmul_multi (q/k/v-like weights in one launch)") {
 
 // ---- op_add_norm_matmul: ADD + RMS_NORM + the matmuls of the norm in one GEMV launch --------------
 TEST_CASE("matmul: op_add_norm_matmul (residual add + RMS_NORM inside the GEMV) matches the separate launches") {
-    // The residual add, the norm of the sum and the q/k/v-like matmuls (or a gate/up + SwiGLU, or one
-    // matmul) of that norm as the fusion pass groups them. The memory plan takes the backend's hint
+    // The residual add, the norm of the sum and the q/k/v-like matmuls (or one matmul) of that norm
+    // as the fusion pass groups them. The memory plan takes the backend's hint
     // (launch_last_nodes: the addends stay apart from the launch's outputs), so the fused launch runs:
     // its sum must equal the separate launches' (op_add_rms_norm, then the matmul op) bit for bit,
     // its matmul outputs theirs and the host's within kGemv (the fused GEMV multiplies each result by
     // the row's 1 / rms instead of each activation: a reassociation of one rounding). Each run starts
     // from the inputs uploaded again (a refused group's separate launches may reuse an addend's memory).
-    // Refused groups (BF16 weights: the FMA kernel; rows past 8) run the separate launches through
-    // the same op.
+    // Refused groups (several rows; BF16 weights: the FMA kernel; prefill rows) run the separate
+    // launches through the same op.
     OpHarness                                   h(49);
     spark::Backend &                            be = h.cuda();
     std::vector<std::unique_ptr<spark::Buffer>> storage;
@@ -1478,22 +1478,19 @@ TEST_CASE("matmul: op_add_norm_matmul (residual add + RMS_NORM inside the GEMV) 
     struct Case {
         std::string                  name;
         std::vector<const QWeight *> host;
-        bool                         swiglu, weighted, zc, fused;
+        bool                         weighted, zc, fused;
         std::vector<int64_t>         rows;
     };
     std::vector<Case> cases;
-    cases.push_back({"int4 q/k/v", {&host.int4(1024, k, 128, true, false, 110), &host.int4(256, k, 128, true, false, 111),
-                                    &host.int4(256, k, 128, true, false, 112)}, false, true, false, true, {1, 2, 5, 8}});
-    cases.push_back({"nvfp4 x2, zero-centred", {&host.nvfp4(512, k, 113), &host.nvfp4(72, k, 114)}, false, true, true, true, {1, 3}});
-    cases.push_back({"int4-asym one matmul, no weight", {&host.int4(1000, k, 128, false, false, 115)}, false, false, false, true, {1, 4}});
-    // (one row: the one-wave gate/up, refused; two rows: the 2-block kernel)
-    cases.push_back({"int4 gate/up + SwiGLU, one row (refused: one wave)", {&host.int4(1536, k, 128, true, false, 116),
-                     &host.int4(1536, k, 128, true, false, 117)}, true, true, false, false, {1}});
-    cases.push_back({"int4 gate/up + SwiGLU", {&host.int4(1536, k, 128, true, false, 116), &host.int4(1536, k, 128, true, false, 117)}, true,
-                     true, false, true, {2}});
-    cases.push_back({"bf16 (refused)", {&host.bf16w(256, k, 118), &host.bf16w(64, k, 119)}, false, true, false, false, {1}});
+    const std::vector<const QWeight *> qkv = {&host.int4(1024, k, 128, true, false, 110), &host.int4(256, k, 128, true, false, 111),
+                                              &host.int4(256, k, 128, true, false, 112)};
+    cases.push_back({"int4 q/k/v", qkv, true, false, true, {1}});
+    cases.push_back({"int4 q/k/v, verify rows (refused: one row only)", qkv, true, false, false, {2, 5}});
+    cases.push_back({"nvfp4 x2, zero-centred", {&host.nvfp4(512, k, 113), &host.nvfp4(72, k, 114)}, true, true, true, {1}});
+    cases.push_back({"int4-asym one matmul, no weight", {&host.int4(1000, k, 128, false, false, 115)}, false, false, true, {1}});
+    cases.push_back({"bf16 (refused: the FMA kernel)", {&host.bf16w(256, k, 118), &host.bf16w(64, k, 119)}, true, false, false, {1}});
     cases.push_back({"int4 prefill rows (refused)", {&host.int4(256, k, 128, true, false, 120), &host.int4(64, k, 128, true, false, 121)},
-                     false, true, false, false, {12}});
+                     true, false, false, {12}});
     for (const Case & c : cases) {
         std::vector<QWeight>            prepared;
         std::vector<std::vector<float>> refw;
@@ -1508,7 +1505,6 @@ TEST_CASE("matmul: op_add_norm_matmul (residual add + RMS_NORM inside the GEMV) 
             Tensor *     nrm = gr.rms_norm(sum, c.weighted ? nw : nullptr, 1e-6f, c.zc);
             std::vector<Tensor *> ys;
             for (const QWeight & w : prepared) ys.push_back(gr.matmul(nrm, w));
-            if (c.swiglu) ys = {gr.swiglu(ys[0], ys[1])};
             gr.mark_output(gr.add(sum, sum));  // (the sum lives on, as the residual does)
             for (Tensor * y : ys) gr.mark_output(y);
             tc.ctx.prompt_step = rows > 8;
@@ -1528,10 +1524,7 @@ TEST_CASE("matmul: op_add_norm_matmul (residual add + RMS_NORM inside the GEMV) 
                     spark::cuda::op_add_norm_matmul(*sum, *nrm, after.data(), int(after.size()), tc.ctx);
                 } else {
                     spark::cuda::op_add_rms_norm(*sum, *nrm, tc.ctx);
-                    if (c.swiglu)
-                        spark::cuda::op_matmul_swiglu(*ys[0], tc.ctx);
-                    else
-                        spark::cuda::op_matmul_multi(after.data(), int(after.size()), tc.ctx);
+                    spark::cuda::op_matmul_multi(after.data(), int(after.size()), tc.ctx);
                 }
                 REQUIRE(cudaStreamSynchronize(tc.stream) == cudaSuccess);
                 std::vector<std::vector<float>> got = {download(be, *sum)};
@@ -1553,14 +1546,7 @@ TEST_CASE("matmul: op_add_norm_matmul (residual add + RMS_NORM inside the GEMV) 
                     hn[size_t(r * k + i)] = (av[size_t(r * k + i)] + bv[size_t(r * k + i)]) * inv * g;
                 }
             }
-            if (c.swiglu) {
-                const std::vector<double> g = reference(hn, rows, refw[0], ys[0]->ne[0], k), u = reference(hn, rows, refw[1], ys[0]->ne[0], k);
-                std::vector<double>       ref(g.size());
-                for (size_t i = 0; i < g.size(); ++i) ref[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
-                CHECK(nmse_of(fused[1], ref) <= tol);
-            } else {
-                for (size_t i = 0; i < ys.size(); ++i) CHECK(nmse_of(fused[1 + i], reference(hn, rows, refw[i], ys[i]->ne[0], k)) <= tol);
-            }
+            for (size_t i = 0; i < ys.size(); ++i) CHECK(nmse_of(fused[1 + i], reference(hn, rows, refw[i], ys[i]->ne[0], k)) <= tol);
         }
     }
     tc.ctx.prompt_step = false;

@@ -56,7 +56,7 @@ bool FusionPass::next(FusedLaunch & l) {
             l.kind     = FusedLaunch::Kind::AddNormMatmul;
             l.count    = 2 + m;
             l.nodes[1] = nodes_[i_ + 1];
-            l.label    = after[0]->op == Op::SWIGLU ? "ADD+RMS_NORM+MATMUL+SWIGLU" : kLabels[m];
+            l.label    = kLabels[m];
             for (int j = 0; j < m; ++j) {
                 l.nodes[2 + j]             = after[j];
                 skip_[size_t(after[j]->id)] = true;  // (computed by this launch)
@@ -125,28 +125,18 @@ bool FusionPass::next(FusedLaunch & l) {
 }
 
 // nodes[i] is an ADD whose sum nodes[i + 1] normalises (RMS_NORM of whole rows, no gate), and the
-// next launch after them is MATMULs of that norm (a group, as MatmulMulti takes them) or the fusable
-// SWIGLU of two, which are the norm's only readers, and the matmul layer takes the three as one GEMV
-// (add_norm_matmul_supported): those MATMULs or the SWIGLU in `after`, their count; else 0.
+// next launching node starts a group of MATMULs of that norm (as MatmulMulti takes them) that are
+// its only readers, and the matmul layer takes the three as one GEMV (add_norm_matmul_supported):
+// those MATMULs in `after`, their count; else 0.
 int FusionPass::add_norm_matmul_at(size_t i, const Tensor ** after) const {
     if (i + 1 >= nodes_.size()) return 0;
     const Tensor * add  = nodes_[i];
     const Tensor * norm = nodes_[i + 1];
     if (add->op != Op::ADD || norm->op != Op::RMS_NORM || norm->src[0] != add || norm->src[2] || norm->src[3]) return 0;
-    size_t j = i + 2;  // the next launching node (the gate / up MATMULs of a fused SWIGLU launch at the SWIGLU)
-    while (j < nodes_.size() && (nodes_[j]->op == Op::VIEW || nodes_[j]->op == Op::NONE || skip_[size_t(nodes_[j]->id)])) ++j;
-    if (j >= nodes_.size()) return 0;
-    const Tensor * n = nodes_[j];
-    int            count = 0, readers = 0;
-    if (n->op == Op::SWIGLU && fusable_swiglu(*n) && n->src[0]->op == Op::MATMUL && n->src[0]->src[0] == norm) {
-        after[0] = n;
-        count    = 1;
-        readers  = 2;
-    } else if (n->op == Op::MATMUL && n->src[0] == norm) {
-        count   = matmul_group(j, after);
-        readers = count;
-    }
-    if (count == 0 || uses_[size_t(norm->id)] != readers) return 0;
+    const size_t j = next_launching(i + 2);
+    if (j >= nodes_.size() || nodes_[j]->op != Op::MATMUL || nodes_[j]->src[0] != norm || skip_[size_t(nodes_[j]->id)]) return 0;
+    const int count = matmul_group(j, after);
+    if (uses_[size_t(norm->id)] != count) return 0;
     return add_norm_matmul_supported(*add, *norm, after, count, ctx_) ? count : 0;
 }
 
@@ -165,8 +155,6 @@ std::vector<int> launch_last_nodes(const Graph & graph, const OpContext & ctx) {
         if (l.kind != FusedLaunch::Kind::AddNormMatmul) continue;
         const int end = int(pass.last_position(l));
         for (int j = 0; j < l.count; ++j) last[size_t(pos[size_t(l.nodes[j]->id)])] = end;
-        if (l.nodes[2]->op == Op::SWIGLU)  // (its gate and up MATMULs run in it too)
-            for (int s = 0; s < 2; ++s) last[size_t(pos[size_t(l.nodes[2]->src[s]->id)])] = end;
     }
     return last;
 }

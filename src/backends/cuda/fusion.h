@@ -3,8 +3,8 @@
 // layers (ops.h) run as one kernel:
 //   SWIGLU of two MATMULs (or two MATMUL_IDs) over the same input    op_matmul_swiglu
 //   MATMULs over the same activations with only views between them   op_matmul_multi
-//   ADD, the RMS_NORM of its sum, and the MATMULs (or the SWIGLU of two) that alone read the norm
-//   when they are one tensor-core decode GEMV                         op_add_norm_matmul
+//   ADD, the RMS_NORM of its sum, and the MATMULs that alone read the norm when they are one
+//   tensor-core decode GEMV of one row                                op_add_norm_matmul
 //   ADD directly followed by the RMS_NORM of its sum                 op_add_rms_norm
 //   per-head RMS_NORM read only by the ROPE after it (q, then k)     op_rms_norm_rope(_pair)
 //   ... whose two ROPE outputs only the next ATTENTION reads          op_attention_norm_rope
@@ -29,7 +29,7 @@ struct FusedLaunch {
 
     Kind           kind  = Kind::Node;
     int            count = 1;  // nodes[0 .. count): MatmulMulti the matmuls; AddNormMatmul the ADD, the RMS_NORM,
-                               // then the matmuls or the SWIGLU; RmsNormRopePair norm q, rope q, norm k,
+                               // then the matmuls; RmsNormRopePair norm q, rope q, norm k,
                                // rope k; AttentionNormRope those and the attention; WholeNormRope
                                // norm q, rope q (then norm k, rope k)
     const Tensor * nodes[kMaxNodes] = {};

@@ -219,10 +219,10 @@ struct MmaNvfp4 {
 // whose sums of squares it adds up on the way (the norm's 1 / rms is a factor of each row's
 // results: the epilogue applies it, so no block waits for a whole-row reduction before its
 // matmul). sum: where the rows x + b go (the blocks of row tile 0 write their K ranges), or nullptr.
-template <int R>
+template <int R, bool NORM>
 struct GemvMmaSrc {
     const float * x[R];
-    const float * b[R]   = {};  // nullptr: plain activations
+    const float * b[R]   = {};  // NORM: the second addend
     float *       sum[R] = {};
     const float * w      = nullptr;
     bool          zc     = false;
@@ -231,7 +231,7 @@ struct GemvMmaSrc {
     // Elements k .. k + 3 of row r (as the split's loads: read-only path).
     __device__ __forceinline__ float4 load4(int r, size_t k) {
         const float4 u = __ldg(reinterpret_cast<const float4 *>(x[r] + k));
-        if (b[r] == nullptr) return u;
+        if constexpr (!NORM) return u;
         const float4 v = __ldg(reinterpret_cast<const float4 *>(b[r] + k));
         float4       y = make_float4(u.x + v.x, u.y + v.y, u.z + v.z, u.w + v.w);
         ss[r] += y.x * y.x + y.y * y.y + y.z * y.z + y.w * y.w;
@@ -252,7 +252,7 @@ struct GemvMmaSrc {
 // The norm's source for the split (after the wait). Rows past a.rows repeat row 0, as the
 // activations do; the blocks of row tile 0 (blockIdx.x == 0, job 0) write the sum of their K range.
 template <int R>
-__device__ __forceinline__ void gemv_norm_source(const GemvArgs & a, GemvMmaSrc<R> & src) {
+__device__ __forceinline__ void gemv_norm_source(const GemvArgs & a, GemvMmaSrc<R, true> & src) {
     const GemvNorm & nm        = a.norm;
     const bool       write_sum = blockIdx.x == 0 && blockIdx.z == 0;
     src.w                      = nm.w;
@@ -270,7 +270,7 @@ __device__ __forceinline__ void gemv_norm_source(const GemvArgs & a, GemvMmaSrc<
 // across blocks), then each row's block total as per-warp partials in scratch[r][warp] (read after
 // the barrier that follows the split: gemv_norm_inv).
 template <int R>
-__device__ __forceinline__ void gemv_norm_partials(const GemvArgs & a, GemvMmaSrc<R> & src, int64_t k0, int64_t k1, float (*scratch)[kGemvThreads / 32]) {
+__device__ __forceinline__ void gemv_norm_partials(const GemvArgs & a, GemvMmaSrc<R, true> & src, int64_t k0, int64_t k1, float (*scratch)[kGemvThreads / 32]) {
     const int64_t K = a.k;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -283,6 +283,13 @@ __device__ __forceinline__ void gemv_norm_partials(const GemvArgs & a, GemvMmaSr
         const float t = warp_sum(src.ss[r]);
         if ((threadIdx.x & 31) == 0) scratch[r][threadIdx.x >> 5] = t;
     }
+}
+
+// The per-warp partials of the rows' sums of squares (shared memory of the NORM instantiations only).
+template <int R>
+__device__ __forceinline__ float (*gemv_norm_scratch())[kGemvThreads / 32] {
+    __shared__ float partials[R][kGemvThreads / 32];
+    return partials;
 }
 
 // Row r's 1 / rms (the mean of the squares and 1 / sqrt as the row norm kernel takes them).
@@ -304,8 +311,8 @@ __device__ __forceinline__ int gemv_mma_scale_exp(uint32_t m) {
 // The block's K range [cb, cb + nblk) of the R rows, written as nblk_pad >= nblk blocks (zeros past
 // nblk): half a warp per 128-K block (thread wi: block wi / 16, chunk wi % 4, word wi / 4 % 4), one
 // pass (the block's max over its 16 lanes by shuffles).
-template <int R>
-__device__ __forceinline__ void gemv_mma_split(GemvMmaSrc<R> & src, uint32_t cb, uint32_t nblk, uint32_t nblk_pad, uint32_t KC,
+template <int R, bool NORM>
+__device__ __forceinline__ void gemv_mma_split(GemvMmaSrc<R, NORM> & src, uint32_t cb, uint32_t nblk, uint32_t nblk_pad, uint32_t KC,
                                                uint4 * smem) {
     constexpr int  P     = gemv_mma_parts(R);
     float *        inv_s = reinterpret_cast<float *>(smem + size_t(nblk_pad) * 16 * P);
@@ -354,9 +361,13 @@ __device__ __forceinline__ void gemv_mma_split(GemvMmaSrc<R> & src, uint32_t cb,
 
 // ---- the kernel -------------------------------------------------------------------------------------
 
-template <class F, int R, bool GLU, bool WAVE = false>
+// NORM: the residual add + RMS_NORM before the matmul (GemvArgs::norm; one row of one plain weight or
+// a multi-weight launch, never the one-wave variant: its own instantiation, so that the others
+// compile as they would without it).
+template <class F, int R, bool GLU, bool WAVE = false, bool NORM = false>
 __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) gemv_mma_kernel(const GemvArgs a) {
     static_assert(!WAVE || R == 1, "the one-wave variant is for one activation row");
+    static_assert(!NORM || (R == 1 && !GLU && !WAVE), "the norm prologue is for one row of plain weights");
     constexpr int NW     = GLU ? 2 : 1;
     constexpr int U      = gemv_mma_tiles(NW);  // row tiles per weight
     constexpr int T      = U * NW;              // tiles per step (index t = i * U + u)
@@ -527,17 +538,16 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
 #pragma unroll
     for (int s = 0; s < D; ++s) issue(s, s);
     pdl::launch_dependents();  // the next kernel may launch and request its own weights
-    if (a.norm.w != nullptr)  // the norm's weight is no output of an earlier kernel: L2, before the wait
-        for (int64_t i = int64_t(threadIdx.x) * 32; i < a.k; i += int64_t(kGemvThreads) * 32) ptx::prefetch_l2(a.norm.w + i);
+    if constexpr (NORM)  // the norm's weight is no output of an earlier kernel: to L2 before the wait
+        if (a.norm.w != nullptr)
+            for (int64_t i = int64_t(threadIdx.x) * 32; i < a.k; i += int64_t(kGemvThreads) * 32) ptx::prefetch_l2(a.norm.w + i);
     if (a.table[0] == nullptr || a.ids_early) pdl::wait();
-    GemvMmaSrc<R> src;
+    GemvMmaSrc<R, NORM> src;
 #pragma unroll
     for (int r = 0; r < R; ++r) src.x[r] = xr[r];
-    const bool       norm = a.norm.a != nullptr;
-    __shared__ float norm_partials[R][kGemvThreads / 32];
-    if (norm) gemv_norm_source<R>(a, src);
+    if constexpr (NORM) gemv_norm_source<R>(a, src);
     gemv_mma_split<R>(src, cb, nblk, nblk + (nblk & uint32_t(kp)), KC, gemv_mma_smem_buf);
-    if (norm) gemv_norm_partials<R>(a, src, int64_t(cb) * kMmaK, int64_t(cb + nblk) * kMmaK, norm_partials);
+    if constexpr (NORM) gemv_norm_partials<R>(a, src, int64_t(cb) * kMmaK, int64_t(cb + nblk) * kMmaK, gemv_norm_scratch<R>());
     __syncthreads();
     for (int j0 = 0; j0 < J; j0 += D) {
 #pragma unroll
@@ -588,8 +598,8 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
             }
             v[i] = (hi + lo) * ffac[i];
         }
-        if (norm) {  // (the norm's factor of the row: every result of it, before SwiGLU or the K split's sum)
-            const float inv = gemv_norm_inv(a, norm_partials[r]);
+        if constexpr (NORM) {  // (the norm's factor of the row: every result of it, before the K split's sum)
+            const float inv = gemv_norm_inv(a, gemv_norm_scratch<R>()[r]);
 #pragma unroll
             for (int i = 0; i < NW; ++i) v[i] *= inv;
         }
@@ -609,9 +619,9 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
 }
 
 #ifdef __CUDACC__
-template <class F, int R, bool GLU, bool WAVE = false>
+template <class F, int R, bool GLU, bool WAVE = false, bool NORM = false>
 void gemv_mma_launch_one(const GemvArgs & a, dim3 grid, int smem, cudaStream_t s) {
-    auto             kernel = gemv_mma_kernel<F, R, GLU, WAVE>;
+    auto             kernel = gemv_mma_kernel<F, R, GLU, WAVE, NORM>;
     static SmemLimit limit;  // (plan_gemv stays under the device's opt-in maximum)
     raise_smem_limit(reinterpret_cast<const void *>(kernel), smem, limit);
     launch_kernel(kernel, grid, dim3(kGemvThreads), size_t(smem), s, a.pdl != 0, a);
@@ -619,6 +629,10 @@ void gemv_mma_launch_one(const GemvArgs & a, dim3 grid, int smem, cudaStream_t s
 
 template <class F>
 void gemv_mma_launch(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, int smem, cudaStream_t s) {
+    if (a.norm.a != nullptr) {  // (op_add_norm_matmul plans only this form)
+        if (r_tmpl != 1 || glu || a.mma_wave) fail(SPARK_ERR_INTERNAL, "gemv: the norm prologue takes one row of plain weights");
+        return gemv_mma_launch_one<F, 1, false, false, true>(a, grid, smem, s);
+    }
     if (a.mma_wave && r_tmpl == 1)
         return glu ? gemv_mma_launch_one<F, 1, true, true>(a, grid, smem, s) : gemv_mma_launch_one<F, 1, false, true>(a, grid, smem, s);
 #define SPARK_GEMV_MMA_CASE(R)                              \

@@ -531,11 +531,11 @@ void op_matmul_multi(const Tensor * const * matmuls, int count, const OpContext 
 namespace mm {
 namespace {
 
-// The op's plan is one tensor-core GEMV launch over the rows as they are (no staged copy, no
-// conversion, no second launch): what the norm prologue rides on. Not the one-wave variant: its
-// three blocks per SM each read the two addends and the norm's weight instead of one row, and the
-// SM's share of those reads cost more than the launch they save (the Qwen3-8B gate/up, H200:
-// docs/PERF.md, "The residual add + norm inside the GEMV").
+// The op's plan is one tensor-core GEMV launch over the row as it is (no staged copy, no
+// conversion, no second launch): what the norm prologue rides on. Not the one-wave variant: it is
+// planned for the fused gate/up (and the experts' down), whose three blocks per SM would each read
+// the two addends and the norm's weight instead of one row: on the Qwen3-8B's gate/up that cost
+// more than the launch it saves (H200: docs/PERF.md, "The residual add + RMS_NORM inside the GEMV").
 bool one_mma_launch(const LaunchPlan & lp, int64_t rows) {
     if (lp.path != Path::Gemv || rows > kGemvMaxRows || lp.scratch.x_f32 != 0) return false;
     const GemvPlan & p = lp.gemv_for(int(rows));
@@ -566,50 +566,37 @@ const char * add_norm_refusal(const Tensor & add, const Tensor & norm, const Ten
     if (count < 1 || count > kGemvMaxMats || !ctx.props) return "count";
     const Tensor & a = *add.src[0];
     const Tensor & b = *add.src[1];
-    const int64_t  K = add.ne[0], rows = add.nrows();
-    if (rows < 1 || rows > kGemvMaxRows) return "rows";
+    const int64_t  K = add.ne[0];
+    // One decode row (the kernel's NORM instantiation; verify steps of several rows keep the separate launches).
     for (const Tensor * t : {&a, &b, &add, &norm})
-        if (!f32_rows(*t) || t->ne[0] != K || t->ne[1] != rows || t->nrows() != rows) return "rows";
+        if (!f32_rows(*t) || t->ne[0] != K || t->nrows() != 1) return "one row";
     const Tensor * nw = norm.src[1];
     if (nw && (!f32_rows(*nw) || nw->ne[0] != K || nw->nrows() != 1)) return "norm weight";
-    const bool swiglu = mms[0]->op == Op::SWIGLU;
-    if (swiglu && count != 1) return "count";
-    const Tensor * const * mat = swiglu ? mms[0]->src : mms;  // the matmuls (a SWIGLU's gate, up)
-    const int      n_mat = swiglu ? 2 : count;
-    XRows          x     = dense_rows(norm);
+    XRows x = dense_rows(norm);
     if (!bound) x.base = nullptr;  // (alignment only: the plan does not depend on where the memory goes)
-    for (int i = 0; i < n_mat; ++i) {
-        const Tensor * t = mat[i];
+    for (int i = 0; i < count; ++i) {
+        const Tensor * t = mms[i];
         if (!t || t->op != Op::MATMUL || t->src[0] != &norm || !t->weight) return "not a MATMUL of the norm";
         const DeviceWeight & w = device_weight(*t->weight);
-        if (w.k != K || w.format != device_weight(*mat[0]->weight).format || w.perm) return "weights";
-        if (!swiglu && (t->type != DType::F32 || !t->is_contiguous() || t->ne[0] != w.n || t->nrows() != rows)) return "output";
+        if (w.k != K || w.format != device_weight(*mms[0]->weight).format || w.perm) return "weights";
+        if (t->type != DType::F32 || !t->is_contiguous() || t->ne[0] != w.n || t->nrows() != 1) return "output";
     }
-    if (swiglu) {
-        d.w[0] = &device_weight(*mat[0]->weight);
-        d.w[1] = &device_weight(*mat[1]->weight);
-        d.nw   = 2;
-        if (d.w[1]->n != d.w[0]->n) return "gate and up differ";
-        const Tensor & y = *mms[0];
-        if (y.type != DType::F32 || !y.is_contiguous() || y.ne[0] != d.w[0]->n || y.nrows() != rows) return "output";
-    } else if (count == 1) {
-        d.w[0] = &device_weight(*mat[0]->weight);
-    }
-    if (swiglu || count == 1) {
+    if (count == 1) {
+        d.w[0]   = &device_weight(*mms[0]->weight);
         d.x      = x;
-        d.rows   = rows;
+        d.rows   = 1;
         d.prompt = ctx.prompt_step;
         const OpPlan plan = plan_dense(d, *ctx.props);
-        if (plan.unfused || plan.x_copy || plan.ids_copy || !one_mma_launch(plan.launch[0], rows)) return "not one tensor-core GEMV";
+        if (plan.unfused || plan.x_copy || plan.ids_copy || !one_mma_launch(plan.launch[0], 1)) return "not one tensor-core GEMV";
     } else {
         for (int i = 0; i < count; ++i) {
-            mu.w[i] = &device_weight(*mat[i]->weight);
-            if (!chunk_ok(*mu.w[i]) || w4a4_takes(*mu.w[i], rows, ctx.prompt_step, *ctx.props)) return "layout";
+            mu.w[i] = &device_weight(*mms[i]->weight);
+            if (!chunk_ok(*mu.w[i]) || w4a4_takes(*mu.w[i], 1, ctx.prompt_step, *ctx.props)) return "layout";
         }
         mu.count = count;
         mu.x     = x;
-        mu.rows  = rows;
-        if (!one_mma_launch(plan_multi(mu, *ctx.props), rows)) return "not one tensor-core GEMV";
+        mu.rows  = 1;
+        if (!one_mma_launch(plan_multi(mu, *ctx.props), 1)) return "not one tensor-core GEMV";
     }
     if (!bound) return nullptr;
     // Every block reads a and b; the blocks of row tile 0 write the sum, every block its outputs' rows.
@@ -624,7 +611,7 @@ const char * add_norm_refusal(const Tensor & add, const Tensor & norm, const Ten
         for (int j = 0; j < i; ++j)
             if (overlaps(*outs[i], *outs[j])) return "outputs overlap";
     }
-    GemvNorm & g = swiglu || count == 1 ? d.norm : mu.norm;
+    GemvNorm & g = count == 1 ? d.norm : mu.norm;
     g.a             = static_cast<const float *>(a.data);
     g.b             = static_cast<const float *>(b.data);
     g.sum           = static_cast<float *>(add.data);
@@ -652,11 +639,10 @@ void op_add_norm_matmul(const Tensor & add, const Tensor & norm, const Tensor * 
     mm::Multi mu;
     if (mm::add_norm_refusal(add, norm, mms, count, ctx, true, d, mu) != nullptr) {  // the nodes' own launches
         op_add_rms_norm(add, norm, ctx);
-        if (mms[0]->op == Op::SWIGLU) return op_matmul_swiglu(*mms[0], ctx);
         if (count == 1) return op_matmul(*mms[0], ctx);
         return op_matmul_multi(mms, count, ctx);
     }
-    if (mms[0]->op == Op::SWIGLU || count == 1) {
+    if (count == 1) {
         d.y = static_cast<float *>(mms[0]->data);
         return mm::exec_dense(d, ctx);
     }
