@@ -544,6 +544,22 @@ bool one_mma_launch(const LaunchPlan & lp, int64_t rows) {
 
 bool aligned16(const void * p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// SPARK_NORM_MATMUL_WK=N (lab): the fused form's plan takes N K-warps per block (fewer K-warps:
+// fewer, taller blocks, so fewer blocks re-read the addends and the norm's weight); 0: the
+// planner's choice. The plain GEMVs keep theirs.
+struct NormWkScope {
+    int saved = 0;
+    NormWkScope() {
+        static const int wk = [] {
+            const char * e = std::getenv("SPARK_NORM_MATMUL_WK");
+            return e ? std::atoi(e) : 0;
+        }();
+        saved = overrides().gemv_wk;
+        if (wk == 1 || wk == 2 || wk == 4 || wk == 8) overrides().gemv_wk = wk;
+    }
+    ~NormWkScope() { overrides().gemv_wk = saved; }
+};
+
 // SPARK_NORM_MATMUL=0: the ADD + RMS_NORM keeps its own launch before the matmuls (A/B runs).
 bool add_norm_fusion_enabled() {
     static const bool on = [] {
@@ -586,7 +602,8 @@ const char * add_norm_refusal(const Tensor & add, const Tensor & norm, const Ten
         d.x      = x;
         d.rows   = 1;
         d.prompt = ctx.prompt_step;
-        const OpPlan plan = plan_dense(d, *ctx.props);
+        const NormWkScope wk;
+        const OpPlan      plan = plan_dense(d, *ctx.props);
         if (plan.unfused || plan.x_copy || plan.ids_copy || !one_mma_launch(plan.launch[0], 1)) return "not one tensor-core GEMV";
     } else {
         for (int i = 0; i < count; ++i) {
@@ -596,6 +613,7 @@ const char * add_norm_refusal(const Tensor & add, const Tensor & norm, const Ten
         mu.count = count;
         mu.x     = x;
         mu.rows  = 1;
+        const NormWkScope wk;
         if (!one_mma_launch(plan_multi(mu, *ctx.props), 1)) return "not one tensor-core GEMV";
     }
     if (!bound) return nullptr;
@@ -644,9 +662,11 @@ void op_add_norm_matmul(const Tensor & add, const Tensor & norm, const Tensor * 
     }
     if (count == 1) {
         d.y = static_cast<float *>(mms[0]->data);
+        const mm::NormWkScope wk;
         return mm::exec_dense(d, ctx);
     }
-    const mm::LaunchPlan lp = mm::plan_multi(mu, *ctx.props);
+    const mm::NormWkScope wk;
+    const mm::LaunchPlan  lp = mm::plan_multi(mu, *ctx.props);
     mm::Scratch      scratch;
     if (lp.scratch.bytes() > 0) scratch.base = static_cast<char *>(ctx.workspace->get(lp.scratch.bytes()));
     mm::launch_multi_gemv(mms, mu, lp, mm::carve(lp.scratch, scratch), ctx);
