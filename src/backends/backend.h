@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace spark {
 
@@ -171,6 +172,10 @@ public:
     // `ex` (from make_executor) carries the calling context's execution resources; null: the
     // backend's own (tests and tools that run a graph directly).
     virtual void compute(Graph & graph, Executor * ex) = 0;
+    // For the memory planner (plan_memory's launch_last): where one launch of this backend computes
+    // several nodes of `graph`, the position of its last node for each of them; empty: one launch
+    // per node. Asked before the graph has memory.
+    virtual std::vector<int> launch_last_nodes(const Graph & graph) { return (void) graph, std::vector<int>{}; }
     void         compute(Graph & graph) { compute(graph, nullptr); }
     virtual void synchronize() {}
 

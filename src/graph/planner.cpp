@@ -76,7 +76,7 @@ const Tensor * root_of(const Tensor * t) { return t->view_src ? t->view_src : t;
 
 }  // namespace
 
-MemoryPlan plan_memory(const Graph & graph, size_t alignment) {
+MemoryPlan plan_memory(const Graph & graph, size_t alignment, const std::vector<int> & launch_last) {
     const auto & tensors = graph.tensors();
     const auto & nodes   = graph.nodes();
     constexpr int kForever = std::numeric_limits<int>::max();
@@ -85,8 +85,9 @@ MemoryPlan plan_memory(const Graph & graph, size_t alignment) {
     for (size_t i = 0; i < nodes.size(); ++i) {
         const Tensor * n = nodes[i];
         if (n->op == Op::VIEW) continue;  // a view is used where its users are
+        const int until = i < launch_last.size() ? std::max(int(i), launch_last[i]) : int(i);
         for (const Tensor * s : n->src)
-            if (s) last_use[root_of(s)->id] = int(i);
+            if (s) last_use[root_of(s)->id] = std::max(last_use[root_of(s)->id], until);
     }
     // Uses through views: a node reading a view keeps the view's root alive (handled above via
     // root_of). Outputs (and the roots of output views) live to the end.

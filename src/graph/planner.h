@@ -19,7 +19,11 @@ struct MemoryPlan {
     static constexpr size_t kNoOffset = ~size_t(0);
 };
 
-MemoryPlan plan_memory(const Graph & graph, size_t alignment = 256);
+// launch_last (empty: every node is a launch of its own): per node, the position of the last node
+// of the backend launch that computes it (< the node's own: alone), from Backend::launch_last_nodes.
+// The inputs of a launch's nodes then stay live until the launch's last node, so no output of the
+// launch is placed over an input any node of it reads.
+MemoryPlan plan_memory(const Graph & graph, size_t alignment = 256, const std::vector<int> & launch_last = {});
 
 // Sets data pointers of planned tensors (arena + offset) and of views (source + view offset).
 void bind_memory(Graph & graph, const MemoryPlan & plan, void * arena);

@@ -135,7 +135,7 @@ Context::StepGraph & Context::step_graph(int32_t n, int32_t n_seqs, int32_t n_ou
     s->best = model_.arch->greedy_tokens(gc, s->logits);
     g.mark_output(s->best);
     if ((s->hidden = gc.captured)) g.mark_output(s->hidden);
-    s->plan = plan_memory(g);
+    s->plan = plan_memory(g, 256, model_.backend->launch_last_nodes(g));
     if (steps_.size() >= 16) {  // decode, verify of each draft length, prefill chunks
         if (last_step_ == steps_.front().get()) last_step_ = nullptr;
         steps_.erase(steps_.begin());

@@ -77,6 +77,37 @@ TEST_CASE("planner: the same graph always gets the same plan (CUDA-graph replay 
     CHECK(p1.offsets == p2.offsets);
 }
 
+TEST_CASE("planner: a launch of several nodes keeps every input of its nodes apart from its outputs") {
+    // ADD, the RMS_NORM of its sum and a SCALE of the norm, as one backend launch would compute them
+    // (the CUDA backend's ADD + RMS_NORM + matmuls: every block reads the addends while block 0
+    // writes the sum and the norm). Alone, the norm's output reuses an addend's buffer (both die at
+    // the ADD) and the scale's the other; as one launch, no output may meet an addend.
+    Graph    g;
+    Tensor * a   = g.input(DType::F32, {256, 1}, "a");
+    Tensor * x   = g.scale(a, 2.0f);
+    Tensor * y   = g.scale(a, 3.0f);
+    Tensor * sum = g.add(x, y);
+    Tensor * nrm = g.rms_norm(sum, nullptr, 1e-6f);
+    Tensor * out = g.scale(nrm, 0.5f);
+    g.mark_output(g.add(out, sum));
+    auto span = [](const MemoryPlan & p, const Tensor * t) { return std::pair<size_t, size_t>{p.offsets[t->id], p.offsets[t->id] + t->nbytes()}; };
+    auto meet = [&](const MemoryPlan & p, const Tensor * s, const Tensor * t) {
+        const auto u = span(p, s), v = span(p, t);
+        return u.first < v.second && v.first < u.second;
+    };
+    const MemoryPlan alone = plan_memory(g);
+    CHECK((meet(alone, nrm, x) || meet(alone, nrm, y) || meet(alone, out, x) || meet(alone, out, y)));  // (what the hint prevents)
+    std::vector<int> last(g.nodes().size(), -1);
+    size_t           first = 0;
+    while (g.nodes()[first] != sum) ++first;
+    for (size_t i = first; i < first + 3; ++i) last[i] = int(first + 2);  // ADD, RMS_NORM, SCALE: one launch
+    const MemoryPlan joined = plan_memory(g, 256, last);
+    for (const Tensor * o : {sum, nrm, out})
+        for (const Tensor * in : {x, y}) CHECK_FALSE(meet(joined, o, in));
+    CHECK_FALSE(meet(joined, out, nrm));
+    CHECK_FALSE(meet(joined, out, sum));
+}
+
 TEST_CASE("views: column slices and strided rows feed row ops; reshape requires contiguity") {
     Graph    g;
     Tensor * x    = g.input(DType::F32, {6, 2}, "x");  // two rows of [q0 q1 q2 | g0 g1 g2]

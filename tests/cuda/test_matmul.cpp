@@ -29,6 +29,7 @@
 #include "op_harness.h"
 
 #include "backends/cuda/fp4/nvfp4_act_ref.h"
+#include "backends/cuda/fusion.h"
 #include "backends/cuda/fp4/w4a4.h"
 #include "backends/cuda/matmul/matmul.h"
 #include "backends/cuda/matmul/tuning.h"
@@ -1455,6 +1456,110 @@ TEST_CASE("matmul: op_matmul_multi (q/k/v-like weights in one launch)") {
             }
         }
     }
+}
+
+// ---- op_add_norm_matmul: ADD + RMS_NORM + the matmuls of the norm in one GEMV launch --------------
+TEST_CASE("matmul: op_add_norm_matmul (residual add + RMS_NORM inside the GEMV) matches the separate launches") {
+    // The residual add, the norm of the sum and the q/k/v-like matmuls (or one matmul) of that norm
+    // as the fusion pass groups them. The memory plan takes the backend's hint
+    // (launch_last_nodes: the addends stay apart from the launch's outputs), so the fused launch runs:
+    // its sum must equal the separate launches' (op_add_rms_norm, then the matmul op) bit for bit,
+    // its matmul outputs theirs and the host's within kGemv (the fused GEMV multiplies each result by
+    // the row's 1 / rms instead of each activation: a reassociation of one rounding). Each run starts
+    // from the inputs uploaded again (a refused group's separate launches may reuse an addend's memory).
+    // Refused groups (several rows; BF16 weights: the FMA kernel; prefill rows; blocks of fewer than
+    // kGemvNormMinRows rows) run the separate launches through the same op. The plans are pinned
+    // (4 K-warps without the K-pair mapping: 64 rows a block; grids smaller than the GPU allowed,
+    // which the planner refuses for models) so that what fuses does not depend on the GPU's SM
+    // count; the 32-row case (8 K-warps) is refused by the planner's rule.
+    OpHarness                                   h(49);
+    spark::Backend &                            be = h.cuda();
+    std::vector<std::unique_ptr<spark::Buffer>> storage;
+    HostWeights                                 host;
+    TestCtx                                     tc;
+    const int64_t                               k = 2048;
+    struct Case {
+        std::string                  name;
+        std::vector<const QWeight *> host;
+        bool                         weighted, zc, fused;
+        std::vector<int64_t>         rows;
+        int                          wk = 4;  // the plan's K-warps (64 rows a block; 8: 32)
+    };
+    std::vector<Case> cases;
+    const std::vector<const QWeight *> qkv = {&host.int4(1024, k, 128, true, false, 110), &host.int4(256, k, 128, true, false, 111),
+                                              &host.int4(256, k, 128, true, false, 112)};
+    cases.push_back({"int4 q/k/v", qkv, true, false, true, {1}});
+    cases.push_back({"int4 q/k/v, verify rows (refused: one row only)", qkv, true, false, false, {2, 5}});
+    cases.push_back({"nvfp4 x2, zero-centred", {&host.nvfp4(512, k, 113), &host.nvfp4(72, k, 114)}, true, true, true, {1}});
+    cases.push_back({"int4-asym one matmul, no weight", {&host.int4(1000, k, 128, false, false, 115)}, false, false, true, {1}});
+    cases.push_back({"bf16 (refused: the FMA kernel)", {&host.bf16w(256, k, 118), &host.bf16w(64, k, 119)}, true, false, false, {1}});
+    cases.push_back({"int4 prefill rows (refused)", {&host.int4(256, k, 128, true, false, 120), &host.int4(64, k, 128, true, false, 121)},
+                     true, false, false, {12}});
+    cases.push_back({"int4 q/k/v in blocks of 32 rows (refused)", qkv, true, false, false, {1}, 8});
+    const mm::Overrides saved = mm::overrides();
+    for (const Case & c : cases) {
+        std::vector<QWeight>            prepared;
+        std::vector<std::vector<float>> refw;
+        for (const QWeight * w : c.host) prepared.push_back(be.prepare_weight(*w, storage)), refw.push_back(dequantized(*w));
+        mm::overrides().gemv_wk       = c.wk;
+        mm::overrides().gemv_kpair    = 0;
+        mm::overrides().norm_any_grid = 1;
+        for (const int64_t rows : c.rows) {
+            INFO(c.name << " rows " << rows);
+            spark::Graph gr;
+            Tensor *     a   = gr.input(DType::F32, {k, rows}, "a");
+            Tensor *     b   = gr.input(DType::F32, {k, rows}, "b");
+            Tensor *     nw  = gr.input(DType::F32, {k}, "norm_w");
+            Tensor *     sum = gr.add(a, b);
+            Tensor *     nrm = gr.rms_norm(sum, c.weighted ? nw : nullptr, 1e-6f, c.zc);
+            std::vector<Tensor *> ys;
+            for (const QWeight & w : prepared) ys.push_back(gr.matmul(nrm, w));
+            gr.mark_output(gr.add(sum, sum));  // (the sum lives on, as the residual does)
+            for (Tensor * y : ys) gr.mark_output(y);
+            tc.ctx.prompt_step = rows > 8;
+            const spark::MemoryPlan plan  = spark::plan_memory(gr, 256, spark::cuda::launch_last_nodes(gr, tc.ctx));
+            auto                    arena = be.alloc(std::max<size_t>(plan.arena_bytes, 256));
+            spark::bind_memory(gr, plan, arena->data());
+            const std::vector<float> av = normals(size_t(rows * k), 1.0f, 130 + uint64_t(rows)), bv = normals(size_t(rows * k), 0.5f, 140),
+                                     wv = normals(size_t(k), 0.3f, 150);
+            std::vector<const Tensor *> after(ys.begin(), ys.end());
+            auto run = [&](bool fused) {
+                be.upload(a->data, av.data(), av.size() * 4);
+                be.upload(b->data, bv.data(), bv.size() * 4);
+                be.upload(nw->data, wv.data(), wv.size() * 4);
+                be.synchronize();
+                if (fused) {
+                    CHECK(spark::cuda::add_norm_matmul_supported(*sum, *nrm, after.data(), int(after.size()), tc.ctx, true) == c.fused);
+                    spark::cuda::op_add_norm_matmul(*sum, *nrm, after.data(), int(after.size()), tc.ctx);
+                } else {
+                    spark::cuda::op_add_rms_norm(*sum, *nrm, tc.ctx);
+                    spark::cuda::op_matmul_multi(after.data(), int(after.size()), tc.ctx);
+                }
+                REQUIRE(cudaStreamSynchronize(tc.stream) == cudaSuccess);
+                std::vector<std::vector<float>> got = {download(be, *sum)};
+                for (Tensor * y : ys) got.push_back(download(be, *y));
+                return got;
+            };
+            const auto   fused = run(true), apart = run(false);
+            const double tol   = rows > 8 ? kGemm : kGemv;
+            CHECK(std::memcmp(fused[0].data(), apart[0].data(), fused[0].size() * 4) == 0);
+            for (size_t i = 1; i < fused.size(); ++i) CHECK(nmse_of(fused[i], std::vector<double>(apart[i].begin(), apart[i].end())) <= tol);
+            // The host: the norm as the CPU backend computes it, then the matmuls in double.
+            std::vector<float> hn(size_t(rows * k));
+            for (int64_t r = 0; r < rows; ++r) {
+                double ss = 0;
+                for (int64_t i = 0; i < k; ++i) ss += double(av[size_t(r * k + i)] + bv[size_t(r * k + i)]) * (av[size_t(r * k + i)] + bv[size_t(r * k + i)]);
+                const float inv = 1.0f / std::sqrt(float(ss / double(k)) + 1e-6f);
+                for (int64_t i = 0; i < k; ++i) {
+                    const float g = c.weighted ? (c.zc ? 1.0f + wv[size_t(i)] : wv[size_t(i)]) : 1.0f;
+                    hn[size_t(r * k + i)] = (av[size_t(r * k + i)] + bv[size_t(r * k + i)]) * inv * g;
+                }
+            }
+            for (size_t i = 0; i < ys.size(); ++i) CHECK(nmse_of(fused[1 + i], reference(hn, rows, refw[i], ys[i]->ne[0], k)) <= tol);
+        }
+    }
+    mm::overrides()    = saved;
+    tc.ctx.prompt_step = false;
 }
 
 // ---- W4A4: NVFP4 weights with activation scales on sm_120a / sm_121a -------------------------------

@@ -591,3 +591,54 @@ TEST_CASE("weight placement: in place from the mapped file only where the GPU's 
         CHECK(choose_weight_placement(c.facts, 1) == WeightPlacement::InPlace);  // =1 (tests of the path on discrete GPUs)
     }
 }
+
+// The residual add + RMS_NORM inside the decode GEMV (op_add_norm_matmul) is planned only as the
+// 2-block MMA kernel with blocks of kGemvNormMinRows rows or more and no K split (matmul.h: each
+// block reads the addends and the norm's weight; below 64 rows that measured slower than the
+// separate launches). The q/k/v (and in_proj) launches of the four shapes on an H100 and an H200:
+// Qwen3-Next's fuse, the 32-row blocks of Qwen3-8B, 30B-A3B and MiniMax-M2 do not; the plain
+// launches' plans are unchanged by the option.
+TEST_CASE("GEMV planner: the norm prologue takes blocks of 64 rows or more, no K split") {
+    OverrideGuard guard;
+    DeviceProps   h200 = h100();
+    mm::device_rates(h200, 3201000, 6144, 1980000);
+    struct Case {
+        const char *         name;
+        std::vector<int64_t> ns;
+        int64_t              k;
+        bool                 fused;
+    };
+    const Case cases[] = {{"Qwen3-Next in_proj_qkvz + in_proj_ba", {12288, 64}, 2048, true},
+                          {"Qwen3-Next q (+ gate) / k / v", {8192, 512, 512}, 2048, true},
+                          {"Qwen3-8B q / k / v", {4096, 1024, 1024}, 4096, false},
+                          {"Qwen3-30B-A3B q / k / v", {4096, 512, 512}, 2048, false},
+                          {"MiniMax-M2 q / k / v", {6144, 1024, 1024}, 3072, false}};
+    for (const DeviceProps & d : {h100(), h200})
+        for (const WeightFormat f : {WeightFormat::INT4, WeightFormat::NVFP4})
+            for (const Case & c : cases) {
+                CAPTURE(c.name);
+                CAPTURE(int(f));
+                std::vector<DeviceWeight> ws;
+                for (const int64_t n : c.ns) ws.push_back(weight(f, n, c.k));
+                mm::Multi mu;
+                for (size_t i = 0; i < ws.size(); ++i) mu.w[i] = &ws[i];
+                mu.count = int(ws.size());
+                mu.x     = rows_at(kAligned, 1, c.k);
+                mu.rows  = 1;
+                const mm::GemvPlan plain = mm::plan_multi(mu, d).gemv_for(1);
+                mu.norm_prologue         = true;
+                const mm::GemvPlan p     = mm::plan_multi(mu, d).gemv_for(1);
+                CHECK(p.mma == c.fused);
+                if (p.mma) {
+                    CHECK(!p.mma_wave);
+                    CHECK(p.rows_per_block >= mm::kGemvNormMinRows);
+                    CHECK(p.ksplit == 1);
+                }
+                // In place: the plain plan of the launch (the option changes nothing without it).
+                mu.norm_prologue          = false;
+                const mm::GemvPlan again = mm::plan_multi(mu, d).gemv_for(1);
+                CHECK(again.wk == plain.wk);
+                CHECK(again.grid.x == plain.grid.x);
+                CHECK(again.ksplit == plain.ksplit);
+            }
+}

@@ -222,6 +222,10 @@ template <class F>
 void run_mma_kernel(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, int smem) {
     const dim3 block(kGemvThreads);
     auto       go = [&](auto kernel) { emu::launch(grid, block, size_t(smem), [&] { kernel(a); }, rng()); };
+    if (a.norm.a != nullptr) {  // (as gemv_mma_launch)
+        if (r_tmpl != 1 || glu || a.mma_wave) std::abort();
+        return go(gemv_mma_kernel<F, 1, false, false, true>);
+    }
     if (a.mma_wave && r_tmpl == 1)  // (as gemv_mma_launch)
         return glu ? go(gemv_mma_kernel<F, 1, true, true>) : go(gemv_mma_kernel<F, 1, false, true>);
     switch (r_tmpl * 2 + glu) {
@@ -257,6 +261,20 @@ void run_plan_pdl(const std::string & name, WeightFormat f, bool int4_zeros, con
     pdl::model::Guard g(regions);
     run_plan(f, int4_zeros, p, glu, a);
     g.check(std::string(p.mma ? "gemv_mma_kernel " : "gemv_kernel ") + name);
+}
+
+// The plan's work split into the launch's arguments (and the K split's partials and counters).
+void set_plan(GemvArgs & a, const GemvPlan & p, const Spec & s, Buf & pb, Buf & cb) {
+    a.wk               = p.wk;
+    a.lpr              = p.lpr;
+    a.chunks_per_split = p.cps;
+    a.int4_zeros       = s.zeros;
+    a.mma_kpair        = p.mma_kpair;
+    a.mma_wave         = p.mma_wave;
+    if (p.ksplit > 1) {
+        a.partial  = reinterpret_cast<float *>(pb.data());
+        a.counters = reinterpret_cast<uint32_t *>(cb.data());
+    }
 }
 
 // A work split: the plan's, or forced (lanes per row, K-warps, K splits; MMA kernel: lpr unused,
@@ -384,17 +402,8 @@ void check_dense(const Spec & s, int64_t n, int64_t k, int rows, int nw, Split s
     a.n = n;
     a.k = k;
     a.rows = a.out_rows = rows;
-    a.wk               = p.wk;
-    a.lpr              = p.lpr;
-    a.chunks_per_split = p.cps;
-    a.int4_zeros       = s.zeros;
-    a.mma_kpair        = p.mma_kpair;
-    a.mma_wave         = p.mma_wave;
+    set_plan(a, p, s, pb, cb);
     a.y                = y;
-    if (p.ksplit > 1) {
-        a.partial  = reinterpret_cast<float *>(pb.data());
-        a.counters = reinterpret_cast<uint32_t *>(cb.data());
-    }
     run_plan_pdl(name, s.f, s.zeros, p, nw == 2, a,
                  {pdl::model::in(xb.data(), xb.bytes), pdl::model::in(cb.data(), p.ksplit > 1 ? cb.bytes : 0),
                   pdl::model::out(yb.data(), yb.bytes), pdl::model::out(pb.data(), p.ksplit > 1 ? pb.bytes : 0)});
@@ -471,17 +480,8 @@ void check_moe(const Spec & s, int64_t n, int64_t k, int experts, int k_slots, i
     a.k             = k;
     a.rows          = 1;
     a.out_rows      = int32_t(pairs);
-    a.wk               = p.wk;
-    a.lpr              = p.lpr;
-    a.chunks_per_split = p.cps;
-    a.int4_zeros       = s.zeros;
-    a.mma_kpair        = p.mma_kpair;
-    a.mma_wave         = p.mma_wave;
+    set_plan(a, p, s, pb, cb);
     a.y                = y;
-    if (p.ksplit > 1) {
-        a.partial  = reinterpret_cast<float *>(pb.data());
-        a.counters = reinterpret_cast<uint32_t *>(cb.data());
-    }
     a.ids_early = ids_early;
     // The expert ids come from the router (poison: -1, an invalid id, whose rows come out 0), or
     // (ids_early) from a launch whose writes are complete before this one starts.
@@ -550,16 +550,7 @@ void check_multi(const Spec & s, const std::vector<int64_t> & ns, int64_t k, int
     a.n    = ntot;
     a.k    = k;
     a.rows = a.out_rows = rows;
-    a.wk               = p.wk;
-    a.lpr              = p.lpr;
-    a.chunks_per_split = p.cps;
-    a.int4_zeros       = s.zeros;
-    a.mma_kpair        = p.mma_kpair;
-    a.mma_wave         = p.mma_wave;
-    if (p.ksplit > 1) {
-        a.partial  = reinterpret_cast<float *>(pb.data());
-        a.counters = reinterpret_cast<uint32_t *>(cb.data());
-    }
+    set_plan(a, p, s, pb, cb);
     std::vector<pdl::model::Region> regions = {pdl::model::in(xb.data(), xb.bytes), pdl::model::in(cb.data(), p.ksplit > 1 ? cb.bytes : 0),
                                                pdl::model::out(pb.data(), p.ksplit > 1 ? pb.bytes : 0)};
     for (auto & b : yb) regions.push_back(pdl::model::out(b->data(), b->bytes));
@@ -575,6 +566,118 @@ void check_multi(const Spec & s, const std::vector<int64_t> & ns, int64_t k, int
                 got.push_back(a.mat_y[m][r * ns[size_t(m)] + j]);
             }
     report(name, nmse(got, ref), p);
+}
+
+// The residual add + RMS_NORM before the matmul (GemvArgs::norm, MMA kernel): rows of a and b
+// `ld` floats apart (ld > k: the gaps must stay untouched), a norm weight or none, plain or
+// zero-centred; one weight, a fused gate/up (nw = 2) or several weights (ns.size() > 1). Checks the
+// matmul against the double reference over the norm as the CPU backend computes it (float sum,
+// mean of squares, 1 / sqrt, (s * inv) * w; the kernel scales each result by inv instead, a
+// reassociation of one rounding per element, far inside the nmse bound) and the sum the blocks of
+// row tile 0 write, bit for bit.
+void check_norm(const Spec & s, const std::vector<int64_t> & ns, int64_t k, int rows, int nw, bool weighted, bool zc, Split sp,
+                const std::string & filter) {
+    if (!mma_spec(s, k)) return;
+    std::string name = std::string("mma norm ") + s.name + " N=";
+    for (size_t m = 0; m < ns.size(); ++m) name += (m ? "+" : "") + std::to_string(ns[m]);
+    name += " K=" + std::to_string(k) + " rows=" + std::to_string(rows) + (nw == 2 ? " glu" : "") + (weighted ? zc ? " w+1" : " w" : "") +
+            forced_label(sp, true);
+    if (name.find(filter) == std::string::npos) return;
+    const int     count = int(ns.size());
+    const int64_t ld    = k + 8;
+    int64_t       ntot  = 0;
+    for (int64_t n : ns) ntot += n;
+    std::vector<HostWeight> w;
+    for (int m = 0; m < count; ++m)
+        for (int i = 0; i < nw; ++i) w.push_back(make_weight(s, ns[size_t(m)], k));
+    Buf     ab(size_t(rows * ld) * 4), bb(size_t(rows * ld) * 4), sb(size_t(rows * ld) * 4), wb(size_t(k) * 4);
+    float * xa  = reinterpret_cast<float *>(ab.data());
+    float * xb  = reinterpret_cast<float *>(bb.data());
+    float * sum = reinterpret_cast<float *>(sb.data());
+    float * nw_ = reinterpret_cast<float *>(wb.data());
+    for (int64_t i = 0; i < rows * ld; ++i) xa[i] = uni(-2, 2), xb[i] = uni(-1, 1), sum[i] = NAN;
+    for (int64_t i = 0; i < k; ++i) nw_[i] = uni(-1.5f, 1.5f);
+    const float eps = 1e-6f;
+    // The host's norm (the CPU backend's expressions).
+    std::vector<float> hs(size_t(rows * k)), hn(size_t(rows * k));
+    for (int r = 0; r < rows; ++r) {
+        double ss = 0;
+        for (int64_t i = 0; i < k; ++i) {
+            const float v = xa[r * ld + i] + xb[r * ld + i];
+            hs[size_t(r * k + i)] = v;
+            ss += double(v) * v;
+        }
+        const float inv = 1.0f / std::sqrt(float(ss) / float(k) + eps);
+        for (int64_t i = 0; i < k; ++i) {
+            float v = hs[size_t(r * k + i)] * inv;
+            if (weighted) v *= zc ? 1.0f + nw_[i] : nw_[i];
+            hn[size_t(r * k + i)] = v;
+        }
+    }
+    const GemvPlan p = make_plan(s, ntot, k, 1, rows, nw, sp, true, count > 1 ? ns.data() : nullptr, count);
+    std::vector<std::unique_ptr<Buf>> yb;
+    Buf      pb(size_t(p.ksplit) * nw * rows * ntot * 4), cb(size_t(p.grid.x) * 4);
+    GemvArgs a;
+    a.n_mats     = count;
+    int64_t row0 = 0;
+    int32_t tile = 0;
+    for (int m = 0; m < count; ++m) {
+        yb.push_back(std::make_unique<Buf>(size_t(rows * ns[size_t(m)]) * 4));
+        float * y = reinterpret_cast<float *>(yb.back()->data());
+        std::fill(y, y + rows * ns[size_t(m)], NAN);
+        if (count > 1) {
+            a.w[m]         = w[size_t(m)].dw;
+            a.mat_n[m]     = ns[size_t(m)];
+            a.mat_row0[m]  = row0;
+            a.mat_tile0[m] = tile;
+            a.mat_y[m]     = y;
+        }
+        row0 += ns[size_t(m)];
+        tile += int32_t((ns[size_t(m)] + p.rows_per_block - 1) / p.rows_per_block);
+    }
+    if (count > 1) {
+        a.mat_tile0[count] = tile;
+    } else {
+        a.w[0] = w[0].dw;
+        a.w[1] = w[size_t(nw - 1)].dw;
+        a.y    = reinterpret_cast<float *>(yb[0]->data());
+    }
+    a.norm.a = xa, a.norm.b = xb, a.norm.sum = sum;
+    a.norm.lda = a.norm.ldb = a.norm.ld_sum = ld;
+    a.norm.w             = weighted ? nw_ : nullptr;
+    a.norm.eps           = eps;
+    a.norm.zero_centered = zc;
+    a.n    = ntot;
+    a.k    = k;
+    a.rows = a.out_rows = rows;
+    set_plan(a, p, s, pb, cb);
+    std::vector<pdl::model::Region> regions = {pdl::model::in(ab.data(), ab.bytes), pdl::model::in(bb.data(), bb.bytes),
+                                               pdl::model::out(sb.data(), sb.bytes),
+                                               pdl::model::in(cb.data(), p.ksplit > 1 ? cb.bytes : 0),
+                                               pdl::model::out(pb.data(), p.ksplit > 1 ? pb.bytes : 0)};
+    for (auto & b : yb) regions.push_back(pdl::model::out(b->data(), b->bytes));
+    run_plan_pdl(name, s.f, s.zeros, p, nw == 2, a, regions);
+    // The sum exactly, the gaps untouched.
+    bool rows_ok = true;
+    for (int r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < ld; ++i) {
+            const float gs = sum[r * ld + i];
+            rows_ok        = rows_ok && (i >= k ? std::isnan(gs) : gs == hs[size_t(r * k + i)]);
+        }
+    std::vector<float>  got;
+    std::vector<double> ref;
+    for (int m = 0; m < count; ++m) {
+        const float * y = reinterpret_cast<const float *>(yb[size_t(m)]->data());
+        for (int r = 0; r < rows; ++r)
+            for (int64_t j = 0; j < ns[size_t(m)]; ++j) {
+                double d[2] = {0, 0};
+                for (int i = 0; i < nw; ++i)
+                    for (int64_t kk = 0; kk < k; ++kk) d[i] += ref_weight(w[size_t(m * nw + i)], j, kk) * hn[size_t(r * k + kk)];
+                ref.push_back(nw == 2 ? silu_d(d[0]) * d[1] : d[0]);
+                got.push_back(y[r * ns[size_t(m)] + j]);
+            }
+    }
+    report(name + (rows_ok ? "" : " [sum rows wrong]"), rows_ok ? nmse(got, ref) : INFINITY, p);
 }
 
 }  // namespace
@@ -743,6 +846,17 @@ int main(int argc, char ** argv) {
         check_moe(s, 33, 1024, 16, 4, 2, 1, true, {1, 2, 3}, filter, true);
         check_moe(s, 33, 1152, 16, 4, 2, 1, true, {1, 2, 2, 1}, filter, true);
         check_moe(s, 48, 768, 16, 8, 1, 1, false, {1, 4, 1, 0, 1}, filter, true);  // the experts' down, one wave
+    }
+    // The residual add + RMS_NORM prologue (one row of plain weights): the plan's split and forced ones
+    // (K-warps, K splits, kp with odd block ranges), with and without a weight, plain and zero-centred,
+    // one weight and several, INT4 with and without zero points, NVFP4.
+    for (const Spec & s : {specs[0], specs[1], specs[5]}) {
+        check_norm(s, {45}, 1280, 1, 1, true, false, {}, filter);
+        check_norm(s, {40, 17, 9}, 1280, 1, 1, true, true, {}, filter);
+        check_norm(s, {40, 17}, 2048, 1, 1, false, false, {}, filter);
+        check_norm(s, {32}, 1280, 1, 1, true, true, {1, 4, 3}, filter);
+        check_norm(s, {32, 16}, 1280, 1, 1, true, false, {1, 8, 2}, filter);
+        check_norm(s, {32}, 1152, 1, 1, true, false, {1, 2, 3, 1}, filter);  // kp, odd block ranges
     }
     std::printf("worst MMA nmse %.1e (tensor-core sums modelled %s)\n", g_worst_mma,
                 emu::mma_sum() == emu::MmaSum::Truncating ? "with truncation to 2^(e_max - 23)" : "exactly");

@@ -259,6 +259,12 @@ public:
 
     std::mutex * exclusive() override { return &exclusive_; }
 
+    std::vector<int> launch_last_nodes(const Graph & graph) override {
+        cuda::OpContext ctx = ctx_;  // (as run_nodes will see it)
+        ctx.prompt_step     = graph.prompt_step();
+        return cuda::launch_last_nodes(graph, ctx);
+    }
+
     void compute(Graph & graph, Executor *) override {
         activate();
         if (tracer_) tracer_->begin_step(stream_);
@@ -354,6 +360,7 @@ private:
             case Kind::Node: return dispatch(*l.nodes[0]);
             case Kind::MatmulSwiglu: return cuda::op_matmul_swiglu(*l.nodes[0], ctx_);
             case Kind::MatmulMulti: return cuda::op_matmul_multi(l.nodes, l.count, ctx_);
+            case Kind::AddNormMatmul: return cuda::op_add_norm_matmul(*l.nodes[0], *l.nodes[1], l.nodes + 2, l.count - 2, ctx_);
             case Kind::AddRmsNorm: return cuda::op_add_rms_norm(*l.nodes[0], *l.nodes[1], ctx_);
             case Kind::RmsNormRope: return cuda::op_rms_norm_rope(*l.nodes[0], *l.nodes[1], ctx_);
             case Kind::RmsNormRopePair: return cuda::op_rms_norm_rope_pair(*l.nodes[0], *l.nodes[1], *l.nodes[2], *l.nodes[3], ctx_);

@@ -1,5 +1,7 @@
 #include "backends/cuda/fusion.h"
 
+#include <algorithm>
+
 namespace spark::cuda {
 
 FusionPass::FusionPass(const Graph & graph, const OpContext & ctx)
@@ -44,6 +46,23 @@ bool FusionPass::next(FusedLaunch & l) {
                 ++i_;
                 return true;
             }
+        }
+        // Residual add, the next layer's norm of that sum and the matmuls of that norm: one GEMV
+        // whose blocks compute the norm themselves.
+        const Tensor * after[FusedLaunch::kMaxMatmuls];
+        if (const int m = add_norm_matmul_at(i_, after)) {
+            static const char * const kLabels[] = {"", "ADD+RMS_NORM+MATMUL", "ADD+RMS_NORM+MATMUL x2", "ADD+RMS_NORM+MATMUL x3",
+                                                   "ADD+RMS_NORM+MATMUL x4"};
+            l.kind     = FusedLaunch::Kind::AddNormMatmul;
+            l.count    = 2 + m;
+            l.nodes[1] = nodes_[i_ + 1];
+            l.label    = kLabels[m];
+            for (int j = 0; j < m; ++j) {
+                l.nodes[2 + j]             = after[j];
+                skip_[size_t(after[j]->id)] = true;  // (computed by this launch)
+            }
+            i_ += 2;
+            return true;
         }
         // Residual add followed by the next layer's norm of that sum: one kernel (not a norm of rows
         // split over ranks, whose sums of squares are an input: the fused kernel sums its own rows).
@@ -103,6 +122,41 @@ bool FusionPass::next(FusedLaunch & l) {
         return true;
     }
     return false;
+}
+
+// nodes[i] is an ADD whose sum nodes[i + 1] normalises (RMS_NORM of whole rows, no gate), and the
+// next launching node starts a group of MATMULs of that norm (as MatmulMulti takes them) that are
+// its only readers, and the matmul layer takes the three as one GEMV (add_norm_matmul_supported):
+// those MATMULs in `after`, their count; else 0.
+int FusionPass::add_norm_matmul_at(size_t i, const Tensor ** after) const {
+    if (i + 1 >= nodes_.size()) return 0;
+    const Tensor * add  = nodes_[i];
+    const Tensor * norm = nodes_[i + 1];
+    if (add->op != Op::ADD || norm->op != Op::RMS_NORM || norm->src[0] != add || norm->src[2] || norm->src[3]) return 0;
+    const size_t j = next_launching(i + 2);
+    if (j >= nodes_.size() || nodes_[j]->op != Op::MATMUL || nodes_[j]->src[0] != norm || skip_[size_t(nodes_[j]->id)]) return 0;
+    const int count = matmul_group(j, after);
+    if (uses_[size_t(norm->id)] != count) return 0;
+    return add_norm_matmul_supported(*add, *norm, after, count, ctx_) ? count : 0;
+}
+
+size_t FusionPass::last_position(const FusedLaunch & l) const {
+    int last = -1;
+    for (int j = 0; j < l.count; ++j) last = std::max(last, pos_[size_t(l.nodes[j]->id)]);
+    return size_t(std::max(last, 0));
+}
+
+std::vector<int> launch_last_nodes(const Graph & graph, const OpContext & ctx) {
+    std::vector<int> last(graph.nodes().size(), -1);
+    FusionPass       pass(graph, ctx);
+    std::vector<int> pos(graph.tensors().size(), -1);
+    for (size_t i = 0; i < graph.nodes().size(); ++i) pos[size_t(graph.nodes()[i]->id)] = int(i);
+    for (FusedLaunch l; pass.next(l);) {
+        if (l.kind != FusedLaunch::Kind::AddNormMatmul) continue;
+        const int end = int(pass.last_position(l));
+        for (int j = 0; j < l.count; ++j) last[size_t(pos[size_t(l.nodes[j]->id)])] = end;
+    }
+    return last;
 }
 
 // The first node at or after i that launches something (not a view, not NONE); nodes_.size() if none.

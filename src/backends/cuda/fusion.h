@@ -3,6 +3,8 @@
 // layers (ops.h) run as one kernel:
 //   SWIGLU of two MATMULs (or two MATMUL_IDs) over the same input    op_matmul_swiglu
 //   MATMULs over the same activations with only views between them   op_matmul_multi
+//   ADD, the RMS_NORM of its sum, and the MATMULs that alone read the norm when they are one
+//   tensor-core decode GEMV of one row                                op_add_norm_matmul
 //   ADD directly followed by the RMS_NORM of its sum                 op_add_rms_norm
 //   per-head RMS_NORM read only by the ROPE after it (q, then k)     op_rms_norm_rope(_pair)
 //   ... whose two ROPE outputs only the next ATTENTION reads          op_attention_norm_rope
@@ -21,12 +23,13 @@
 namespace spark::cuda {
 
 struct FusedLaunch {
-    enum class Kind { Node, MatmulSwiglu, MatmulMulti, AddRmsNorm, RmsNormRope, RmsNormRopePair, AttentionNormRope, WholeNormRope };
-    static constexpr int kMaxNodes    = 5;
+    enum class Kind { Node, MatmulSwiglu, MatmulMulti, AddNormMatmul, AddRmsNorm, RmsNormRope, RmsNormRopePair, AttentionNormRope, WholeNormRope };
+    static constexpr int kMaxNodes    = 6;
     static constexpr int kMaxMatmuls  = 4;  // of a MatmulMulti launch
 
     Kind           kind  = Kind::Node;
-    int            count = 1;  // nodes[0 .. count): MatmulMulti the matmuls; RmsNormRopePair norm q, rope q, norm k,
+    int            count = 1;  // nodes[0 .. count): MatmulMulti the matmuls; AddNormMatmul the ADD, the RMS_NORM,
+                               // then the matmuls; RmsNormRopePair norm q, rope q, norm k,
                                // rope k; AttentionNormRope those and the attention; WholeNormRope
                                // norm q, rope q (then norm k, rope k)
     const Tensor * nodes[kMaxNodes] = {};
@@ -41,6 +44,10 @@ public:
     // The step's next launch, in node order; false after the last.
     bool next(FusedLaunch & launch);
 
+    // The position of the last node the launch next() returned last computes (its nodes read their
+    // inputs until that launch ends).
+    size_t last_position(const FusedLaunch & launch) const;
+
     // Early expert ids (ops.h: OpContext::ids_before_wait): whether the launch next() returned last is
     // a MATMUL_ID (or the SWIGLU of two) whose expert ids were computed by a launch before the
     // previous one (the launch before it in the step; a fused launch covers nodes after its first
@@ -49,6 +56,7 @@ public:
 
 private:
     bool fusable_swiglu(const Tensor & sw) const;
+    int  add_norm_matmul_at(size_t i, const Tensor ** after) const;
     bool norm_rope_at(size_t i) const;
     size_t whole_norm_rope_at(size_t i) const;
     size_t next_launching(size_t i) const;
@@ -64,5 +72,12 @@ private:
     const Tensor *                previous_ = nullptr;  // the first node of the launch before the last one
     const Tensor *                last_     = nullptr;  // the first node of the last launch
 };
+
+// For the memory planner (planner.h, launch_last): per node of the graph, the position of the last
+// node of the launch that computes it, where a launch reads its nodes' inputs after an earlier node
+// of it wrote an output (ADD + RMS_NORM + MATMULs: the GEMV's blocks read the addends while others
+// write the sum and the matmuls' rows); -1 elsewhere. The plan then keeps those inputs apart from the
+// launch's outputs. Asked before the graph has memory (only the nodes' structure counts).
+std::vector<int> launch_last_nodes(const Graph & graph, const OpContext & ctx);
 
 }  // namespace spark::cuda

@@ -81,6 +81,21 @@ void op_matmul_swiglu(const Tensor & swiglu, const OpContext & ctx);
 // live when it runs (e.g. at the position of the last of the nodes).
 bool matmul_multi_supported(const Tensor * const * matmuls, int count, const OpContext & ctx);
 void op_matmul_multi(const Tensor * const * matmuls, int count, const OpContext & ctx);
+// The residual ADD, the RMS_NORM of its sum and the MATMULs (1..4) that read that norm in ONE decode
+// GEMV launch (GemvArgs::norm; one row: decode steps): the blocks read the addends, the matmuls take
+// (a + b) * w and each result is scaled by its row's 1 / rms, which every block sums up itself; the
+// sum (the ADD's output) is written, the norm is not (nothing else may read it: the fusion pass
+// takes the norm's readers only, add_norm_matmul_supported refuses a norm that is a graph output).
+// add_norm_matmul_supported() answers from the nodes alone (f32 rows of one shape, one row, no
+// broadcast; one tensor-core GEMV launch as planned for it: blocks of 64 rows or more, one per SM at
+// least, no K split, not the one-wave variant: matmul.h, kGemvNormMinRows): the memory planner
+// asks it before any memory exists (fusion.h). op_add_norm_matmul() also needs the addresses to
+// allow it (aligned rows; no output over an addend or another output) and otherwise runs the
+// nodes' own launches (op_add_rms_norm, then the matmul op): always correct.
+// with_addresses: the dispatch's answer (the tensors have their memory).
+bool add_norm_matmul_supported(const Tensor & add, const Tensor & norm, const Tensor * const * mms, int count, const OpContext & ctx,
+                               bool with_addresses = false);
+void op_add_norm_matmul(const Tensor & add, const Tensor & norm, const Tensor * const * mms, int count, const OpContext & ctx);
 // Host-side upload and device repack of one weight (INT4 transpose, act-order sort, ...). Device
 // buffers are allocated with `alloc` (owned by the caller). Synchronises the stream.
 DeviceWeight upload_weight(const QWeight & host, void * (*alloc)(void * owner, size_t bytes), void * owner, cudaStream_t stream);

@@ -134,6 +134,11 @@ __device__ __forceinline__ uint64_t l2_evict_first_policy() {
     return policy;
 }
 
+// Asks L2 for the line holding ptr (no register, no wait): data a kernel reads after its PDL wait
+// but may request before it (a norm's weight):
+//   prefetch.global.L2 [ptr]
+__device__ __forceinline__ void prefetch_l2(const void * ptr) { SPARK_PTX_SM80(asm volatile("prefetch.global.L2 [%0];" ::"l"(ptr))); }
+
 // 16 bytes read exactly once, under `policy`, with no L1 allocation; ptr 16-byte aligned:
 //   ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32
 __device__ __forceinline__ uint4 ld_stream_v4(const void * ptr, uint64_t policy) {

@@ -32,28 +32,6 @@ __device__ __forceinline__ float4 ld4(const float * p) { return *reinterpret_cas
 __device__ __forceinline__ float  gated(float g, float v) { return g / (1.0f + expf(-g)) * v; }
 __device__ __forceinline__ void   st4(float * p, float4 v) { *reinterpret_cast<float4 *>(p) = v; }
 
-// Sum of squares over the G threads of a row. G == 32: a warp butterfly. G > 32 (blockDim.x == G,
-// one row per block): warp butterflies, one barrier, then every warp folds the per-warp partials
-// itself (no second barrier); `scratch` holds G / 32 floats, written once per kernel.
-template <int G> __device__ __forceinline__ float row_sum(float v, float * scratch) {
-    v = warp_sum(v);
-    if constexpr (G > 32) {
-        constexpr int W    = G / 32;
-        const int     lane = threadIdx.x & 31;
-        if (lane == 0) scratch[threadIdx.x >> 5] = v;
-        __syncthreads();
-        if constexpr (W <= 8) {
-            // W partials, summed in warp order by every thread (broadcast reads).
-            v = 0.0f;
-#pragma unroll
-            for (int i = 0; i < W; ++i) v += scratch[i];
-        } else {
-            v = warp_sum(lane < W ? scratch[lane] : 0.0f);
-        }
-    }
-    return v;
-}
-
 // Register-resident row (float4 only): NIT float4 per thread, n <= NIT * G * 4.
 template <int G, int NIT, bool ADD, bool GATE = false>
 __global__ void __launch_bounds__(G == 32 ? 128 : G) norm_reg_kernel(const NormArgs args) {

@@ -215,6 +215,91 @@ struct MmaNvfp4 {
 // k = 128 b + 32 q + 8 i + (0..7), scaled by s_{r,b} and split into that part. Then the floats
 // 1 / s_{r,b} at [b][col] (row stride gemv_mma_col_stride(R)), after the fragments.
 
+// What the split reads: activation rows x, or (GemvArgs::norm) rows x + b times the norm's weight,
+// whose sums of squares it adds up on the way (the norm's 1 / rms is a factor of each row's
+// results: the epilogue applies it, so no block waits for a whole-row reduction before its
+// matmul). sum: where the rows x + b go (the blocks of row tile 0 write their K ranges), or nullptr.
+template <int R, bool NORM>
+struct GemvMmaSrc {
+    const float * x[R];
+    const float * b[R]   = {};  // NORM: the second addend
+    float *       sum[R] = {};
+    const float * w      = nullptr;
+    bool          zc     = false;
+    float         ss[R]  = {};  // this thread's sums of squares of x + b
+
+    // Elements k .. k + 3 of row r (as the split's loads: read-only path).
+    __device__ __forceinline__ float4 load4(int r, size_t k) {
+        const float4 u = __ldg(reinterpret_cast<const float4 *>(x[r] + k));
+        if constexpr (!NORM) return u;
+        const float4 v = __ldg(reinterpret_cast<const float4 *>(b[r] + k));
+        float4       y = make_float4(u.x + v.x, u.y + v.y, u.z + v.z, u.w + v.w);
+        ss[r] += y.x * y.x + y.y * y.y + y.z * y.z + y.w * y.w;
+        if (sum[r] != nullptr) *reinterpret_cast<float4 *>(sum[r] + k) = y;
+        if (w != nullptr) {
+            float4 g = __ldg(reinterpret_cast<const float4 *>(w + k));
+            if (zc) g = make_float4(1.0f + g.x, 1.0f + g.y, 1.0f + g.z, 1.0f + g.w);
+            y = make_float4(y.x * g.x, y.y * g.y, y.z * g.z, y.w * g.w);
+        }
+        return y;
+    }
+    __device__ __forceinline__ void load8(int r, size_t k0, float (&e)[8]) {
+        const float4 u = load4(r, k0), v = load4(r, k0 + 4);
+        e[0] = u.x, e[1] = u.y, e[2] = u.z, e[3] = u.w, e[4] = v.x, e[5] = v.y, e[6] = v.z, e[7] = v.w;
+    }
+};
+
+// The norm's source for the split (after the wait). Rows past a.rows repeat row 0, as the
+// activations do; the blocks of row tile 0 (blockIdx.x == 0, job 0) write the sum of their K range.
+template <int R>
+__device__ __forceinline__ void gemv_norm_source(const GemvArgs & a, GemvMmaSrc<R, true> & src) {
+    const GemvNorm & nm        = a.norm;
+    const bool       write_sum = blockIdx.x == 0 && blockIdx.z == 0;
+    src.w                      = nm.w;
+    src.zc                     = nm.zero_centered != 0;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int64_t row = r < a.rows ? r : 0;
+        src.x[r]          = nm.a + row * nm.lda;
+        src.b[r]          = nm.b + row * nm.ldb;
+        src.sum[r]        = write_sum && r < a.rows ? nm.sum + row * nm.ld_sum : nullptr;
+    }
+}
+
+// After the split: the squares of the row elements outside this block's K range [k0, k1) (a K split
+// across blocks), then each row's block total as per-warp partials in scratch[r][warp] (read after
+// the barrier that follows the split: gemv_norm_inv).
+template <int R>
+__device__ __forceinline__ void gemv_norm_partials(const GemvArgs & a, GemvMmaSrc<R, true> & src, int64_t k0, int64_t k1, float (*scratch)[kGemvThreads / 32]) {
+    const int64_t K = a.k;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        for (int64_t i = int64_t(threadIdx.x) * 4; i < K; i += int64_t(kGemvThreads) * 4) {
+            if (i >= k0 && i < k1) continue;
+            const float4 u = __ldg(reinterpret_cast<const float4 *>(src.x[r] + i)), v = __ldg(reinterpret_cast<const float4 *>(src.b[r] + i));
+            const float4 y = make_float4(u.x + v.x, u.y + v.y, u.z + v.z, u.w + v.w);
+            src.ss[r] += y.x * y.x + y.y * y.y + y.z * y.z + y.w * y.w;
+        }
+        const float t = warp_sum(src.ss[r]);
+        if ((threadIdx.x & 31) == 0) scratch[r][threadIdx.x >> 5] = t;
+    }
+}
+
+// The per-warp partials of the rows' sums of squares (shared memory of the NORM instantiations only).
+template <int R>
+__device__ __forceinline__ float (*gemv_norm_scratch())[kGemvThreads / 32] {
+    __shared__ float partials[R][kGemvThreads / 32];
+    return partials;
+}
+
+// Row r's 1 / rms (the mean of the squares and 1 / sqrt as the row norm kernel takes them).
+__device__ __forceinline__ float gemv_norm_inv(const GemvArgs & a, const float * partials) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kGemvThreads / 32; ++w) ss += partials[w];
+    return 1.0f / sqrtf(ss / float(a.k) + a.norm.eps);
+}
+
 // Power-of-two scale from the max |x| bits: max * s in [2^14, 2^15); s and 1 / s normal. Returns the
 // exponent (s = 2^p); an all-zero block: 0.
 __device__ __forceinline__ int gemv_mma_scale_exp(uint32_t m) {
@@ -226,8 +311,8 @@ __device__ __forceinline__ int gemv_mma_scale_exp(uint32_t m) {
 // The block's K range [cb, cb + nblk) of the R rows, written as nblk_pad >= nblk blocks (zeros past
 // nblk): half a warp per 128-K block (thread wi: block wi / 16, chunk wi % 4, word wi / 4 % 4), one
 // pass (the block's max over its 16 lanes by shuffles).
-template <int R>
-__device__ __forceinline__ void gemv_mma_split(const float * const (&xr)[R], uint32_t cb, uint32_t nblk, uint32_t nblk_pad, uint32_t KC,
+template <int R, bool NORM>
+__device__ __forceinline__ void gemv_mma_split(GemvMmaSrc<R, NORM> & src, uint32_t cb, uint32_t nblk, uint32_t nblk_pad, uint32_t KC,
                                                uint4 * smem) {
     constexpr int  P     = gemv_mma_parts(R);
     float *        inv_s = reinterpret_cast<float *>(smem + size_t(nblk_pad) * 16 * P);
@@ -239,11 +324,7 @@ __device__ __forceinline__ void gemv_mma_split(const float * const (&xr)[R], uin
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             float e[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            if (in) {
-                const float4 * p = reinterpret_cast<const float4 *>(xr[r] + k0);
-                const float4   u = __ldg(p), v = __ldg(p + 1);
-                e[0] = u.x, e[1] = u.y, e[2] = u.z, e[3] = u.w, e[4] = v.x, e[5] = v.y, e[6] = v.z, e[7] = v.w;
-            }
+            if (in) src.load8(r, k0, e);
             // Max |x| bits; inf / NaN count as the largest finite value (the result is non-finite
             // anyway; the finite elements of the block then lose their low bits, harmlessly).
             uint32_t m = 0;
@@ -280,9 +361,13 @@ __device__ __forceinline__ void gemv_mma_split(const float * const (&xr)[R], uin
 
 // ---- the kernel -------------------------------------------------------------------------------------
 
-template <class F, int R, bool GLU, bool WAVE = false>
+// NORM: the residual add + RMS_NORM before the matmul (GemvArgs::norm; one row of one plain weight or
+// a multi-weight launch, never the one-wave variant: its own instantiation, so that the others
+// compile as they would without it).
+template <class F, int R, bool GLU, bool WAVE = false, bool NORM = false>
 __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) gemv_mma_kernel(const GemvArgs a) {
     static_assert(!WAVE || R == 1, "the one-wave variant is for one activation row");
+    static_assert(!NORM || (R == 1 && !GLU && !WAVE), "the norm prologue is for one row of plain weights");
     constexpr int NW     = GLU ? 2 : 1;
     constexpr int U      = gemv_mma_tiles(NW);  // row tiles per weight
     constexpr int T      = U * NW;              // tiles per step (index t = i * U + u)
@@ -453,8 +538,16 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
 #pragma unroll
     for (int s = 0; s < D; ++s) issue(s, s);
     pdl::launch_dependents();  // the next kernel may launch and request its own weights
+    if constexpr (NORM)  // the norm's weight is no output of an earlier kernel: to L2 before the wait
+        if (a.norm.w != nullptr)
+            for (int64_t i = int64_t(threadIdx.x) * 32; i < a.k; i += int64_t(kGemvThreads) * 32) ptx::prefetch_l2(a.norm.w + i);
     if (a.table[0] == nullptr || a.ids_early) pdl::wait();
-    gemv_mma_split<R>(xr, cb, nblk, nblk + (nblk & uint32_t(kp)), KC, gemv_mma_smem_buf);
+    GemvMmaSrc<R, NORM> src;
+#pragma unroll
+    for (int r = 0; r < R; ++r) src.x[r] = xr[r];
+    if constexpr (NORM) gemv_norm_source<R>(a, src);
+    gemv_mma_split<R>(src, cb, nblk, nblk + (nblk & uint32_t(kp)), KC, gemv_mma_smem_buf);
+    if constexpr (NORM) gemv_norm_partials<R>(a, src, int64_t(cb) * kMmaK, int64_t(cb + nblk) * kMmaK, gemv_norm_scratch<R>());
     __syncthreads();
     for (int j0 = 0; j0 < J; j0 += D) {
 #pragma unroll
@@ -505,6 +598,11 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
             }
             v[i] = (hi + lo) * ffac[i];
         }
+        if constexpr (NORM) {  // (the norm's factor of the row: every result of it, before the K split's sum)
+            const float inv = gemv_norm_inv(a, gemv_norm_scratch<R>()[r]);
+#pragma unroll
+            for (int i = 0; i < NW; ++i) v[i] *= inv;
+        }
         const int64_t row = out_row0 + r;
         if (a.partial == nullptr) {
             if constexpr (GLU)
@@ -521,9 +619,9 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
 }
 
 #ifdef __CUDACC__
-template <class F, int R, bool GLU, bool WAVE = false>
+template <class F, int R, bool GLU, bool WAVE = false, bool NORM = false>
 void gemv_mma_launch_one(const GemvArgs & a, dim3 grid, int smem, cudaStream_t s) {
-    auto             kernel = gemv_mma_kernel<F, R, GLU, WAVE>;
+    auto             kernel = gemv_mma_kernel<F, R, GLU, WAVE, NORM>;
     static SmemLimit limit;  // (plan_gemv stays under the device's opt-in maximum)
     raise_smem_limit(reinterpret_cast<const void *>(kernel), smem, limit);
     launch_kernel(kernel, grid, dim3(kGemvThreads), size_t(smem), s, a.pdl != 0, a);
@@ -531,6 +629,10 @@ void gemv_mma_launch_one(const GemvArgs & a, dim3 grid, int smem, cudaStream_t s
 
 template <class F>
 void gemv_mma_launch(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, int smem, cudaStream_t s) {
+    if (a.norm.a != nullptr) {  // (op_add_norm_matmul plans only this form)
+        if (r_tmpl != 1 || glu || a.mma_wave) fail(SPARK_ERR_INTERNAL, "gemv: the norm prologue takes one row of plain weights");
+        return gemv_mma_launch_one<F, 1, false, false, true>(a, grid, smem, s);
+    }
     if (a.mma_wave && r_tmpl == 1)
         return glu ? gemv_mma_launch_one<F, 1, true, true>(a, grid, smem, s) : gemv_mma_launch_one<F, 1, false, true>(a, grid, smem, s);
 #define SPARK_GEMV_MMA_CASE(R)                              \

@@ -35,6 +35,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
 namespace spark::cuda {
 
@@ -137,6 +139,7 @@ void run_gemv(const Dense & d, const LaunchPlan & lp, Scratch & scratch, const O
         a.rows = a.out_rows = rb;
         a.int4_zeros       = int4_zeros(*d.w[0]) || (d.nw == 2 && int4_zeros(*d.w[1]));
         a.pdl              = pdl_enabled();
+        a.norm             = d.norm;  // (rows <= 8: one batch)
         a.y                = d.y + b0 * N;
         gemv_split(a, p, s, ctx);
         gemv_launch_fmt(w.format, p, d.nw == 2, a, ctx.stream);
@@ -488,7 +491,8 @@ void launch_multi_gemv(const Tensor * const * mms, const Multi & mu, const Launc
     a.k = K;
     a.rows = a.out_rows = int32_t(mu.rows);
     for (int i = 0; i < mu.count; ++i) a.int4_zeros = a.int4_zeros || int4_zeros(*mu.w[i]);
-    a.pdl = pdl_enabled();
+    a.pdl  = pdl_enabled();
+    a.norm = mu.norm;
     gemv_split(a, p, s, ctx);
     if (unsigned(tile) != p.grid.x) fail(SPARK_ERR_INTERNAL, "matmul_multi: %d row tiles, grid of %u", tile, p.grid.x);
     gemv_launch_fmt(a.w[0].format, p, false, a, ctx.stream);
@@ -521,6 +525,134 @@ void op_matmul_multi(const Tensor * const * matmuls, int count, const OpContext 
         return;
     }
     mm::exec_multi(matmuls, count, ctx);
+}
+
+// ---- ADD + RMS_NORM + the matmuls over the norm: one GEMV launch -----------------------------------
+namespace mm {
+namespace {
+
+// The op's plan is one tensor-core GEMV launch over the row as it is (no staged copy, no
+// conversion, no second launch): what the norm prologue rides on, planned with
+// Dense/Multi::norm_prologue (blocks of kGemvNormMinRows rows or more, no K split, not the one-wave
+// variant: every block reads the two addends and the norm's weight, so fewer, taller blocks; where
+// no such plan exists, the separate launches measured faster: matmul.h).
+bool one_mma_launch(const LaunchPlan & lp, int64_t rows) {
+    if (lp.path != Path::Gemv || rows > kGemvMaxRows || lp.scratch.x_f32 != 0) return false;
+    const GemvPlan & p = lp.gemv_for(int(rows));
+    return p.mma && !p.mma_wave;
+}
+
+bool aligned16(const void * p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// SPARK_NORM_MATMUL=0: the ADD + RMS_NORM keeps its own launch before the matmuls (A/B runs).
+bool add_norm_fusion_enabled() {
+    static const bool on = [] {
+        const char * e = std::getenv("SPARK_NORM_MATMUL");
+        return !(e && std::string(e) == "0");
+    }();
+    return on;
+}
+
+// The reason ADD + RMS_NORM + `mms` cannot be one GEMV launch with the norm prologue, or nullptr.
+// mms: 1..4 MATMULs over the norm, or one SWIGLU of two. bound: the tensors have their memory (the
+// dispatch), which adds the checks of addresses (alignment, outputs over inputs or each other);
+// without it (the memory planner's question, fusion.h) only the nodes' structure counts. `d` / `mu`:
+// the problem to run (Dense for one MATMUL or the SWIGLU, Multi for several).
+const char * add_norm_refusal(const Tensor & add, const Tensor & norm, const Tensor * const * mms, int count, const OpContext & ctx, bool bound,
+                              Dense & d, Multi & mu) {
+    if (!add_norm_fusion_enabled()) return "SPARK_NORM_MATMUL=0";
+    if (add.op != Op::ADD || norm.op != Op::RMS_NORM || norm.src[0] != &add || norm.src[2] || norm.src[3]) return "nodes";
+    if (norm.flags & TENSOR_OUTPUT) return "the norm is an output (the fused launch never writes it)";
+    if (count < 1 || count > kGemvMaxMats || !ctx.props) return "count";
+    const Tensor & a = *add.src[0];
+    const Tensor & b = *add.src[1];
+    const int64_t  K = add.ne[0];
+    // One decode row (the kernel's NORM instantiation; verify steps of several rows keep the separate launches).
+    for (const Tensor * t : {&a, &b, &add, &norm})
+        if (!f32_rows(*t) || t->ne[0] != K || t->nrows() != 1) return "one row";
+    const Tensor * nw = norm.src[1];
+    if (nw && (!f32_rows(*nw) || nw->ne[0] != K || nw->nrows() != 1)) return "norm weight";
+    XRows x = dense_rows(norm);
+    if (!bound) x.base = nullptr;  // (alignment only: the plan does not depend on where the memory goes)
+    for (int i = 0; i < count; ++i) {
+        const Tensor * t = mms[i];
+        if (!t || t->op != Op::MATMUL || t->src[0] != &norm || !t->weight) return "not a MATMUL of the norm";
+        const DeviceWeight & w = device_weight(*t->weight);
+        if (w.k != K || w.format != device_weight(*mms[0]->weight).format || w.perm) return "weights";
+        if (t->type != DType::F32 || !t->is_contiguous() || t->ne[0] != w.n || t->nrows() != 1) return "output";
+    }
+    if (count == 1) {
+        d.w[0]   = &device_weight(*mms[0]->weight);
+        d.x      = x;
+        d.rows   = 1;
+        d.prompt = ctx.prompt_step;
+        d.norm_prologue = true;
+        const OpPlan plan = plan_dense(d, *ctx.props);
+        if (plan.unfused || plan.x_copy || plan.ids_copy || !one_mma_launch(plan.launch[0], 1))
+            return "not one tensor-core GEMV of blocks of 64 rows or more";
+    } else {
+        for (int i = 0; i < count; ++i) {
+            mu.w[i] = &device_weight(*mms[i]->weight);
+            if (!chunk_ok(*mu.w[i]) || w4a4_takes(*mu.w[i], 1, ctx.prompt_step, *ctx.props)) return "layout";
+        }
+        mu.count = count;
+        mu.x     = x;
+        mu.rows  = 1;
+        mu.norm_prologue = true;
+        if (!one_mma_launch(plan_multi(mu, *ctx.props), 1)) return "not one tensor-core GEMV of blocks of 64 rows or more";
+    }
+    if (!bound) return nullptr;
+    // Every block reads a and b; the blocks of row tile 0 write the sum, every block its outputs' rows.
+    for (const Tensor * t : {&a, &b, &add})
+        if (!aligned16(t->data) || t->nb[1] % 16 != 0) return "alignment";
+    if (nw && !aligned16(nw->data)) return "alignment";
+    const Tensor * outs[1 + kGemvMaxMats] = {&add};
+    int            n_out                  = 1;
+    for (int i = 0; i < count; ++i) outs[n_out++] = mms[i];
+    for (int i = 0; i < n_out; ++i) {
+        if (overlaps(*outs[i], a) || overlaps(*outs[i], b)) return "an output overlaps the addends";
+        for (int j = 0; j < i; ++j)
+            if (overlaps(*outs[i], *outs[j])) return "outputs overlap";
+    }
+    GemvNorm & g = count == 1 ? d.norm : mu.norm;
+    g.a             = static_cast<const float *>(a.data);
+    g.b             = static_cast<const float *>(b.data);
+    g.sum           = static_cast<float *>(add.data);
+    g.w             = nw ? static_cast<const float *>(nw->data) : nullptr;
+    g.lda           = int64_t(a.nb[1] / 4);
+    g.ldb           = int64_t(b.nb[1] / 4);
+    g.ld_sum        = int64_t(add.nb[1] / 4);
+    g.eps           = norm.fp[0];
+    g.zero_centered = norm.ip[0] != 0;
+    return nullptr;
+}
+
+}  // namespace
+}  // namespace mm
+
+bool add_norm_matmul_supported(const Tensor & add, const Tensor & norm, const Tensor * const * mms, int count, const OpContext & ctx,
+                               bool with_addresses) {
+    mm::Dense d;
+    mm::Multi mu;
+    return mm::add_norm_refusal(add, norm, mms, count, ctx, with_addresses, d, mu) == nullptr;
+}
+
+void op_add_norm_matmul(const Tensor & add, const Tensor & norm, const Tensor * const * mms, int count, const OpContext & ctx) {
+    mm::Dense d;
+    mm::Multi mu;
+    if (mm::add_norm_refusal(add, norm, mms, count, ctx, true, d, mu) != nullptr) {  // the nodes' own launches
+        op_add_rms_norm(add, norm, ctx);
+        if (count == 1) return op_matmul(*mms[0], ctx);
+        return op_matmul_multi(mms, count, ctx);
+    }
+    if (count == 1) {
+        d.y = static_cast<float *>(mms[0]->data);
+        return mm::exec_dense(d, ctx);
+    }
+    const mm::LaunchPlan lp = mm::plan_multi(mu, *ctx.props);
+    mm::Scratch      scratch;
+    if (lp.scratch.bytes() > 0) scratch.base = static_cast<char *>(ctx.workspace->get(lp.scratch.bytes()));
+    mm::launch_multi_gemv(mms, mu, lp, mm::carve(lp.scratch, scratch), ctx);
 }
 
 void op_matmul_id(const Tensor & t, const OpContext & ctx) {

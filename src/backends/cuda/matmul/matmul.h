@@ -65,7 +65,19 @@ struct GemvOpts {
     // microsecond; DeviceProps); 0: an H100's, 3.0e6 and 128 x 1750, where the costs were fitted.
     double          bw_per_us       = 0.0;
     double          issue_per_sm_us = 0.0;
+    // The plan of a GEMV with the residual add + RMS_NORM in its prologue (GemvNorm): the 2-block MMA
+    // kernel, no K split, at least kGemvNormMinRows rows per block and at least one block per SM;
+    // none (an FMA plan, which the fusion refuses) otherwise.
+    bool            norm_prologue = false;
 };
+// Each block of the norm prologue reads the two addends and the norm's weight (12 K bytes) where a
+// plain GEMV block reads one row (4 K): at 64 rows per block (32 K bytes of INT4 weights) the extra
+// is 37% of its weight bytes, at 32 rows 73%. And the taller blocks must still cover the SMs. On
+// the H200 (docs/PERF.md, "The residual add + RMS_NORM inside the GEMV"), tg128: Qwen3-Next, whose
+// in_proj (193 blocks) and q/k/v (144) take 64-row plans, +2.8% (int4) / +2.0% (nvfp4); the q/k/v of
+// Qwen3-8B, 30B-A3B and MiniMax-M2 at 32 rows level to -1.3%, at 64 rows (96, 80 and 128 blocks:
+// idle SMs) -4 to -5.5%: they keep the separate launches.
+constexpr int kGemvNormMinRows = 64;
 // The GEMV launch for `rows` (<= 8) activation rows, `jobs` MATMUL_ID pairs (1 for MATMUL), nw
 // weights (2: fused gate/up): a small cost model over lanes per row (FMA kernel), K-warps and K
 // splits (plan.cpp).
@@ -126,6 +138,22 @@ constexpr int gemv_mma_smem(int r, int64_t cps) {
     return int(b > red ? b : red);
 }
 
+// The residual add and RMS_NORM a decode GEMV computes before its matmul (the fused ADD + RMS_NORM
+// + MATMUL launch, fusion.h): its activation rows are (a + b) * w, and each result is multiplied by
+// its row's 1 / rms(a + b), which every block sums up itself while it splits its activations (the
+// norm's factor is one per row, so it can wait for the epilogue: no block waits for a reduction
+// over the row before its matmul). The blocks of row tile 0 write a + b (the ADD node's output);
+// the norm itself (the RMS_NORM node) is never written. Rows of ld floats; a == nullptr: none.
+struct GemvNorm {
+    const float * a   = nullptr;
+    const float * b   = nullptr;
+    float *       sum = nullptr;
+    const float * w   = nullptr;  // the norm's weight (nullptr: none)
+    int64_t       lda = 0, ldb = 0, ld_sum = 0;
+    float         eps = 0.0f;
+    int32_t       zero_centered = 0;  // the weight is 1 + w
+};
+
 struct GemvArgs {
     // Plain MATMUL: the weight(s) (w[1] = the up projection of a fused gate/up + SwiGLU; w[0 ..
     // n_mats) the weights of a multi-weight launch).
@@ -169,6 +197,8 @@ struct GemvArgs {
     // MMA kernel, fused gate/up at one row: the one-wave variant (plan.mma_wave; selects the
     // instantiation on the host).
     int32_t mma_wave = 0;
+    // The residual add + RMS_NORM before the matmul (MMA kernel, plain MATMUL; x is unused then).
+    GemvNorm norm;
     // Multi-weight launch (n_mats > 1; plain MATMUL, nw = 1, one activation set): weight m = w[m]
     // has mat_n[m] rows, written to mat_y[m] [rows][mat_n[m]], and owns the blocks x in
     // [mat_tile0[m], mat_tile0[m + 1]). n is the sum of mat_n (split-K partials are laid out over the

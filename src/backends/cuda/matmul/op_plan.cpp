@@ -163,7 +163,8 @@ LaunchPlan plan_dense_launch(const Dense & d, bool x_aligned, const DeviceProps 
             break;
         case Path::Gemv: {
             // Row batches of 8 run one after the other on the stream and share the split-K buffers.
-            const GemvOpts o = gemv_opts(d.w, d.nw, dev);
+            GemvOpts o       = gemv_opts(d.w, d.nw, dev);
+            o.norm_prologue  = d.norm_prologue;
             p.batch_rows[0]  = int(std::min<int64_t>(d.rows, kGemvMaxRows));
             p.batch_rows[1]  = d.rows > kGemvMaxRows ? int(d.rows % kGemvMaxRows) : 0;
             for (int b = 0; b < 2; ++b) {
@@ -294,9 +295,10 @@ LaunchPlan plan_multi(const Multi & m, const DeviceProps & dev) {
     int64_t ns[kGemvMaxMats] = {};
     int64_t ntot             = 0;
     for (int i = 0; i < m.count; ++i) ntot += ns[i] = m.w[i]->n;
-    GemvOpts o = gemv_opts(m.w, m.count, dev);
-    o.n_mats   = m.count;
-    o.mat_n    = ns;
+    GemvOpts o      = gemv_opts(m.w, m.count, dev);
+    o.n_mats        = m.count;
+    o.mat_n         = ns;
+    o.norm_prologue = m.norm_prologue;
     p.batch_rows[0] = int(m.rows);
     p.gemv[0]       = plan_gemv(w0.format, ntot, w0.k, 1, int(m.rows), 1, dev.sm_count, o);
     if (!rows_aligned(m.x, m.rows)) p.scratch.x_f32 = size_t(m.rows * w0.k) * 4;

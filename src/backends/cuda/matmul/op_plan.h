@@ -73,6 +73,10 @@ struct Dense {
     bool stage_x = false;
     // A prompt step (OpContext::prompt_step): W4A4 may apply.
     bool prompt = false;
+    // The residual add + RMS_NORM the GEMV computes first (op_add_norm_matmul; norm.a == nullptr: none).
+    // norm_prologue: planned for it (GemvOpts::norm_prologue), also before the addresses exist.
+    GemvNorm norm;
+    bool     norm_prologue = false;
 };
 
 // MATMUL_ID, or its fused gate/up + SwiGLU (nw = 2): every (slot, token) pair's expert.
@@ -105,6 +109,8 @@ struct Multi {
     int                  count = 0;
     XRows                x;
     int64_t              rows = 0;
+    GemvNorm             norm;  // (as Dense::norm, norm_prologue)
+    bool                 norm_prologue = false;
 };
 
 // ---- plans ---------------------------------------------------------------------------------------

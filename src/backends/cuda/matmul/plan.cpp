@@ -24,6 +24,8 @@ Overrides & overrides() {
         const char * wv = std::getenv("SPARK_GEMV_WAVE");  // A/B runs of the one-wave variant
         if (wv && std::string(wv) == "0") d.gemv_wave = 0;
         if (wv && std::string(wv) == "2") d.gemv_wave = 2;  // the fused gate/up only
+        const char * nm = std::getenv("SPARK_NORM_MATMUL");
+        if (nm && std::string(nm) == "2") d.norm_any_grid = 1;
         return d;
     }();
     return o;
@@ -110,8 +112,9 @@ int64_t gemv_mma_smem_blocks(int smem, int smem_optin) {
 // 2 (+0.15 per further 8 B columns), a prologue that splits the block's K range of the activations
 // into shared memory (~12 instructions per element and ~0.3 us of latency, partly behind the first
 // weight loads), and shared memory that may limit the blocks per SM.
+// min_rows > 0 (the norm prologue, GemvOpts): blocks of at least that many rows and no K split only.
 GemvPlan plan_gemv_mma(WeightFormat f, const int64_t * mat_n, int n_mats, int64_t K, int64_t jobs, int rows, int nw, int sm_count,
-                       int smem_optin, double kBw, double kIssueSm) {
+                       int smem_optin, double kBw, double kIssueSm, int min_rows) {
     GemvPlan p;
     p.mma             = true;
     p.lpr             = 0;
@@ -142,6 +145,7 @@ GemvPlan plan_gemv_mma(WeightFormat f, const int64_t * mat_n, int n_mats, int64_
     for (const int wk : {1, 2, 4, 8}) {
         if (overrides().gemv_wk > 0 && wk != overrides().gemv_wk) continue;
         const int64_t rb = int64_t(warps / wk) * (kp ? 1 : U) * 16;  // rows per block
+        if (rb < min_rows) continue;
         int64_t       tiles = 0;
         for (int m = 0; m < n_mats; ++m) tiles += ceil_div(mat_n[m], rb);
         const int64_t per_step = int64_t(wk) << kp;  // K blocks of one step of the block's warps
@@ -151,6 +155,7 @@ GemvPlan plan_gemv_mma(WeightFormat f, const int64_t * mat_n, int n_mats, int64_
             const int64_t cps = ceil_div(ceil_div(KB, ks_try), per_step) * per_step;
             const int64_t ks  = ceil_div(KB, cps);
             if (forced > 0 ? (ks > 1) != (forced > 1 && KB > 1) : ks != ks_try) continue;
+            if (min_rows > 0 && ks > 1) continue;
             const int smem = gemv_mma_smem(R, std::min(cps, KB + kp));  // kp: room for the appended zero block
             const int64_t bps = std::min<int64_t>(gemv_mma_min_blocks(R) == 1 ? 1 : 2, gemv_mma_smem_blocks(smem, smem_optin));
             if (bps < 1) continue;
@@ -233,8 +238,8 @@ GemvPlan plan_gemv(WeightFormat f, int64_t N, int64_t K, int64_t jobs, int rows,
     const double bw    = o.bw_per_us > 0.0 ? o.bw_per_us : kFittedBw;
     const double issue = o.issue_per_sm_us > 0.0 ? o.issue_per_sm_us : 128 * 1750.0;
     const Overrides & ov = overrides();
-    if (o.mma && rows == 1 && n_mats == 1 && ov.gemv_wave && (nw == 2 || ov.gemv_wave == 1) && ov.gemv_wk == 0 && ov.gemv_ksplit == 0 &&
-        ov.gemv_kpair < 0) {
+    if (o.mma && rows == 1 && n_mats == 1 && !o.norm_prologue && ov.gemv_wave && (nw == 2 || ov.gemv_wave == 1) && ov.gemv_wk == 0 &&
+        ov.gemv_ksplit == 0 && ov.gemv_kpair < 0) {
         const GemvPlan w = plan_gemv_mma_wave(N, K, jobs, nw, sm_count, o.smem_optin);
         if (w.grid.x > 0) return w;
     }
@@ -248,8 +253,11 @@ GemvPlan plan_gemv(WeightFormat f, int64_t N, int64_t K, int64_t jobs, int rows,
         // the H200 the H100's plans measured as fast or faster on every shape swept (docs/PERF.md,
         // "The GEMV planner on the H200": MiniMax-M2 experts gate/up 20.0 against 23.3 us).
         const double bw_mma = ov.gemv_bw_cap ? std::min(bw, kFittedBw) : bw;
-        const GemvPlan m = plan_gemv_mma(f, mat_n, n_mats, K, jobs, rows, nw, sm_count, o.smem_optin, bw_mma, issue);
-        if (m.grid.x > 0) return m;  // else: no split fits the shared memory; the FMA kernel
+        const GemvPlan m =
+            plan_gemv_mma(f, mat_n, n_mats, K, jobs, rows, nw, sm_count, o.smem_optin, bw_mma, issue, o.norm_prologue ? kGemvNormMinRows : 0);
+        // The norm prologue's taller blocks must still give every SM one (matmul.h, kGemvNormMinRows).
+        const bool idle_sms = o.norm_prologue && !ov.norm_any_grid && int64_t(m.grid.x) * m.grid.y * m.grid.z < sm_count;
+        if (m.grid.x > 0 && !idle_sms) return m;  // else: no split fits the shared memory (or that); the FMA kernel
     }
     GemvPlan p;
     p.r_tmpl          = rows <= 1 ? 1 : rows <= 2 ? 2 : rows == 3 ? 3 : rows <= 4 ? 4 : 8;  // 3: verify steps of 2 drafts

@@ -31,6 +31,10 @@ struct Overrides {
     // weights the rule takes, 2 the fused gate/up only, 0 never (SPARK_GEMV_WAVE=0 / 2: A/B runs). The
     // lab's plan restrictions (wk, ksplit, kpair) turn it off.
     int       gemv_wave   = 1;
+    // The norm prologue's plans (GemvOpts::norm_prologue) may have fewer blocks than the device has
+    // SMs: 1 for the GPU tests' small shapes, and SPARK_NORM_MATMUL=2 (A/B runs: measured slower on
+    // the shapes it adds, docs/PERF.md).
+    int       norm_any_grid = 0;
 };
 
 Overrides & overrides();

@@ -77,6 +77,7 @@ inline void check_align16(const void * p, const char * what) {
     if ((reinterpret_cast<uintptr_t>(p) & 15u) != 0) emu::die(what);
 }
 inline uint64_t l2_evict_first_policy() { return 0; }
+inline void     prefetch_l2(const void *) {}  // (a hint: nothing to model)
 inline uint4    ld_stream_v4(const void * ptr, uint64_t) {
     check_align16(ptr, "unaligned 16-byte streaming load");
     uint4 v;
