@@ -12,7 +12,11 @@ weight, as SPARK_PROFILE_OPS names them) it prints calls per step, microseconds 
 step (median over the traced steps), the share of the step, the lead (how long before its release
 the first block had arrived at its wait: the prologue that overlapped the kernel before) and the
 spread (first to last block released: blocks that became resident late). --layer N also lists the
-kernels of the N-th repetition of the step's repeating pattern in order (a decoder layer).
+kernels of the N-th repetition of the step's repeating pattern in order (a decoder layer), with, for
+kernels that mark the phases of their work (the tensor-core decode GEMV: step_trace.cuh), the
+blocks' median times after the release at which the activation split, the main loop and the last
+store were done, and the hop: from the kernel's last block done to the next kernel's release (its
+completion, the memory flush and the next wait).
 """
 import argparse
 import csv
@@ -54,9 +58,10 @@ def main():
     if any(len(s) != n for s in steps):
         print(f"warning: steps have {sorted(set(len(s) for s in steps))} kernels; using the first {n}")
     # Per kernel index: median over steps of its share (release to next release).
-    share, lead, spread = [], [], []
+    share, lead, spread, phases, hop = [], [], [], [], []
+    marks = ("split_med_ns", "loop_med_ns", "end_med_ns")
     for i in range(n):
-        sh, ld, sp = [], [], []
+        sh, ld, sp, ph, hp = [], [], [], [[] for _ in marks], []
         for s in steps:
             r = s[i]
             rel = int(r["first_release_ns"])
@@ -64,9 +69,16 @@ def main():
             sh.append(nxt - rel)
             ld.append(rel - int(r["first_arrive_ns"]))
             sp.append(int(r["last_release_ns"]) - rel)
+            for m, v in zip(marks, ph):
+                if int(r.get(m) or -1) >= 0:
+                    v.append(int(r[m]))
+            if int(r.get("last_end_ns") or -1) >= 0 and i + 1 < n:
+                hp.append(nxt - int(r["last_end_ns"]))
         share.append(statistics.median(sh))
         lead.append(statistics.median(ld))
         spread.append(statistics.median(sp))
+        phases.append([statistics.median(v) if v else None for v in ph])
+        hop.append(statistics.median(hp) if hp else None)
     rows0 = steps[0]
     step_ns = sum(share)
     print(f"{len(steps)} steps, {n} kernels per step, step {step_ns / 1000:.1f} us "
@@ -105,12 +117,16 @@ def main():
             sys.exit(f"only {(n - start) // period} repetitions of {period} kernels")
         e = b + period
         print(f"\nrepetition {a.layer} of the {period}-kernel pattern from kernel {start} ({sum(share[b:e]) / 1000:.2f} us):")
-        print("| # | op (key) | kernel | blocks | us | lead us | spread us |")
-        print("|---:|---|---|---:|---:|---:|---:|")
+        print("| # | op (key) | kernel | blocks | us | lead us | spread us | split / loop / end us | hop us |")
+        print("|---:|---|---|---:|---:|---:|---:|---:|---:|")
+
+        def us(v):
+            return "-" if v is None else f"{v / 1000:.2f}"
+
         for i in range(b, e):
             r = rows0[i]
             print(f"| {i} | {r['label']} | {short(r['kernel'])} | {r['blocks_seen']} | {share[i] / 1000:.2f} | "
-                  f"{lead[i] / 1000:.2f} | {spread[i] / 1000:.2f} |")
+                  f"{lead[i] / 1000:.2f} | {spread[i] / 1000:.2f} | {' / '.join(us(v) for v in phases[i])} | {us(hop[i])} |")
 
 
 if __name__ == "__main__":

@@ -60,7 +60,8 @@ std::unique_ptr<StepTracer> StepTracer::from_env() {
         log(SPARK_LOG_WARN, "SPARK_STEP_TRACE_OUT: cannot write %s\n", path);
         return nullptr;
     }
-    std::fprintf(out, "step,index,label,kernel,grid,blocks_seen,first_arrive_ns,first_release_ns,last_release_ns\n");
+    std::fprintf(out, "step,index,label,kernel,grid,blocks_seen,first_arrive_ns,first_release_ns,last_release_ns,"
+                      "split_med_ns,loop_med_ns,end_med_ns,last_end_ns\n");
     constexpr uint64_t capacity = 1u << 20;
     void *             p        = nullptr;
     if (cudaMalloc(&p, sizeof(trace::Buffer) + capacity * sizeof(trace::Record)) != cudaSuccess) {
@@ -119,7 +120,8 @@ void StepTracer::end_step(cudaStream_t stream, uint64_t fingerprint, bool replay
     if (count > capacity_) log(SPARK_LOG_WARN, "step trace: %llu records, %llu kept\n", count, (unsigned long long) capacity_);
 
     struct Kernel {
-        uint64_t first_arrive = UINT64_MAX, first_release = UINT64_MAX, last_release = 0, blocks = 0;
+        uint64_t first_arrive = UINT64_MAX, first_release = UINT64_MAX, last_release = 0, blocks = 0, last_end = 0;
+        std::vector<uint64_t> phase[trace::kPhases];  // the blocks' marks (step_trace.cuh)
     };
     std::map<uint64_t, Kernel> by_grid;
     for (const trace::Record & r : rec) {
@@ -127,10 +129,19 @@ void StepTracer::end_step(cudaStream_t stream, uint64_t fingerprint, bool replay
         k.first_arrive  = std::min(k.first_arrive, r.arrive_ns);
         k.first_release = std::min(k.first_release, r.release_ns);
         k.last_release  = std::max(k.last_release, r.release_ns);
+        for (int p = 0; p < trace::kPhases; ++p)
+            if (r.phase_ns[p] != 0) k.phase[p].push_back(r.phase_ns[p]);
+        if (r.phase_ns[trace::kEnd] != 0) k.last_end = std::max(k.last_end, r.phase_ns[trace::kEnd]);
         ++k.blocks;
     }
+    // A phase's median over the blocks that marked it, after the kernel's first release; -1: none.
+    auto median_after = [](std::vector<uint64_t> & v, uint64_t from) -> long long {
+        if (v.empty()) return -1;
+        std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+        return (long long) (v[v.size() / 2] - from);
+    };
     std::vector<Kernel> kernels;
-    for (auto & [grid, k] : by_grid) kernels.push_back(k);
+    for (auto & [grid, k] : by_grid) kernels.push_back(std::move(k));
     std::sort(kernels.begin(), kernels.end(), [](const Kernel & a, const Kernel & b) { return a.first_release < b.first_release; });
     const auto                  it    = lists_.find(fingerprint);
     const std::vector<Launch> * names = it != lists_.end() && it->second.size() == kernels.size() ? &it->second : nullptr;
@@ -139,15 +150,17 @@ void StepTracer::end_step(cudaStream_t stream, uint64_t fingerprint, bool replay
             it != lists_.end() ? it->second.size() : size_t(0));
     const uint64_t t0 = kernels.empty() ? 0 : kernels[0].first_release;
     for (size_t i = 0; i < kernels.size(); ++i) {
-        const Kernel & k = kernels[i];
+        Kernel &       k = kernels[i];
         std::string    label  = names ? (*names)[i].label : "?";
         std::string    kernel = names ? (*names)[i].kernel : "?";
         for (std::string * s : {&label, &kernel})
             for (char & c : *s)
                 if (c == ',' || c == '"') c = ';';
-        std::fprintf(out_, "%d,%zu,%s,%s,%llu,%llu,%lld,%lld,%lld\n", step, i, label.c_str(), kernel.c_str(),
+        std::fprintf(out_, "%d,%zu,%s,%s,%llu,%llu,%lld,%lld,%lld,%lld,%lld,%lld,%lld\n", step, i, label.c_str(), kernel.c_str(),
                      (unsigned long long) (names ? (*names)[i].blocks : 0), (unsigned long long) k.blocks,
-                     (long long) (k.first_arrive - t0), (long long) (k.first_release - t0), (long long) (k.last_release - t0));
+                     (long long) (k.first_arrive - t0), (long long) (k.first_release - t0), (long long) (k.last_release - t0),
+                     median_after(k.phase[trace::kSplit], k.first_release), median_after(k.phase[trace::kLoop], k.first_release),
+                     median_after(k.phase[trace::kEnd], k.first_release), k.last_end ? (long long) (k.last_end - t0) : -1LL);
     }
     std::fflush(out_);
 }

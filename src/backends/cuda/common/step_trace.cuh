@@ -6,18 +6,26 @@
 // inside a replayed CUDA graph, where no host profiler can look (there is no Nsight Systems on the
 // machines spark is measured on). The host half (step_trace.h) gives each translation unit's copy of
 // the buffer pointer its address, collects the records and names the kernels.
+//
+// A kernel may also stamp phases of its work after the wait (mark(): the decode GEMV's activation
+// split, its main loop, its last store), so that a kernel's share splits into its own work after
+// the release and the hop to the next kernel's release (its completion, the memory flush, the next
+// wait). Every path of such a kernel must have called pdl::wait() before its first mark().
 #pragma once
 
 #include <cstdint>
 
 namespace spark::cuda::trace {
 
+enum Phase : int { kSplit = 0, kLoop = 1, kEnd = 2, kPhases = 3 };
+
 struct Record {
-    uint64_t grid;       // %gridid: one value per launched grid
-    uint64_t arrive_ns;  // %globaltimer at the block's wait
-    uint64_t release_ns; // ... when the wait returned
-    uint32_t block;      // linear block index
-    uint32_t sm;         // %smid
+    uint64_t grid;              // %gridid: one value per launched grid
+    uint64_t arrive_ns;         // %globaltimer at the block's wait
+    uint64_t release_ns;        // ... when the wait returned
+    uint64_t phase_ns[kPhases]; // ... at the kernel's marks (0: not marked)
+    uint32_t block;             // linear block index
+    uint32_t sm;                // %smid
 };
 
 struct Buffer {
@@ -48,8 +56,15 @@ __device__ __forceinline__ uint64_t now_ns() {
     return t;
 }
 
+// The block's record (thread 0's, set at its wait; ~0: none), for mark().
+__device__ __forceinline__ unsigned long long & record_slot() {
+    __shared__ unsigned long long slot;
+    return slot;
+}
+
 __device__ __forceinline__ void record_wait(uint64_t arrive_ns) {
     if ((threadIdx.x | threadIdx.y | threadIdx.z) != 0) return;
+    record_slot() = ~0ull;
     Buffer * b = g_buffer;
     if (b == nullptr) return;
     const uint64_t           release_ns = now_ns();
@@ -59,8 +74,22 @@ __device__ __forceinline__ void record_wait(uint64_t arrive_ns) {
     uint32_t sm;
     asm volatile("mov.u64 %0, %%gridid;" : "=l"(grid));
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-    b->rec[i] = {grid, arrive_ns, release_ns, blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z), sm};
+    b->rec[i]     = {grid, arrive_ns, release_ns, {0, 0, 0}, blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z), sm};
+    record_slot() = i;
 }
+
+// Thread 0 stamps phase p of its block (after the block's pdl::wait()).
+__device__ __forceinline__ void mark(Phase p) {
+    if ((threadIdx.x | threadIdx.y | threadIdx.z) != 0) return;
+    const unsigned long long i = record_slot();
+    Buffer *                 b = g_buffer;
+    if (b == nullptr || i >= b->capacity) return;
+    b->rec[i].phase_ns[p] = now_ns();
+}
+#elif defined(__CUDACC__)
+__device__ __forceinline__ void mark(Phase) {}  // (builds without the trace)
+#else
+inline void mark(Phase) {}  // (host code, the CPU warp emulator)
 #endif
 
 }  // namespace spark::cuda::trace

@@ -70,6 +70,7 @@
 // (gemv_splitk_finish), as the FMA kernel.
 #pragma once
 
+#include "backends/cuda/common/step_trace.cuh"
 #include "backends/cuda/matmul/gemv_kernels.cuh"
 
 namespace spark::cuda::mm {
@@ -549,6 +550,7 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
     gemv_mma_split<R>(src, cb, nblk, nblk + (nblk & uint32_t(kp)), KC, gemv_mma_smem_buf);
     if constexpr (NORM) gemv_norm_partials<R>(a, src, int64_t(cb) * kMmaK, int64_t(cb + nblk) * kMmaK, gemv_norm_scratch<R>());
     __syncthreads();
+    trace::mark(trace::kSplit);  // (step trace builds: step_trace.cuh)
     for (int j0 = 0; j0 < J; j0 += D) {
 #pragma unroll
         for (int s = 0; s < D; ++s) {
@@ -578,6 +580,7 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
             }
     }
     __syncthreads();
+    trace::mark(trace::kLoop);  // every warp's main loop done
 
     // One thread per (output row of the block, activation row): K-warps in order, hi + lo.
     const int   rows    = a.table[0] != nullptr ? 1 : a.rows;
@@ -614,8 +617,9 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
             for (int i = 0; i < NW; ++i) a.partial[((int64_t(blockIdx.y) * NW + i) * a.out_rows + row) * a.n + mt.row_off + n] = v[i];
         }
     }
-    if (a.partial == nullptr) return;
+    if (a.partial == nullptr) return trace::mark(trace::kEnd);
     gemv_splitk_finish<GLU>(a, tile_n0, rows_per_block, rows, out_row0, mt);
+    trace::mark(trace::kEnd);
 }
 
 #ifdef __CUDACC__
