@@ -1503,7 +1503,7 @@ TEST_CASE("matmul: op_add_norm_matmul (residual add + RMS_NORM inside the GEMV) 
         for (const QWeight * w : c.host) prepared.push_back(be.prepare_weight(*w, storage)), refw.push_back(dequantized(*w));
         mm::overrides().gemv_wk       = c.wk;
         mm::overrides().gemv_kpair    = 0;
-        mm::overrides().norm_any_grid = 1;
+        mm::overrides().norm_matmul   = 2;
         for (const int64_t rows : c.rows) {
             INFO(c.name << " rows " << rows);
             spark::Graph gr;

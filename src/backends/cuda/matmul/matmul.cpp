@@ -35,8 +35,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <string>
 
 namespace spark::cuda {
 
@@ -544,23 +542,14 @@ bool one_mma_launch(const LaunchPlan & lp, int64_t rows) {
 
 bool aligned16(const void * p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// SPARK_NORM_MATMUL=0: the ADD + RMS_NORM keeps its own launch before the matmuls (A/B runs).
-bool add_norm_fusion_enabled() {
-    static const bool on = [] {
-        const char * e = std::getenv("SPARK_NORM_MATMUL");
-        return !(e && std::string(e) == "0");
-    }();
-    return on;
-}
-
 // The reason ADD + RMS_NORM + `mms` cannot be one GEMV launch with the norm prologue, or nullptr.
-// mms: 1..4 MATMULs over the norm, or one SWIGLU of two. bound: the tensors have their memory (the
+// mms: 1..4 MATMULs over the norm. bound: the tensors have their memory (the
 // dispatch), which adds the checks of addresses (alignment, outputs over inputs or each other);
 // without it (the memory planner's question, fusion.h) only the nodes' structure counts. `d` / `mu`:
-// the problem to run (Dense for one MATMUL or the SWIGLU, Multi for several).
+// the problem to run (Dense for one MATMUL, Multi for several).
 const char * add_norm_refusal(const Tensor & add, const Tensor & norm, const Tensor * const * mms, int count, const OpContext & ctx, bool bound,
                               Dense & d, Multi & mu) {
-    if (!add_norm_fusion_enabled()) return "SPARK_NORM_MATMUL=0";
+    if (overrides().norm_matmul == 0) return "SPARK_NORM_MATMUL=0";
     if (add.op != Op::ADD || norm.op != Op::RMS_NORM || norm.src[0] != &add || norm.src[2] || norm.src[3]) return "nodes";
     if (norm.flags & TENSOR_OUTPUT) return "the norm is an output (the fused launch never writes it)";
     if (count < 1 || count > kGemvMaxMats || !ctx.props) return "count";

@@ -24,8 +24,8 @@ Overrides & overrides() {
         const char * wv = std::getenv("SPARK_GEMV_WAVE");  // A/B runs of the one-wave variant
         if (wv && std::string(wv) == "0") d.gemv_wave = 0;
         if (wv && std::string(wv) == "2") d.gemv_wave = 2;  // the fused gate/up only
-        const char * nm = std::getenv("SPARK_NORM_MATMUL");
-        if (nm && std::string(nm) == "2") d.norm_any_grid = 1;
+        const char * nm = std::getenv("SPARK_NORM_MATMUL");  // A/B runs of the norm prologue
+        if (nm && (std::string(nm) == "0" || std::string(nm) == "2")) d.norm_matmul = nm[0] - '0';
         return d;
     }();
     return o;
@@ -256,7 +256,7 @@ GemvPlan plan_gemv(WeightFormat f, int64_t N, int64_t K, int64_t jobs, int rows,
         const GemvPlan m =
             plan_gemv_mma(f, mat_n, n_mats, K, jobs, rows, nw, sm_count, o.smem_optin, bw_mma, issue, o.norm_prologue ? kGemvNormMinRows : 0);
         // The norm prologue's taller blocks must still give every SM one (matmul.h, kGemvNormMinRows).
-        const bool idle_sms = o.norm_prologue && !ov.norm_any_grid && int64_t(m.grid.x) * m.grid.y * m.grid.z < sm_count;
+        const bool idle_sms = o.norm_prologue && ov.norm_matmul != 2 && int64_t(m.grid.x) * m.grid.y * m.grid.z < sm_count;
         if (m.grid.x > 0 && !idle_sms) return m;  // else: no split fits the shared memory (or that); the FMA kernel
     }
     GemvPlan p;

@@ -31,10 +31,11 @@ struct Overrides {
     // weights the rule takes, 2 the fused gate/up only, 0 never (SPARK_GEMV_WAVE=0 / 2: A/B runs). The
     // lab's plan restrictions (wk, ksplit, kpair) turn it off.
     int       gemv_wave   = 1;
-    // The norm prologue's plans (GemvOpts::norm_prologue) may have fewer blocks than the device has
-    // SMs: 1 for the GPU tests' small shapes, and SPARK_NORM_MATMUL=2 (A/B runs: measured slower on
-    // the shapes it adds, docs/PERF.md).
-    int       norm_any_grid = 0;
+    // The residual ADD + RMS_NORM inside the decode GEMV (op_add_norm_matmul), as SPARK_NORM_MATMUL:
+    // 1 (default) where the planner's rule takes it (matmul.h, kGemvNormMinRows), 0 never (the
+    // separate launches), 2 also on grids of fewer blocks than the device has SMs (A/B runs: measured
+    // slower on the shapes it adds, docs/PERF.md; the GPU tests' small shapes).
+    int       norm_matmul = 1;
 };
 
 Overrides & overrides();
