@@ -1496,7 +1496,7 @@ TEST_CASE("matmul: op_add_norm_matmul (residual add + RMS_NORM inside the GEMV) 
     cases.push_back({"int4 prefill rows (refused)", {&host.int4(256, k, 128, true, false, 120), &host.int4(64, k, 128, true, false, 121)},
                      true, false, false, {12}});
     cases.push_back({"int4 q/k/v in blocks of 32 rows (refused)", qkv, true, false, false, {1}, 8});
-    const mm::Overrides saved = mm::overrides();
+    const ForceGuard restore(mm::ForcePath::Auto);  // (the overrides set below end with the case)
     for (const Case & c : cases) {
         std::vector<QWeight>            prepared;
         std::vector<std::vector<float>> refw;
@@ -1558,7 +1558,6 @@ TEST_CASE("matmul: op_add_norm_matmul (residual add + RMS_NORM inside the GEMV) 
             for (size_t i = 0; i < ys.size(); ++i) CHECK(nmse_of(fused[1 + i], reference(hn, rows, refw[i], ys[i]->ne[0], k)) <= tol);
         }
     }
-    mm::overrides()    = saved;
     tc.ctx.prompt_step = false;
 }
 
