@@ -2,7 +2,7 @@
 // attention + SSM, the decode GEMV): no GPU needed, part of the CPU test suite (ctest label emu).
 //
 // Every CUDA thread of a block is a fiber (ucontext) on one OS thread; fibers switch only at
-// __syncthreads, at warp collectives (shuffles, redux, ldmatrix, mma) and at exit. The scheduler
+// __syncthreads, at warp collectives (shuffles, redux, __syncwarp, ldmatrix, mma) and at exit. The scheduler
 // picks a random runnable fiber, so code between barriers runs in random warp orders. Warp
 // collectives need all 32 lanes and block barriers all live threads: a divergent collective or
 // barrier deadlocks, which the scheduler reports. The shadow of the PTX wrappers
@@ -301,6 +301,11 @@ inline void launch(dim3 grid, dim3 block, const std::function<void()> & kernel, 
 
 // ---- CUDA built-ins used by the kernels
 inline void __syncthreads() { emu::arrive(emu::S().block_bar); }
+// __syncwarp with the full mask: all 32 lanes meet (a warp collective, as the hardware's barrier).
+inline void __syncwarp(unsigned mask = 0xFFFFFFFFu) {
+    if (mask != 0xFFFFFFFFu) emu::die("__syncwarp with a partial mask is not modelled");
+    emu::warp_sync();
+}
 inline void __threadfence() {}
 template <class T> inline T atomicAdd(T * p, T v) {
     const T old = *p;

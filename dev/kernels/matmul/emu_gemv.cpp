@@ -4,7 +4,8 @@
 // run one after another) against a
 // double-precision reference over the bit-exact decoders of quant/formats.h. No GPU needed: checks
 // the work mapping (lanes per row, K-warps, K splits with the last-block reduction; MMA: both tile
-// modes, odd block ranges), the register ring, the decoders (INT4 sym / asym, f16 / bf16 scales,
+// modes, odd block ranges; the block-wide activation split and, INT4 at one row on the 2-block
+// kernel, each warp's own split inside its loop with its __syncwarp), the register ring, the decoders (INT4 sym / asym, f16 / bf16 scales,
 // group sizes that are and are not powers of two, one group; NVFP4; FP8 with 2-D blocks; F32 / F16 /
 // BF16), 1..8 activation rows (MMA: 1 to 3 MMAs per fragment; activations over 80 binades), fused
 // gate/up + SwiGLU, MATMUL_ID pairs with strided and invalid expert ids and absent experts (expert

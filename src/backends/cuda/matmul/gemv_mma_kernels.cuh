@@ -58,7 +58,9 @@
 // splits and stores), with 1 / s per block and column after them; the main loop reads B with
 // conflict-free LDS.128 (lane (g, q): column g, chunk q). The weight loads of the first steps are
 // issued before (and before waiting for the previous kernel under PDL), so the conversion overlaps
-// their latency.
+// their latency. INT4 at one row on the 2-step ring instead: each warp converts only its own steps'
+// blocks, one step at a time inside the main loop (GemvMmaWarpSplit), so that no MMA waits for the
+// whole block's split.
 //
 // Pipeline: a register ring of D steps (T tiles x 2 x 16 bytes of weights + scales per lane per
 // step), as the FMA kernel. WAVE (one activation row, GemvPlan::mma_wave): D = 1 and 3
@@ -309,6 +311,16 @@ __device__ __forceinline__ int gemv_mma_scale_exp(uint32_t m) {
     return min(14 - e, 126);
 }
 
+// a0, a1 (already scaled) -> hi = f16x2(a0, a1) and lo = f16x2 of the remainders (exact in f32).
+// Non-finite: everything in hi (x - hi would be NaN for an infinity).
+__device__ __forceinline__ void gemv_mma_split_pair(float a0, float a1, uint32_t & hi, uint32_t & lo) {
+    hi              = ptx::pack_f16x2(a0, a1);
+    const float2 h  = ptx::unpack_f16x2(hi);
+    const float  r0 = (__float_as_uint(a0) & 0x7FFFFFFFu) < 0x7F800000u ? a0 - h.x : 0.0f;
+    const float  r1 = (__float_as_uint(a1) & 0x7FFFFFFFu) < 0x7F800000u ? a1 - h.y : 0.0f;
+    lo              = ptx::pack_f16x2(r0, r1);
+}
+
 // The block's K range [cb, cb + nblk) of the R rows, written as nblk_pad >= nblk blocks (zeros past
 // nblk): half a warp per 128-K block (thread wi: block wi / 16, chunk wi % 4, word wi / 4 % 4), one
 // pass (the block's max over its 16 lanes by shuffles).
@@ -339,15 +351,7 @@ __device__ __forceinline__ void gemv_mma_split(GemvMmaSrc<R, NORM> & src, uint32
             static_assert(kGemvMmaSplit == 2, "the split below makes hi and lo");
             uint32_t hi[4], lo[4];
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const float  a0 = e[j] * sc, a1 = e[j + 4] * sc;
-                hi[j]           = ptx::pack_f16x2(a0, a1);
-                const float2 h  = ptx::unpack_f16x2(hi[j]);
-                // Non-finite: everything in hi (x - hi would be NaN for an infinity).
-                const float r0 = (__float_as_uint(a0) & 0x7FFFFFFFu) < 0x7F800000u ? a0 - h.x : 0.0f;
-                const float r1 = (__float_as_uint(a1) & 0x7FFFFFFFu) < 0x7F800000u ? a1 - h.y : 0.0f;
-                lo[j]           = ptx::pack_f16x2(r0, r1);
-            }
+            for (int j = 0; j < 4; ++j) gemv_mma_split_pair(e[j] * sc, e[j + 4] * sc, hi[j], lo[j]);
             uint4 * dst = smem + ((size_t(b) * 4 + i) * P + 2 * r) * 4 + q;
             dst[0]      = make_uint4(hi[0], hi[1], hi[2], hi[3]);
             dst[4]      = make_uint4(lo[0], lo[1], lo[2], lo[3]);
@@ -359,6 +363,50 @@ __device__ __forceinline__ void gemv_mma_split(GemvMmaSrc<R, NORM> & src, uint32
         }
     }
 }
+
+// One activation row, split by each warp for its own steps (GemvMmaWarpSplit): the warp converts the
+// 128-K block(s) of its step into a ring of two slots of its own in shared memory just before their
+// MMAs, from elements it loaded a step earlier with its weights. Nothing waits for the whole block's
+// split (the block-wide split above stands before every block's first MMA: ~1-4 us after the PDL
+// release, docs/PERF.md), and no barrier but the warp's own. Same layout per block as above (one
+// row: columns 0 and 1), its 1 / s right after the block's fragments; the same maximum, scale and
+// parts as gemv_mma_split, so the same bits.
+struct GemvMmaWarpSplit {
+    static constexpr int kBlockU4 = 16 * gemv_mma_parts(1) + gemv_mma_col_stride(1) / 4;  // one 128-K block
+    static constexpr int kWarpU4  = 2 * 2 * kBlockU4;                                      // 2 slots x 2 blocks (kp)
+
+    // Lane l holds elements 2h, 2h + 1, 2h + 4, 2h + 5 of word i of chunk q (q = l / 8, i = l / 2 % 4,
+    // h = l % 2): its two f16x2 words of the fragment entry are {x[2h], x[2h + 4]} and {x[2h + 1], x[2h + 5]}.
+    __device__ __forceinline__ static size_t elem(int lane) { return size_t(32 * (lane >> 3) + 8 * ((lane >> 1) & 3) + 2 * (lane & 1)); }
+
+    // Elements of local block bl (zeros past the block's range or past K).
+    __device__ __forceinline__ static float4 load(const float * x, uint32_t cb, uint32_t bl, uint32_t nblk, uint32_t KC, int lane) {
+        if (bl >= nblk || (cb + bl) * 4 + uint32_t(lane >> 3) >= KC) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const float * p = x + size_t(cb + bl) * kMmaK + elem(lane);
+        const float2  u = __ldg(reinterpret_cast<const float2 *>(p)), v = __ldg(reinterpret_cast<const float2 *>(p + 4));
+        return make_float4(u.x, u.y, v.x, v.y);
+    }
+
+    // The warp's 128 elements -> the block's fragments and 1 / s at blk (every lane of the warp).
+    __device__ __forceinline__ static void store(float4 v, uint4 * blk, int lane) {
+        constexpr int P = gemv_mma_parts(1);
+        uint32_t      m = max(max(__float_as_uint(v.x) & 0x7FFFFFFFu, __float_as_uint(v.y) & 0x7FFFFFFFu),
+                              max(__float_as_uint(v.z) & 0x7FFFFFFFu, __float_as_uint(v.w) & 0x7FFFFFFFu));
+        m               = __reduce_max_sync(0xFFFFFFFFu, m);
+        const int   pw  = gemv_mma_scale_exp(min(m, 0x7F7FFFFFu));
+        const float sc  = __int_as_float((127 + pw) << 23);
+        uint32_t    hi[2], lo[2];
+        gemv_mma_split_pair(v.x * sc, v.z * sc, hi[0], lo[0]);
+        gemv_mma_split_pair(v.y * sc, v.w * sc, hi[1], lo[1]);
+        const int q = lane >> 3, i = (lane >> 1) & 3, h = lane & 1;
+        reinterpret_cast<uint2 *>(blk + (i * P + 0) * 4 + q)[h] = make_uint2(hi[0], hi[1]);
+        reinterpret_cast<uint2 *>(blk + (i * P + 1) * 4 + q)[h] = make_uint2(lo[0], lo[1]);
+        if (lane == 0) {
+            float * d = reinterpret_cast<float *>(blk + 16 * P);
+            d[0] = d[1] = __int_as_float((127 - pw) << 23);
+        }
+    }
+};
 
 // ---- the kernel -------------------------------------------------------------------------------------
 
@@ -377,6 +425,13 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
     constexpr int CS     = gemv_mma_col_stride(R);
     constexpr int D      = gemv_mma_depth(R, WAVE);
     constexpr int kWarps = kGemvThreads / 32;
+    // Each warp splits its own steps (GemvMmaWarpSplit): INT4 at one row on the 2-step ring. Measured
+    // (docs/PERF.md, "The activation split one step at a time"): the one-wave variant (one step in
+    // flight, 80 registers) would wait for each step's elements and lost 1-3%, and NVFP4, whose
+    // decode already costs ~2.9 instructions per weight, lost up to 1.8% with the split's
+    // instructions inside its loop; both keep the block-wide split.
+    constexpr bool WS = R == 1 && !NORM && !WAVE && F::kFormat == WeightFormat::INT4;
+    using WSplit      = GemvMmaWarpSplit;
     SPARK_DYNAMIC_SMEM(uint4, gemv_mma_smem_buf);
 
     const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
@@ -452,6 +507,10 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
 #pragma unroll
         for (int t = 0; t < T; ++t) raw[s][t][0] = raw[s][t][1] = make_uint4(0, 0, 0, 0);
     const uint64_t policy = ptx::l2_evict_first_policy();
+    // WS: the activations of the steps in the ring (loaded with their weights, after the wait), and the
+    // warp's two slots.
+    float4  xs[D][2];
+    uint4 * wring = gemv_mma_smem_buf + size_t(warp) * WSplit::kWarpU4;
 
     // Steps are issued in order, j = 0, 1, ...: running local block and weight pointers.
     uint32_t bl_next = uint32_t(kw) << kp;
@@ -479,6 +538,14 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
             bl_next += bl_step;
         }
     };
+    // WS: the elements of step j (every lane, j < J) for ring slot `slot`.
+    auto issue_x = [&](const int slot, const int j) {
+        if (!WS || j >= J) return;
+        const uint32_t bl0 = uint32_t(kw + (j << wk_shift)) << kp;
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+            if (t <= kp) xs[slot][t] = WSplit::load(xr[0], cb, bl0 + uint32_t(t), nblk, KC, lane);
+    };
     auto consume = [&](const int slot, const int j) {
         if (j >= J) return;
         const uint32_t bl0 = uint32_t(kw + (j << wk_shift)) << kp;
@@ -496,6 +563,19 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
         // the zero block the split appended).
         const uint4 * bpt[2] = {bp0 + bl0 * (16 * P), bp0 + (bl0 + uint32_t(kp)) * (16 * P)};
         const float * ivt[2] = {inv0 + bl0 * CS, inv0 + (bl0 + uint32_t(kp)) * CS};
+        if constexpr (WS) {  // this step's blocks into slot j % 2 (step j - 2's reads of it came before step j - 1's __syncwarp)
+            uint4 * blk = wring + (j & 1) * 2 * WSplit::kBlockU4;
+#pragma unroll
+            for (int t = 0; t < 2; ++t)
+                if (t <= kp) WSplit::store(xs[slot][t], blk + t * WSplit::kBlockU4, lane);
+            __syncwarp();
+#pragma unroll
+            for (int t = 0; t < 2; ++t) {
+                const uint4 * b = blk + (t & kp) * WSplit::kBlockU4;
+                bpt[t]          = b + g * 4 + q;
+                ivt[t]          = reinterpret_cast<const float *>(b + 16 * P) + 2 * q;
+            }
+        }
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             // Lanes of columns >= P read column P - 1 (their D columns are never stored).
@@ -543,18 +623,26 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
         if (a.norm.w != nullptr)
             for (int64_t i = int64_t(threadIdx.x) * 32; i < a.k; i += int64_t(kGemvThreads) * 32) ptx::prefetch_l2(a.norm.w + i);
     if (a.table[0] == nullptr || a.ids_early) pdl::wait();
-    GemvMmaSrc<R, NORM> src;
+    if constexpr (WS) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) src.x[r] = xr[r];
-    if constexpr (NORM) gemv_norm_source<R>(a, src);
-    gemv_mma_split<R>(src, cb, nblk, nblk + (nblk & uint32_t(kp)), KC, gemv_mma_smem_buf);
-    if constexpr (NORM) gemv_norm_partials<R>(a, src, int64_t(cb) * kMmaK, int64_t(cb + nblk) * kMmaK, gemv_norm_scratch<R>());
-    __syncthreads();
-    trace::mark(trace::kSplit);  // (step trace builds: step_trace.cuh)
+        for (int s = 0; s < D; ++s) issue_x(s, s);
+    } else {
+        GemvMmaSrc<R, NORM> src;
+#pragma unroll
+        for (int r = 0; r < R; ++r) src.x[r] = xr[r];
+        if constexpr (NORM) gemv_norm_source<R>(a, src);
+        gemv_mma_split<R>(src, cb, nblk, nblk + (nblk & uint32_t(kp)), KC, gemv_mma_smem_buf);
+        if constexpr (NORM) gemv_norm_partials<R>(a, src, int64_t(cb) * kMmaK, int64_t(cb + nblk) * kMmaK, gemv_norm_scratch<R>());
+        __syncthreads();
+    }
+    trace::mark(trace::kSplit);  // (step trace builds: step_trace.cuh; WS: the first steps' elements requested)
     for (int j0 = 0; j0 < J; j0 += D) {
 #pragma unroll
         for (int s = 0; s < D; ++s) {
-            if (j0 + s > 0) issue((s + D - 1) % D, j0 + s + D - 1);  // step D - 1 came with the prologue
+            if (j0 + s > 0) {  // step D - 1 came with the prologue
+                issue((s + D - 1) % D, j0 + s + D - 1);
+                issue_x((s + D - 1) % D, j0 + s + D - 1);
+            }
             consume(s, j0 + s);
         }
     }

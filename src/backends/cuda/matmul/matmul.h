@@ -130,12 +130,16 @@ constexpr int gemv_mma_min_blocks(int r, bool wave) { return wave ? kGemvMmaWave
 constexpr int gemv_mma_col_stride(int r) { return (gemv_mma_parts(r) + 7) / 8 * 8; }  // 1 / s per block and column
 // Shared memory of one block: the split activations of cps 128-K blocks (16 words x parts x 4
 // lanes x 16 bytes each) and their 1 / s, reused for the cross-warp reduction ([8 warps][2 tiles]
-// [16 rows][parts] floats).
+// [16 rows][parts] floats); one row: at least each warp's own ring of 2 steps x 2 blocks
+// (GemvMmaWarpSplit; the norm prologue's kernel splits the whole range, the others one step at a time).
 // (kp plans keep cps even, so the zero block a kp split with an odd range appends fits.)
 constexpr int gemv_mma_smem(int r, int64_t cps) {
-    const int64_t b   = cps * 256 * gemv_mma_parts(r) + cps * gemv_mma_col_stride(r) * 4;
-    const int64_t red = int64_t(8) * 2 * 16 * gemv_mma_parts(r) * 4;
-    return int(b > red ? b : red);
+    const int64_t blk  = 256 * gemv_mma_parts(r) + gemv_mma_col_stride(r) * 4;
+    const int64_t b    = cps * blk;
+    const int64_t red  = int64_t(8) * 2 * 16 * gemv_mma_parts(r) * 4;
+    const int64_t ring = r == 1 ? int64_t(8) * 2 * 2 * blk : 0;
+    const int64_t m    = b > red ? b : red;
+    return int(m > ring ? m : ring);
 }
 
 // The residual add and RMS_NORM a decode GEMV computes before its matmul (the fused ADD + RMS_NORM

@@ -111,7 +111,8 @@ int64_t gemv_mma_smem_blocks(int smem, int smem_optin) {
 // rows x 128 K per warp step, ~2 (INT4) / ~2.9 (NVFP4) instructions per weight for any row count up to
 // 2 (+0.15 per further 8 B columns), a prologue that splits the block's K range of the activations
 // into shared memory (~12 instructions per element and ~0.3 us of latency, partly behind the first
-// weight loads), and shared memory that may limit the blocks per SM.
+// weight loads; INT4 at one row converts each warp's steps inside its loop instead, GemvMmaWarpSplit:
+// the model was not refitted for it), and shared memory that may limit the blocks per SM.
 // min_rows > 0 (the norm prologue, GemvOpts): blocks of at least that many rows and no K split only.
 GemvPlan plan_gemv_mma(WeightFormat f, const int64_t * mat_n, int n_mats, int64_t K, int64_t jobs, int rows, int nw, int sm_count,
                        int smem_optin, double kBw, double kIssueSm, int min_rows) {
