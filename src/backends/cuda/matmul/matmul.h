@@ -131,7 +131,9 @@ constexpr int gemv_mma_col_stride(int r) { return (gemv_mma_parts(r) + 7) / 8 * 
 // Shared memory of one block: the split activations of cps 128-K blocks (16 words x parts x 4
 // lanes x 16 bytes each) and their 1 / s, reused for the cross-warp reduction ([8 warps][2 tiles]
 // [16 rows][parts] floats); one row: at least each warp's own ring of 2 steps x 2 blocks
-// (GemvMmaWarpSplit; the norm prologue's kernel splits the whole range, the others one step at a time).
+// (GemvMmaWarpSplit, which only the INT4 2-block kernel uses: the size is the same for every one-row
+// plan, a superset for the NVFP4, one-wave and norm-prologue kernels, so that the kernel's choice
+// needs no host twin).
 // (kp plans keep cps even, so the zero block a kp split with an odd range appends fits.)
 constexpr int gemv_mma_smem(int r, int64_t cps) {
     const int64_t blk  = 256 * gemv_mma_parts(r) + gemv_mma_col_stride(r) * 4;
