@@ -13,9 +13,10 @@ step (median over the traced steps), the share of the step, the lead (how long b
 the first block had arrived at its wait: the prologue that overlapped the kernel before) and the
 spread (first to last block released: blocks that became resident late). --layer N also lists the
 kernels of the N-th repetition of the step's repeating pattern in order (a decoder layer), with, for
-kernels that mark the phases of their work (the tensor-core decode GEMV: step_trace.cuh), the
-blocks' median times after the release at which the activation split, the main loop and the last
-store were done, and the hop: from the kernel's last block done to the next kernel's release (its
+kernels that mark the phases of their work (step_trace.cuh: the tensor-core decode GEMV; the
+attention decode, whose three phases are its prologue up to the first tiles requested, its tile
+loop and its results or merge), the blocks' median times after the release at which the activation
+split, the main loop and the last store were done, and the hop: from the kernel's last block done to the next kernel's release (its
 completion, the memory flush and the next wait).
 """
 import argparse

@@ -36,9 +36,10 @@
 // head counts) and the SM count, never on device data, so a decode step can be captured into a CUDA
 // graph and replayed with new positions.
 //   This step's k, v (the fused append): positions of this step's tokens are not read from the
-// cache (its block may not have written them yet); the tile loader converts them from p.k / p.v
-// into shared memory instead (the tokens of the run's sequence anywhere in the step, not only the
-// block's own, so token t sees tokens < t of the same sequence), and exactly one block per
+// cache (its block may not have written them yet); every working block converts this step's k and
+// v rows of its KV head to the cache's f16 in its prologue and the tile loader copies them into the
+// tile instead (the tokens of the run's sequence anywhere in the step, not only the block's own, so
+// token t sees tokens < t of the same sequence), and exactly one block per
 // (token, KV head) stores them to the cache: the block of the token's first row (row group
 // t * group / 16) whose chunk holds the position. Positions whose page is invalid are neither
 // stored nor substituted (read as zeros, as before with the separate append).
@@ -51,6 +52,9 @@
 // That block reads the splits' (m, l) pairs (a warp's rows all at once, 64 splits a request) and
 // n_active x (its valid rows) x D partial floats (float4, 8 loads in flight per thread): ~4 KB per
 // split for Qwen3-30B-A3B at T = 1.
+//   The prologue is short because every round trip of it is on the step's critical path: split 0
+// (which always has work) requests its q rows and this step's k / v rows before the token metadata,
+// and the first tile's page is requested before the rows' arithmetic.
 //   Inside a block, 4 warps share a cp.async pipeline of K/V tiles (one tile never crosses a
 // page); for each tile each warp scores kN/4 positions for all 16 rows (mma m16n8k16 f16), the
 // block agrees on the running row maxima through shared memory, then each warp accumulates O for
@@ -154,9 +158,10 @@ template <int D> struct DecodeCfg {
     static constexpr int kOffTok = kOffRed + 2 * 4 * kRows * 4;  // i32 pos[16], seq[16]
     static constexpr int kOffQInv = kOffTok + 2 * kRows * 4;     // f32 q_inv[16] (1 / the rows' Q scales)
     static constexpr int kOffFlag = kOffQInv + kRows * 4;        // i32 flag[4] (last block of the column)
-    static constexpr int kFStr    = D + 8;                        // fused norm + RoPE: this step's k rows as
-    static constexpr int kOffFresh = kOffFlag + 16;               // f16 [kDecodeMaxTokens][kFStr]
-    static constexpr int kSmem    = kOffFresh + kDecodeMaxTokens * kFStr * 2;
+    static constexpr int kFStr    = D + 8;                        // this step's k rows and v rows as
+    static constexpr int kOffFresh = kOffFlag + 16;               // f16 [kDecodeMaxTokens][kFStr] each
+    static constexpr int kOffFreshV = kOffFresh + kDecodeMaxTokens * kFStr * 2;
+    static constexpr int kSmem    = kOffFreshV + kDecodeMaxTokens * kFStr * 2;
     static_assert(D % 64 == 0 && kPW % 8 == 0 && kDW % 16 == 0 && kN % 16 == 0, "decode tile shape");
     // The in-kernel combine keeps its split weights [16 rows][n_splits <= 1024] f32 in the K/V stages.
     static_assert(kStages * 2 * kTileBytes >= kRows * 1024 * 4, "combine weights fit the K/V stages");

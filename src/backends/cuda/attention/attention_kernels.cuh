@@ -7,6 +7,7 @@
 #include "backends/cuda/common/pdl.cuh"
 #include "backends/cuda/common/ptx_sm80.cuh"
 #include "backends/cuda/common/rope.cuh"
+#include "backends/cuda/common/step_trace.cuh"
 
 #include <cmath>
 #include <cstdint>
@@ -99,36 +100,47 @@ __device__ __forceinline__ void load_q_row(const AttnParams & p, bool valid, int
     if (lane == 0) q_inv[r] = inv;
 }
 
-// load_q_row's scaling and split of a row the fused RMS_NORM + ROPE produced in registers
-// (AttnParams::norm_rope; rope_apply's layout: lane l holds dims l + 32 k and l + 32 k + D / 2), element
-// by element, so the row's f16 hi / lo and 1 / s are bit for bit what load_q_row makes of the rope
-// kernel's output. !valid: a zero row.
-template <int D, int kStr>
-__device__ __forceinline__ void store_q_row(const RopeRegs<D / 64, 0> & y, bool valid, int r, float scale_log2, uint16_t * q_hi,
-                                            uint16_t * q_lo, float * q_inv, int lane) {
+// load_q_row's scaling and split of N rows in registers (the rows as loaded, or as the fused
+// RMS_NORM + ROPE made them: AttnParams::norm_rope; rope_apply's layout: lane l holds dims l + 32 k and
+// l + 32 k + D / 2), row i to row r[i] of q_hi / q_lo, element by element, so each row's f16 hi / lo
+// and 1 / s are bit for bit what load_q_row makes of the same values. !valid[i]: a zero row. The rows'
+// maxima are reduced together, their shuffle chains interleaved (the decode prologue's critical path).
+template <int D, int kStr, int N>
+__device__ __forceinline__ void store_q_rows(const RopeRegs<D / 64, 0> (&y)[N], const bool (&valid)[N], const int (&r)[N],
+                                             float scale_log2, uint16_t * q_hi, uint16_t * q_lo, float * q_inv, int lane) {
     constexpr int NP = D / 64, kHalf = D / 2;
-    float         x[2][NP];
-    float         amax = 0.0f;
+    float         x[N][2][NP];
+    float         amax[N];
 #pragma unroll
-    for (int k = 0; k < NP; ++k) {
-        x[0][k] = valid ? y.x0[k] * scale_log2 : 0.0f;
-        x[1][k] = valid ? y.x1[k] * scale_log2 : 0.0f;
-        amax    = fmaxf(amax, fmaxf(fabsf(x[0][k]), fabsf(x[1][k])));
-    }
-    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-    float       inv = 1.0f;
-    const float sc  = q_row_scale(amax, inv);
-#pragma unroll
-    for (int e = 0; e < 2; ++e)
+    for (int i = 0; i < N; ++i) {
+        amax[i] = 0.0f;
 #pragma unroll
         for (int k = 0; k < NP; ++k) {
-            const int   d  = lane + 32 * k + e * kHalf;
-            const float v  = x[e][k] * sc;
-            const float hi = ptx::f16_round(v);
-            q_hi[r * kStr + d] = ptx::f16_bits(hi);
-            q_lo[r * kStr + d] = ptx::f16_bits(v - hi);
+            x[i][0][k] = valid[i] ? y[i].x0[k] * scale_log2 : 0.0f;
+            x[i][1][k] = valid[i] ? y[i].x1[k] * scale_log2 : 0.0f;
+            amax[i]    = fmaxf(amax[i], fmaxf(fabsf(x[i][0][k]), fabsf(x[i][1][k])));
         }
-    if (lane == 0) q_inv[r] = inv;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+#pragma unroll
+        for (int i = 0; i < N; ++i) amax[i] = fmaxf(amax[i], __shfl_xor_sync(0xffffffffu, amax[i], off));
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        float       inv = 1.0f;
+        const float sc  = q_row_scale(amax[i], inv);
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+#pragma unroll
+            for (int k = 0; k < NP; ++k) {
+                const int   d  = lane + 32 * k + e * kHalf;
+                const float v  = x[i][e][k] * sc;
+                const float hi = ptx::f16_round(v);
+                q_hi[r[i] * kStr + d] = ptx::f16_bits(hi);
+                q_lo[r[i] * kStr + d] = ptx::f16_bits(v - hi);
+            }
+        if (lane == 0) q_inv[r[i]] = inv;
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -142,12 +154,6 @@ __device__ __forceinline__ int fresh_token(const int * tok_pos, const int * tok_
     for (int i = 0; i < n_tok; ++i)
         if (tok_seq[i] == s && tok_pos[i] == ps) u = i;
     return u;
-}
-
-// 8 consecutive f32 of this step's k or v row as f16 (saturated, RNE: exactly the append's values).
-__device__ __forceinline__ void fresh_f16x8(const float * src, uint32_t (&h)[4]) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) h[j] = ptx::pack_f16x2(f16_saturate(src[2 * j]), f16_saturate(src[2 * j + 1]));
 }
 
 // The decode kernel's body. NR: the fused q / k norm + RoPE (AttnParams::norm_rope), f its frequency
@@ -167,7 +173,8 @@ template <int D, bool NR, class Freqs> __device__ __forceinline__ void attn_deco
     int *      tok_seq = tok_pos + 16;
     float *    q_inv   = reinterpret_cast<float *>(smem + C::kOffQInv);
     int *      flag    = reinterpret_cast<int *>(smem + C::kOffFlag);
-    uint16_t * fresh_k = reinterpret_cast<uint16_t *>(smem + C::kOffFresh);  // NR: this step's k rows, f16
+    uint16_t * fresh_k = reinterpret_cast<uint16_t *>(smem + C::kOffFresh);   // this step's k rows, f16
+    uint16_t * fresh_v = reinterpret_cast<uint16_t *>(smem + C::kOffFreshV);  // ... and v rows
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
     const int split = blockIdx.y, kvh = blockIdx.z;
@@ -179,9 +186,42 @@ template <int D, bool NR, class Freqs> __device__ __forceinline__ void attn_deco
     const bool separate_combine = p.n_splits > 1 && p.counters == nullptr;
 
     // Programmatic dependent launch: nothing above touched global memory; everything below may read
-    // what the previous kernel wrote. The next kernel may launch now (it waits for this one).
-    pdl::launch_dependents();
+    // what the previous kernel wrote. The next kernel may launch only once this block's first tiles
+    // are requested (below): launched at the start, the next GEMV's blocks issue their weight loads
+    // while this kernel's short chain of round trips runs, and every one of those trips (the rows,
+    // the page, the tiles) then queues behind them (measured: docs/PERF.md, "The attention decode's
+    // prologue").
     pdl::wait();
+
+    // The block's q rows (warp w: rows w, w + 4, w + 8, w + 12) and this step's k and v rows of its
+    // KV head (all tokens: a run's fresh positions may come from tokens of other row groups; warp w:
+    // tokens w, w + 4) into registers, in rope_apply's layout. Split 0 always has work (it writes a
+    // one-split run's output), so it requests them before the token metadata and the two round
+    // trips overlap; the other splits once they know they have positions.
+    constexpr int   NP = D / 64;
+    RopeRegs<NP, 0> qw, kw, qv[4], kv[2], vv[2];
+    auto            load_rows = [&]() {
+        if constexpr (NR) {
+            rope_load_weight(p.norm_rope.q_w, D, D, lane, qw);
+            rope_load_weight(p.norm_rope.k_w, D, D, lane, kw);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int R = R0 + warp + 4 * i;
+            if (R < n_rows)
+                rope_load(reinterpret_cast<const float *>(p.q + (R / p.group) * p.q_nb2 + (kvh * p.group + R % p.group) * p.q_nb1), D, D,
+                          lane, qv[i]);
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int u = warp + 4 * i;
+            if (u >= p.n_tok) continue;
+            rope_load(reinterpret_cast<const float *>(p.k + u * p.k_nb2 + kvh * p.k_nb1), D, D, lane, kv[i]);
+            rope_load(reinterpret_cast<const float *>(p.v + u * p.v_nb2 + kvh * p.v_nb1), D, D, lane, vv[i]);
+        }
+    };
+    const bool rows_first = split == 0;
+    if (rows_first) load_rows();
 
     // All of the step's tokens (T <= 8): this step's k / v of a run's sequence may come from tokens
     // of other row groups.
@@ -201,63 +241,62 @@ template <int D, bool NR, class Freqs> __device__ __forceinline__ void attn_deco
         t = te;
     }
     if (!has_work) return;  // past every run's length (most splits at short contexts)
+    if (!rows_first) load_rows();
 
-    // NR: the fused q / k norm + RoPE, for this block's 16 q rows (warp w: rows w, w + 4, w + 8,
-    // w + 12, into q_hi / q_lo as load_q would) and this step's k rows of its KV head (all tokens: a
-    // run's fresh positions may come from tokens of other row groups; warp w: tokens w, w + 4),
-    // rounded to the cache's f16 as the append rounds them, for load_tile below. Every row's load is
-    // issued before any arithmetic, and rows of one token share their angles.
-    bool q_loaded = false;
-    if constexpr (NR) {
-        constexpr int     NP = D / 64;
-        const NormRope &  nr = p.norm_rope;
-        RopeRegs<NP, 0>   qw, kw, qv[4], kv[2];
-        rope_load_weight(nr.q_w, D, D, lane, qw);
-        rope_load_weight(nr.k_w, D, D, lane, kw);
+    // The first run's first tile's page, requested before the rows' arithmetic below so that the
+    // round trip overlaps it (load_tile takes it for that tile).
+    int first_page = -1;
+    {
+        int       L     = 0;
+        next_run(p, tok_pos, tok_seq, 0, t_begin, t_end, L);
+        const int c0 = split * decode_chunk(L, p.n_splits, kN);
+        if (c0 < L) first_page = p.block_table[int64_t(tok_seq[t_begin]) * p.max_pages + c0 / p.page_size];
+    }
+
+    // The rows into shared memory: this step's k (NR: normalised and rotated) and v rows as the
+    // cache's f16 (saturated, as the append rounds them) for load_tile, and the q rows (NR:
+    // normalised and rotated) pre-scaled into the log2 domain and by their power-of-two scales, as
+    // f16 hi + lo (store_q_rows; without NR bit for bit load_q_row's values). Rows of one token
+    // share their angles.
+    float sn[NP], cs[NP];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int R = R0 + warp + 4 * i;
-            if (R < n_rows)
-                rope_load(reinterpret_cast<const float *>(p.q + (R / p.group) * p.q_nb2 + (kvh * p.group + R % p.group) * p.q_nb1), D, D,
-                          lane, qv[i]);
-        }
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const int u = warp + 4 * i;
-            if (u < p.n_tok) rope_load(reinterpret_cast<const float *>(p.k + u * p.k_nb2 + kvh * p.k_nb1), D, D, lane, kv[i]);
-        }
-        float sn[NP], cs[NP];
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const int u = warp + 4 * i;
-            if (u >= p.n_tok) continue;  // (warp-uniform)
+    for (int i = 0; i < 2; ++i) {
+        const int u = warp + 4 * i;
+        if (u >= p.n_tok) continue;  // (warp-uniform)
+        if constexpr (NR) {
             rope_angles(tok_pos[u], f, D, lane, sn, cs);
-            rope_apply<NP, 0, true>(kv[i], kw, nr.k_w != nullptr, nr.eps, nr.zc, D, D, lane, sn, cs);
-#pragma unroll
-            for (int k = 0; k < NP; ++k) {
-                const int d = lane + 32 * k;
-                fresh_k[u * C::kFStr + d]         = ptx::f16_bits(f16_saturate(kv[i].x0[k]));
-                fresh_k[u * C::kFStr + d + D / 2] = ptx::f16_bits(f16_saturate(kv[i].x1[k]));
-            }
+            rope_apply<NP, 0, true>(kv[i], kw, p.norm_rope.k_w != nullptr, p.norm_rope.eps, p.norm_rope.zc, D, D, lane, sn, cs);
         }
-        int angle_tok = -1;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int  r = warp + 4 * i, R = R0 + r;
-            const bool valid = R < n_rows;
-            if (valid) {  // (warp-uniform)
+        for (int k = 0; k < NP; ++k) {
+            const int d = lane + 32 * k;
+            fresh_k[u * C::kFStr + d]         = ptx::f16_bits(f16_saturate(kv[i].x0[k]));
+            fresh_k[u * C::kFStr + d + D / 2] = ptx::f16_bits(f16_saturate(kv[i].x1[k]));
+            fresh_v[u * C::kFStr + d]         = ptx::f16_bits(f16_saturate(vv[i].x0[k]));
+            fresh_v[u * C::kFStr + d + D / 2] = ptx::f16_bits(f16_saturate(vv[i].x1[k]));
+        }
+    }
+    int  angle_tok = -1;
+    bool q_valid[4];
+    int  q_row[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        q_row[i]   = warp + 4 * i;
+        const int R = R0 + q_row[i];
+        q_valid[i] = R < n_rows;
+        if constexpr (NR) {
+            if (q_valid[i]) {  // (warp-uniform)
                 const int t = R / p.group;
                 if (t != angle_tok) {
                     rope_angles(tok_pos[t], f, D, lane, sn, cs);
                     angle_tok = t;
                 }
-                rope_apply<NP, 0, true>(qv[i], qw, nr.q_w != nullptr, nr.eps, nr.zc, D, D, lane, sn, cs);
+                rope_apply<NP, 0, true>(qv[i], qw, p.norm_rope.q_w != nullptr, p.norm_rope.eps, p.norm_rope.zc, D, D, lane, sn, cs);
             }
-            store_q_row<D, kStr>(qv[i], valid, r, p.scale_log2, q_hi, q_lo, q_inv, lane);
         }
-        __syncthreads();  // fresh_k for load_tile (q_hi / q_lo are published by the tile loop's first barrier as well)
-        q_loaded = true;
     }
+    store_q_rows<D, kStr>(qv, q_valid, q_row, p.scale_log2, q_hi, q_lo, q_inv, lane);
+    __syncthreads();  // the fresh rows for load_tile (q_hi / q_lo are published by the tile loop's first barrier as well)
 
     // This thread's two rows (mma C layout): g and g + 8.
     int row_tok[2], row_pos[2], row_head[2];
@@ -270,16 +309,6 @@ template <int D, bool NR, class Freqs> __device__ __forceinline__ void attn_deco
 
     const int64_t row_elems = int64_t(p.n_kv) * D;
     const int64_t all_rows  = int64_t(p.n_tok) * p.n_head;
-
-    // Q rows, pre-scaled into the log2 domain and by their power-of-two scales, as f16 hi + lo (warp
-    // w: rows w, w + 4, w + 8, w + 12). Written after the first run's K/V loads are in flight; read
-    // after the first tile's barrier.
-    auto load_q = [&]() {
-        for (int r = warp; r < 16; r += 4) {
-            const int R = R0 + r;
-            load_q_row<D, kStr, true>(p, R < n_rows, R / p.group, kvh * p.group + R % p.group, r, q_hi, q_lo, q_inv, lane);
-        }
-    };
 
     for (int t = t_begin; t < t_end;) {
         int       L  = 0;
@@ -309,13 +338,14 @@ template <int D, bool NR, class Freqs> __device__ __forceinline__ void attn_deco
             for (int e = 0; e < 4; ++e) o[nd][e] = 0.0f;
 
         // K and V rows of tile `it` into its stage (zero-filled past c1). Rows of this step's tokens
-        // come from p.k / p.v (plain shared stores, visible after the barrier that publishes the
-        // tile), and the block that owns the token stores them to the cache too.
+        // come from fresh_k / fresh_v (plain shared stores, visible after the barrier that publishes
+        // the tile), and the block that owns the token stores them to the cache too.
+        const bool first_run = t == t_begin;
         auto load_tile = [&](int it) {
             uint16_t *    ks      = kv_s + (it % kS) * 2 * kN * kStr;
             uint16_t *    vs      = ks + kN * kStr;
             const int     p0      = c0 + it * kN;
-            const int     page    = bt[p0 / p.page_size];
+            const int     page    = first_run && it == 0 ? first_page : bt[p0 / p.page_size];
             const bool    page_ok = page >= 0 && page < p.n_pages;
             const bool    fresh   = page_ok && p0 <= f_hi && p0 + kN > f_lo;  // block-uniform
             const int64_t row0    = (int64_t(page_ok ? page : 0) * p.page_size + p0 % p.page_size) * row_elems + int64_t(kvh) * D;
@@ -330,14 +360,9 @@ template <int D, bool NR, class Freqs> __device__ __forceinline__ void attn_deco
                     continue;
                 }
                 const bool writer = u >= t && u < te && (u * p.group) / 16 == int(blockIdx.x);
-                uint32_t   hk[4], hv[4];
-                if constexpr (NR) {
-                    const uint4 h4 = *reinterpret_cast<const uint4 *>(fresh_k + u * C::kFStr + cc * 8);
-                    hk[0] = h4.x, hk[1] = h4.y, hk[2] = h4.z, hk[3] = h4.w;
-                } else {
-                    fresh_f16x8(reinterpret_cast<const float *>(p.k + u * p.k_nb2 + kvh * p.k_nb1) + cc * 8, hk);
-                }
-                fresh_f16x8(reinterpret_cast<const float *>(p.v + u * p.v_nb2 + kvh * p.v_nb1) + cc * 8, hv);
+                const uint4 k4 = *reinterpret_cast<const uint4 *>(fresh_k + u * C::kFStr + cc * 8);
+                const uint4 v4 = *reinterpret_cast<const uint4 *>(fresh_v + u * C::kFStr + cc * 8);
+                const uint32_t hk[4] = {k4.x, k4.y, k4.z, k4.w}, hv[4] = {v4.x, v4.y, v4.z, v4.w};
                 uint32_t * dk = reinterpret_cast<uint32_t *>(ks + r * kStr + cc * 8);
                 uint32_t * dv = reinterpret_cast<uint32_t *>(vs + r * kStr + cc * 8);
                 for (int j = 0; j < 4; ++j) {
@@ -355,10 +380,8 @@ template <int D, bool NR, class Freqs> __device__ __forceinline__ void attn_deco
             if (st < n_tiles) load_tile(st);
             ptx::cp_async_commit();
         }
-        if (!q_loaded) {
-            load_q();
-            q_loaded = true;
-        }
+        trace::mark(trace::kSplit);  // (step trace builds: the prologue done, this run's first tiles requested)
+        if (first_run) pdl::launch_dependents();  // (blocks without work exit: that counts too)
         for (int it = 0; it < n_tiles; ++it) {
             ptx::cp_async_wait<kS - 2>();
             __syncthreads();  // tile `it` visible; everyone is done with tile it-1 (its stage is refilled next)
@@ -472,6 +495,7 @@ template <int D, bool NR, class Freqs> __device__ __forceinline__ void attn_deco
         }
         ptx::cp_async_wait<0>();
         __syncthreads();  // smem free for the next run
+        trace::mark(trace::kLoop);
 
         // ---- results of this run's rows: the output itself when split 0 is the only split with
         // positions, else this split's partial state (for the column's last block / the combine kernel)
@@ -507,7 +531,7 @@ template <int D, bool NR, class Freqs> __device__ __forceinline__ void attn_deco
 
     // ---- the column's last block merges the splits (in split order: the same result whichever
     // block is last) of every run that has more than one.
-    if (separate_combine || n_combined == 0 || split >= n_combined) return;
+    if (separate_combine || n_combined == 0 || split >= n_combined) return trace::mark(trace::kEnd);
     __threadfence();  // this thread's partials are visible device-wide ...
     __syncthreads();  // ... before the block counts itself
     if (tid == 0) {
@@ -517,7 +541,7 @@ template <int D, bool NR, class Freqs> __device__ __forceinline__ void attn_deco
         flag[0] = last ? 1 : 0;
     }
     __syncthreads();
-    if (!flag[0]) return;
+    if (!flag[0]) return trace::mark(trace::kEnd);
     __threadfence();
     float * wts     = reinterpret_cast<float *>(kv_s);  // [16 rows][n_act] split weights (K/V stages are free)
     float * row_sum = red_sum;                          // [16]
@@ -614,6 +638,7 @@ template <int D, bool NR, class Freqs> __device__ __forceinline__ void attn_deco
         }
         t = te;
     }
+    trace::mark(trace::kEnd);  // the merge done
 }
 
 template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_decode_kernel(const AttnParams p) {

@@ -16,9 +16,11 @@
 //                        memory, so it may come before wait(): a kernel then lets the next one start
 //                        while it still waits itself, and kernels launch several deep. The MMA
 //                        GEMV calls it once its first weight loads are issued, the small kernels
-//                        at their start; the FMA GEMV after its main loop and the recurrent (SSM)
-//                        kernels after their wait, where the kernels launched early behind them
-//                        cost more than they gained (H100, measured in docs/PERF.md).
+//                        at their start; the FMA GEMV after its main loop, the recurrent (SSM)
+//                        kernels after their wait and the attention decode kernel once its first
+//                        K/V tiles are requested, where the kernels launched early behind them cost
+//                        more than they gained (measured in docs/PERF.md; for the attention, the
+//                        next GEMV's early weight loads queued its chain of round trips).
 // Reading weights (written at load time) before wait() is what makes PDL pay: the loads are in
 // flight while the previous kernel drains.
 //   One more read may precede wait(): data written by a kernel before the previous one, when the

@@ -8,7 +8,8 @@
 // the buffer pointer its address, collects the records and names the kernels.
 //
 // A kernel may also stamp phases of its work after the wait (mark(): the decode GEMV's activation
-// split, its main loop, its last store), so that a kernel's share splits into its own work after
+// split, its main loop, its last store; the attention decode's prologue, its tile loop, its results
+// or merge), so that a kernel's share splits into its own work after
 // the release and the hop to the next kernel's release (its completion, the memory flush, the next
 // wait). Every path of such a kernel must have called pdl::wait() before its first mark().
 #pragma once
