@@ -16,9 +16,10 @@
 // The append rounds this step's k, v (f32) to f16 (IEEE half, round to nearest even, saturating at
 // +-65504) and writes them at (seq[t], pos[t]) of the cache; the decode kernel does the same
 // conversion, so the cache and the outputs are bit-identical between the two ways.
-// Launches use programmatic dependent launch on sm_90+ (pdl.cuh; SPARK_PDL=0 turns it off): the
-// kernel lets the next kernel launch at once and waits for the previous one before its first global
-// memory access.
+// Launches use programmatic dependent launch on sm_90+ (pdl.cuh; SPARK_PDL=0 turns it off): a
+// kernel waits for the previous one before its first global memory access; the combine, append and
+// prefill kernels let the next kernel launch at once, the decode kernel once its first K/V tiles
+// are requested (below).
 //
 // The cache is FP16, not BF16: 3 more mantissa bits (unit roundoff 2^-11 instead of 2^-8, so the
 // rounding of K and V is 8x smaller), which the whole-model golden checks need. K is RMS-normed and
@@ -54,7 +55,9 @@
 // split for Qwen3-30B-A3B at T = 1.
 //   The prologue is short because every round trip of it is on the step's critical path: split 0
 // (which always has work) requests its q rows and this step's k / v rows before the token metadata,
-// and the first tile's page is requested before the rows' arithmetic.
+// and the first tile's page is requested before the rows' arithmetic. The next kernel (a GEMV,
+// whose weight loads start as soon as it launches) may launch only once the first tiles are
+// requested: streaming beside this chain of round trips, it slowed each of them.
 //   Inside a block, 4 warps share a cp.async pipeline of K/V tiles (one tile never crosses a
 // page); for each tile each warp scores kN/4 positions for all 16 rows (mma m16n8k16 f16), the
 // block agrees on the running row maxima through shared memory, then each warp accumulates O for
