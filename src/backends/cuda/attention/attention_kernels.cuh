@@ -65,12 +65,12 @@ __device__ __forceinline__ float q_row_scale(float amax, float & inv) {
     return ldexpf(1.0f, sh);
 }
 
-// One row of Q (16-row tile row r, token t / head h, or zeros when !valid) into shared memory as f16:
-// x = q * scale_log2 * s (q_row_scale), hi (and with Lo, lo = x - hi) at row r of q_hi (q_lo).
-// Called by all 32 lanes of a warp (warp-uniform arguments); lane 0 stores 1 / s to q_inv[r].
-template <int D, int kStr, bool Lo>
-__device__ __forceinline__ void load_q_row(const AttnParams & p, bool valid, int t, int h, int r, uint16_t * q_hi,
-                                           uint16_t * q_lo, float * q_inv, int lane) {
+// One row of Q for the prefill kernel (16-row tile row r, token t / head h, or zeros when !valid)
+// into shared memory as single f16: x = q * scale_log2 * s (q_row_scale) at row r of q_s. Called by
+// all 32 lanes of a warp (warp-uniform arguments); lane 0 stores 1 / s to q_inv[r].
+template <int D, int kStr>
+__device__ __forceinline__ void load_q_row(const AttnParams & p, bool valid, int t, int h, int r, uint16_t * q_s, float * q_inv,
+                                           int lane) {
     constexpr int kPairs = D / 64;  // (d, d + 1) pairs per lane
     const float * qr     = valid ? reinterpret_cast<const float *>(p.q + t * p.q_nb2 + h * p.q_nb1) : nullptr;
     float         x[kPairs][2];
@@ -88,23 +88,16 @@ __device__ __forceinline__ void load_q_row(const AttnParams & p, bool valid, int
 #pragma unroll
     for (int j = 0; j < kPairs; ++j) {
         const int   d  = 2 * (lane + 32 * j);
-        const float x0 = x[j][0] * sc, x1 = x[j][1] * sc;
-        if constexpr (Lo) {
-            const float h0 = ptx::f16_round(x0), h1 = ptx::f16_round(x1);
-            *reinterpret_cast<uint32_t *>(q_hi + r * kStr + d) = ptx::pack_f16x2(h0, h1);
-            *reinterpret_cast<uint32_t *>(q_lo + r * kStr + d) = ptx::pack_f16x2(x0 - h0, x1 - h1);
-        } else {
-            *reinterpret_cast<uint32_t *>(q_hi + r * kStr + d) = ptx::pack_f16x2(x0, x1);
-        }
+        *reinterpret_cast<uint32_t *>(q_s + r * kStr + d) = ptx::pack_f16x2(x[j][0] * sc, x[j][1] * sc);
     }
     if (lane == 0) q_inv[r] = inv;
 }
 
-// load_q_row's scaling and split of N rows in registers (the rows as loaded, or as the fused
-// RMS_NORM + ROPE made them: AttnParams::norm_rope; rope_apply's layout: lane l holds dims l + 32 k and
-// l + 32 k + D / 2), row i to row r[i] of q_hi / q_lo, element by element, so each row's f16 hi / lo
-// and 1 / s are bit for bit what load_q_row makes of the same values. !valid[i]: a zero row. The rows'
-// maxima are reduced together, their shuffle chains interleaved (the decode prologue's critical path).
+// The decode kernel's Q: N rows in registers (as loaded, or as the fused RMS_NORM + ROPE made them:
+// AttnParams::norm_rope; rope_apply's layout: lane l holds dims l + 32 k and l + 32 k + D / 2), each
+// x = q * scale_log2 * s (q_row_scale, as load_q_row) split into f16 hi + lo = x - hi, row i to row
+// r[i] of q_hi / q_lo; lane 0 stores 1 / s to q_inv[r[i]]. !valid[i]: a zero row. The rows' maxima
+// are reduced together, their shuffle chains interleaved (the decode prologue's critical path).
 template <int D, int kStr, int N>
 __device__ __forceinline__ void store_q_rows(const RopeRegs<D / 64, 0> (&y)[N], const bool (&valid)[N], const int (&r)[N],
                                              float scale_log2, uint16_t * q_hi, uint16_t * q_lo, float * q_inv, int lane) {
@@ -256,8 +249,7 @@ template <int D, bool NR, class Freqs> __device__ __forceinline__ void attn_deco
     // The rows into shared memory: this step's k (NR: normalised and rotated) and v rows as the
     // cache's f16 (saturated, as the append rounds them) for load_tile, and the q rows (NR:
     // normalised and rotated) pre-scaled into the log2 domain and by their power-of-two scales, as
-    // f16 hi + lo (store_q_rows; without NR bit for bit load_q_row's values). Rows of one token
-    // share their angles.
+    // f16 hi + lo (store_q_rows). Rows of one token share their angles.
     float sn[NP], cs[NP];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -708,7 +700,7 @@ template <int D> __global__ void __launch_bounds__(kThreads) attn_prefill_kernel
 #pragma unroll 4
     for (int i = 0; i < 16; ++i) {
         const int r = warp * 16 + i, R = R0 + r;
-        load_q_row<D, kStr, false>(p, R < n_rows, R / p.group, kvh * p.group + R % p.group, r, q_s, nullptr, q_inv, lane);
+        load_q_row<D, kStr>(p, R < n_rows, R / p.group, kvh * p.group + R % p.group, r, q_s, q_inv, lane);
     }
     __syncthreads();
     const float qi[2] = {q_inv[warp * 16 + g], q_inv[warp * 16 + g + 8]};
