@@ -259,11 +259,28 @@ TEST_CASE("matmul plan: MATMUL_ID decode GEMV with early ids, prefill grouped GE
     CHECK(d.launch[0].gemv[0].grid.z == 8);  // one job per (slot, token) pair
     CHECK(d.launch[0].ids_early == (d.launch[0].gemv[0].mma && d.launch[0].gemv[0].ksplit == 1));
     check_carve(d);
+    CHECK_FALSE(d.launch[0].x_early);  // (not asked for)
     decode.ids_bytes = 32;  // the output overlaps the ids: they are copied first, the GEMV waits
     const mm::OpPlan dc = mm::plan_moe(decode, dev);
     CHECK(dc.ids_copy == 32);
     CHECK_FALSE(dc.launch[0].ids_early);
     check_carve(dc);
+
+    // Early activations (the gate/up after the routing kernel): the MMA kernel without a K split,
+    // and never behind a staging launch.
+    mm::Moe gate_up = moe(e, 1);
+    gate_up.nw      = 2;
+    gate_up.x_early = true;
+    const mm::OpPlan gx = mm::plan_moe(gate_up, dev);
+    REQUIRE(gx.launch[0].path == mm::Path::Gemv);
+    REQUIRE(gx.launch[0].gemv[0].mma);
+    CHECK(gx.launch[0].x_early == (gx.launch[0].gemv[0].ksplit == 1));
+    CHECK(gx.launch[0].x_early);  // (the 30B-A3B's gate/up: no K split)
+    CHECK_FALSE(gx.launch[0].ids_early);
+    gate_up.stage_x = true;  // the output overlaps the activations: copied first, the GEMV waits
+    const mm::OpPlan gs = mm::plan_moe(gate_up, dev);
+    CHECK(gs.x_copy > 0);
+    CHECK_FALSE(gs.launch[0].x_early);
 
     const mm::OpPlan       p = mm::plan_moe(moe(e, 512), dev);
     const mm::LaunchPlan & g = p.launch[0];

@@ -227,6 +227,11 @@ void run_mma_kernel(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, int sme
         if (r_tmpl != 1 || glu || a.mma_wave) std::abort();
         return go(gemv_mma_kernel<F, 1, false, false, true>);
     }
+    if (a.x_early) {  // (as gemv_mma_launch)
+        if (r_tmpl != 1 || a.table[0] == nullptr) std::abort();
+        if (a.mma_wave) return glu ? go(gemv_mma_kernel<F, 1, true, true, false, true>) : go(gemv_mma_kernel<F, 1, false, true, false, true>);
+        return glu ? go(gemv_mma_kernel<F, 1, true, false, false, true>) : go(gemv_mma_kernel<F, 1, false, false, false, true>);
+    }
     if (a.mma_wave && r_tmpl == 1)  // (as gemv_mma_launch)
         return glu ? go(gemv_mma_kernel<F, 1, true, true>) : go(gemv_mma_kernel<F, 1, false, true>);
     switch (r_tmpl * 2 + glu) {
@@ -429,16 +434,18 @@ bool absent_expert_at(Absent a, int e, int experts) {
 
 // MATMUL_ID over `experts` experts, k_slots x T pairs, ids with strides (s0, s1) and some invalid
 // ids (-1, n_experts) whose rows must come out 0; shared_x: the k_slots share one input row.
-// ids_early: the ids were written two launches back (GemvArgs::ids_early): the PDL model leaves them
-// readable before the wait and checks that the activations still wait for it. absent: experts whose
+// early: the ids (Early::ids, GemvArgs::ids_early) or the activations (Early::x, GemvArgs::x_early,
+// MMA kernel) were written two launches back: the PDL model leaves them readable before the wait and
+// checks that the other input still waits for it. absent: experts whose
 // table entries are absent_expert()s (null pointers: a load from one crashes), whose rows must come
 // out 0 too; a.w is then the first held expert, as run_moe_gemv sets it.
+enum class Early { none, ids, x };
 void check_moe(const Spec & s, int64_t n, int64_t k, int experts, int k_slots, int T, int nw, bool shared_x, Split sp,
-               const std::string & filter, bool mma = false, bool ids_early = false, Absent absent = Absent::none) {
+               const std::string & filter, bool mma = false, Early early = Early::none, Absent absent = Absent::none) {
     if (mma && !mma_spec(s, k)) return;
     const std::string name = std::string(mma ? "mma " : "") + "moe " + s.name + " N=" + std::to_string(n) + " K=" + std::to_string(k) + " " +
                              std::to_string(k_slots) + "x" + std::to_string(T) + (nw == 2 ? " glu" : "") + (shared_x ? " shared-x" : "") +
-                             (ids_early ? " ids-early" : "") +
+                             (early == Early::ids ? " ids-early" : early == Early::x ? " x-early" : "") +
                              (absent == Absent::first_half ? " absent-first-half" : absent == Absent::odd ? " absent-odd" : "") +
                              forced_label(sp, mma);
     if (name.find(filter) == std::string::npos) return;
@@ -483,11 +490,13 @@ void check_moe(const Spec & s, int64_t n, int64_t k, int experts, int k_slots, i
     a.out_rows      = int32_t(pairs);
     set_plan(a, p, s, pb, cb);
     a.y                = y;
-    a.ids_early = ids_early;
-    // The expert ids come from the router (poison: -1, an invalid id, whose rows come out 0), or
-    // (ids_early) from a launch whose writes are complete before this one starts.
+    a.ids_early = early == Early::ids;
+    a.x_early   = early == Early::x;
+    // The expert ids come from the router (poison: -1, an invalid id, whose rows come out 0), the
+    // activations from the kernel before; either (early) from a launch whose writes are complete
+    // before this one starts.
     run_plan_pdl(name, s.f, s.zeros, p, nw == 2, a,
-                 {pdl::model::in(xb.data(), xb.bytes), pdl::model::in(ids.data(), ids_early ? 0 : ids.size() * 4),
+                 {pdl::model::in(xb.data(), early == Early::x ? 0 : xb.bytes), pdl::model::in(ids.data(), early == Early::ids ? 0 : ids.size() * 4),
                   pdl::model::in(cb.data(), p.ksplit > 1 ? cb.bytes : 0),
                   pdl::model::out(yb.data(), yb.bytes), pdl::model::out(pb.data(), p.ksplit > 1 ? pb.bytes : 0)});
     std::vector<float>  got(y, y + pairs * n);
@@ -779,16 +788,16 @@ int main(int argc, char ** argv) {
     // token and 4 x 3, the plan's split and a forced K split).
     for (const Spec & s : {specs[0], specs[5], specs[6], specs[9]})
         for (const bool mma : {false, true}) {
-            check_moe(s, 40, 768, 16, 8, 1, 1, false, {}, filter, mma, true);
-            check_moe(s, 33, 1024, 16, 4, 3, 1, true, {mma ? 1 : 32, 2, 3}, filter, mma, true);
+            check_moe(s, 40, 768, 16, 8, 1, 1, false, {}, filter, mma, Early::ids);
+            check_moe(s, 33, 1024, 16, 4, 3, 1, true, {mma ? 1 : 32, 2, 3}, filter, mma, Early::ids);
         }
     // Expert parallelism: pairs routed to experts this rank does not hold (absent table entries) come
     // out 0 without a weight read; both kernels, fused gate/up, a K split, ids read early.
     for (const Spec & s : {specs[0], specs[5], specs[6], specs[9]})
         for (const bool mma : {false, true}) {
-            check_moe(s, 40, 2048, 16, 8, 1, 2, true, {}, filter, mma, false, Absent::first_half);
-            check_moe(s, 40, 768, 16, 8, 2, 1, false, {}, filter, mma, true, Absent::odd);
-            check_moe(s, 33, 1024, 16, 4, 3, 1, true, {mma ? 1 : 32, 2, 3}, filter, mma, false, Absent::first_half);
+            check_moe(s, 40, 2048, 16, 8, 1, 2, true, {}, filter, mma, Early::none, Absent::first_half);
+            check_moe(s, 40, 768, 16, 8, 2, 1, false, {}, filter, mma, Early::ids, Absent::odd);
+            check_moe(s, 33, 1024, 16, 4, 3, 1, true, {mma ? 1 : 32, 2, 3}, filter, mma, Early::none, Absent::first_half);
         }
     // Multi-weight launches (q/k/v-like: rows of several weights in one grid), both kernels.
     for (const bool mma : {false, true}) {
@@ -847,6 +856,16 @@ int main(int argc, char ** argv) {
         check_moe(s, 33, 1024, 16, 4, 2, 1, true, {1, 2, 3}, filter, true);
         check_moe(s, 33, 1152, 16, 4, 2, 1, true, {1, 2, 2, 1}, filter, true);
         check_moe(s, 48, 768, 16, 8, 1, 1, false, {1, 4, 1, 0, 1}, filter, true);  // the experts' down, one wave
+    }
+    // The experts' gate/up converting its activations before its wait (GemvArgs::x_early: the routing
+    // kernel before it triggers after its own wait): the plan's kernel (INT4: each warp's split), the
+    // one-wave variant, kp, a K split the planner would not take with it, invalid and absent experts.
+    for (const Spec & s : {specs[0], specs[1], specs[5]}) {
+        check_moe(s, 48, 2048, 16, 8, 1, 2, true, {}, filter, true, Early::x);
+        check_moe(s, 33, 1024, 16, 4, 3, 2, true, {1, 2, 1}, filter, true, Early::x);
+        check_moe(s, 32, 1280, 16, 8, 1, 2, true, {1, 2, 1, 0, 1}, filter, true, Early::x);  // one wave
+        check_moe(s, 40, 1152, 16, 4, 2, 1, false, {1, 2, 2, 1}, filter, true, Early::x);   // kp, odd block ranges, K split
+        check_moe(s, 40, 2048, 16, 8, 1, 2, true, {}, filter, true, Early::x, Absent::odd);
     }
     // The residual add + RMS_NORM prologue (one row of plain weights): the plan's split and forced ones
     // (K-warps, K splits, kp with odd block ranges), with and without a weight, plain and zero-centred,

@@ -134,6 +134,7 @@ public:
         ctx_.workspace    = &workspace_;
         ctx_.props        = &props_;
         ctx_.backend      = this;
+        ctx_.route_waits_first = early_x_mode() != 0;
         ctx_.expert_table = &CudaBackend::expert_table_thunk;
         profiler_         = cuda::OpProfiler::from_env();
         tracer_           = cuda::StepTracer::from_env();
@@ -309,6 +310,16 @@ private:
         return on;
     }
 
+    // SPARK_EARLY_X: 1 (default) the routing kernel triggers after its wait and the experts' gate/up
+    // converts its activations before its own; 0 neither; 2 the late trigger alone (A/B timing).
+    static int early_x_mode() {
+        static const int mode = [] {
+            const char * e = std::getenv("SPARK_EARLY_X");
+            return e && (std::string(e) == "0" || std::string(e) == "2") ? std::atoi(e) : 1;
+        }();
+        return mode;
+    }
+
     // A decode or verify step: every matmul has at most the GEMV's row count (prefill steps have
     // more and launch without PDL, common/launch.h).
     static bool decode_sized(const std::vector<Tensor *> & nodes) {
@@ -331,6 +342,7 @@ private:
             // Early expert ids (ops.h: OpContext::ids_before_wait): what the previous launch's op
             // left in ctx_.last_waits_first says whether that launch triggers only after its wait.
             ctx_.ids_before_wait  = early_ids_enabled() && ctx_.last_waits_first && fusion.ids_written_before_previous(l);
+            ctx_.x_before_wait    = early_x_mode() == 1 && ctx_.last_waits_first && fusion.x_written_before_previous(l);
             ctx_.last_waits_first = false;
             const cuda::OpTimer timer(profiler_.get(), stream_, *l.nodes[0], l.label);
             if (tracer_) tracer_->set_label(cuda::launch_key(*l.nodes[0], l.label));
@@ -350,7 +362,7 @@ private:
             after_collective = false;
             launch(l);
         }
-        ctx_.ids_before_wait = ctx_.last_waits_first = false;  // (nothing outside a step reads them)
+        ctx_.ids_before_wait = ctx_.x_before_wait = ctx_.last_waits_first = false;  // (nothing outside a step reads them)
         if (profiler_) profiler_->collect(stream_);
     }
 

@@ -48,11 +48,13 @@ public:
     // inputs until that launch ends).
     size_t last_position(const FusedLaunch & launch) const;
 
-    // Early expert ids (ops.h: OpContext::ids_before_wait): whether the launch next() returned last is
-    // a MATMUL_ID (or the SWIGLU of two) whose expert ids were computed by a launch before the
-    // previous one (the launch before it in the step; a fused launch covers nodes after its first
-    // one, and skipped nodes are computed by a later launch).
+    // Early expert ids and activations (ops.h: OpContext::ids_before_wait, x_before_wait): whether
+    // the launch next() returned last is a MATMUL_ID (or the SWIGLU of two) whose expert ids / whose
+    // activations were computed by a launch before the previous one (the launch before it in the
+    // step; a fused launch covers nodes after its first one, and skipped nodes are computed by a
+    // later launch).
     bool ids_written_before_previous(const FusedLaunch & launch) const;
+    bool x_written_before_previous(const FusedLaunch & launch) const;
 
 private:
     bool fusable_swiglu(const Tensor & sw) const;
@@ -62,6 +64,7 @@ private:
     size_t next_launching(size_t i) const;
     const Tensor * attention_after_pair(size_t i) const;
     int  matmul_group(size_t first, const Tensor ** group) const;
+    bool moe_source_before_previous(const FusedLaunch & launch, int src) const;
 
     const std::vector<Tensor *> & nodes_;
     const OpContext &             ctx_;

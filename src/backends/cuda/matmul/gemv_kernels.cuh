@@ -323,33 +323,47 @@ __device__ __forceinline__ GemvMat gemv_mat(const GemvArgs & a) {
     return r;
 }
 
-// The weights and activation rows of this block: MATMUL_ID reads the (slot, token) pair's expert id
-// (an invalid id, or an expert this device does not hold: an absent_expert entry with null data,
-// device_weight.h: valid = false, the block reads no weight and writes zeros; its w are then the
-// launch's a.w, a held expert whose pointers nothing reads) and its activation row; MATMUL takes
-// weight mt.m (.. + NW - 1) and the launch's rows.
+// A MATMUL_ID block's activation row: its (slot, token) pair's (no memory read).
+template <int R>
+__device__ __forceinline__ void gemv_expert_rows(const GemvArgs & a, const float * (&xr)[R], int64_t & out_row0) {
+    const int pair = int(blockIdx.z);
+    const int j = pair % a.ids.k_slots, t = pair / a.ids.k_slots;
+#pragma unroll
+    for (int r = 0; r < R; ++r) xr[r] = a.xbase + j * a.x_sj + t * a.x_st;
+    out_row0 = pair;
+}
+
+// A MATMUL_ID block's weights: it reads its (slot, token) pair's expert id (an invalid id, or an
+// expert this device does not hold: an absent_expert entry with null data, device_weight.h:
+// valid = false, the block reads no weight and writes zeros; its w are then the launch's a.w, a
+// held expert whose pointers nothing reads).
+template <int NW>
+__device__ __forceinline__ void gemv_expert_weights(const GemvArgs & a, DeviceWeight (&w)[NW], bool & valid) {
+    if (!a.ids_early) pdl::wait();  // the expert ids come from the router
+    const int       pair = int(blockIdx.z);
+    const int       j = pair % a.ids.k_slots, t = pair / a.ids.k_slots;
+    const int32_t * ip = a.ids.p + j * a.ids.s0 + t * a.ids.s1;
+    const int32_t   e  = a.ids_early ? __ldcg(ip) : __ldg(ip);
+    valid              = e >= 0 && e < a.ids.n_experts;
+#pragma unroll
+    for (int i = 0; i < NW; ++i) {
+        if (valid) w[i] = a.table[i][e];
+        valid = valid && w[i].data != nullptr;
+    }
+    if (!valid) {
+#pragma unroll
+        for (int i = 0; i < NW; ++i) w[i] = a.w[i];
+    }
+}
+
+// The weights and activation rows of this block: a MATMUL_ID's expert (above), or weight mt.m
+// (.. + NW - 1) of a MATMUL and the launch's rows.
 template <int NW, int R>
 __device__ __forceinline__ void gemv_block_operands(const GemvArgs & a, const GemvMat & mt, DeviceWeight (&w)[NW], const float * (&xr)[R],
                                                     int64_t & out_row0, bool & valid) {
     if (a.table[0] != nullptr) {
-        if (!a.ids_early) pdl::wait();  // the expert ids come from the router
-        const int     pair = int(blockIdx.z);
-        const int     j = pair % a.ids.k_slots, t = pair / a.ids.k_slots;
-        const int32_t * ip = a.ids.p + j * a.ids.s0 + t * a.ids.s1;
-        const int32_t e    = a.ids_early ? __ldcg(ip) : __ldg(ip);
-        valid           = e >= 0 && e < a.ids.n_experts;
-#pragma unroll
-        for (int i = 0; i < NW; ++i) {
-            if (valid) w[i] = a.table[i][e];
-            valid = valid && w[i].data != nullptr;
-        }
-        if (!valid) {
-#pragma unroll
-            for (int i = 0; i < NW; ++i) w[i] = a.w[i];
-        }
-#pragma unroll
-        for (int r = 0; r < R; ++r) xr[r] = a.xbase + j * a.x_sj + t * a.x_st;
-        out_row0 = pair;
+        gemv_expert_weights(a, w, valid);
+        gemv_expert_rows(a, xr, out_row0);
     } else {
 #pragma unroll
         for (int i = 0; i < NW; ++i) w[i] = a.w[mt.m + i];

@@ -60,7 +60,10 @@
 // issued before (and before waiting for the previous kernel under PDL), so the conversion overlaps
 // their latency. INT4 at one row on the 2-step ring instead: each warp converts only its own steps'
 // blocks, one step at a time inside the main loop (GemvMmaWarpSplit), so that no MMA waits for the
-// whole block's split.
+// whole block's split. A MATMUL_ID whose activations were written before the previous launch (the
+// experts' gate/up after the routing kernel: GemvArgs::x_early) converts them (or loads its warps'
+// first steps) before its wait, while the routing still runs; it then waits for its expert ids, reads
+// them and requests its weights (the XE instantiations).
 //
 // Pipeline: a register ring of D steps (T tiles x 2 x 16 bytes of weights + scales per lane per
 // step), as the FMA kernel. WAVE (one activation row, GemvPlan::mma_wave): D = 1 and 3
@@ -222,7 +225,7 @@ struct MmaNvfp4 {
 // whose sums of squares it adds up on the way (the norm's 1 / rms is a factor of each row's
 // results: the epilogue applies it, so no block waits for a whole-row reduction before its
 // matmul). sum: where the rows x + b go (the blocks of row tile 0 write their K ranges), or nullptr.
-template <int R, bool NORM>
+template <int R, bool NORM, bool CG = false>
 struct GemvMmaSrc {
     const float * x[R];
     const float * b[R]   = {};  // NORM: the second addend
@@ -231,9 +234,11 @@ struct GemvMmaSrc {
     bool          zc     = false;
     float         ss[R]  = {};  // this thread's sums of squares of x + b
 
-    // Elements k .. k + 3 of row r (as the split's loads: read-only path).
+    // Elements k .. k + 3 of row r (as the split's loads: read-only path; CG: through L2 only, read
+    // before the PDL wait, GemvArgs::x_early).
     __device__ __forceinline__ float4 load4(int r, size_t k) {
-        const float4 u = __ldg(reinterpret_cast<const float4 *>(x[r] + k));
+        const float4 * p = reinterpret_cast<const float4 *>(x[r] + k);
+        const float4   u = CG ? __ldcg(p) : __ldg(p);
         if constexpr (!NORM) return u;
         const float4 v = __ldg(reinterpret_cast<const float4 *>(b[r] + k));
         float4       y = make_float4(u.x + v.x, u.y + v.y, u.z + v.z, u.w + v.w);
@@ -324,8 +329,8 @@ __device__ __forceinline__ void gemv_mma_split_pair(float a0, float a1, uint32_t
 // The block's K range [cb, cb + nblk) of the R rows, written as nblk_pad >= nblk blocks (zeros past
 // nblk): half a warp per 128-K block (thread wi: block wi / 16, chunk wi % 4, word wi / 4 % 4), one
 // pass (the block's max over its 16 lanes by shuffles).
-template <int R, bool NORM>
-__device__ __forceinline__ void gemv_mma_split(GemvMmaSrc<R, NORM> & src, uint32_t cb, uint32_t nblk, uint32_t nblk_pad, uint32_t KC,
+template <int R, bool NORM, bool CG>
+__device__ __forceinline__ void gemv_mma_split(GemvMmaSrc<R, NORM, CG> & src, uint32_t cb, uint32_t nblk, uint32_t nblk_pad, uint32_t KC,
                                                uint4 * smem) {
     constexpr int  P     = gemv_mma_parts(R);
     float *        inv_s = reinterpret_cast<float *>(smem + size_t(nblk_pad) * 16 * P);
@@ -379,11 +384,12 @@ struct GemvMmaWarpSplit {
     // h = l % 2): its two f16x2 words of the fragment entry are {x[2h], x[2h + 4]} and {x[2h + 1], x[2h + 5]}.
     __device__ __forceinline__ static size_t elem(int lane) { return size_t(32 * (lane >> 3) + 8 * ((lane >> 1) & 3) + 2 * (lane & 1)); }
 
-    // Elements of local block bl (zeros past the block's range or past K).
+    // Elements of local block bl (zeros past the block's range or past K); CG: through L2 only.
+    template <bool CG>
     __device__ __forceinline__ static float4 load(const float * x, uint32_t cb, uint32_t bl, uint32_t nblk, uint32_t KC, int lane) {
         if (bl >= nblk || (cb + bl) * 4 + uint32_t(lane >> 3) >= KC) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        const float * p = x + size_t(cb + bl) * kMmaK + elem(lane);
-        const float2  u = __ldg(reinterpret_cast<const float2 *>(p)), v = __ldg(reinterpret_cast<const float2 *>(p + 4));
+        const float2 * p = reinterpret_cast<const float2 *>(x + size_t(cb + bl) * kMmaK + elem(lane));
+        const float2   u = CG ? __ldcg(p) : __ldg(p), v = CG ? __ldcg(p + 2) : __ldg(p + 2);
         return make_float4(u.x, u.y, v.x, v.y);
     }
 
@@ -412,11 +418,13 @@ struct GemvMmaWarpSplit {
 
 // NORM: the residual add + RMS_NORM before the matmul (GemvArgs::norm; one row of one plain weight or
 // a multi-weight launch, never the one-wave variant: its own instantiation, so that the others
-// compile as they would without it).
-template <class F, int R, bool GLU, bool WAVE = false, bool NORM = false>
+// compile as they would without it). XE: a MATMUL_ID whose activations are converted before the
+// PDL wait (GemvArgs::x_early; its own instantiations likewise).
+template <class F, int R, bool GLU, bool WAVE = false, bool NORM = false, bool XE = false>
 __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) gemv_mma_kernel(const GemvArgs a) {
     static_assert(!WAVE || R == 1, "the one-wave variant is for one activation row");
     static_assert(!NORM || (R == 1 && !GLU && !WAVE), "the norm prologue is for one row of plain weights");
+    static_assert(!XE || (R == 1 && !NORM), "early activations are a MATMUL_ID's (one row, no norm)");
     constexpr int NW     = GLU ? 2 : 1;
     constexpr int U      = gemv_mma_tiles(NW);  // row tiles per weight
     constexpr int T      = U * NW;              // tiles per step (index t = i * U + u)
@@ -455,16 +463,51 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
     const float * xr[R];
     int64_t       out_row0 = 0;
     bool          valid    = true;
-    gemv_block_operands(a, mt, w, xr, out_row0, valid);
+    if constexpr (XE)
+        gemv_expert_rows(a, xr, out_row0);  // (the weights after the split, below)
+    else
+        gemv_block_operands(a, mt, w, xr, out_row0, valid);
 
-    // This block's 128-K blocks [cb, ce) (local bl = b - cb < nblk); step j of warp kw covers local
-    // blocks ((kw + j wk) << kp) + (kp ? t : 0) of its tiles t (j < J).
-    const uint32_t cps    = uint32_t(a.chunks_per_split);
-    const uint32_t cb     = blockIdx.y * cps;
-    const uint32_t ce     = valid ? min(KB, cb + cps) : cb;
-    const uint32_t nblk   = ce > cb ? ce - cb : 0;
-    const uint32_t nstep  = (nblk + uint32_t(kp)) >> kp;  // step positions in the range
-    const int      J      = nstep > uint32_t(kw) ? int((nstep - uint32_t(kw) + uint32_t(wk) - 1) >> wk_shift) : 0;
+    // This block's 128-K blocks [cb, ce) (local bl = b - cb < nblk; XE: the range before the expert
+    // is known to be valid); step j of warp kw covers local blocks ((kw + j wk) << kp) + (kp ? t : 0)
+    // of its tiles t (j < J; none for an invalid expert).
+    const uint32_t cps     = uint32_t(a.chunks_per_split);
+    const uint32_t cb      = blockIdx.y * cps;
+    const uint32_t ce      = XE || valid ? min(KB, cb + cps) : cb;
+    const uint32_t nblk    = ce > cb ? ce - cb : 0;
+    const uint32_t nstep   = (nblk + uint32_t(kp)) >> kp;  // step positions in the range
+    const int      J_range = nstep > uint32_t(kw) ? int((nstep - uint32_t(kw) + uint32_t(wk) - 1) >> wk_shift) : 0;
+
+    // The activations into the B fragments (block-wide), or (WS) the first steps' elements of each
+    // warp into registers: after the wait, or (XE) before it, through L2 (pdl.cuh: written before the
+    // previous launch, which let this one start only after its own wait; L1 is not coherent).
+    float4     xs[D][2];  // (WS) the elements of the steps in the ring
+    auto       split_x = [&] {
+        if constexpr (WS) {
+#pragma unroll
+            for (int s = 0; s < D; ++s) {
+                if (s >= J_range) continue;
+                const uint32_t bl0 = uint32_t(kw + (s << wk_shift)) << kp;
+#pragma unroll
+                for (int t = 0; t < 2; ++t)
+                    if (t <= kp) xs[s][t] = WSplit::template load<XE>(xr[0], cb, bl0 + uint32_t(t), nblk, KC, lane);
+            }
+        } else {
+            GemvMmaSrc<R, NORM, XE> src;
+#pragma unroll
+            for (int r = 0; r < R; ++r) src.x[r] = xr[r];
+            if constexpr (NORM) gemv_norm_source<R>(a, src);
+            gemv_mma_split<R>(src, cb, nblk, nblk + (nblk & uint32_t(kp)), KC, gemv_mma_smem_buf);
+            if constexpr (NORM) gemv_norm_partials<R>(a, src, int64_t(cb) * kMmaK, int64_t(cb + nblk) * kMmaK, gemv_norm_scratch<R>());
+            __syncthreads();
+        }
+        trace::mark(trace::kSplit);  // (step trace builds: step_trace.cuh; WS: the first steps' elements requested)
+    };
+    if constexpr (XE) {
+        split_x();
+        gemv_expert_weights(a, w, valid);  // (without ids_early: waits here for the ids)
+    }
+    const int J = XE && !valid ? 0 : J_range;  // (otherwise an invalid expert's range is empty)
 
     // 4-bit tile-major (device_weight.h; a GLU's two weights have one shape, so one order): a row's
     // next 128-K block is 64 chunks on instead of 4, and each load instruction of the warp reads
@@ -507,9 +550,7 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
 #pragma unroll
         for (int t = 0; t < T; ++t) raw[s][t][0] = raw[s][t][1] = make_uint4(0, 0, 0, 0);
     const uint64_t policy = ptx::l2_evict_first_policy();
-    // WS: the activations of the steps in the ring (loaded with their weights, after the wait), and the
-    // warp's two slots.
-    float4  xs[D][2];
+    // WS: the warp's two slots of converted steps.
     uint4 * wring = gemv_mma_smem_buf + size_t(warp) * WSplit::kWarpU4;
 
     // Steps are issued in order, j = 0, 1, ...: running local block and weight pointers.
@@ -538,13 +579,13 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
             bl_next += bl_step;
         }
     };
-    // WS: the elements of step j (every lane, j < J) for ring slot `slot`.
+    // WS: the elements of step j (every lane, j < J) for ring slot `slot` (after the wait).
     auto issue_x = [&](const int slot, const int j) {
         if (!WS || j >= J) return;
         const uint32_t bl0 = uint32_t(kw + (j << wk_shift)) << kp;
 #pragma unroll
         for (int t = 0; t < 2; ++t)
-            if (t <= kp) xs[slot][t] = WSplit::load(xr[0], cb, bl0 + uint32_t(t), nblk, KC, lane);
+            if (t <= kp) xs[slot][t] = WSplit::template load<false>(xr[0], cb, bl0 + uint32_t(t), nblk, KC, lane);
     };
     auto consume = [&](const int slot, const int j) {
         if (j >= J) return;
@@ -623,19 +664,7 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
         if (a.norm.w != nullptr)
             for (int64_t i = int64_t(threadIdx.x) * 32; i < a.k; i += int64_t(kGemvThreads) * 32) ptx::prefetch_l2(a.norm.w + i);
     if (a.table[0] == nullptr || a.ids_early) pdl::wait();
-    if constexpr (WS) {
-#pragma unroll
-        for (int s = 0; s < D; ++s) issue_x(s, s);
-    } else {
-        GemvMmaSrc<R, NORM> src;
-#pragma unroll
-        for (int r = 0; r < R; ++r) src.x[r] = xr[r];
-        if constexpr (NORM) gemv_norm_source<R>(a, src);
-        gemv_mma_split<R>(src, cb, nblk, nblk + (nblk & uint32_t(kp)), KC, gemv_mma_smem_buf);
-        if constexpr (NORM) gemv_norm_partials<R>(a, src, int64_t(cb) * kMmaK, int64_t(cb + nblk) * kMmaK, gemv_norm_scratch<R>());
-        __syncthreads();
-    }
-    trace::mark(trace::kSplit);  // (step trace builds: step_trace.cuh; WS: the first steps' elements requested)
+    if constexpr (!XE) split_x();
     for (int j0 = 0; j0 < J; j0 += D) {
 #pragma unroll
         for (int s = 0; s < D; ++s) {
@@ -711,9 +740,9 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
 }
 
 #ifdef __CUDACC__
-template <class F, int R, bool GLU, bool WAVE = false, bool NORM = false>
+template <class F, int R, bool GLU, bool WAVE = false, bool NORM = false, bool XE = false>
 void gemv_mma_launch_one(const GemvArgs & a, dim3 grid, int smem, cudaStream_t s) {
-    auto             kernel = gemv_mma_kernel<F, R, GLU, WAVE, NORM>;
+    auto             kernel = gemv_mma_kernel<F, R, GLU, WAVE, NORM, XE>;
     static SmemLimit limit;  // (plan_gemv stays under the device's opt-in maximum)
     raise_smem_limit(reinterpret_cast<const void *>(kernel), smem, limit);
     launch_kernel(kernel, grid, dim3(kGemvThreads), size_t(smem), s, a.pdl != 0, a);
@@ -724,6 +753,14 @@ void gemv_mma_launch(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, int sm
     if (a.norm.a != nullptr) {  // (op_add_norm_matmul plans only this form)
         if (r_tmpl != 1 || glu || a.mma_wave) fail(SPARK_ERR_INTERNAL, "gemv: the norm prologue takes one row of plain weights");
         return gemv_mma_launch_one<F, 1, false, false, true>(a, grid, smem, s);
+    }
+    if (a.x_early) {  // (plan_moe_launch sets it only for MATMUL_IDs, whose launches take one row)
+        if (r_tmpl != 1 || a.table[0] == nullptr) fail(SPARK_ERR_INTERNAL, "gemv: early activations are a MATMUL_ID's, one row");
+        if (a.mma_wave)
+            return glu ? gemv_mma_launch_one<F, 1, true, true, false, true>(a, grid, smem, s)
+                       : gemv_mma_launch_one<F, 1, false, true, false, true>(a, grid, smem, s);
+        return glu ? gemv_mma_launch_one<F, 1, true, false, false, true>(a, grid, smem, s)
+                   : gemv_mma_launch_one<F, 1, false, false, false, true>(a, grid, smem, s);
     }
     if (a.mma_wave && r_tmpl == 1)
         return glu ? gemv_mma_launch_one<F, 1, true, true>(a, grid, smem, s) : gemv_mma_launch_one<F, 1, false, true>(a, grid, smem, s);

@@ -257,6 +257,7 @@ void run_moe_gemv(const Moe & m, const LaunchPlan & lp, Scratch & scratch, const
     a.pdl        = pdl_enabled();
     a.y          = m.y;
     a.ids_early  = lp.ids_early;
+    a.x_early    = lp.x_early;
     gemv_split(a, lp.gemv[0], s, ctx);
     gemv_launch_fmt(m.w0[0].format, lp.gemv[0], m.nw == 2, a, ctx.stream);
     ctx.last_waits_first = !a.ids_early;  // (its trigger follows its wait for the ids)
@@ -649,6 +650,7 @@ void op_matmul_id(const Tensor & t, const OpContext & ctx) {
     mm::check_output(t, m.w0[0].n);
     m.y         = static_cast<float *>(t.data);
     m.ids_early = ctx.ids_before_wait;
+    m.x_early   = ctx.x_before_wait;
     mm::exec_moe(m, ctx);
 }
 
@@ -688,6 +690,7 @@ void op_matmul_swiglu(const Tensor & swiglu, const OpContext & ctx) {
     }
     m.nw        = 2;
     m.ids_early = ctx.ids_before_wait;
+    m.x_early   = ctx.x_before_wait;
     mm::check_output(swiglu, m.w0[0].n);
     m.y         = static_cast<float *>(swiglu.data);
     m.stage_x   = overlaps(swiglu, *g->src[0]);

@@ -201,7 +201,7 @@ Path choose(const Moe & m) {
     return pairs <= 65535 ? Path::Gemv : Path::Generic;
 }
 
-LaunchPlan plan_moe_launch(const Moe & m, bool x_aligned, bool ids_early, const DeviceProps & dev) {
+LaunchPlan plan_moe_launch(const Moe & m, bool x_aligned, bool ids_early, bool x_early, const DeviceProps & dev) {
     const int64_t pairs = m.pairs(), N = m.w0[0].n, K = m.w0[0].k;
     LaunchPlan    p;
     p.path = choose(m);
@@ -219,7 +219,9 @@ LaunchPlan plan_moe_launch(const Moe & m, bool x_aligned, bool ids_early, const 
             // The FMA kernel keeps waiting first: the gate/up FMA GEMV before it lets it start only
             // after its own main loop, too late for the early loads to pay (H100, 30B-A3B fp8:
             // 347.9 against 350.2 t/s).
-            p.ids_early = ids_early && p.scratch.x_f32 == 0 && p.gemv[0].ksplit == 1 && p.gemv[0].mma;
+            const bool early = p.scratch.x_f32 == 0 && p.gemv[0].ksplit == 1 && p.gemv[0].mma;
+            p.ids_early      = ids_early && early;
+            p.x_early        = x_early && early;
             break;
         }
         case Path::Gemm: {
@@ -263,15 +265,16 @@ OpPlan plan_moe(const Moe & m, const DeviceProps & dev) {
     p.x_copy   = m.stage_x ? size_t(pairs * K) * 4 : 0;
     // The copy of the activations: rows of K floats from a 256-byte aligned piece.
     const bool x_aligned = m.stage_x ? K % 4 == 0 : pairs_aligned(m.x);
-    const bool ids_early = m.ids_early && p.ids_copy == 0 && p.x_copy == 0;  // (a staging launch comes first)
+    const bool staged    = p.ids_copy != 0 || p.x_copy != 0;  // (a staging launch comes first)
+    const bool ids_early = m.ids_early && !staged, x_early = m.x_early && !staged;
     if (choose(m) != Path::Generic && must_unfuse(m)) {
         p.unfused   = true;
         p.up_y      = size_t(pairs * m.w0[0].n) * 4;
-        p.launch[0] = plan_moe_launch(half_of(m, 0), x_aligned, ids_early, dev);
-        p.launch[1] = plan_moe_launch(half_of(m, 1), x_aligned, false, dev);  // (its launch follows the gate's)
+        p.launch[0] = plan_moe_launch(half_of(m, 0), x_aligned, ids_early, x_early, dev);
+        p.launch[1] = plan_moe_launch(half_of(m, 1), x_aligned, false, false, dev);  // (its launch follows the gate's)
         return p;
     }
-    p.launch[0] = plan_moe_launch(m, x_aligned, ids_early, dev);
+    p.launch[0] = plan_moe_launch(m, x_aligned, ids_early, x_early, dev);
     return p;
 }
 

@@ -96,9 +96,10 @@ struct Moe {
     // The output overlaps the activations / the ids (see Dense::stage_x): copy them first.
     bool   stage_x   = false;
     size_t ids_bytes = 0;  // > 0: copy the ids (their byte span)
-    // The GEMV may read the ids before its wait (OpContext::ids_before_wait), as long as it is the
-    // op's first launch (no staging kernel in between).
+    // The GEMV may read the ids / convert the activations before its wait (OpContext::ids_before_wait,
+    // x_before_wait), as long as it is the op's first launch (no staging kernel in between).
     bool ids_early = false;
+    bool x_early   = false;
 
     int64_t pairs() const { return int64_t(ids.k_slots) * n_tok; }
 };
@@ -155,8 +156,10 @@ struct LaunchPlan {
     // Gemm: tile height, K split and grid. MATMUL_ID: grid.x = the tile count the routing may
     // produce (blocks past the built count exit), no K split.
     GemmPlan gemm;
-    // MATMUL_ID GEMV: reads its expert ids before its wait (GemvArgs::ids_early).
+    // MATMUL_ID GEMV: reads its expert ids / converts its activations before its wait
+    // (GemvArgs::ids_early, x_early).
     bool ids_early = false;
+    bool x_early   = false;
 
     const GemvPlan & gemv_for(int rows) const { return rows == batch_rows[0] ? gemv[0] : gemv[1]; }
 };
