@@ -857,8 +857,8 @@ int main(int argc, char ** argv) {
         check_moe(s, 33, 1152, 16, 4, 2, 1, true, {1, 2, 2, 1}, filter, true);
         check_moe(s, 48, 768, 16, 8, 1, 1, false, {1, 4, 1, 0, 1}, filter, true);  // the experts' down, one wave
     }
-    // The experts' gate/up converting its activations before its wait (GemvArgs::x_early: the routing
-    // kernel before it triggers after its own wait): the plan's kernel (INT4: each warp's split), the
+    // The experts' gate/up converting its activations before its wait (GemvArgs::x_early: written
+    // before the router GEMV, which triggers after its wait): the plan's kernel (INT4: each warp's split), the
     // one-wave variant, kp, a K split the planner would not take with it, invalid and absent experts.
     for (const Spec & s : {specs[0], specs[1], specs[5]}) {
         check_moe(s, 48, 2048, 16, 8, 1, 2, true, {}, filter, true, Early::x);

@@ -134,7 +134,6 @@ public:
         ctx_.workspace    = &workspace_;
         ctx_.props        = &props_;
         ctx_.backend      = this;
-        ctx_.route_waits_first = early_x_mode() != 0;
         ctx_.expert_table = &CudaBackend::expert_table_thunk;
         profiler_         = cuda::OpProfiler::from_env();
         tracer_           = cuda::StepTracer::from_env();
@@ -310,14 +309,13 @@ private:
         return on;
     }
 
-    // SPARK_EARLY_X: 1 (default) the routing kernel triggers after its wait and the experts' gate/up
-    // converts its activations before its own; 0 neither; 2 the late trigger alone (A/B timing).
-    static int early_x_mode() {
-        static const int mode = [] {
+    // SPARK_EARLY_X=0: every expert GEMV converts its activations after its wait (A/B timing).
+    static bool early_x_enabled() {
+        static const bool on = [] {
             const char * e = std::getenv("SPARK_EARLY_X");
-            return e && (std::string(e) == "0" || std::string(e) == "2") ? std::atoi(e) : 1;
+            return !(e && std::string(e) == "0");
         }();
-        return mode;
+        return on;
     }
 
     // A decode or verify step: every matmul has at most the GEMV's row count (prefill steps have
@@ -336,18 +334,19 @@ private:
         const cuda::PdlStep pdl_step(decode_sized(graph.nodes()));
         ctx_.prompt_step = graph.prompt_step();
         cuda::FusionPass    fusion(graph, ctx_);
-        ctx_.last_waits_first = false;
         bool after_collective = false;
         for (cuda::FusedLaunch l; fusion.next(l);) {
-            // Early expert ids (ops.h: OpContext::ids_before_wait): what the previous launch's op
-            // left in ctx_.last_waits_first says whether that launch triggers only after its wait.
-            ctx_.ids_before_wait  = early_ids_enabled() && ctx_.last_waits_first && fusion.ids_written_before_previous(l);
-            ctx_.x_before_wait    = early_x_mode() == 1 && ctx_.last_waits_first && fusion.x_written_before_previous(l);
+            // Early expert ids and activations (ops.h: OpContext::ids_before_wait): written before
+            // the latest launch whose op said (ctx_.last_waits_first) that it triggers only after
+            // its wait.
+            ctx_.ids_before_wait  = early_ids_enabled() && fusion.ids_written_before_barrier(l);
+            ctx_.x_before_wait    = early_x_enabled() && fusion.x_written_before_barrier(l);
             ctx_.last_waits_first = false;
             const cuda::OpTimer timer(profiler_.get(), stream_, *l.nodes[0], l.label);
             if (tracer_) tracer_->set_label(cuda::launch_key(*l.nodes[0], l.label));
             if (l.kind == cuda::FusedLaunch::Kind::Node && l.nodes[0]->op == Op::ALL_REDUCE) {
                 all_reduce(graph, *l.nodes[0]);
+                fusion.launched(false);  // (the barrier before it still holds: the launch after it waits in stream order)
                 after_collective = true;
                 continue;
             }
@@ -361,6 +360,7 @@ private:
             if (after_collective) no_pdl.emplace(false);
             after_collective = false;
             launch(l);
+            fusion.launched(ctx_.last_waits_first);
         }
         ctx_.ids_before_wait = ctx_.x_before_wait = ctx_.last_waits_first = false;  // (nothing outside a step reads them)
         if (profiler_) profiler_->collect(stream_);

@@ -21,7 +21,6 @@ bool FusionPass::next(FusedLaunch & l) {
         const Tensor * n = nodes_[i_];
         if (skip_[size_t(n->id)]) continue;
         if (n->op == Op::VIEW || n->op == Op::NONE) continue;  // (launch nothing)
-        previous_ = last_;
         last_     = n;
         l         = FusedLaunch{};
         l.nodes[0] = n;
@@ -181,19 +180,23 @@ size_t FusionPass::whole_norm_rope_at(size_t i) const {
     return j;
 }
 
+void FusionPass::launched(bool waits_first) {
+    if (waits_first) barrier_ = last_;
+}
+
 // Source `src` of the launch's MATMUL_ID (1: the ids, 0: the activations), through views.
-bool FusionPass::moe_source_before_previous(const FusedLaunch & l, int src) const {
+bool FusionPass::moe_source_before_barrier(const FusedLaunch & l, int src) const {
     const Tensor * n  = l.nodes[0];
     const Tensor * mm = n->op == Op::SWIGLU ? n->src[0] : n;
-    if (!mm || mm->op != Op::MATMUL_ID || !previous_) return false;
+    if (!mm || mm->op != Op::MATMUL_ID || !barrier_ || barrier_ == n) return false;
     const Tensor * t = mm->src[src];
     while (t && t->op == Op::VIEW) t = t->src[0];
     if (!t || pos_[size_t(t->id)] < 0 || skip_[size_t(t->id)]) return false;  // (an input of the graph: no launch)
-    return pos_[size_t(t->id)] < pos_[size_t(previous_->id)];
+    return pos_[size_t(t->id)] < pos_[size_t(barrier_->id)];
 }
 
-bool FusionPass::ids_written_before_previous(const FusedLaunch & l) const { return moe_source_before_previous(l, 1); }
-bool FusionPass::x_written_before_previous(const FusedLaunch & l) const { return moe_source_before_previous(l, 0); }
+bool FusionPass::ids_written_before_barrier(const FusedLaunch & l) const { return moe_source_before_barrier(l, 1); }
+bool FusionPass::x_written_before_barrier(const FusedLaunch & l) const { return moe_source_before_barrier(l, 0); }
 
 // A SWIGLU of two matmuls over the same input, read by nothing else (MATMUL_IDs: expert sets of
 // one format and shape, held alike where expert parallelism leaves some empty).

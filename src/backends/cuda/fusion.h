@@ -48,13 +48,18 @@ public:
     // inputs until that launch ends).
     size_t last_position(const FusedLaunch & launch) const;
 
+    // The dispatch tells, after each launch next() returned, whether its last kernel lets the next
+    // one start only after its own PDL wait (ops.h: OpContext::last_waits_first). Once such a
+    // launch has let the next one start, every launch before it has completed (pdl.cuh): the
+    // latest one is the barrier the early reads below are judged against.
+    void launched(bool waits_first);
+
     // Early expert ids and activations (ops.h: OpContext::ids_before_wait, x_before_wait): whether
     // the launch next() returned last is a MATMUL_ID (or the SWIGLU of two) whose expert ids / whose
-    // activations were computed by a launch before the previous one (the launch before it in the
-    // step; a fused launch covers nodes after its first one, and skipped nodes are computed by a
-    // later launch).
-    bool ids_written_before_previous(const FusedLaunch & launch) const;
-    bool x_written_before_previous(const FusedLaunch & launch) const;
+    // activations were computed by a launch before the barrier (a fused launch covers nodes after
+    // its first one, and skipped nodes are computed by a later launch).
+    bool ids_written_before_barrier(const FusedLaunch & launch) const;
+    bool x_written_before_barrier(const FusedLaunch & launch) const;
 
 private:
     bool fusable_swiglu(const Tensor & sw) const;
@@ -64,7 +69,7 @@ private:
     size_t next_launching(size_t i) const;
     const Tensor * attention_after_pair(size_t i) const;
     int  matmul_group(size_t first, const Tensor ** group) const;
-    bool moe_source_before_previous(const FusedLaunch & launch, int src) const;
+    bool moe_source_before_barrier(const FusedLaunch & launch, int src) const;
 
     const std::vector<Tensor *> & nodes_;
     const OpContext &             ctx_;
@@ -72,7 +77,7 @@ private:
     std::vector<int>              pos_;   // position of each node, by tensor id (-1: not a node)
     std::vector<bool>             skip_;  // computed by another launch
     size_t                        i_        = 0;
-    const Tensor *                previous_ = nullptr;  // the first node of the launch before the last one
+    const Tensor *                barrier_  = nullptr;  // the first node of the barrier launch (launched())
     const Tensor *                last_     = nullptr;  // the first node of the last launch
 };
 

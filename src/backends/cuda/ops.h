@@ -50,21 +50,19 @@ struct OpContext {
     // Device array of the DeviceWeights of a MATMUL_ID node's experts (built once, cached).
     const DeviceWeight * (*expert_table)(void * backend, const QWeight * experts, int32_t n) = nullptr;
     void *              backend = nullptr;
-    // Set by the dispatch for one node: the launch before this node's first kernel lets it start
-    // only after that launch's own wait, and this node's expert ids were written before that launch
+    // Set by the dispatch for one node: a launch before this node's first kernel lets the next one
+    // start only after its own wait, and this node's expert ids were written before that launch
     // (pdl.cuh): a MATMUL_ID GEMV may read them before its wait (GemvArgs::ids_early).
     bool ids_before_wait = false;
     // The same for the node's activations (GemvArgs::x_early): a MATMUL_ID GEMV may convert them
-    // before its wait (the experts' gate/up after the routing kernel, which triggers after its wait).
+    // before its wait (the experts' gate/up, whose activations the norm wrote before the router).
     bool x_before_wait = false;
-    // The routing kernel lets the next launch start only after its own wait (moe.cu): then the
-    // experts' gate/up after it converts its activations (written before the router GEMV) while
-    // the routing runs. SPARK_EARLY_X (cuda_backend.cpp): 0 off, 2 the late trigger alone (A/B).
-    bool route_waits_first = true;
     // The step is a prompt step (Graph::prompt_step): matmuls may take W4A4 (op_plan.h, w4a4_takes).
     bool prompt_step = false;
     // Set by an op: its last launch lets the next kernel start only after its own wait (a MATMUL_ID
-    // GEMV that waited for its ids first). The dispatch clears it before each node.
+    // GEMV that waited for its ids first, the FMA GEMV).
+    // The dispatch clears it before each node and keeps the latest such launch as the barrier of
+    // the early reads above (FusionPass::launched).
     mutable bool last_waits_first = false;
 };
 

@@ -20,19 +20,19 @@
 //                        kernels after their wait and the attention decode kernel once its first
 //                        K/V tiles are requested, where the kernels launched early behind them cost
 //                        more than they gained (measured in docs/PERF.md; for the attention, the
-//                        next GEMV's early weight loads queued its chain of round trips). The MoE
-//                        routing kernel triggers after its wait, so that the experts' GEMV after it
-//                        may read its activations early (below).
+//                        next GEMV's early weight loads queued its chain of round trips).
 // Reading weights (written at load time) before wait() is what makes PDL pay: the loads are in
 // flight while the previous kernel drains.
-//   One more read may precede wait(): data written by a kernel before the previous one, when the
-// previous kernel calls launch_dependents() only after its own wait() (then this kernel cannot start
-// before every earlier kernel has completed, and their writes are visible in L2: read with ld.cg, as
-// L1 is not coherent). The expert GEMV of a MoE down projection reads its expert ids (from the
-// router, two launches back) this way and requests its weights before the gate/up GEMV ends
-// (GemvArgs::ids_early; the dispatch decides, cuda_backend.cpp); the gate/up GEMV converts its
-// activations (from the norm before the router GEMV) while the routing kernel, which triggers after
-// its wait for that reason, still chooses the experts (GemvArgs::x_early). And data that only earlier steps
+//   One more read may precede wait(): data written before a kernel that calls launch_dependents()
+// only after its own wait(), by this kernel or one launched before it (once that kernel triggers,
+// every kernel before it has completed, and each later one starts only after the one before it
+// triggered: so this kernel cannot start before those writes are complete and visible in L2; read
+// with ld.cg, as L1 is not coherent). The dispatch keeps the latest such launch as the barrier
+// (FusionPass::launched). The expert GEMV of a MoE down projection reads its expert ids (from the
+// router, two launches back; the gate/up GEMV waits for them before it triggers) this way and
+// requests its weights before the gate/up GEMV ends (GemvArgs::ids_early); the gate/up GEMV
+// converts its activations (from the norm before the router GEMV, whose FMA kernel triggers after
+// its main loop) while the routing kernel still chooses the experts (GemvArgs::x_early). And data that only earlier steps
 // wrote (earlier graph launches, complete before this step's first kernel; ld.cg): the step's
 // inputs and the linear-attention state (ssm.h, "Before the wait").
 //

@@ -23,10 +23,10 @@
 //            are chosen by p + bias (the optional e_score_correction_bias; the key is the
 //            order-preserving integer of any float) and weighted by p alone. The bias is a weight:
 //            read before the PDL wait, so its trip to DRAM overlaps the router GEMV.
-// The kernel lets the next one start after its PDL wait, not at its start (OpContext::
-// route_waits_first): the experts' gate/up GEMV after it may then convert its activations, written
-// before the router GEMV, while the routing runs (GemvArgs::x_early; docs/PERF.md, "The experts'
-// activations converted while the routing runs": +2-3% a decode step; the later start alone is level).
+// The kernel lets the next one start at its own start: the experts' gate/up GEMV after it converts
+// its activations (written before the router GEMV, whose FMA kernel triggers after its wait) while
+// the routing runs (GemvArgs::x_early; docs/PERF.md, "The experts' activations converted while the
+// routing runs").
 // The ids are always distinct and in [0, E): a NaN probability ranks below every number, so k <= E
 // valid experts always exist (MATMUL_ID indexes expert tables with them).
 // Arithmetic mirrors the CPU backend: m = max logit, e = expf(x - m), p = e / sum(e), weights summed
@@ -81,10 +81,8 @@ void op_moe_route(const Tensor & t, const OpContext & ctx) {
     const ew::RouteLaunch rl     = ew::route_launch_for(E);
     const int64_t         blocks = ceil_div(args.nrows, int64_t(rl.rows_per_block));
     ew::require(blocks <= 0x7fffffff, "MOE_ROUTE", "too many tokens");
-    args.wait_first = ctx.route_waits_first;
     launch(rl.kernel, unsigned(blocks), unsigned(rl.threads), 0, ctx.stream, args);
     SPARK_CUDA_CHECK_LAUNCH();
-    ctx.last_waits_first = args.wait_first;
 }
 
 void op_moe_combine(const Tensor & t, const OpContext & ctx) {

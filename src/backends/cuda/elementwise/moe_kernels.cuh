@@ -20,9 +20,6 @@ struct RouteArgs {
     bool          sigmoid   = false;    // sigmoid scores instead of a softmax (MiniMax-M2)
     const float * bias      = nullptr;  // sigmoid only, optional: added to the scores to choose, not to the weights
     bool          shared    = false;    // ids end with n_expert: the shared expert's slot k (Graph::moe_route)
-    // Let the next kernel start only after this one's wait (OpContext::route_waits_first): it may
-    // then read what the launches before this one wrote before its own wait (pdl.cuh).
-    bool          wait_first = false;
 };
 
 __device__ __forceinline__ float route_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
@@ -163,14 +160,13 @@ template <int NPL> __device__ __forceinline__ uint32_t route_max_key(int e0, int
 // E <= 256: one warp per token (NPL values per lane, a power of two, 32 NPL >= E), kRouteWarps
 // tokens a block.
 template <int NPL> __global__ void __launch_bounds__(32 * kRouteWarps) moe_route_kernel(const RouteArgs args) {
-    if (!args.wait_first) pdl::launch_dependents();
+    pdl::launch_dependents();
     const int64_t r    = int64_t(blockIdx.x) * kRouteWarps + (threadIdx.x >> 5);
     const int     lane = threadIdx.x & 31;
     const int     E    = int(args.n_expert);
     float         bias[NPL];
     route_load_bias(args, r < args.nrows, lane, bias);
     pdl::wait();
-    if (args.wait_first) pdl::launch_dependents();
     if (r >= args.nrows) return;  // whole warps
     float p[NPL];
     route_load_logits(args, r, lane, p);
@@ -211,14 +207,13 @@ template <int W> __global__ void __launch_bounds__(32 * W) moe_route_wide_kernel
     __shared__ float    w_s[W][kMaxTopK];
     __shared__ uint64_t win_key[kMaxTopK];
     __shared__ float    win_w[kMaxTopK];
-    if (!args.wait_first) pdl::launch_dependents();
+    pdl::launch_dependents();
     const int64_t r    = blockIdx.x;
     const int     warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int     E = int(args.n_expert), e0 = kPerWarp * warp + lane;
     float         bias[NPL];
     route_load_bias(args, r < args.nrows, e0, bias);
     pdl::wait();
-    if (args.wait_first) pdl::launch_dependents();
     if (r >= args.nrows) return;  // the whole block
     float p[NPL];
     route_load_logits(args, r, e0, p);

@@ -60,8 +60,8 @@
 // issued before (and before waiting for the previous kernel under PDL), so the conversion overlaps
 // their latency. INT4 at one row on the 2-step ring instead: each warp converts only its own steps'
 // blocks, one step at a time inside the main loop (GemvMmaWarpSplit), so that no MMA waits for the
-// whole block's split. A MATMUL_ID whose activations were written before the previous launch (the
-// experts' gate/up after the routing kernel: GemvArgs::x_early) converts them (or loads its warps'
+// whole block's split. A MATMUL_ID whose activations are known complete when it starts (the experts'
+// gate/up: written before the router GEMV, GemvArgs::x_early) converts them (or loads its warps'
 // first steps) before its wait, while the routing still runs; it then waits for its expert ids, reads
 // them and requests its weights (the XE instantiations).
 //
@@ -479,8 +479,8 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
     const int      J_range = nstep > uint32_t(kw) ? int((nstep - uint32_t(kw) + uint32_t(wk) - 1) >> wk_shift) : 0;
 
     // The activations into the B fragments (block-wide), or (WS) the first steps' elements of each
-    // warp into registers: after the wait, or (XE) before it, through L2 (pdl.cuh: written before the
-    // previous launch, which let this one start only after its own wait; L1 is not coherent).
+    // warp into registers: after the wait, or (XE) before it, through L2 (pdl.cuh: complete before
+    // this kernel started; L1 is not coherent).
     float4     xs[D][2];  // (WS) the elements of the steps in the ring
     auto       split_x = [&] {
         if constexpr (WS) {

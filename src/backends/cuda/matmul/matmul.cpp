@@ -141,6 +141,7 @@ void run_gemv(const Dense & d, const LaunchPlan & lp, Scratch & scratch, const O
         a.y                = d.y + b0 * N;
         gemv_split(a, p, s, ctx);
         gemv_launch_fmt(w.format, p, d.nw == 2, a, ctx.stream);
+        ctx.last_waits_first = !p.mma;  // (the FMA kernel triggers after its main loop)
     }
 }
 
@@ -495,6 +496,7 @@ void launch_multi_gemv(const Tensor * const * mms, const Multi & mu, const Launc
     gemv_split(a, p, s, ctx);
     if (unsigned(tile) != p.grid.x) fail(SPARK_ERR_INTERNAL, "matmul_multi: %d row tiles, grid of %u", tile, p.grid.x);
     gemv_launch_fmt(a.w[0].format, p, false, a, ctx.stream);
+    ctx.last_waits_first = !p.mma;  // (the FMA kernel triggers after its main loop)
 }
 
 void exec_multi(const Tensor * const * mms, int count, const OpContext & ctx) {

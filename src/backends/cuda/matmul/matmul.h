@@ -197,8 +197,8 @@ struct GemvArgs {
     // after its own wait (pdl.cuh): read them (ld.cg) and request the experts' first weights before
     // waiting. 0: wait first.
     int32_t ids_early = 0;
-    // MATMUL_ID, MMA kernel: the activations were written before the previous launch, which lets
-    // this one start only after its own wait: convert them (ld.cg) into the B fragments before
+    // MATMUL_ID, MMA kernel: the activations were written before a launch that lets the next one
+    // start only after its own wait (pdl.cuh): convert them (ld.cg) into the B fragments before
     // waiting (for the ids). 0: after the wait.
     int32_t x_early = 0;
     // MMA kernel, one weight: a warp's two row tiles are one tile at two consecutive 128-K blocks
