@@ -596,6 +596,52 @@ TEST_CASE("matmul_id: fused gate/up + SwiGLU over experts") {
     }
 }
 
+TEST_CASE("matmul_id: the expert ids and activations a GEMV may read before its wait") {
+    // (Host code: the fusion pass's answers as the dispatch asks them, given what each launch's op
+    // reports: OpContext::last_waits_first.) A MoE block as graph_builders.cpp builds it: the norm,
+    // the router matmul, MOE_ROUTE, the gate/up SWIGLU of two MATMUL_IDs, the down MATMUL_ID, the
+    // combine. The gate/up may convert the norm's output early once a launch after the norm triggers
+    // only after its wait (the router's FMA GEMV); the down may read the routing's ids early since
+    // the gate/up waited for them before it triggered.
+    using Kind          = spark::cuda::FusedLaunch::Kind;
+    const int64_t H     = 256, F = 128;
+    const int32_t E     = 8, k = 2;
+    auto          shape = [](WeightFormat f, int64_t n, int64_t kk) {
+        QWeight w;
+        w.format = f;
+        w.n      = n;
+        w.k      = kk;
+        return w;
+    };
+    const QWeight        router = shape(WeightFormat::BF16, E, H);
+    std::vector<QWeight> gate(size_t(E), shape(WeightFormat::INT4, F, H)), up = gate, down(size_t(E), shape(WeightFormat::INT4, H, F));
+    Graph                g;
+    Tensor *             x      = g.rms_norm(g.input(DType::F32, {H, 1}, "h"), nullptr, 1e-6f);
+    Tensor *             logits = g.matmul(x, router);
+    Tensor *             route  = g.moe_route(logits, k, true);
+    Tensor *             ids    = g.moe_ids(route);
+    Tensor *             xe     = g.reshape(x, {H, 1, 1});
+    Tensor *             act    = g.swiglu(g.matmul_id(xe, gate.data(), E, ids), g.matmul_id(xe, up.data(), E, ids));
+    Tensor *             y      = g.moe_combine(g.matmul_id(act, down.data(), E, ids), g.moe_weights(route));
+    g.mark_output(y);
+    for (const bool router_waits_first : {true, false}) {
+        spark::cuda::OpContext   ctx;
+        spark::cuda::FusionPass  pass(g, ctx);
+        std::vector<std::string> got;
+        for (spark::cuda::FusedLaunch l; pass.next(l);) {
+            std::string s = l.kind == Kind::Node ? spark::op_name(l.nodes[0]->op) : l.label ? l.label : "?";
+            if (pass.ids_written_before_barrier(l)) s += " ids-early";
+            if (pass.x_written_before_barrier(l)) s += " x-early";
+            got.push_back(s);
+            pass.launched((l.nodes[0] == logits && router_waits_first) || l.kind == Kind::MatmulSwiglu);
+        }
+        INFO("router triggers after its wait: " << router_waits_first);
+        const std::vector<std::string> want = {"RMS_NORM", "MATMUL", "MOE_ROUTE", router_waits_first ? "MATMUL+SWIGLU x-early" : "MATMUL+SWIGLU",
+                                               "MATMUL_ID ids-early", "MOE_COMBINE"};
+        CHECK(got == want);
+    }
+}
+
 TEST_CASE("matmul: CUDA-graph capture and replay give identical results") {
     OpHarness h(22);
     h.set_replay_check(true);
