@@ -300,21 +300,19 @@ private:
         return out;
     }
 
+    // A/B switches read once: on unless the variable is "0".
+    static bool switch_on(const char * name) {
+        const char * e = std::getenv(name);
+        return !(e && std::string(e) == "0");
+    }
     // SPARK_EARLY_IDS=0: every expert GEMV waits before reading its ids (A/B timing).
     static bool early_ids_enabled() {
-        static const bool on = [] {
-            const char * e = std::getenv("SPARK_EARLY_IDS");
-            return !(e && std::string(e) == "0");
-        }();
+        static const bool on = switch_on("SPARK_EARLY_IDS");
         return on;
     }
-
     // SPARK_EARLY_X=0: every expert GEMV converts its activations after its wait (A/B timing).
     static bool early_x_enabled() {
-        static const bool on = [] {
-            const char * e = std::getenv("SPARK_EARLY_X");
-            return !(e && std::string(e) == "0");
-        }();
+        static const bool on = switch_on("SPARK_EARLY_X");
         return on;
     }
 

@@ -501,7 +501,6 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
             if constexpr (NORM) gemv_norm_partials<R>(a, src, int64_t(cb) * kMmaK, int64_t(cb + nblk) * kMmaK, gemv_norm_scratch<R>());
             __syncthreads();
         }
-        trace::mark(trace::kSplit);  // (step trace builds: step_trace.cuh; WS: the first steps' elements requested)
     };
     if constexpr (XE) {
         split_x();
@@ -665,6 +664,9 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
             for (int64_t i = int64_t(threadIdx.x) * 32; i < a.k; i += int64_t(kGemvThreads) * 32) ptx::prefetch_l2(a.norm.w + i);
     if (a.table[0] == nullptr || a.ids_early) pdl::wait();
     if constexpr (!XE) split_x();
+    // (step trace builds, step_trace.cuh: after the wait, which the mark needs; WS: the first steps'
+    // elements requested; XE: converted before the wait, marked here)
+    trace::mark(trace::kSplit);
     for (int j0 = 0; j0 < J; j0 += D) {
 #pragma unroll
         for (int s = 0; s < D; ++s) {
