@@ -341,6 +341,7 @@ private:
             ctx_.ids_before_wait  = early_ids_enabled() && fusion.ids_written_before_barrier(l);
             ctx_.x_before_wait    = early_x_enabled() && fusion.x_written_before_barrier(l);
             ctx_.route            = fusion.route_of(l, ctx_.route_writes);
+            ctx_.trigger_at_wait  = fusion.feeds_route(l);
             ctx_.last_waits_first = false;
             const cuda::OpTimer timer(profiler_.get(), stream_, *l.nodes[0], l.label);
             if (tracer_) tracer_->set_label(cuda::launch_key(*l.nodes[0], l.label));
@@ -363,7 +364,8 @@ private:
             fusion.launched(ctx_.last_waits_first);
         }
         ctx_.ids_before_wait = ctx_.x_before_wait = ctx_.last_waits_first = ctx_.route_writes = false;  // (nothing outside a step reads them)
-        ctx_.route = nullptr;
+        ctx_.route           = nullptr;
+        ctx_.trigger_at_wait = false;
         if (profiler_) profiler_->collect(stream_);
     }
 
