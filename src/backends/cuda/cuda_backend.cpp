@@ -341,7 +341,6 @@ private:
             ctx_.ids_before_wait  = early_ids_enabled() && fusion.ids_written_before_barrier(l);
             ctx_.x_before_wait    = early_x_enabled() && fusion.x_written_before_barrier(l);
             ctx_.route            = fusion.route_of(l, ctx_.route_writes);
-            ctx_.trigger_at_wait  = fusion.feeds_route(l);
             ctx_.last_waits_first = false;
             const cuda::OpTimer timer(profiler_.get(), stream_, *l.nodes[0], l.label);
             if (tracer_) tracer_->set_label(cuda::launch_key(*l.nodes[0], l.label));
@@ -364,8 +363,7 @@ private:
             fusion.launched(ctx_.last_waits_first);
         }
         ctx_.ids_before_wait = ctx_.x_before_wait = ctx_.last_waits_first = ctx_.route_writes = false;  // (nothing outside a step reads them)
-        ctx_.route           = nullptr;
-        ctx_.trigger_at_wait = false;
+        ctx_.route = nullptr;
         if (profiler_) profiler_->collect(stream_);
     }
 

@@ -16,17 +16,13 @@ FusionPass::FusionPass(const Graph & graph, const OpContext & ctx)
         if (n->op == Op::SWIGLU && fusable_swiglu(*n)) skip_[size_t(n->src[0]->id)] = skip_[size_t(n->src[1]->id)] = true;
     // Routes the experts' GEMVs compute (after the SWIGLUs: the first reader is the launch after).
     route_first_.assign(skip_.size(), nullptr);
-    route_logits_.assign(skip_.size(), false);
     if (ctx_.route_in_gemv)
         for (size_t i = 0; i < nodes_.size(); ++i)
             if (const Tensor * first = fusable_route(i)) {
-                skip_[size_t(nodes_[i]->id)]                = true;
-                route_first_[size_t(first->id)]             = nodes_[i];
-                route_logits_[size_t(nodes_[i]->src[0]->id)] = true;
+                skip_[size_t(nodes_[i]->id)]  = true;
+                route_first_[size_t(first->id)] = nodes_[i];
             }
 }
-
-bool FusionPass::feeds_route(const FusedLaunch & l) const { return l.kind == FusedLaunch::Kind::Node && route_logits_[size_t(l.nodes[0]->id)]; }
 
 // The MOE_ROUTE a MATMUL_ID (or the SWIGLU of two) reads its ids from: its moe_ids view (all k
 // slots, no shared one); else nullptr.

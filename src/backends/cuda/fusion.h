@@ -69,9 +69,6 @@ public:
     // first reader, the launch right after it; a later reader only where the logits were written
     // before the barrier (it routes before its wait).
     const Tensor * route_of(const FusedLaunch & launch, bool & writes) const;
-    // Whether the launch computes the logits of such a route (the router GEMV: OpContext::
-    // trigger_at_wait, so that the gate/up after it converts its activations while it runs).
-    bool feeds_route(const FusedLaunch & launch) const;
 
 private:
     bool fusable_swiglu(const Tensor & sw) const;
@@ -91,7 +88,6 @@ private:
     std::vector<int>              pos_;   // position of each node, by tensor id (-1: not a node)
     std::vector<bool>             skip_;  // computed by another launch
     std::vector<const Tensor *>   route_first_;  // by tensor id: the route a node's launch computes first
-    std::vector<bool>             route_logits_;  // by tensor id: the logits of a route computed so
     size_t                        i_        = 0;
     const Tensor *                barrier_  = nullptr;  // the first node of the barrier launch (launched())
     const Tensor *                last_     = nullptr;  // the first node of the last launch

@@ -68,9 +68,6 @@ struct OpContext {
     // barrier, and the kernel routes before its wait, or reads the ids the first reader wrote.
     const Tensor * route        = nullptr;
     bool           route_writes = false;
-    // The node's FMA GEMV lets the next kernel launch right after its wait (GemvArgs::trigger_at_wait):
-    // the router before a gate/up that routes itself (FusionPass::feeds_route).
-    bool trigger_at_wait = false;
     // The fusion pass may fuse MOE_ROUTE into the experts' GEMVs (SPARK_ROUTE_IN_GEMV=0: never; A/B).
     bool route_in_gemv = true;
     // The step is a prompt step (Graph::prompt_step): matmuls may take W4A4 (op_plan.h, w4a4_takes).

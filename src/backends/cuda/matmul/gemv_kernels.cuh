@@ -507,7 +507,6 @@ __global__ void __launch_bounds__(kGemvThreads, R == 1 ? F::kMinBlocksR1 : gemv_
 #pragma unroll
     for (int d = 0; d < D; ++d) issue(d, d);
     if (a.table[0] == nullptr || a.ids_early) pdl::wait();
-    if (a.trigger_at_wait) pdl::launch_dependents();  // (the router: the gate/up converts its activations meanwhile)
     for (int j0 = 0; j0 < J; j0 += D) {
 #pragma unroll
         for (int d = 0; d < D; ++d) {

@@ -139,7 +139,6 @@ void run_gemv(const Dense & d, const LaunchPlan & lp, Scratch & scratch, const O
         a.pdl              = pdl_enabled();
         a.norm             = d.norm;  // (rows <= 8: one batch)
         a.y                = d.y + b0 * N;
-        a.trigger_at_wait  = ctx.trigger_at_wait && b0 + rb >= d.rows;
         gemv_split(a, p, s, ctx);
         gemv_launch_fmt(w.format, p, d.nw == 2, a, ctx.stream);
         ctx.last_waits_first = !p.mma;  // (the FMA kernel triggers after its main loop)

@@ -221,9 +221,6 @@ struct GemvArgs {
     int32_t x_early = 0;
     // MATMUL_ID, MMA kernel at one row: the routing inside the kernel (route.logits != nullptr).
     GemvRoute route;
-    // FMA kernel: let the next kernel launch right after the wait instead of after the main loop
-    // (the router GEMV before an experts' gate/up that routes itself: OpContext::trigger_at_wait).
-    int32_t trigger_at_wait = 0;
     // MMA kernel, one weight: a warp's two row tiles are one tile at two consecutive 128-K blocks
     // (plan.mma_kpair; rows per block halve).
     int32_t mma_kpair = 0;
