@@ -277,30 +277,6 @@ TEST_CASE("matmul plan: MATMUL_ID decode GEMV with early ids, prefill grouped GE
     CHECK(gx.launch[0].x_early == (gx.launch[0].gemv[0].ksplit == 1));
     CHECK(gx.launch[0].x_early);  // (the 30B-A3B's gate/up: no K split)
     CHECK_FALSE(gx.launch[0].ids_early);
-    CHECK_FALSE(gx.launch[0].route);  // (not asked for)
-
-    // The routing inside the kernel (OpContext::route): the gate/up that writes the route rows with
-    // early activations, the down before its wait; never behind a staging launch, never a prefill.
-    static float    logits[128], rows[16];
-    mm::Moe         routed = gate_up;
-    routed.route.logits    = logits;
-    routed.route.out       = rows;
-    routed.route.n_expert  = 128;
-    CHECK(mm::plan_moe(routed, dev).launch[0].route);
-    routed.x_early = false;  // (no kernel routes after its wait without the early activations)
-    CHECK_FALSE(mm::plan_moe(routed, dev).launch[0].route);
-    mm::Moe down           = moe(weight(WeightFormat::INT4, 2048, 768), 1);
-    down.route             = routed.route;
-    down.route.out         = nullptr;
-    CHECK_FALSE(mm::plan_moe(down, dev).launch[0].route);  // (its logits were not written before the barrier)
-    down.route.early = 1;
-    CHECK(mm::plan_moe(down, dev).launch[0].route);
-    down.ids_bytes = 32;
-    CHECK_FALSE(mm::plan_moe(down, dev).launch[0].route);
-    mm::Moe prefill = moe(weight(WeightFormat::INT4, 2048, 768), 512);
-    prefill.route   = down.route;
-    CHECK_FALSE(mm::plan_moe(prefill, dev).launch[0].route);
-
     gate_up.stage_x = true;  // the output overlaps the activations: copied first, the GEMV waits
     const mm::OpPlan gs = mm::plan_moe(gate_up, dev);
     CHECK(gs.x_copy > 0);

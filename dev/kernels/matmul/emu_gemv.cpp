@@ -32,7 +32,6 @@
 #include "backends/cuda/matmul/gemv_mma_kernels.cuh"
 #include "backends/cuda/matmul/tuning.h"
 #include "backends/cuda/common/pdl.cuh"  // the PDL model (dev/emu)
-#include "../elementwise/route_ref.h"
 
 #include <algorithm>
 #include <cmath>
@@ -227,12 +226,6 @@ void run_mma_kernel(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, int sme
     if (a.norm.a != nullptr) {  // (as gemv_mma_launch)
         if (r_tmpl != 1 || glu || a.mma_wave) std::abort();
         return go(gemv_mma_kernel<F, 1, false, false, true>);
-    }
-    if (a.route.logits != nullptr) {  // (as gemv_mma_launch)
-        if (r_tmpl != 1 || a.table[0] == nullptr || glu != (a.x_early != 0) || (!glu && !a.route.early)) std::abort();
-        if (glu)
-            return a.mma_wave ? go(gemv_mma_kernel<F, 1, true, true, false, true, true>) : go(gemv_mma_kernel<F, 1, true, false, false, true, true>);
-        return a.mma_wave ? go(gemv_mma_kernel<F, 1, false, true, false, false, true>) : go(gemv_mma_kernel<F, 1, false, false, false, false, true>);
     }
     if (a.x_early) {  // (as gemv_mma_launch)
         if (r_tmpl != 1 || a.table[0] == nullptr) std::abort();
@@ -446,23 +439,13 @@ bool absent_expert_at(Absent a, int e, int experts) {
 // checks that the other input still waits for it. absent: experts whose
 // table entries are absent_expert()s (null pointers: a load from one crashes), whose rows must come
 // out 0 too; a.w is then the first held expert, as run_moe_gemv sets it.
-// The routing inside the kernel (GemvArgs::route, MMA kernel; score: how the router scores): the
-// gate/up (Early::route: nw = 2, activations early, the logits after the wait, it writes the route
-// rows, which must equal route_ref's bit for bit) or the down (Early::route_early: the logits
-// readable before the wait, the activations after it); the ids in memory are poison (-1) then, so
-// a kernel that read them would write zeros.
-enum class Early { none, ids, x, route, route_early };
-enum class Score { softmax, softmax_raw, sigmoid_bias };  // (softmax_raw: not renormalised)
+enum class Early { none, ids, x };
 void check_moe(const Spec & s, int64_t n, int64_t k, int experts, int k_slots, int T, int nw, bool shared_x, Split sp,
-               const std::string & filter, bool mma = false, Early early = Early::none, Absent absent = Absent::none,
-               Score score = Score::softmax) {
-    const bool routed = early == Early::route || early == Early::route_early;
+               const std::string & filter, bool mma = false, Early early = Early::none, Absent absent = Absent::none) {
     if (mma && !mma_spec(s, k)) return;
     const std::string name = std::string(mma ? "mma " : "") + "moe " + s.name + " N=" + std::to_string(n) + " K=" + std::to_string(k) + " " +
                              std::to_string(k_slots) + "x" + std::to_string(T) + (nw == 2 ? " glu" : "") + (shared_x ? " shared-x" : "") +
                              (early == Early::ids ? " ids-early" : early == Early::x ? " x-early" : "") +
-                             (early == Early::route ? " routed" : early == Early::route_early ? " routed-early" : "") +
-                             (!routed ? "" : score == Score::softmax ? " softmax" : score == Score::softmax_raw ? " softmax-raw" : " sigmoid+bias") +
                              (absent == Absent::first_half ? " absent-first-half" : absent == Absent::odd ? " absent-odd" : "") +
                              forced_label(sp, mma);
     if (name.find(filter) == std::string::npos) return;
@@ -484,23 +467,6 @@ void check_moe(const Spec & s, int64_t n, int64_t k, int experts, int k_slots, i
             const uint32_t r = bits32() % 23;
             ids[size_t(j * s0 + t * s1)] = r == 0 ? -1 : r == 1 ? experts : int32_t(bits32() % uint32_t(experts));
         }
-    // Routed: the router's logits [T][experts + 5] and the rows route_ref makes of them; the ids
-    // the reference uses are theirs, the kernel's ids in memory poison.
-    const int64_t        lg_ld = experts + 5, out_ld = 2 * k_slots + 1;
-    std::vector<float>   logits(routed ? size_t(T * lg_ld) : 0), bias(static_cast<size_t>(experts)), rows_got(routed ? size_t(T * out_ld) : 0, NAN);
-    std::vector<float>   w_ref(static_cast<size_t>(T * k_slots));
-    std::vector<int32_t> poison(routed ? ids.size() : 0, -1);
-    if (routed) {
-        for (auto & v : logits) v = uni(-3.0f, 3.0f);
-        for (auto & v : bias) v = uni(-0.05f, 0.05f);
-        for (int t = 0; t < T; ++t) {
-            std::vector<float>   w;
-            std::vector<int32_t> chosen;
-            route_ref(logits.data() + t * lg_ld, experts, k_slots, score != Score::softmax_raw, w, chosen, score == Score::sigmoid_bias,
-                      score == Score::sigmoid_bias ? bias.data() : nullptr);
-            for (int j = 0; j < k_slots; ++j) ids[size_t(j * s0 + t * s1)] = chosen[size_t(j)], w_ref[size_t(t * k_slots + j)] = w[size_t(j)];
-        }
-    }
     const int64_t x_sj = shared_x ? 0 : k + 4, x_st = shared_x ? k + 4 : (k + 4) * k_slots;  // padded rows (16-byte aligned)
     Buf           xb(size_t((T - 1) * x_st + (k_slots - 1) * x_sj + k) * 4);
     float *       x = reinterpret_cast<float *>(xb.data());
@@ -525,45 +491,14 @@ void check_moe(const Spec & s, int64_t n, int64_t k, int experts, int k_slots, i
     set_plan(a, p, s, pb, cb);
     a.y                = y;
     a.ids_early = early == Early::ids;
-    a.x_early   = early == Early::x || early == Early::route;
-    if (routed) {
-        a.ids.p            = poison.data();
-        a.route.logits     = logits.data();
-        a.route.ld         = lg_ld;
-        a.route.bias       = score == Score::sigmoid_bias ? bias.data() : nullptr;
-        a.route.out        = early == Early::route ? rows_got.data() : nullptr;
-        a.route.out_ld     = out_ld;
-        a.route.n_expert   = experts;
-        a.route.sigmoid    = score == Score::sigmoid_bias;
-        a.route.normalize  = score != Score::softmax_raw;
-        a.route.early      = early == Early::route_early;
-    }
+    a.x_early   = early == Early::x;
     // The expert ids come from the router (poison: -1, an invalid id, whose rows come out 0), the
     // activations from the kernel before; either (early) from a launch whose writes are complete
-    // before this one starts. Routed: the logits from the router GEMV (early: complete before).
-    const bool x_before = early == Early::x || early == Early::route;
+    // before this one starts.
     run_plan_pdl(name, s.f, s.zeros, p, nw == 2, a,
-                 {pdl::model::in(xb.data(), x_before ? 0 : xb.bytes), pdl::model::in(ids.data(), early == Early::ids || routed ? 0 : ids.size() * 4),
+                 {pdl::model::in(xb.data(), early == Early::x ? 0 : xb.bytes), pdl::model::in(ids.data(), early == Early::ids ? 0 : ids.size() * 4),
                   pdl::model::in(cb.data(), p.ksplit > 1 ? cb.bytes : 0),
-                  pdl::model::out(yb.data(), yb.bytes), pdl::model::out(pb.data(), p.ksplit > 1 ? pb.bytes : 0),
-                  pdl::model::in(logits.data(), early == Early::route ? logits.size() * 4 : 0),
-                  pdl::model::out(rows_got.data(), rows_got.size() * 4)});
-    // The route rows the gate/up writes: route_ref's weights and ids, bit for bit (row t's slot-0
-    // blocks write it); the padding cell after them untouched.
-    if (early == Early::route) {
-        bool rows_ok = true;
-        for (int t = 0; t < T; ++t) {
-            const float *   wr = rows_got.data() + t * out_ld;
-            const int32_t * ir = reinterpret_cast<const int32_t *>(wr + k_slots);
-            for (int j = 0; j < k_slots; ++j)
-                rows_ok = rows_ok && std::memcmp(&wr[j], &w_ref[size_t(t * k_slots + j)], 4) == 0 && ir[j] == ids[size_t(j * s0 + t * s1)];
-            rows_ok = rows_ok && std::isnan(wr[2 * k_slots]);
-        }
-        if (!rows_ok) {
-            std::printf("FAIL %s: the route rows differ from route_ref's\n", name.c_str());
-            ++g_fail;
-        }
-    }
+                  pdl::model::out(yb.data(), yb.bytes), pdl::model::out(pb.data(), p.ksplit > 1 ? pb.bytes : 0)});
     std::vector<float>  got(y, y + pairs * n);
     std::vector<double> ref(size_t(pairs * n), 0.0);
     for (int t = 0; t < T; ++t)
@@ -931,18 +866,6 @@ int main(int argc, char ** argv) {
         check_moe(s, 32, 1280, 16, 8, 1, 2, true, {1, 2, 1, 0, 1}, filter, true, Early::x);  // one wave
         check_moe(s, 40, 1152, 16, 4, 2, 1, false, {1, 2, 2, 1}, filter, true, Early::x);   // kp, odd block ranges, K split
         check_moe(s, 40, 2048, 16, 8, 1, 2, true, {}, filter, true, Early::x, Absent::odd);
-    }
-    // The routing inside the experts' GEMVs (GemvArgs::route): the gate/up (after its wait, writing
-    // the route rows; the plan's kernel, the one-wave variant) and the down (before its wait), over
-    // MiniMax-M2's 256 experts with sigmoid scores and a choice bias, the 30B-A3B's 128 with a
-    // softmax, and fewer; absent experts.
-    for (const Spec & s : {specs[0], specs[1], specs[5]}) {
-        check_moe(s, 32, 512, 256, 8, 1, 2, true, {}, filter, true, Early::route, Absent::none, Score::sigmoid_bias);
-        check_moe(s, 48, 1024, 128, 8, 2, 2, true, {1, 2, 1, 0, 1}, filter, true, Early::route, Absent::none, Score::softmax);  // one wave
-        check_moe(s, 33, 768, 20, 4, 3, 2, true, {}, filter, true, Early::route, Absent::odd, Score::softmax_raw);
-        check_moe(s, 48, 512, 256, 8, 1, 1, false, {}, filter, true, Early::route_early, Absent::none, Score::sigmoid_bias);
-        check_moe(s, 48, 768, 128, 8, 2, 1, false, {1, 4, 1, 0, 1}, filter, true, Early::route_early, Absent::none, Score::softmax);  // one wave
-        check_moe(s, 33, 1024, 60, 4, 3, 1, false, {}, filter, true, Early::route_early, Absent::first_half, Score::softmax);
     }
     // The residual add + RMS_NORM prologue (one row of plain weights): the plan's split and forced ones
     // (K-warps, K splits, kp with odd block ranges), with and without a weight, plain and zero-centred,

@@ -135,7 +135,6 @@ public:
         ctx_.props        = &props_;
         ctx_.backend      = this;
         ctx_.expert_table = &CudaBackend::expert_table_thunk;
-        ctx_.route_in_gemv = switch_on("SPARK_ROUTE_IN_GEMV");  // (0: the routing kernel always; A/B timing)
         profiler_         = cuda::OpProfiler::from_env();
         tracer_           = cuda::StepTracer::from_env();
         graphs_ = std::make_unique<cuda::GraphCache>(stream_, /*enabled=*/!profiler_, &CudaBackend::expert_table_if_built, this);
@@ -340,7 +339,6 @@ private:
             // its wait.
             ctx_.ids_before_wait  = early_ids_enabled() && fusion.ids_written_before_barrier(l);
             ctx_.x_before_wait    = early_x_enabled() && fusion.x_written_before_barrier(l);
-            ctx_.route            = fusion.route_of(l, ctx_.route_writes);
             ctx_.last_waits_first = false;
             const cuda::OpTimer timer(profiler_.get(), stream_, *l.nodes[0], l.label);
             if (tracer_) tracer_->set_label(cuda::launch_key(*l.nodes[0], l.label));
@@ -362,8 +360,7 @@ private:
             launch(l);
             fusion.launched(ctx_.last_waits_first);
         }
-        ctx_.ids_before_wait = ctx_.x_before_wait = ctx_.last_waits_first = ctx_.route_writes = false;  // (nothing outside a step reads them)
-        ctx_.route = nullptr;
+        ctx_.ids_before_wait = ctx_.x_before_wait = ctx_.last_waits_first = false;  // (nothing outside a step reads them)
         if (profiler_) profiler_->collect(stream_);
     }
 

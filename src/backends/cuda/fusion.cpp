@@ -14,52 +14,6 @@ FusionPass::FusionPass(const Graph & graph, const OpContext & ctx)
     // Mark the matmuls a fused SWIGLU computes itself.
     for (const Tensor * n : nodes_)
         if (n->op == Op::SWIGLU && fusable_swiglu(*n)) skip_[size_t(n->src[0]->id)] = skip_[size_t(n->src[1]->id)] = true;
-    // Routes the experts' GEMVs compute (after the SWIGLUs: the first reader is the launch after).
-    route_first_.assign(skip_.size(), nullptr);
-    if (ctx_.route_in_gemv)
-        for (size_t i = 0; i < nodes_.size(); ++i)
-            if (const Tensor * first = fusable_route(i)) {
-                skip_[size_t(nodes_[i]->id)]  = true;
-                route_first_[size_t(first->id)] = nodes_[i];
-            }
-}
-
-// The MOE_ROUTE a MATMUL_ID (or the SWIGLU of two) reads its ids from: its moe_ids view (all k
-// slots, no shared one); else nullptr.
-const Tensor * FusionPass::moe_ids_route(const Tensor & n) const {
-    const Tensor * mm = n.op == Op::SWIGLU ? n.src[0] : &n;
-    if (!mm || mm->op != Op::MATMUL_ID) return nullptr;
-    const Tensor * ids = mm->src[1];
-    if (!ids || ids->op != Op::VIEW || !ids->src[0] || ids->src[0]->op != Op::MOE_ROUTE) return nullptr;
-    const Tensor * r = ids->src[0];
-    return ids->view_offs == size_t(r->ip[0]) * 4 && ids->ne[0] == r->ip[0] && ids->nb[1] == r->nb[1] ? r : nullptr;
-}
-
-// nodes[i] is a MOE_ROUTE the experts' GEMVs can compute (one warp's routing: E <= 256, no shared
-// slot; logits and rows in plain [E, T] / [2k, T] layouts), read only through its moe_ids view by
-// MATMUL_IDs and its moe_weights view by others (the combine), and the next launch is a reader of
-// its ids: that launch's first node, else nullptr.
-const Tensor * FusionPass::fusable_route(size_t i) const {
-    const Tensor * r  = nodes_[i];
-    if (r->op != Op::MOE_ROUTE || r->ip[3] != 0 || (r->flags & TENSOR_OUTPUT)) return nullptr;
-    const Tensor * lg = r->src[0];
-    if (!lg || lg->ne[0] > kRouteInGemvMaxExperts || r->ip[0] > kRouteInGemvMaxTopK || lg->type != DType::F32 || lg->nb[0] != 4 ||
-        lg->ne[2] != 1 || lg->ne[3] != 1 || r->nb[0] != 4 || r->ne[2] != 1 || r->ne[3] != 1)
-        return nullptr;
-    for (const Tensor * v : nodes_) {  // every reader: views; their readers: MATMUL_IDs of the ids, anything of the weights
-        bool reads = false;
-        for (const Tensor * s : v->src) reads = reads || s == r;
-        if (!reads) continue;
-        if (v->op != Op::VIEW || (v->flags & TENSOR_OUTPUT)) return nullptr;
-        const bool ids_view = v->type == DType::I32;
-        for (const Tensor * u : nodes_)
-            for (int s = 0; s < kMaxSrc; ++s)
-                if (u->src[s] == v && ids_view && !(u->op == Op::MATMUL_ID && s == 1 && moe_ids_route(*u) == r)) return nullptr;
-    }
-    size_t j = i + 1;  // the next launch: past views, NONE and the matmuls a SWIGLU computes
-    while (j < nodes_.size() && (nodes_[j]->op == Op::VIEW || nodes_[j]->op == Op::NONE || skip_[size_t(nodes_[j]->id)])) ++j;
-    if (j >= nodes_.size() || moe_ids_route(*nodes_[j]) != r) return nullptr;
-    return nodes_[j]->op == Op::SWIGLU && !fusable_swiglu(*nodes_[j]) ? nullptr : nodes_[j];
 }
 
 bool FusionPass::next(FusedLaunch & l) {
@@ -197,15 +151,6 @@ std::vector<int> launch_last_nodes(const Graph & graph, const OpContext & ctx) {
     std::vector<int> pos(graph.tensors().size(), -1);
     for (size_t i = 0; i < graph.nodes().size(); ++i) pos[size_t(graph.nodes()[i]->id)] = int(i);
     for (FusedLaunch l; pass.next(l);) {
-        bool writes = false;
-        if (const Tensor * r = pass.route_of(l, writes); r && writes) {  // (routed by its readers: live until the last)
-            int end = pos[size_t(l.nodes[0]->id)];
-            for (size_t i = 0; i < graph.nodes().size(); ++i) {
-                const Tensor * u = graph.nodes()[i];
-                if (u->op == Op::MATMUL_ID && u->src[1] && u->src[1]->src[0] == r) end = std::max(end, int(i));
-            }
-            last[size_t(pos[size_t(r->id)])] = end;
-        }
         if (l.kind != FusedLaunch::Kind::AddNormMatmul) continue;
         const int end = int(pass.last_position(l));
         for (int j = 0; j < l.count; ++j) last[size_t(pos[size_t(l.nodes[j]->id)])] = end;
@@ -248,16 +193,6 @@ bool FusionPass::moe_source_before_barrier(const FusedLaunch & l, int src) const
     while (t && t->op == Op::VIEW) t = t->src[0];
     if (!t || pos_[size_t(t->id)] < 0 || skip_[size_t(t->id)]) return false;  // (an input of the graph: no launch)
     return pos_[size_t(t->id)] < pos_[size_t(barrier_->id)];
-}
-
-const Tensor * FusionPass::route_of(const FusedLaunch & l, bool & writes) const {
-    writes = false;
-    const Tensor * n = l.nodes[0];
-    if (const Tensor * r = route_first_[size_t(n->id)]) return writes = true, r;
-    const Tensor * r = moe_ids_route(*n);
-    if (!r || !skip_[size_t(r->id)] || !barrier_ || barrier_ == n) return nullptr;
-    const Tensor * lg = r->src[0];
-    return pos_[size_t(lg->id)] >= 0 && pos_[size_t(lg->id)] < pos_[size_t(barrier_->id)] ? r : nullptr;
 }
 
 bool FusionPass::ids_written_before_barrier(const FusedLaunch & l) const { return moe_source_before_barrier(l, 1); }

@@ -9,9 +9,6 @@
 //   per-head RMS_NORM read only by the ROPE after it (q, then k)     op_rms_norm_rope(_pair)
 //   ... whose two ROPE outputs only the next ATTENTION reads          op_attention_norm_rope
 //   RMS_NORM of whole rows read only by the ROPE of its heads (q, k)  op_whole_norm_rope_pair
-//   MOE_ROUTE (E <= 256, no shared slot) inside the experts' GEMVs that read its ids: the first
-//   launch after it (the gate/up) routes and writes its rows, later ones route from the logits
-//                                                                     route_of, OpContext::route
 // Views and NONE nodes launch nothing; the nodes a fused launch computes are not launched again.
 // A collective (ALL_REDUCE) is a launch of its own, never part of a group; norms of rows split over ranks (RMS_NORM with src3, Graph::rms_norm_split) are
 // never fused: the fused kernels sum their own rows.
@@ -64,12 +61,6 @@ public:
     bool ids_written_before_barrier(const FusedLaunch & launch) const;
     bool x_written_before_barrier(const FusedLaunch & launch) const;
 
-    // The MOE_ROUTE (launched by no one: ctx.route_in_gemv) whose routing the launch next() returned
-    // last computes inside its kernel (OpContext::route), or nullptr: writes = true for the route's
-    // first reader, the launch right after it; a later reader only where the logits were written
-    // before the barrier (it routes before its wait).
-    const Tensor * route_of(const FusedLaunch & launch, bool & writes) const;
-
 private:
     bool fusable_swiglu(const Tensor & sw) const;
     int  add_norm_matmul_at(size_t i, const Tensor ** after) const;
@@ -79,15 +70,12 @@ private:
     const Tensor * attention_after_pair(size_t i) const;
     int  matmul_group(size_t first, const Tensor ** group) const;
     bool moe_source_before_barrier(const FusedLaunch & launch, int src) const;
-    const Tensor * fusable_route(size_t i) const;
-    const Tensor * moe_ids_route(const Tensor & mm) const;
 
     const std::vector<Tensor *> & nodes_;
     const OpContext &             ctx_;
     std::vector<int>              uses_;  // readers of each tensor, by id
     std::vector<int>              pos_;   // position of each node, by tensor id (-1: not a node)
     std::vector<bool>             skip_;  // computed by another launch
-    std::vector<const Tensor *>   route_first_;  // by tensor id: the route a node's launch computes first
     size_t                        i_        = 0;
     const Tensor *                barrier_  = nullptr;  // the first node of the barrier launch (launched())
     const Tensor *                last_     = nullptr;  // the first node of the last launch
@@ -97,8 +85,7 @@ private:
 // node of the launch that computes it, where a launch reads its nodes' inputs after an earlier node
 // of it wrote an output (ADD + RMS_NORM + MATMULs: the GEMV's blocks read the addends while others
 // write the sum and the matmuls' rows); -1 elsewhere. The plan then keeps those inputs apart from the
-// launch's outputs. Asked before the graph has memory (only the nodes' structure counts). A
-// MOE_ROUTE computed inside the experts' GEMVs: the last of them (its logits stay live until then).
+// launch's outputs. Asked before the graph has memory (only the nodes' structure counts).
 std::vector<int> launch_last_nodes(const Graph & graph, const OpContext & ctx);
 
 }  // namespace spark::cuda

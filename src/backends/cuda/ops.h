@@ -43,10 +43,6 @@ struct DeviceProps {
     double issue_per_sm_us = 0.0;
 };
 
-// The routing inside the experts' GEMVs (OpContext::route): one warp's (ew::route_in_block).
-constexpr int kRouteInGemvMaxExperts = 256;
-constexpr int kRouteInGemvMaxTopK    = 32;
-
 struct OpContext {
     cudaStream_t        stream = nullptr;
     Workspace *         workspace = nullptr;
@@ -61,15 +57,6 @@ struct OpContext {
     // The same for the node's activations (GemvArgs::x_early): a MATMUL_ID GEMV may convert them
     // before its wait (the experts' gate/up, whose activations the norm wrote before the router).
     bool x_before_wait = false;
-    // The MOE_ROUTE whose routing this node's MATMUL_ID computes inside its kernel (FusionPass::
-    // route_of: the route launches nothing of its own), or nullptr. route_writes: the route's first
-    // reader (the experts' gate/up), which writes the route rows, or launches the routing kernel
-    // first where its plan cannot route; otherwise (the down) the logits were written before the
-    // barrier, and the kernel routes before its wait, or reads the ids the first reader wrote.
-    const Tensor * route        = nullptr;
-    bool           route_writes = false;
-    // The fusion pass may fuse MOE_ROUTE into the experts' GEMVs (SPARK_ROUTE_IN_GEMV=0: never; A/B).
-    bool route_in_gemv = true;
     // The step is a prompt step (Graph::prompt_step): matmuls may take W4A4 (op_plan.h, w4a4_takes).
     bool prompt_step = false;
     // Set by an op: its last launch lets the next kernel start only after its own wait (a MATMUL_ID

@@ -94,29 +94,26 @@ __device__ __forceinline__ void route_select(uint64_t (&c)[NPL], const float (&p
     }
 }
 
-// A row's output at w: k weights (renormalised by wsum when asked), k ids, the shared expert's id E.
-__device__ __forceinline__ void route_store_row(float * w, int k, bool normalize, bool shared, int64_t E, int lane, uint64_t key, float w_val,
-                                                float wsum) {
-    if (lane < k) {
-        int32_t * ids = reinterpret_cast<int32_t *>(w + k);
-        w[lane]       = normalize ? w_val / wsum : w_val;
-        ids[lane]     = int32_t(~uint32_t(key));
-    } else if (lane == k && shared) {
-        reinterpret_cast<int32_t *>(w)[2 * k] = int32_t(E);
-    }
-}
+// A row's output: k weights (renormalised by wsum when asked), k ids, the shared expert's id E.
 __device__ __forceinline__ void route_store(const RouteArgs & args, int64_t r, int lane, uint64_t key, float w_val, float wsum) {
-    route_store_row(reinterpret_cast<float *>(args.out.row(r)), args.k, args.normalize, args.shared, args.n_expert, lane, key, w_val, wsum);
+    float * w = reinterpret_cast<float *>(args.out.row(r));
+    if (lane < args.k) {
+        int32_t * ids = reinterpret_cast<int32_t *>(w + args.k);
+        w[lane]       = args.normalize ? w_val / wsum : w_val;
+        ids[lane]     = int32_t(~uint32_t(key));
+    } else if (lane == args.k && args.shared) {
+        reinterpret_cast<int32_t *>(w)[2 * args.k] = int32_t(args.n_expert);
+    }
 }
 
 // The choice bias of this lane's experts (a weight, written at load time): requested before the PDL
 // wait, so its trip to DRAM (the step's weight stream has evicted it from L2) overlaps the router
 // GEMV's end.
-template <int NPL> __device__ __forceinline__ void route_load_bias(const float * bias, int E, bool row_ok, int e0, float (&out)[NPL]) {
+template <int NPL> __device__ __forceinline__ void route_load_bias(const RouteArgs & args, bool row_ok, int e0, float (&bias)[NPL]) {
 #pragma unroll
     for (int j = 0; j < NPL; ++j) {
         const int e = e0 + 32 * j;
-        out[j]      = bias && e < E && row_ok ? __ldg(bias + e) : 0.0f;
+        bias[j]     = args.bias && e < args.n_expert && row_ok ? __ldg(args.bias + e) : 0.0f;
     }
 }
 
@@ -140,12 +137,13 @@ template <int NPL> __device__ __forceinline__ void route_softmax_keys(int e0, in
     }
 }
 
-// The row's logits of this lane's experts (0 past E); CG: through L2 only (read before a PDL wait).
-template <int NPL, bool CG = false> __device__ __forceinline__ void route_load_logits(const float * x, int E, int e0, float (&p)[NPL]) {
+// The row's logits of this lane's experts (0 past E).
+template <int NPL> __device__ __forceinline__ void route_load_logits(const RouteArgs & args, int64_t r, int e0, float (&p)[NPL]) {
+    const float * x = reinterpret_cast<const float *>(args.logits.row(r));
 #pragma unroll
     for (int j = 0; j < NPL; ++j) {
         const int e = e0 + 32 * j;
-        p[j]        = e < E ? (CG ? __ldcg(x + e) : x[e]) : 0.0f;
+        p[j]        = e < args.n_expert ? x[e] : 0.0f;
     }
 }
 
@@ -159,11 +157,21 @@ template <int NPL> __device__ __forceinline__ uint32_t route_max_key(int e0, int
     return __reduce_max_sync(0xffffffffu, mk);
 }
 
-// One warp's keys of a token's E <= 32 NPL experts (lane l: experts l + 32 j), sorted: sigmoid scores
-// (p: the scores) or the softmax (p: exp(x - m), its sum per lane in slot order, then the butterfly).
-template <int NPL>
-__device__ __forceinline__ void route_warp_keys(int lane, int E, bool sigmoid, const float (&bias)[NPL], float (&p)[NPL], uint64_t (&c)[NPL]) {
-    if (sigmoid) {
+// E <= 256: one warp per token (NPL values per lane, a power of two, 32 NPL >= E), kRouteWarps
+// tokens a block.
+template <int NPL> __global__ void __launch_bounds__(32 * kRouteWarps) moe_route_kernel(const RouteArgs args) {
+    pdl::launch_dependents();
+    const int64_t r    = int64_t(blockIdx.x) * kRouteWarps + (threadIdx.x >> 5);
+    const int     lane = threadIdx.x & 31;
+    const int     E    = int(args.n_expert);
+    float         bias[NPL];
+    route_load_bias(args, r < args.nrows, lane, bias);
+    pdl::wait();
+    if (r >= args.nrows) return;  // whole warps
+    float p[NPL];
+    route_load_logits(args, r, lane, p);
+    uint64_t c[NPL];
+    if (args.sigmoid) {
         route_sigmoid_keys(lane, E, bias, p, c);
     } else {
         const float m = from_ordered_key(route_max_key(lane, E, p));
@@ -177,50 +185,6 @@ __device__ __forceinline__ void route_warp_keys(int lane, int E, bool sigmoid, c
         route_softmax_keys(lane, E, warp_sum(s), p, c);
     }
     route_sort_desc(c);
-}
-
-// The routing of one token inside another kernel's block (the experts' GEMVs: GemvArgs::route,
-// E <= 256, no shared slot): warp 0 chooses as moe_route_kernel does (the same keys and rounds, so
-// the same experts and weights bit for bit), writes the token's row to `out` when given (k weights,
-// k ids), and every thread of the block returns the expert of slot j. Called by every thread (one
-// barrier); ids_s: k ints of shared memory. CG: the logits through L2 (read before the PDL wait).
-constexpr int kRouteInBlockNPL = 8;  // E <= 256
-static_assert(32 * kRouteInBlockNPL == kRouteInGemvMaxExperts && kMaxTopK == kRouteInGemvMaxTopK, "ops.h: what the fusion pass fuses");
-template <bool CG>
-__device__ __forceinline__ int32_t route_in_block(const float * logits, const float (&bias)[kRouteInBlockNPL], int E, int k, bool sigmoid,
-                                                  bool normalize, float * out, int j, int32_t * ids_s) {
-    constexpr int NPL  = kRouteInBlockNPL;
-    const int     lane = int(threadIdx.x) & 31;
-    if (threadIdx.x < 32) {
-        float p[NPL];
-        route_load_logits<NPL, CG>(logits, E, lane, p);
-        uint64_t c[NPL];
-        route_warp_keys(lane, E, sigmoid, bias, p, c);
-        uint64_t my_key;
-        float    my_w, wsum;
-        route_select(c, p, k, sigmoid, lane, my_key, my_w, wsum);
-        if (lane < k) ids_s[lane] = int32_t(~uint32_t(my_key));
-        if (out) route_store_row(out, k, normalize, false, E, lane, my_key, my_w, wsum);
-    }
-    __syncthreads();
-    return ids_s[j];
-}
-
-// E <= 256: one warp per token (NPL values per lane, a power of two, 32 NPL >= E), kRouteWarps
-// tokens a block.
-template <int NPL> __global__ void __launch_bounds__(32 * kRouteWarps) moe_route_kernel(const RouteArgs args) {
-    pdl::launch_dependents();
-    const int64_t r    = int64_t(blockIdx.x) * kRouteWarps + (threadIdx.x >> 5);
-    const int     lane = threadIdx.x & 31;
-    const int     E    = int(args.n_expert);
-    float         bias[NPL];
-    route_load_bias(args.bias, E, r < args.nrows, lane, bias);
-    pdl::wait();
-    if (r >= args.nrows) return;  // whole warps
-    float p[NPL];
-    route_load_logits(reinterpret_cast<const float *>(args.logits.row(r)), E, lane, p);
-    uint64_t c[NPL];
-    route_warp_keys(lane, E, args.sigmoid, bias, p, c);
     uint64_t my_key;
     float    my_w, wsum;
     route_select(c, p, args.k, args.sigmoid, lane, my_key, my_w, wsum);
@@ -248,11 +212,11 @@ template <int W> __global__ void __launch_bounds__(32 * W) moe_route_wide_kernel
     const int     warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int     E = int(args.n_expert), e0 = kPerWarp * warp + lane;
     float         bias[NPL];
-    route_load_bias(args.bias, E, r < args.nrows, e0, bias);
+    route_load_bias(args, r < args.nrows, e0, bias);
     pdl::wait();
     if (r >= args.nrows) return;  // the whole block
     float p[NPL];
-    route_load_logits(reinterpret_cast<const float *>(args.logits.row(r)), E, e0, p);
+    route_load_logits(args, r, e0, p);
     uint64_t c[NPL];
     if (args.sigmoid) {
         route_sigmoid_keys(e0, E, bias, p, c);

@@ -333,13 +333,18 @@ __device__ __forceinline__ void gemv_expert_rows(const GemvArgs & a, const float
     out_row0 = pair;
 }
 
-// A MATMUL_ID block's weights from its (slot, token) pair's expert id e (an invalid id, or an expert
-// this device does not hold: an absent_expert entry with null data, device_weight.h: valid = false,
-// the block reads no weight and writes zeros; its w are then the launch's a.w, a held expert whose
-// pointers nothing reads).
+// A MATMUL_ID block's weights: it reads its (slot, token) pair's expert id (an invalid id, or an
+// expert this device does not hold: an absent_expert entry with null data, device_weight.h:
+// valid = false, the block reads no weight and writes zeros; its w are then the launch's a.w, a
+// held expert whose pointers nothing reads).
 template <int NW>
-__device__ __forceinline__ void gemv_expert_table(const GemvArgs & a, int32_t e, DeviceWeight (&w)[NW], bool & valid) {
-    valid = e >= 0 && e < a.ids.n_experts;
+__device__ __forceinline__ void gemv_expert_weights(const GemvArgs & a, DeviceWeight (&w)[NW], bool & valid) {
+    if (!a.ids_early) pdl::wait();  // the expert ids come from the router
+    const int       pair = int(blockIdx.z);
+    const int       j = pair % a.ids.k_slots, t = pair / a.ids.k_slots;
+    const int32_t * ip = a.ids.p + j * a.ids.s0 + t * a.ids.s1;
+    const int32_t   e  = a.ids_early ? __ldcg(ip) : __ldg(ip);
+    valid              = e >= 0 && e < a.ids.n_experts;
 #pragma unroll
     for (int i = 0; i < NW; ++i) {
         if (valid) w[i] = a.table[i][e];
@@ -349,16 +354,6 @@ __device__ __forceinline__ void gemv_expert_table(const GemvArgs & a, int32_t e,
 #pragma unroll
         for (int i = 0; i < NW; ++i) w[i] = a.w[i];
     }
-}
-
-// ... with the id read from the router's output.
-template <int NW>
-__device__ __forceinline__ void gemv_expert_weights(const GemvArgs & a, DeviceWeight (&w)[NW], bool & valid) {
-    if (!a.ids_early) pdl::wait();  // the expert ids come from the router
-    const int       pair = int(blockIdx.z);
-    const int       j = pair % a.ids.k_slots, t = pair / a.ids.k_slots;
-    const int32_t * ip = a.ids.p + j * a.ids.s0 + t * a.ids.s1;
-    gemv_expert_table(a, a.ids_early ? __ldcg(ip) : __ldg(ip), w, valid);
 }
 
 // The weights and activation rows of this block: a MATMUL_ID's expert (above), or weight mt.m

@@ -76,7 +76,6 @@
 #pragma once
 
 #include "backends/cuda/common/step_trace.cuh"
-#include "backends/cuda/elementwise/moe_kernels.cuh"
 #include "backends/cuda/matmul/gemv_kernels.cuh"
 
 namespace spark::cuda::mm {
@@ -415,44 +414,17 @@ struct GemvMmaWarpSplit {
     }
 };
 
-// ---- the routing inside the experts' GEMVs (GemvArgs::route) ------------------------------------------
-
-// The k expert ids the block's routing shares (shared memory of the RT instantiations only).
-__device__ __forceinline__ int32_t * gemv_route_ids_s() {
-    __shared__ int32_t ids[ew::kMaxTopK];
-    return ids;
-}
-
-// A MATMUL_ID block's weights from the expert it chooses itself: after the wait, or (route.early)
-// before it. Slot 0's blocks of row tile 0 write the token's route row when asked (route.out).
-// Every thread of the block (a barrier inside); bias: route_load_bias's, requested at the start.
-template <int NW>
-__device__ __forceinline__ void gemv_routed_weights(const GemvArgs & a, const float (&bias)[ew::kRouteInBlockNPL], DeviceWeight (&w)[NW],
-                                                    bool & valid) {
-    const GemvRoute & rt = a.route;
-    if (!rt.early) pdl::wait();  // the logits come from the router GEMV
-    const int pair = int(blockIdx.z);
-    const int j = pair % a.ids.k_slots, t = pair / a.ids.k_slots;
-    float *   out = rt.out != nullptr && j == 0 && blockIdx.x == 0 && blockIdx.y == 0 ? rt.out + t * rt.out_ld : nullptr;
-    const int32_t e = ew::route_in_block<true>(rt.logits + t * rt.ld, bias, rt.n_expert, a.ids.k_slots, rt.sigmoid != 0, rt.normalize != 0,
-                                               out, j, gemv_route_ids_s());
-    gemv_expert_table(a, e, w, valid);
-}
-
 // ---- the kernel -------------------------------------------------------------------------------------
 
 // NORM: the residual add + RMS_NORM before the matmul (GemvArgs::norm; one row of one plain weight or
 // a multi-weight launch, never the one-wave variant: its own instantiation, so that the others
 // compile as they would without it). XE: a MATMUL_ID whose activations are converted before the
-// PDL wait (GemvArgs::x_early; its own instantiations likewise). RT: a MATMUL_ID that routes
-// itself (GemvArgs::route): the gate/up with XE (after its wait, writing the route rows) or the
-// down without (before its wait, route.early).
-template <class F, int R, bool GLU, bool WAVE = false, bool NORM = false, bool XE = false, bool RT = false>
+// PDL wait (GemvArgs::x_early; its own instantiations likewise).
+template <class F, int R, bool GLU, bool WAVE = false, bool NORM = false, bool XE = false>
 __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) gemv_mma_kernel(const GemvArgs a) {
     static_assert(!WAVE || R == 1, "the one-wave variant is for one activation row");
     static_assert(!NORM || (R == 1 && !GLU && !WAVE), "the norm prologue is for one row of plain weights");
     static_assert(!XE || (R == 1 && !NORM), "early activations are a MATMUL_ID's (one row, no norm)");
-    static_assert(!RT || (R == 1 && !NORM), "the routing is a MATMUL_ID's (one row, no norm)");
     constexpr int NW     = GLU ? 2 : 1;
     constexpr int U      = gemv_mma_tiles(NW);  // row tiles per weight
     constexpr int T      = U * NW;              // tiles per step (index t = i * U + u)
@@ -491,15 +463,10 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
     const float * xr[R];
     int64_t       out_row0 = 0;
     bool          valid    = true;
-    if constexpr (XE || RT)
-        gemv_expert_rows(a, xr, out_row0);  // (the weights after the split or the routing, below)
+    if constexpr (XE)
+        gemv_expert_rows(a, xr, out_row0);  // (the weights after the split, below)
     else
         gemv_block_operands(a, mt, w, xr, out_row0, valid);
-    float route_bias[ew::kRouteInBlockNPL];  // RT: the choice bias (a weight: before any wait), warp 0's
-    if constexpr (RT) {
-        ew::route_load_bias(a.route.bias, a.route.n_expert, threadIdx.x < 32, lane, route_bias);
-        if constexpr (!XE) gemv_routed_weights(a, route_bias, w, valid);  // (route.early: before the wait)
-    }
 
     // This block's 128-K blocks [cb, ce) (local bl = b - cb < nblk; XE: the range before the expert
     // is known to be valid); step j of warp kw covers local blocks ((kw + j wk) << kp) + (kp ? t : 0)
@@ -537,12 +504,9 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
     };
     if constexpr (XE) {
         split_x();
-        if constexpr (RT)
-            gemv_routed_weights(a, route_bias, w, valid);  // (waits here for the logits)
-        else
-            gemv_expert_weights(a, w, valid);  // (without ids_early: waits here for the ids)
+        gemv_expert_weights(a, w, valid);  // (without ids_early: waits here for the ids)
     }
-    const int J = (XE || RT) && !valid ? 0 : J_range;  // (otherwise an invalid expert's range is empty)
+    const int J = XE && !valid ? 0 : J_range;  // (otherwise an invalid expert's range is empty)
 
     // 4-bit tile-major (device_weight.h; a GLU's two weights have one shape, so one order): a row's
     // next 128-K block is 64 chunks on instead of 4, and each load instruction of the warp reads
@@ -698,7 +662,7 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
     if constexpr (NORM)  // the norm's weight is no output of an earlier kernel: to L2 before the wait
         if (a.norm.w != nullptr)
             for (int64_t i = int64_t(threadIdx.x) * 32; i < a.k; i += int64_t(kGemvThreads) * 32) ptx::prefetch_l2(a.norm.w + i);
-    if (a.table[0] == nullptr || a.ids_early || (RT && !XE)) pdl::wait();  // (RT without XE: routed before it)
+    if (a.table[0] == nullptr || a.ids_early) pdl::wait();
     if constexpr (!XE) split_x();
     // (step trace builds, step_trace.cuh: after the wait, which the mark needs; WS: the first steps'
     // elements requested; XE: converted before the wait, marked here)
@@ -778,9 +742,9 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
 }
 
 #ifdef __CUDACC__
-template <class F, int R, bool GLU, bool WAVE = false, bool NORM = false, bool XE = false, bool RT = false>
+template <class F, int R, bool GLU, bool WAVE = false, bool NORM = false, bool XE = false>
 void gemv_mma_launch_one(const GemvArgs & a, dim3 grid, int smem, cudaStream_t s) {
-    auto             kernel = gemv_mma_kernel<F, R, GLU, WAVE, NORM, XE, RT>;
+    auto             kernel = gemv_mma_kernel<F, R, GLU, WAVE, NORM, XE>;
     static SmemLimit limit;  // (plan_gemv stays under the device's opt-in maximum)
     raise_smem_limit(reinterpret_cast<const void *>(kernel), smem, limit);
     launch_kernel(kernel, grid, dim3(kGemvThreads), size_t(smem), s, a.pdl != 0, a);
@@ -791,15 +755,6 @@ void gemv_mma_launch(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, int sm
     if (a.norm.a != nullptr) {  // (op_add_norm_matmul plans only this form)
         if (r_tmpl != 1 || glu || a.mma_wave) fail(SPARK_ERR_INTERNAL, "gemv: the norm prologue takes one row of plain weights");
         return gemv_mma_launch_one<F, 1, false, false, true>(a, grid, smem, s);
-    }
-    if (a.route.logits != nullptr) {  // (plan_moe_launch: the gate/up with early activations, or the down routing early)
-        if (r_tmpl != 1 || a.table[0] == nullptr || glu != (a.x_early != 0) || (!glu && !a.route.early))
-            fail(SPARK_ERR_INTERNAL, "gemv: the routing inside the kernel is a gate/up's with early activations or a down's before its wait");
-        if (glu)
-            return a.mma_wave ? gemv_mma_launch_one<F, 1, true, true, false, true, true>(a, grid, smem, s)
-                              : gemv_mma_launch_one<F, 1, true, false, false, true, true>(a, grid, smem, s);
-        return a.mma_wave ? gemv_mma_launch_one<F, 1, false, true, false, false, true>(a, grid, smem, s)
-                          : gemv_mma_launch_one<F, 1, false, false, false, false, true>(a, grid, smem, s);
     }
     if (a.x_early) {  // (plan_moe_launch sets it only for MATMUL_IDs, whose launches take one row)
         if (r_tmpl != 1 || a.table[0] == nullptr) fail(SPARK_ERR_INTERNAL, "gemv: early activations are a MATMUL_ID's, one row");

@@ -259,10 +259,9 @@ void run_moe_gemv(const Moe & m, const LaunchPlan & lp, Scratch & scratch, const
     a.y          = m.y;
     a.ids_early  = lp.ids_early;
     a.x_early    = lp.x_early;
-    if (lp.route) a.route = m.route;
     gemv_split(a, lp.gemv[0], s, ctx);
     gemv_launch_fmt(m.w0[0].format, lp.gemv[0], m.nw == 2, a, ctx.stream);
-    ctx.last_waits_first = !a.ids_early && !(lp.route && a.route.early);  // (its trigger follows its wait for the ids or logits)
+    ctx.last_waits_first = !a.ids_early;  // (its trigger follows its wait for the ids)
 }
 
 void run_moe_grouped(const Moe & m, const LaunchPlan & lp, Scratch & scratch, const OpContext & ctx) {
@@ -648,40 +647,12 @@ void op_add_norm_matmul(const Tensor & add, const Tensor & norm, const Tensor * 
     mm::launch_multi_gemv(mms, mu, lp, mm::carve(lp.scratch, scratch), ctx);
 }
 
-namespace {
-
-// The routing inside the experts' GEMV (OpContext::route): the route's logits and rows into m.route
-// where the op's plan takes it; otherwise the first reader launches the routing kernel itself, and
-// a later one reads the ids it wrote.
-void route_in_gemv(mm::Moe & m, const OpContext & ctx) {
-    if (!ctx.route) return;
-    const Tensor & r  = *ctx.route;
-    const Tensor & lg = *r.src[0];
-    mm::GemvRoute & g = m.route;
-    g.logits    = static_cast<const float *>(lg.data);
-    g.ld        = int64_t(lg.nb[1] / 4);
-    g.bias      = r.src[1] ? static_cast<const float *>(r.src[1]->data) : nullptr;
-    g.out       = ctx.route_writes ? static_cast<float *>(r.data) : nullptr;
-    g.out_ld    = int64_t(r.nb[1] / 4);
-    g.n_expert  = int32_t(lg.ne[0]);
-    g.sigmoid   = r.ip[2] == int32_t(RouterScore::Sigmoid) ? 1 : 0;
-    g.normalize = r.ip[1] != 0 ? 1 : 0;
-    g.early     = ctx.route_writes ? 0 : 1;
-    if (m.ids.k_slots != r.ip[0] || m.n_tok != lg.nrows()) fail(SPARK_ERR_INTERNAL, "matmul_id: the fused route's rows do not match the ids");
-    if (mm::plan_moe(m, *ctx.props).launch[0].route) return;
-    g = mm::GemvRoute{};
-    if (ctx.route_writes) op_moe_route(r, ctx);
-}
-
-}  // namespace
-
 void op_matmul_id(const Tensor & t, const OpContext & ctx) {
     mm::Moe m = mm::moe_problem(t, ctx);
     mm::check_output(t, m.w0[0].n);
     m.y         = static_cast<float *>(t.data);
     m.ids_early = ctx.ids_before_wait;
     m.x_early   = ctx.x_before_wait;
-    route_in_gemv(m, ctx);
     mm::exec_moe(m, ctx);
 }
 
@@ -726,7 +697,6 @@ void op_matmul_swiglu(const Tensor & swiglu, const OpContext & ctx) {
     m.y         = static_cast<float *>(swiglu.data);
     m.stage_x   = overlaps(swiglu, *g->src[0]);
     m.ids_bytes = overlaps(swiglu, *g->src[1]) ? g->src[1]->nbytes() : 0;
-    route_in_gemv(m, ctx);
     mm::exec_moe(m, ctx);
 }
 

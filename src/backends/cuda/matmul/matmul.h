@@ -160,24 +160,6 @@ struct GemvNorm {
     int32_t       zero_centered = 0;  // the weight is 1 + w
 };
 
-// MATMUL_ID, MMA kernel: the routing inside the kernel (fusion.h: the MOE_ROUTE then launches no
-// kernel of its own). Each block chooses its (slot, token) pair's expert from the router's logits
-// (ew::route_in_block: the routing kernel's code, so the same experts) instead of reading an id.
-struct GemvRoute {
-    const float * logits = nullptr;  // token t's E logits at logits + t * ld (nullptr: ids from memory)
-    int64_t       ld     = 0;
-    const float * bias   = nullptr;  // the sigmoid choice bias [E], or nullptr
-    // The route rows (token t at out + t * out_ld: k weights, then k ids as I32), written by the
-    // launch that computes them first (the gate/up's blocks of slot 0); nullptr: not written here.
-    float * out    = nullptr;
-    int64_t out_ld = 0;
-    int32_t n_expert = 0;
-    int32_t sigmoid = 0, normalize = 0;
-    // The logits were written before a launch that lets the next one start only after its own wait
-    // (pdl.cuh): route (through L2) and request the weights before waiting. 0: wait first.
-    int32_t early = 0;
-};
-
 struct GemvArgs {
     // Plain MATMUL: the weight(s) (w[1] = the up projection of a fused gate/up + SwiGLU; w[0 ..
     // n_mats) the weights of a multi-weight launch).
@@ -219,8 +201,6 @@ struct GemvArgs {
     // start only after its own wait (pdl.cuh): convert them (ld.cg) into the B fragments before
     // waiting (for the ids). 0: after the wait.
     int32_t x_early = 0;
-    // MATMUL_ID, MMA kernel at one row: the routing inside the kernel (route.logits != nullptr).
-    GemvRoute route;
     // MMA kernel, one weight: a warp's two row tiles are one tile at two consecutive 128-K blocks
     // (plan.mma_kpair; rows per block halve).
     int32_t mma_kpair = 0;

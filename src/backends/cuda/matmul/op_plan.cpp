@@ -201,7 +201,7 @@ Path choose(const Moe & m) {
     return pairs <= 65535 ? Path::Gemv : Path::Generic;
 }
 
-LaunchPlan plan_moe_launch(const Moe & m, bool x_aligned, bool ids_early, bool x_early, bool route, const DeviceProps & dev) {
+LaunchPlan plan_moe_launch(const Moe & m, bool x_aligned, bool ids_early, bool x_early, const DeviceProps & dev) {
     const int64_t pairs = m.pairs(), N = m.w0[0].n, K = m.w0[0].k;
     LaunchPlan    p;
     p.path = choose(m);
@@ -222,8 +222,6 @@ LaunchPlan plan_moe_launch(const Moe & m, bool x_aligned, bool ids_early, bool x
             const bool early = p.scratch.x_f32 == 0 && p.gemv[0].ksplit == 1 && p.gemv[0].mma;
             p.ids_early      = ids_early && early;
             p.x_early        = x_early && early;
-            const GemvRoute & r = m.route;
-            p.route = route && early && r.logits != nullptr && (r.out != nullptr ? m.nw == 2 && p.x_early : r.early && !p.x_early);
             break;
         }
         case Path::Gemm: {
@@ -272,11 +270,11 @@ OpPlan plan_moe(const Moe & m, const DeviceProps & dev) {
     if (choose(m) != Path::Generic && must_unfuse(m)) {
         p.unfused   = true;
         p.up_y      = size_t(pairs * m.w0[0].n) * 4;
-        p.launch[0] = plan_moe_launch(half_of(m, 0), x_aligned, ids_early, x_early, false, dev);
-        p.launch[1] = plan_moe_launch(half_of(m, 1), x_aligned, false, false, false, dev);  // (its launch follows the gate's)
+        p.launch[0] = plan_moe_launch(half_of(m, 0), x_aligned, ids_early, x_early, dev);
+        p.launch[1] = plan_moe_launch(half_of(m, 1), x_aligned, false, false, dev);  // (its launch follows the gate's)
         return p;
     }
-    p.launch[0] = plan_moe_launch(m, x_aligned, ids_early, x_early, !staged, dev);
+    p.launch[0] = plan_moe_launch(m, x_aligned, ids_early, x_early, dev);
     return p;
 }
 

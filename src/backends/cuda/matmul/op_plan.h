@@ -100,9 +100,6 @@ struct Moe {
     // x_before_wait), as long as it is the op's first launch (no staging kernel in between).
     bool ids_early = false;
     bool x_early   = false;
-    // The routing inside the kernel (OpContext::route; route.logits == nullptr: ids from memory), as
-    // long as the plan is one MMA GEMV launch that takes it (LaunchPlan::route).
-    GemvRoute route;
 
     int64_t pairs() const { return int64_t(ids.k_slots) * n_tok; }
 };
@@ -163,9 +160,6 @@ struct LaunchPlan {
     // (GemvArgs::ids_early, x_early).
     bool ids_early = false;
     bool x_early   = false;
-    // MATMUL_ID GEMV: routes inside its kernel (GemvArgs::route): the gate/up with early activations
-    // (it writes the route rows) or the down before its wait (the kernels gemv_mma_launch has).
-    bool route = false;
 
     const GemvPlan & gemv_for(int rows) const { return rows == batch_rows[0] ? gemv[0] : gemv[1]; }
 };
