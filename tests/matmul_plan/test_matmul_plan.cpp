@@ -293,6 +293,44 @@ TEST_CASE("matmul plan: MATMUL_ID decode GEMV with early ids, prefill grouped GE
     check_carve(p);
 }
 
+TEST_CASE("MATMUL_ID: the experts at one stride (expert_grid)") {
+    // Host copies only: the addresses are compared, never read.
+    const uintptr_t base = uintptr_t(1) << 40;
+    auto            at   = [](uintptr_t a) { return reinterpret_cast<const void *>(a); };
+    std::vector<DeviceWeight> ex(16, weight(WeightFormat::INT4, 768, 2048));
+    for (size_t e = 0; e < ex.size(); ++e) {
+        ex[e].data   = at(base + e * 0x140000);
+        ex[e].scales = at(base + e * 0x140000 + 0x100000);
+        ex[e].zeros  = static_cast<const uint8_t *>(at(base + e * 0x140000 + 0x130000));
+    }
+    mm::ExpertGrid g = mm::expert_grid(ex.data(), 16);
+    CHECK(g.uniform);
+    CHECK(g.data == 0x140000);
+    CHECK(g.scales == 0x140000);
+    CHECK(g.zeros == 0x140000);
+    CHECK(mm::expert_grid(ex.data(), 1).uniform);  // (one expert: no stride needed)
+    auto broken = [&](auto edit) {
+        std::vector<DeviceWeight> b = ex;
+        edit(b[11]);
+        return mm::expert_grid(b.data(), 16).uniform != 0;
+    };
+    CHECK_FALSE(broken([&](DeviceWeight & w) { w.data = at(base + 11 * 0x140000 + 256); }));                 // off the stride
+    CHECK_FALSE(broken([&](DeviceWeight & w) { w.scales = at(base + 12 * 0x140000 + 0x100000); }));          // scales off
+    CHECK_FALSE(broken([&](DeviceWeight & w) { w.zeros = nullptr; }));                                       // no zeros here
+    CHECK_FALSE(broken([&](DeviceWeight & w) { w.data = nullptr; }));                                        // absent (EP)
+    CHECK_FALSE(broken([&](DeviceWeight & w) { w.perm = static_cast<const int32_t *>(at(base)); }));         // act-order
+    CHECK_FALSE(broken([&](DeviceWeight & w) { w.group_size = 64; }));                                       // another field
+    CHECK_FALSE(broken([&](DeviceWeight & w) { w.global_scale = 2.0f; }));  // (INT4: every field alike)
+    // NVFP4: a global scale of each expert's own (the kernel reads it from the table).
+    std::vector<DeviceWeight> fp4(8, weight(WeightFormat::NVFP4, 768, 2048));
+    for (size_t e = 0; e < fp4.size(); ++e) {
+        fp4[e].data         = at(base + e * 0x100000);
+        fp4[e].scales       = at(base + e * 0x100000 + 0xC0000);
+        fp4[e].global_scale = 0.5f + float(e);
+    }
+    CHECK(mm::expert_grid(fp4.data(), 8).uniform);
+}
+
 TEST_CASE("kernel_paths: derived from the plans") {
     OverrideGuard     guard;
     const std::string p = spark::cuda::kernel_paths(h100());

@@ -425,6 +425,27 @@ void check_dense(const Spec & s, int64_t n, int64_t k, int rows, int nw, Split s
     report(name, nmse(got, ref), p);
 }
 
+// The experts of a set copied into one buffer at one stride (expert_grid: a GEMV block computes its
+// expert's addresses from the id); NVFP4 with a global scale of each expert's own (read from the
+// table). g_packed: check_moe packs its experts so (the buffers stay alive in g_packs).
+bool                              g_packed = false;
+std::vector<std::shared_ptr<Buf>> g_packs;
+void pack_experts(std::vector<HostWeight> & ws) {
+    auto         room = [](const std::shared_ptr<Buf> & b) { return b ? (b->bytes + 255) / 256 * 256 : size_t(0); };
+    const size_t sd = room(ws[0].data), ss = room(ws[0].scales), sz = room(ws[0].zeros), stride = sd + ss + sz;
+    auto         pack = std::make_shared<Buf>(stride * ws.size());
+    for (size_t e = 0; e < ws.size(); ++e) {
+        HostWeight & h    = ws[e];
+        uint8_t *    base = pack->data() + e * stride;
+        std::memcpy(base, h.data->data(), h.data->bytes);
+        h.dw.data = base;
+        if (h.scales) std::memcpy(base + sd, h.scales->data(), h.scales->bytes), h.dw.scales = base + sd;
+        if (h.zeros) std::memcpy(base + sd + ss, h.zeros->data(), h.zeros->bytes), h.dw.zeros = base + sd + ss;
+        if (h.dw.format == WeightFormat::NVFP4) h.dw.global_scale = 0.37f * (1.0f + float(e) / 16.0f);
+    }
+    g_packs.push_back(pack);
+}
+
 // Experts a rank of an expert-parallel split does not hold (device_weight.h, absent_expert): none,
 // the first half (expert 0 among them, as every rank but the first sees it), every odd one.
 enum class Absent { none, first_half, odd };
@@ -447,18 +468,20 @@ void check_moe(const Spec & s, int64_t n, int64_t k, int experts, int k_slots, i
                              std::to_string(k_slots) + "x" + std::to_string(T) + (nw == 2 ? " glu" : "") + (shared_x ? " shared-x" : "") +
                              (early == Early::ids ? " ids-early" : early == Early::x ? " x-early" : "") +
                              (absent == Absent::first_half ? " absent-first-half" : absent == Absent::odd ? " absent-odd" : "") +
-                             forced_label(sp, mma);
+                             (g_packed ? " packed" : "") + forced_label(sp, mma);
     if (name.find(filter) == std::string::npos) return;
     std::vector<HostWeight> w[2];
     std::vector<DeviceWeight> table[2];
     int first_held = -1;
-    for (int i = 0; i < nw; ++i)
+    for (int i = 0; i < nw; ++i) {
+        for (int e = 0; e < experts; ++e) w[i].push_back(make_weight(s, n, k));
+        if (g_packed) pack_experts(w[i]);
         for (int e = 0; e < experts; ++e) {
-            w[i].push_back(make_weight(s, n, k));
             const bool held = !absent_expert_at(absent, e, experts);
-            table[i].push_back(held ? w[i].back().dw : absent_expert(w[i].back().dw));
+            table[i].push_back(held ? w[i][size_t(e)].dw : absent_expert(w[i][size_t(e)].dw));
             if (held && first_held < 0) first_held = e;
         }
+    }
     const int64_t        pairs = int64_t(k_slots) * T;
     const int64_t        s0 = 1, s1 = k_slots + 3;  // ids [T][k_slots + 3]: strided rows
     std::vector<int32_t> ids(size_t(T * s1), 12345);
@@ -492,6 +515,13 @@ void check_moe(const Spec & s, int64_t n, int64_t k, int experts, int k_slots, i
     a.y                = y;
     a.ids_early = early == Early::ids;
     a.x_early   = early == Early::x;
+    // The experts' addresses from the id where they lie at one stride (as run_moe_gemv decides).
+    const ExpertGrid g0 = expert_grid(table[0].data(), experts), g1 = expert_grid(table[nw - 1].data(), experts);
+    if (g0.uniform && g1.uniform) a.grid[0] = g0, a.grid[1] = g1;
+    if (g_packed != (a.grid[0].uniform != 0)) {  // (packed: every expert held, so the grid must hold)
+        std::printf("FAIL %s: expert_grid %s\n", name.c_str(), a.grid[0].uniform ? "holds for separate buffers" : "does not hold for packed experts");
+        ++g_fail;
+    }
     // The expert ids come from the router (poison: -1, an invalid id, whose rows come out 0), the
     // activations from the kernel before; either (early) from a launch whose writes are complete
     // before this one starts.
@@ -867,6 +897,19 @@ int main(int argc, char ** argv) {
         check_moe(s, 40, 1152, 16, 4, 2, 1, false, {1, 2, 2, 1}, filter, true, Early::x);   // kp, odd block ranges, K split
         check_moe(s, 40, 2048, 16, 8, 1, 2, true, {}, filter, true, Early::x, Absent::odd);
     }
+    // Experts at one stride (expert_grid): the addresses from the id, NVFP4's global scales from the
+    // table; the FMA and MMA kernels, ids read after and before the wait, activations early,
+    // invalid ids.
+    g_packed = true;
+    for (const Spec & s : {specs[0], specs[1], specs[5]}) {
+        check_moe(s, 48, 2048, 16, 8, 1, 2, true, {}, filter, true);
+        check_moe(s, 33, 768, 16, 4, 3, 1, false, {}, filter, true, Early::ids);
+        check_moe(s, 32, 1280, 16, 8, 1, 2, true, {1, 2, 1, 0, 1}, filter, true, Early::x);  // one wave
+        check_moe(s, 33, 1024, 16, 4, 2, 1, true, {}, filter, false);  // the FMA kernel
+    }
+    for (const Spec & s : {specs[6], specs[9]}) check_moe(s, 40, 1024, 16, 4, 2, 2, false, {}, filter);
+    g_packed = false;
+    g_packs.clear();
     // The residual add + RMS_NORM prologue (one row of plain weights): the plan's split and forced ones
     // (K-warps, K splits, kp with odd block ranges), with and without a weight, plain and zero-centred,
     // one weight and several, INT4 with and without zero points, NVFP4.

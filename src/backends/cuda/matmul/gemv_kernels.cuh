@@ -345,6 +345,19 @@ __device__ __forceinline__ void gemv_expert_weights(const GemvArgs & a, DeviceWe
     const int32_t * ip = a.ids.p + j * a.ids.s0 + t * a.ids.s1;
     const int32_t   e  = a.ids_early ? __ldcg(ip) : __ldg(ip);
     valid              = e >= 0 && e < a.ids.n_experts;
+    if (a.grid[0].uniform) {  // every expert held, at one stride: its addresses from the id (expert_grid)
+#pragma unroll
+        for (int i = 0; i < NW; ++i) {
+            w[i] = a.w[i];
+            if (!valid) continue;
+            const ExpertGrid & g = a.grid[i];
+            w[i].data            = static_cast<const char *>(w[i].data) + int64_t(e) * g.data;
+            if (w[i].scales) w[i].scales = static_cast<const char *>(w[i].scales) + int64_t(e) * g.scales;
+            if (w[i].zeros) w[i].zeros = w[i].zeros + int64_t(e) * g.zeros;
+            if (w[i].format == WeightFormat::NVFP4) w[i].global_scale = __ldg(&a.table[i][e].global_scale);  // (used at the end)
+        }
+        return;
+    }
 #pragma unroll
     for (int i = 0; i < NW; ++i) {
         if (valid) w[i] = a.table[i][e];

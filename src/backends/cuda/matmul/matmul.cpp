@@ -35,6 +35,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <vector>
 
 namespace spark::cuda {
 
@@ -259,6 +262,12 @@ void run_moe_gemv(const Moe & m, const LaunchPlan & lp, Scratch & scratch, const
     a.y          = m.y;
     a.ids_early  = lp.ids_early;
     a.x_early    = lp.x_early;
+    // SPARK_EXPERT_GRID=0: every block reads its expert's table entry first (A/B runs).
+    static const bool grid_on = [] { const char * e = std::getenv("SPARK_EXPERT_GRID"); return !(e && std::string(e) == "0"); }();
+    if (grid_on && m.grid[0].uniform && m.grid[m.nw - 1].uniform) {
+        a.grid[0] = m.grid[0];
+        a.grid[1] = m.grid[m.nw - 1];
+    }
     gemv_split(a, lp.gemv[0], s, ctx);
     gemv_launch_fmt(m.w0[0].format, lp.gemv[0], m.nw == 2, a, ctx.stream);
     ctx.last_waits_first = !a.ids_early;  // (its trigger follows its wait for the ids)
@@ -344,6 +353,9 @@ void describe_experts(const Tensor & t, int i, Moe & m, const OpContext & ctx) {
         m.zeros = m.zeros || int4_zeros(w);
         m.mma   = m.mma && gemv_mma_ok(w);
     }
+    std::vector<DeviceWeight> host(size_t(t.n_experts));
+    for (int32_t e = 0; e < t.n_experts && !m.absent; ++e) host[size_t(e)] = device_weight(t.experts[e]);
+    m.grid[i] = m.absent ? ExpertGrid{} : expert_grid(host.data(), t.n_experts);
 }
 
 Moe moe_problem(const Tensor & mm, const OpContext & ctx) {

@@ -85,6 +85,16 @@ GemvPlan plan_gemv(WeightFormat f, int64_t N, int64_t K, int64_t jobs, int rows,
 // Whether a weight takes the tensor-core decode GEMV: INT4 with groups of a multiple of 128 (or one
 // group per row), NVFP4; K a multiple of 32.
 bool gemv_mma_ok(const DeviceWeight & w);
+
+// The experts of a MATMUL_ID set laid out at one stride: expert e's data, scales and zeros at expert
+// 0's plus e strides (bytes), every other field alike but NVFP4's global scale. A GEMV block then
+// computes its expert's addresses from the id instead of reading its table entry first (one
+// dependent trip less before its weights; the global scale is read from the table beside them).
+struct ExpertGrid {
+    int64_t data = 0, scales = 0, zeros = 0;
+    int32_t uniform = 0;  // 0: no such layout (an absent expert, act-order, differing fields or strides)
+};
+ExpertGrid expert_grid(const DeviceWeight * experts, int32_t n);
 // Whether the MMA decode GEMV is used at all: compute capability 8.0+, unless SPARK_GEMV_MMA=0 (or
 // a test override, tuning.h).
 bool gemv_mma_enabled(int cc);
@@ -201,6 +211,9 @@ struct GemvArgs {
     // start only after its own wait (pdl.cuh): convert them (ld.cg) into the B fragments before
     // waiting (for the ids). 0: after the wait.
     int32_t x_early = 0;
+    // MATMUL_ID: the experts' addresses from the id (expert_grid; grid[0].uniform: both sets' grids
+    // hold, grid[i] that of table[i]), else from the table.
+    ExpertGrid grid[2];
     // MMA kernel, one weight: a warp's two row tiles are one tile at two consecutive 128-K blocks
     // (plan.mma_kpair; rows per block halve).
     int32_t mma_kpair = 0;

@@ -89,6 +89,7 @@ struct Moe {
     bool                 zeros = false;  // some INT4 expert has zero points
     bool                 mma   = true;   // every expert takes the tensor-core decode GEMV (gemv_mma_ok)
     bool                 absent = false; // some expert is not held here (expert parallelism; ids.held set)
+    ExpertGrid           grid[2];        // of each set (expert_grid)
     XRows                x;              // pair mode
     Ids                  ids;
     int64_t              n_tok = 0;
