@@ -336,7 +336,9 @@ __device__ __forceinline__ void gemv_expert_rows(const GemvArgs & a, const float
 // A MATMUL_ID block's weights: it reads its (slot, token) pair's expert id (an invalid id, or an
 // expert this device does not hold: an absent_expert entry with null data, device_weight.h:
 // valid = false, the block reads no weight and writes zeros; its w are then the launch's a.w, a
-// held expert whose pointers nothing reads).
+// held expert whose pointers nothing reads), then the expert's table entry, or, where the set lies
+// at one stride (a.grid, expert_grid), computes the addresses from expert 0's (a.w): one dependent
+// trip less before the weights are requested.
 template <int NW>
 __device__ __forceinline__ void gemv_expert_weights(const GemvArgs & a, DeviceWeight (&w)[NW], bool & valid) {
     if (!a.ids_early) pdl::wait();  // the expert ids come from the router
