@@ -320,15 +320,17 @@ TEST_CASE("MATMUL_ID: the experts at one stride (expert_grid)") {
     CHECK_FALSE(broken([&](DeviceWeight & w) { w.data = nullptr; }));                                        // absent (EP)
     CHECK_FALSE(broken([&](DeviceWeight & w) { w.perm = static_cast<const int32_t *>(at(base)); }));         // act-order
     CHECK_FALSE(broken([&](DeviceWeight & w) { w.group_size = 64; }));                                       // another field
-    CHECK_FALSE(broken([&](DeviceWeight & w) { w.global_scale = 2.0f; }));  // (INT4: every field alike)
-    // NVFP4: a global scale of each expert's own (the kernel reads it from the table).
+    CHECK_FALSE(broken([&](DeviceWeight & w) { w.global_scale = 2.0f; }));
+    // NVFP4: one global scale for all, or the table (a checkpoint's experts have their own).
     std::vector<DeviceWeight> fp4(8, weight(WeightFormat::NVFP4, 768, 2048));
     for (size_t e = 0; e < fp4.size(); ++e) {
         fp4[e].data         = at(base + e * 0x100000);
         fp4[e].scales       = at(base + e * 0x100000 + 0xC0000);
-        fp4[e].global_scale = 0.5f + float(e);
+        fp4[e].global_scale = 0.5f;
     }
     CHECK(mm::expert_grid(fp4.data(), 8).uniform);
+    fp4[3].global_scale = 0.25f;
+    CHECK_FALSE(mm::expert_grid(fp4.data(), 8).uniform);
 }
 
 TEST_CASE("kernel_paths: derived from the plans") {

@@ -426,8 +426,8 @@ void check_dense(const Spec & s, int64_t n, int64_t k, int rows, int nw, Split s
 }
 
 // The experts of a set copied into one buffer at one stride (expert_grid: a GEMV block computes its
-// expert's addresses from the id); NVFP4 with a global scale of each expert's own (read from the
-// table). g_packed: check_moe packs its experts so (the buffers stay alive in g_packs).
+// expert's addresses from the id). g_packed: check_moe packs its experts so (the buffers stay alive
+// in g_packs).
 bool                              g_packed = false;
 std::vector<std::shared_ptr<Buf>> g_packs;
 void pack_experts(std::vector<HostWeight> & ws) {
@@ -441,7 +441,6 @@ void pack_experts(std::vector<HostWeight> & ws) {
         h.dw.data = base;
         if (h.scales) std::memcpy(base + sd, h.scales->data(), h.scales->bytes), h.dw.scales = base + sd;
         if (h.zeros) std::memcpy(base + sd + ss, h.zeros->data(), h.zeros->bytes), h.dw.zeros = base + sd + ss;
-        if (h.dw.format == WeightFormat::NVFP4) h.dw.global_scale = 0.37f * (1.0f + float(e) / 16.0f);
     }
     g_packs.push_back(pack);
 }
@@ -897,9 +896,8 @@ int main(int argc, char ** argv) {
         check_moe(s, 40, 1152, 16, 4, 2, 1, false, {1, 2, 2, 1}, filter, true, Early::x);   // kp, odd block ranges, K split
         check_moe(s, 40, 2048, 16, 8, 1, 2, true, {}, filter, true, Early::x, Absent::odd);
     }
-    // Experts at one stride (expert_grid): the addresses from the id, NVFP4's global scales from the
-    // table; the FMA and MMA kernels, ids read after and before the wait, activations early,
-    // invalid ids.
+    // Experts at one stride (expert_grid): the addresses from the id; the FMA and MMA kernels, ids
+    // read after and before the wait, activations early, invalid ids.
     g_packed = true;
     for (const Spec & s : {specs[0], specs[1], specs[5]}) {
         check_moe(s, 48, 2048, 16, 8, 1, 2, true, {}, filter, true);

@@ -356,7 +356,6 @@ __device__ __forceinline__ void gemv_expert_weights(const GemvArgs & a, DeviceWe
             w[i].data            = static_cast<const char *>(w[i].data) + int64_t(e) * g.data;
             if (w[i].scales) w[i].scales = static_cast<const char *>(w[i].scales) + int64_t(e) * g.scales;
             if (w[i].zeros) w[i].zeros = w[i].zeros + int64_t(e) * g.zeros;
-            if (w[i].format == WeightFormat::NVFP4) w[i].global_scale = __ldg(&a.table[i][e].global_scale);  // (used at the end)
         }
         return;
     }

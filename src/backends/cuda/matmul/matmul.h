@@ -87,9 +87,9 @@ GemvPlan plan_gemv(WeightFormat f, int64_t N, int64_t K, int64_t jobs, int rows,
 bool gemv_mma_ok(const DeviceWeight & w);
 
 // The experts of a MATMUL_ID set laid out at one stride: expert e's data, scales and zeros at expert
-// 0's plus e strides (bytes), every other field alike but NVFP4's global scale. A GEMV block then
+// 0's plus e strides (bytes), every other field alike (NVFP4: one global scale). A GEMV block then
 // computes its expert's addresses from the id instead of reading its table entry first (one
-// dependent trip less before its weights; the global scale is read from the table beside them).
+// dependent trip less before its weights).
 struct ExpertGrid {
     int64_t data = 0, scales = 0, zeros = 0;
     int32_t uniform = 0;  // 0: no such layout (an absent expert, act-order, differing fields or strides)

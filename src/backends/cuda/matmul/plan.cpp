@@ -76,7 +76,7 @@ ExpertGrid expert_grid(const DeviceWeight * experts, int32_t n) {
                            w.tiled == e0.tiled && w.group_size == e0.group_size && w.n_groups == e0.n_groups && w.block_n == e0.block_n &&
                            w.block_k == e0.block_k && w.n == e0.n && w.k == e0.k && w.act_scale == e0.act_scale &&
                            (w.scales == nullptr) == (e0.scales == nullptr) && (w.zeros == nullptr) == (e0.zeros == nullptr) &&
-                           (w.format == WeightFormat::NVFP4 || w.global_scale == e0.global_scale);
+                           w.global_scale == e0.global_scale;
         if (!alike || diff(w.data, e0.data) != e * g.data || (w.scales && diff(w.scales, e0.scales) != e * g.scales) ||
             (w.zeros && diff(w.zeros, e0.zeros) != e * g.zeros))
             return ExpertGrid{};
