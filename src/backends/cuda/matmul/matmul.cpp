@@ -262,9 +262,11 @@ void run_moe_gemv(const Moe & m, const LaunchPlan & lp, Scratch & scratch, const
     a.y          = m.y;
     a.ids_early  = lp.ids_early;
     a.x_early    = lp.x_early;
-    // SPARK_EXPERT_GRID=0: every block reads its expert's table entry first (A/B runs).
+    // The addresses from the id where the experts lie at one stride: INT4, where it was measured to
+    // pay (docs/PERF.md, "The experts' addresses from the id"; NVFP4 measured level to slower, the
+    // other formats not measured). SPARK_EXPERT_GRID=0: every block reads its table entry first.
     static const bool grid_on = [] { const char * e = std::getenv("SPARK_EXPERT_GRID"); return !(e && std::string(e) == "0"); }();
-    if (grid_on && m.grid[0].uniform && m.grid[m.nw - 1].uniform) {
+    if (grid_on && m.w0[0].format == WeightFormat::INT4 && m.grid[0].uniform && m.grid[m.nw - 1].uniform) {
         a.grid[0] = m.grid[0];
         a.grid[1] = m.grid[m.nw - 1];
     }
