@@ -37,7 +37,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
-#include <vector>
 
 namespace spark::cuda {
 
@@ -355,9 +354,7 @@ void describe_experts(const Tensor & t, int i, Moe & m, const OpContext & ctx) {
         m.zeros = m.zeros || int4_zeros(w);
         m.mma   = m.mma && gemv_mma_ok(w);
     }
-    std::vector<DeviceWeight> host(size_t(t.n_experts));
-    for (int32_t e = 0; e < t.n_experts && !m.absent; ++e) host[size_t(e)] = device_weight(t.experts[e]);
-    m.grid[i] = m.absent ? ExpertGrid{} : expert_grid(host.data(), t.n_experts);
+    if (!m.absent) m.grid[i] = expert_grid_by([&](int32_t e) -> const DeviceWeight & { return device_weight(t.experts[e]); }, t.n_experts);
 }
 
 Moe moe_problem(const Tensor & mm, const OpContext & ctx) {

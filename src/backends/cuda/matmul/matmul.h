@@ -94,7 +94,33 @@ struct ExpertGrid {
     int64_t data = 0, scales = 0, zeros = 0;
     int32_t uniform = 0;  // 0: no such layout (an absent expert, act-order, differing fields or strides)
 };
-ExpertGrid expert_grid(const DeviceWeight * experts, int32_t n);
+// expert(e) -> const DeviceWeight & (host copies), e < n.
+template <class Expert> ExpertGrid expert_grid_by(Expert expert, int32_t n) {
+    ExpertGrid g;
+    if (n < 1) return g;
+    const DeviceWeight & e0   = expert(0);
+    auto                 diff = [](const void * p, const void * q) { return int64_t(reinterpret_cast<intptr_t>(p) - reinterpret_cast<intptr_t>(q)); };
+    if (n > 1) {
+        const DeviceWeight & e1 = expert(1);
+        g.data = diff(e1.data, e0.data), g.scales = diff(e1.scales, e0.scales), g.zeros = diff(e1.zeros, e0.zeros);
+    }
+    for (int32_t e = 0; e < n; ++e) {
+        const DeviceWeight & w     = expert(e);
+        const bool           alike = w.data != nullptr && w.perm == nullptr && w.format == e0.format && w.scale_type == e0.scale_type &&
+                           w.tiled == e0.tiled && w.group_size == e0.group_size && w.n_groups == e0.n_groups && w.block_n == e0.block_n &&
+                           w.block_k == e0.block_k && w.n == e0.n && w.k == e0.k && w.act_scale == e0.act_scale &&
+                           w.global_scale == e0.global_scale && (w.scales == nullptr) == (e0.scales == nullptr) &&
+                           (w.zeros == nullptr) == (e0.zeros == nullptr);
+        if (!alike || diff(w.data, e0.data) != e * g.data || (w.scales && diff(w.scales, e0.scales) != e * g.scales) ||
+            (w.zeros && diff(w.zeros, e0.zeros) != e * g.zeros))
+            return ExpertGrid{};
+    }
+    g.uniform = 1;
+    return g;
+}
+inline ExpertGrid expert_grid(const DeviceWeight * experts, int32_t n) {
+    return expert_grid_by([experts](int32_t e) -> const DeviceWeight & { return experts[e]; }, n);
+}
 // Whether the MMA decode GEMV is used at all: compute capability 8.0+, unless SPARK_GEMV_MMA=0 (or
 // a test override, tuning.h).
 bool gemv_mma_enabled(int cc);

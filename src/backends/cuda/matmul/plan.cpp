@@ -60,31 +60,6 @@ int elems_per_chunk(WeightFormat f) {
     return 0;
 }
 
-ExpertGrid expert_grid(const DeviceWeight * experts, int32_t n) {
-    ExpertGrid g;
-    if (n < 1) return g;
-    const DeviceWeight & e0 = experts[0];
-    auto diff = [](const void * p, const void * q) { return reinterpret_cast<intptr_t>(p) - reinterpret_cast<intptr_t>(q); };
-    if (n > 1) {
-        g.data   = diff(experts[1].data, e0.data);
-        g.scales = diff(experts[1].scales, e0.scales);
-        g.zeros  = diff(experts[1].zeros, e0.zeros);
-    }
-    for (int32_t e = 0; e < n; ++e) {
-        const DeviceWeight & w = experts[e];
-        const bool alike = w.data != nullptr && w.perm == nullptr && w.format == e0.format && w.scale_type == e0.scale_type &&
-                           w.tiled == e0.tiled && w.group_size == e0.group_size && w.n_groups == e0.n_groups && w.block_n == e0.block_n &&
-                           w.block_k == e0.block_k && w.n == e0.n && w.k == e0.k && w.act_scale == e0.act_scale &&
-                           (w.scales == nullptr) == (e0.scales == nullptr) && (w.zeros == nullptr) == (e0.zeros == nullptr) &&
-                           w.global_scale == e0.global_scale;
-        if (!alike || diff(w.data, e0.data) != e * g.data || (w.scales && diff(w.scales, e0.scales) != e * g.scales) ||
-            (w.zeros && diff(w.zeros, e0.zeros) != e * g.zeros))
-            return ExpertGrid{};
-    }
-    g.uniform = 1;
-    return g;
-}
-
 bool chunk_ok(const DeviceWeight & w) {
     const int e = elems_per_chunk(w.format);
     if (e == 0 || w.k % e != 0) return false;
