@@ -35,8 +35,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <string>
 
 namespace spark::cuda {
 
@@ -263,9 +261,8 @@ void run_moe_gemv(const Moe & m, const LaunchPlan & lp, Scratch & scratch, const
     a.x_early    = lp.x_early;
     // The addresses from the id where the experts lie at one stride: INT4, where it was measured to
     // pay (docs/PERF.md, "The experts' addresses from the id"; NVFP4 measured level to slower, the
-    // other formats not measured). SPARK_EXPERT_GRID=0: every block reads its table entry first.
-    static const bool grid_on = [] { const char * e = std::getenv("SPARK_EXPERT_GRID"); return !(e && std::string(e) == "0"); }();
-    if (grid_on && m.w0[0].format == WeightFormat::INT4 && m.grid[0].uniform && m.grid[m.nw - 1].uniform) {
+    // other formats not measured). Overrides::expert_grid = 0: every block reads its table entry first.
+    if (overrides().expert_grid != 0 && m.w0[0].format == WeightFormat::INT4 && m.grid[0].uniform && m.grid[m.nw - 1].uniform) {
         a.grid[0] = m.grid[0];
         a.grid[1] = m.grid[m.nw - 1];
     }

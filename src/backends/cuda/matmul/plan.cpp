@@ -26,6 +26,8 @@ Overrides & overrides() {
         if (wv && std::string(wv) == "2") d.gemv_wave = 2;  // the fused gate/up only
         const char * nm = std::getenv("SPARK_NORM_MATMUL");  // A/B runs of the norm prologue
         if (nm && (std::string(nm) == "0" || std::string(nm) == "2")) d.norm_matmul = nm[0] - '0';
+        const char * eg = std::getenv("SPARK_EXPERT_GRID");  // A/B runs of the experts' addresses from the id
+        if (eg && std::string(eg) == "0") d.expert_grid = 0;
         return d;
     }();
     return o;

@@ -36,6 +36,10 @@ struct Overrides {
     // separate launches), 2 also on grids of fewer blocks than the device has SMs (A/B runs: measured
     // slower on the shapes it adds, docs/PERF.md; the GPU tests' small shapes).
     int       norm_matmul = 1;
+    // A MoE GEMV block computes its expert's addresses from the id where the set lies at one stride
+    // (matmul.h, expert_grid; INT4): 1 (default), 0 it reads the table entry first
+    // (SPARK_EXPERT_GRID=0: A/B runs).
+    int       expert_grid = 1;
 };
 
 Overrides & overrides();
