@@ -1607,6 +1607,114 @@ TEST_CASE("matmul: op_add_norm_matmul (residual add + RMS_NORM inside the GEMV) 
     tc.ctx.prompt_step = false;
 }
 
+// ---- op_combine_norm_matmul: the MoE combine writes the norm's half, the GEMV applies its 1 / rms ------
+TEST_CASE("matmul: op_combine_norm_matmul (the combine + residual + norm's sums, the 1 / rms in the GEMV) matches the separate launches") {
+    // The MoE combine (k slots, the shared expert or not), the residual ADD of its output, the norm of
+    // the sum and the q/k/v-like matmuls (or one matmul) of that norm, as the fusion pass groups them,
+    // with the memory plan taking the backend's hint (launch_last_nodes). The fused launches' sum
+    // must equal the separate launches' (op_moe_combine, op_add_rms_norm, then the matmul op) bit
+    // for bit, their matmul outputs theirs and the host's within kGemv (the GEMV multiplies each
+    // result by 1 / rms instead of each activation, from sums of squares added in another order).
+    // Refused groups (two rows; BF16 weights: the FMA kernel; SPARK_COMBINE_NORM=0) run the separate
+    // launches through the same op. A rerun is bit-identical.
+    OpHarness                                   h(50);
+    spark::Backend &                            be = h.cuda();
+    std::vector<std::unique_ptr<spark::Buffer>> storage;
+    HostWeights                                 host;
+    TestCtx                                     tc;
+    const int64_t                               k = 2048, slots = 8;
+    struct Case {
+        std::string                  name;
+        std::vector<const QWeight *> host;
+        bool                         weighted, zc, shared, fused;
+        int64_t                      rows        = 1;
+        int                          overridden  = 1;  // Overrides::combine_norm
+    };
+    const std::vector<const QWeight *> qkv = {&host.int4(1024, k, 128, true, false, 210), &host.int4(256, k, 128, true, false, 211),
+                                              &host.int4(256, k, 128, true, false, 212)};
+    std::vector<Case> cases;
+    cases.push_back({"int4 q/k/v", qkv, true, false, false, true});
+    cases.push_back({"int4 q/k/v, the shared expert, zero-centred", qkv, true, true, true, true});
+    cases.push_back({"nvfp4 x2", {&host.nvfp4(512, k, 213), &host.nvfp4(72, k, 214)}, true, false, false, true});
+    cases.push_back({"int4-asym one matmul, no weight", {&host.int4(1000, k, 128, false, false, 215)}, false, false, false, true});
+    cases.push_back({"int4 q/k/v, two rows (refused: one row only)", qkv, true, false, false, false, 2});
+    cases.push_back({"bf16 (refused: the FMA kernel)", {&host.bf16w(256, k, 218), &host.bf16w(64, k, 219)}, true, false, false, false});
+    cases.push_back({"int4 q/k/v, SPARK_COMBINE_NORM=0 (refused)", qkv, true, false, false, false, 1, 0});
+    struct Restore {
+        ~Restore() { mm::overrides().combine_norm = 1; }
+    } restore;
+    for (const Case & c : cases) {
+        INFO(c.name);
+        mm::overrides().combine_norm = c.overridden;
+        std::vector<QWeight>            prepared;
+        std::vector<std::vector<float>> refw;
+        for (const QWeight * w : c.host) prepared.push_back(be.prepare_weight(*w, storage)), refw.push_back(dequantized(*w));
+        const int64_t rows = c.rows;
+        spark::Graph  gr;
+        Tensor *      y     = gr.input(DType::F32, {k, slots, rows}, "experts");
+        Tensor *      wr    = gr.input(DType::F32, {slots, rows}, "route_w");
+        Tensor *      sx    = gr.input(DType::F32, {k, rows}, "shared");
+        Tensor *      sg    = gr.input(DType::F32, {1, rows}, "shared_gate");
+        Tensor *      resid = gr.input(DType::F32, {k, rows}, "resid");
+        Tensor *      nw    = gr.input(DType::F32, {k}, "norm_w");
+        Tensor *      comb  = gr.moe_combine(y, wr, c.shared ? sx : nullptr, c.shared ? sg : nullptr);
+        Tensor *      sum   = gr.add(resid, comb);
+        Tensor *      nrm   = gr.rms_norm(sum, c.weighted ? nw : nullptr, 1e-6f, c.zc);
+        std::vector<Tensor *> ys;
+        for (const QWeight & w : prepared) ys.push_back(gr.matmul(nrm, w));
+        gr.mark_output(gr.add(sum, sum));  // (the sum lives on, as the residual does)
+        for (Tensor * t : ys) gr.mark_output(t);
+        tc.ctx.prompt_step = false;
+        const spark::MemoryPlan plan  = spark::plan_memory(gr, 256, spark::cuda::launch_last_nodes(gr, tc.ctx));
+        auto                    arena = be.alloc(std::max<size_t>(plan.arena_bytes, 256));
+        spark::bind_memory(gr, plan, arena->data());
+        const std::vector<float> yv = normals(size_t(k * slots * rows), 1.0f, 230), wv = normals(size_t(slots * rows), 0.3f, 231),
+                                 sv = normals(size_t(k * rows), 1.0f, 232), gv = normals(size_t(rows), 2.0f, 233),
+                                 rv = normals(size_t(k * rows), 2.0f, 234), nv = normals(size_t(k), 0.3f, 235);
+        std::vector<const Tensor *> after(ys.begin(), ys.end());
+        auto run = [&](bool fused) {
+            be.upload(y->data, yv.data(), yv.size() * 4);
+            be.upload(wr->data, wv.data(), wv.size() * 4);
+            be.upload(sx->data, sv.data(), sv.size() * 4);
+            be.upload(sg->data, gv.data(), gv.size() * 4);
+            be.upload(resid->data, rv.data(), rv.size() * 4);
+            be.upload(nw->data, nv.data(), nv.size() * 4);
+            be.synchronize();
+            if (fused) {
+                CHECK(spark::cuda::combine_norm_matmul_supported(*comb, *sum, *nrm, after.data(), int(after.size()), tc.ctx, true) == c.fused);
+                spark::cuda::op_combine_norm_matmul(*comb, *sum, *nrm, after.data(), int(after.size()), tc.ctx);
+            } else {
+                spark::cuda::op_moe_combine(*comb, tc.ctx);
+                spark::cuda::op_add_rms_norm(*sum, *nrm, tc.ctx);
+                spark::cuda::op_matmul_multi(after.data(), int(after.size()), tc.ctx);
+            }
+            REQUIRE(cudaStreamSynchronize(tc.stream) == cudaSuccess);
+            std::vector<std::vector<float>> got = {download(be, *sum)};
+            for (Tensor * t : ys) got.push_back(download(be, *t));
+            return got;
+        };
+        const auto fused = run(true), again = run(true), apart = run(false);
+        CHECK(std::memcmp(fused[0].data(), apart[0].data(), fused[0].size() * 4) == 0);
+        for (size_t i = 1; i < fused.size(); ++i) {
+            CHECK(nmse_of(fused[i], std::vector<double>(apart[i].begin(), apart[i].end())) <= kGemv);
+            CHECK(std::memcmp(fused[i].data(), again[i].data(), fused[i].size() * 4) == 0);
+        }
+        // The host: the sum the GPU wrote (checked above against the separate launches), the norm
+        // as the CPU backend computes it, then the matmuls in double.
+        std::vector<float> hn(size_t(rows * k));
+        for (int64_t r = 0; r < rows; ++r) {
+            double ss = 0;
+            for (int64_t i = 0; i < k; ++i) ss += double(fused[0][size_t(r * k + i)]) * fused[0][size_t(r * k + i)];
+            const float inv = 1.0f / std::sqrt(float(ss / double(k)) + 1e-6f);
+            for (int64_t i = 0; i < k; ++i) {
+                const float g = c.weighted ? (c.zc ? 1.0f + nv[size_t(i)] : nv[size_t(i)]) : 1.0f;
+                hn[size_t(r * k + i)] = fused[0][size_t(r * k + i)] * inv * g;
+            }
+        }
+        for (size_t i = 0; i < ys.size(); ++i) CHECK(nmse_of(fused[1 + i], reference(hn, rows, refw[i], ys[i]->ne[0], k)) <= kGemv);
+    }
+}
+
 // ---- W4A4: NVFP4 weights with activation scales on sm_120a / sm_121a -------------------------------
 TEST_CASE("matmul: NVFP4 with activation scales takes W4A4 for prefill rows on sm_120a / sm_121a, W4A16 elsewhere") {
     // op_matmul on an NVFP4 weight whose checkpoint calibrated its activations (QWeight::act_scale;

@@ -601,6 +601,68 @@ void test_moe() {
                 expect(ok, "moe_combine k=" + std::to_string(k) + " H=" + std::to_string(H) + " T=" + std::to_string(T) +
                                (shared ? " shared" : ""));
             }
+
+    // The producer of op_combine_norm_matmul: + the residual (the ADD's sum), that sum times the
+    // norm's weight (zero-centred or not, or none), and each block item's sum of squares.
+    for (bool shared : {false, true})
+    for (int k : {8, 10})
+        for (int64_t H : {3072, 2048, 64})
+            for (int T : {1, 2})
+                for (int wkind = 0; wkind < 3; ++wkind) {  // 0 no weight, 1 plain, 2 zero-centred
+                    if (shared && k == 8) continue;
+                    std::vector<float> y(static_cast<size_t>(H * k * T)), w(static_cast<size_t>(2 * k * T)), o(static_cast<size_t>(H * T), NAN);
+                    std::vector<float> sx(static_cast<size_t>(H * T)), sg(static_cast<size_t>(2 * T)), r(static_cast<size_t>(H * T)),
+                        nw(static_cast<size_t>(H)), nx(static_cast<size_t>(H * T), NAN);
+                    for (auto * v : {&y, &w, &sx, &r, &nw})
+                        for (auto & e : *v) e = randn();
+                    for (auto & v : sg) v = randn() * 3.0f;
+                    const int64_t      chunks = (H + kCombineThreads * 4 - 1) / (kCombineThreads * 4);
+                    std::vector<float> parts(static_cast<size_t>(chunks * T), NAN);
+                    CombineArgs        a;
+                    a.y = reinterpret_cast<const char *>(y.data()), a.w = reinterpret_cast<const char *>(w.data());
+                    a.out = rows_at(o.data(), H), a.y_nb1 = H * 4, a.y_nb2 = H * k * 4, a.w_nb1 = 2 * k * 4, a.h = H, a.k = k, a.n_tok = T;
+                    if (shared) a.s = reinterpret_cast<const char *>(sx.data()), a.g = reinterpret_cast<const char *>(sg.data()), a.s_nb1 = H * 4, a.g_nb1 = 8;
+                    a.chunks        = chunks;
+                    a.resid         = reinterpret_cast<const char *>(r.data()), a.resid_nb1 = H * 4;
+                    a.norm_x        = rows_at(nx.data(), H);
+                    a.norm_w        = wkind ? nw.data() : nullptr;
+                    a.zero_centered = wkind == 2;
+                    a.parts         = parts.data();
+                    const unsigned grid = unsigned(std::min<int64_t>(T * chunks, 5));
+                    {
+                        // The residual and the experts' outputs come from earlier kernels, the norm's weight is a weight.
+                        PdlGuard g({pdl::model::in(y.data(), y.size() * 4), pdl::model::in(w.data(), w.size() * 4),
+                                    pdl::model::in(r.data(), r.size() * 4), pdl::model::in(shared ? sx.data() : nullptr, sx.size() * 4),
+                                    pdl::model::in(shared ? sg.data() : nullptr, sg.size() * 4), pdl::model::out(o.data(), o.size() * 4),
+                                    pdl::model::out(nx.data(), nx.size() * 4), pdl::model::out(parts.data(), parts.size() * 4)});
+                        if (k > 8) emu::launch(dim3(grid), dim3(kCombineThreads), [&] { moe_combine_kernel<4, 16>(a); });
+                        else emu::launch(dim3(grid), dim3(kCombineThreads), [&] { moe_combine_kernel<4, 8>(a); });
+                        g.check(std::string("moe_combine_kernel") + targs({4, k > 8 ? 16 : 8}) + " + norm producer k=" + std::to_string(k) +
+                                " H=" + std::to_string(H));
+                    }
+                    // The sum bitwise as the combine then the ADD; the weighted row bitwise; the
+                    // squares in another order than the reference's: relative 1e-5 (float sums of
+                    // 512 positive terms, each rounding 2^-24).
+                    bool ok = true;
+                    for (int t = 0; t < T; ++t) {
+                        for (int64_t c = 0; c < chunks; ++c) {
+                            double ss = 0.0;
+                            for (int64_t i = c * kCombineThreads * 4; i < std::min<int64_t>(H, (c + 1) * kCombineThreads * 4); ++i) {
+                                float acc = 0.0f;
+                                for (int j = 0; j < k; ++j) acc += w[size_t(t * 2 * k + j)] * y[size_t((t * k + j) * H + i)];
+                                if (shared) acc = acc + sx[size_t(t * H + i)] * (1.0f / (1.0f + std::exp(-sg[size_t(2 * t)])));
+                                const float sum = r[size_t(t * H + i)] + acc;
+                                const float wv  = wkind == 0 ? 1.0f : wkind == 1 ? nw[size_t(i)] : 1.0f + nw[size_t(i)];
+                                const float z   = sum * wv;
+                                ok = ok && std::memcmp(&sum, &o[size_t(t * H + i)], 4) == 0 && std::memcmp(&z, &nx[size_t(t * H + i)], 4) == 0;
+                                ss += double(sum) * sum;
+                            }
+                            ok = ok && std::fabs(parts[size_t(t * chunks + c)] - ss) <= 1e-5 * ss;
+                        }
+                    }
+                    expect(ok, "moe_combine + norm producer k=" + std::to_string(k) + " H=" + std::to_string(H) + " T=" + std::to_string(T) +
+                                   " weight " + std::to_string(wkind) + (shared ? " shared" : ""));
+                }
 }
 
 // ---------------------------------------------------------------- argmax

@@ -719,6 +719,93 @@ void check_norm(const Spec & s, const std::vector<int64_t> & ns, int64_t k, int 
     report(name + (rows_ok ? "" : " [sum rows wrong]"), rows_ok ? nmse(got, ref) : INFINITY, p);
 }
 
+// The 1 / rms of a norm whose weighted row a producer wrote (GemvArgs::rs, MMA kernel, one row): the
+// activations are z = s * w, the producer's sums of squares of s in n_parts parts (read by the GEMV
+// after its wait: a PDL input); one weight, a fused gate/up or several weights, the plan's split and
+// forced ones. Checks against the double reference of W (z * inv), inv from the float sum of the
+// parts (the kernel sums them in another order and scales the results: a reassociation far inside
+// the nmse bound; a GEMV that skipped the scale would be off by inv, here 0.3-0.5).
+void check_row_scale(const Spec & s, const std::vector<int64_t> & ns, int64_t k, int nw, int n_parts, Split sp, const std::string & filter) {
+    if (!mma_spec(s, k)) return;
+    std::string name = std::string("mma row scale ") + s.name + " N=";
+    for (size_t m = 0; m < ns.size(); ++m) name += (m ? "+" : "") + std::to_string(ns[m]);
+    name += " K=" + std::to_string(k) + (nw == 2 ? " glu" : "") + " parts=" + std::to_string(n_parts) + forced_label(sp, true);
+    if (name.find(filter) == std::string::npos) return;
+    const int count = int(ns.size());
+    int64_t   ntot  = 0;
+    for (int64_t n : ns) ntot += n;
+    std::vector<HostWeight> w;
+    for (int m = 0; m < count; ++m)
+        for (int i = 0; i < nw; ++i) w.push_back(make_weight(s, ns[size_t(m)], k));
+    Buf     zb(size_t(k) * 4), qb(size_t(n_parts) * 4);
+    float * z     = reinterpret_cast<float *>(zb.data());
+    float * parts = reinterpret_cast<float *>(qb.data());
+    std::fill(parts, parts + n_parts, 0.0f);
+    for (int64_t i = 0; i < k; ++i) {
+        const float sv = uni(-2, 2), wv = uni(-1.5f, 1.5f);
+        z[i] = sv * wv;
+        parts[i * n_parts / k] += sv * sv;
+    }
+    const float eps = 1e-6f;
+    float       ss  = 0.0f;
+    for (int i = 0; i < n_parts; ++i) ss += parts[i];
+    const double   inv = 1.0 / std::sqrt(double(ss) / double(k) + eps);
+    const GemvPlan p   = make_plan(s, ntot, k, 1, 1, nw, sp, true, count > 1 ? ns.data() : nullptr, count);
+    std::vector<std::unique_ptr<Buf>> yb;
+    Buf      pb(size_t(p.ksplit) * nw * ntot * 4), cb(size_t(p.grid.x) * 4);
+    GemvArgs a;
+    a.n_mats     = count;
+    int64_t row0 = 0;
+    int32_t tile = 0;
+    for (int m = 0; m < count; ++m) {
+        yb.push_back(std::make_unique<Buf>(size_t(ns[size_t(m)]) * 4));
+        float * y = reinterpret_cast<float *>(yb.back()->data());
+        std::fill(y, y + ns[size_t(m)], NAN);
+        if (count > 1) {
+            a.w[m]         = w[size_t(m)].dw;
+            a.mat_n[m]     = ns[size_t(m)];
+            a.mat_row0[m]  = row0;
+            a.mat_tile0[m] = tile;
+            a.mat_y[m]     = y;
+        }
+        row0 += ns[size_t(m)];
+        tile += int32_t((ns[size_t(m)] + p.rows_per_block - 1) / p.rows_per_block);
+    }
+    if (count > 1) {
+        a.mat_tile0[count] = tile;
+    } else {
+        a.w[0] = w[0].dw;
+        a.w[1] = w[size_t(nw - 1)].dw;
+        a.y    = reinterpret_cast<float *>(yb[0]->data());
+    }
+    for (int r = 0; r < kGemvMaxRows; ++r) a.x[r] = z;
+    a.rs.parts   = parts;
+    a.rs.n_parts = n_parts;
+    a.rs.eps     = eps;
+    a.n          = ntot;
+    a.k          = k;
+    a.rows = a.out_rows = 1;
+    set_plan(a, p, s, pb, cb);
+    std::vector<pdl::model::Region> regions = {pdl::model::in(zb.data(), zb.bytes), pdl::model::in(qb.data(), qb.bytes),
+                                               pdl::model::in(cb.data(), p.ksplit > 1 ? cb.bytes : 0),
+                                               pdl::model::out(pb.data(), p.ksplit > 1 ? pb.bytes : 0)};
+    for (auto & b : yb) regions.push_back(pdl::model::out(b->data(), b->bytes));
+    run_plan_pdl(name, s.f, s.zeros, p, nw == 2, a, regions);
+    std::vector<float>  got;
+    std::vector<double> ref;
+    for (int m = 0; m < count; ++m) {
+        const float * y = reinterpret_cast<const float *>(yb[size_t(m)]->data());
+        for (int64_t j = 0; j < ns[size_t(m)]; ++j) {
+            double d[2] = {0, 0};
+            for (int i = 0; i < nw; ++i)
+                for (int64_t kk = 0; kk < k; ++kk) d[i] += ref_weight(w[size_t(m * nw + i)], j, kk) * (double(z[kk]) * inv);
+            ref.push_back(nw == 2 ? silu_d(d[0]) * d[1] : d[0]);
+            got.push_back(y[j]);
+        }
+    }
+    report(name, nmse(got, ref), p);
+}
+
 }  // namespace
 
 int main(int argc, char ** argv) {
@@ -918,6 +1005,15 @@ int main(int argc, char ** argv) {
         check_norm(s, {32}, 1280, 1, 1, true, true, {1, 4, 3}, filter);
         check_norm(s, {32, 16}, 1280, 1, 1, true, false, {1, 8, 2}, filter);
         check_norm(s, {32}, 1152, 1, 1, true, false, {1, 2, 3, 1}, filter);  // kp, odd block ranges
+    }
+    // The 1 / rms of a producer's norm (op_combine_norm_matmul): several weights (q/k/v) as planned and
+    // with K-warps, K splits and kp forced; one weight; a fused gate/up, also one wave.
+    for (const Spec & s : {specs[0], specs[1], specs[5]}) {
+        check_row_scale(s, {64, 32, 32}, 2048, 1, 4, {}, filter);
+        check_row_scale(s, {40, 17}, 1280, 1, 3, {1, 4, 3}, filter);
+        check_row_scale(s, {45}, 1152, 1, 6, {1, 2, 3, 1}, filter);  // kp, odd block ranges
+        check_row_scale(s, {48}, 3072, 2, 6, {}, filter);
+        check_row_scale(s, {32}, 1280, 2, 32, {1, 2, 1, 0, 1}, filter);  // one wave
     }
     std::printf("worst MMA nmse %.1e (tensor-core sums modelled %s)\n", g_worst_mma,
                 emu::mma_sum() == emu::MmaSum::Truncating ? "with truncation to 2^(e_max - 23)" : "exactly");

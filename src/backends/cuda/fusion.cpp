@@ -46,6 +46,29 @@ bool FusionPass::next(FusedLaunch & l) {
                 return true;
             }
         }
+        // The MoE combine, the residual add of its output, the next layer's norm of that sum and the
+        // matmuls of that norm: the combine writes the norm's weighted row and sums of squares, the
+        // GEMV applies the 1 / rms (no launch between them).
+        {
+            const Tensor * add_norm[2];
+            const Tensor * mms[FusedLaunch::kMaxMatmuls];
+            if (const int m = combine_norm_matmul_at(i_, add_norm, mms)) {
+                static const char * const kLabels[] = {"", "MOE_COMBINE+ADD+RMS_NORM+MATMUL", "MOE_COMBINE+ADD+RMS_NORM+MATMUL x2",
+                                                       "MOE_COMBINE+ADD+RMS_NORM+MATMUL x3", "MOE_COMBINE+ADD+RMS_NORM+MATMUL x4"};
+                l.kind     = FusedLaunch::Kind::CombineNormMatmul;
+                l.count    = 3 + m;
+                l.nodes[1] = add_norm[0];
+                l.nodes[2] = add_norm[1];
+                l.label    = kLabels[m];
+                skip_[size_t(add_norm[0]->id)] = skip_[size_t(add_norm[1]->id)] = true;  // (computed by this launch)
+                for (int j = 0; j < m; ++j) {
+                    l.nodes[3 + j]            = mms[j];
+                    skip_[size_t(mms[j]->id)] = true;
+                }
+                ++i_;
+                return true;
+            }
+        }
         // Residual add, the next layer's norm of that sum and the matmuls of that norm: one GEMV
         // whose blocks compute the norm themselves.
         const Tensor * after[FusedLaunch::kMaxMatmuls];
@@ -139,6 +162,32 @@ int FusionPass::add_norm_matmul_at(size_t i, const Tensor ** after) const {
     return add_norm_matmul_supported(*add, *norm, after, count, ctx_) ? count : 0;
 }
 
+// nodes[i] is a MOE_COMBINE read only by the next launching node, an ADD (of it and another row),
+// whose sum the next launching node after it normalises (RMS_NORM of whole rows, no gate), and the
+// next launching node after that starts a group of MATMULs of that norm that are its only readers,
+// and the matmul layer takes them as op_combine_norm_matmul's launches (combine_norm_matmul_supported):
+// the ADD and the norm in add_norm, those MATMULs in `after`, their count; else 0.
+int FusionPass::combine_norm_matmul_at(size_t i, const Tensor ** add_norm, const Tensor ** after) const {
+    const Tensor * comb = nodes_[i];
+    if (comb->op != Op::MOE_COMBINE || uses_[size_t(comb->id)] != 1 || (comb->flags & TENSOR_OUTPUT)) return 0;
+    const size_t ja = next_launching(i + 1);
+    if (ja >= nodes_.size()) return 0;
+    const Tensor * add = nodes_[ja];
+    if (add->op != Op::ADD || (add->src[0] != comb && add->src[1] != comb) || skip_[size_t(add->id)]) return 0;
+    const size_t jn = next_launching(ja + 1);
+    if (jn >= nodes_.size()) return 0;
+    const Tensor * norm = nodes_[jn];
+    if (norm->op != Op::RMS_NORM || norm->src[0] != add || norm->src[2] || norm->src[3] || skip_[size_t(norm->id)]) return 0;
+    const size_t j = next_launching(jn + 1);
+    if (j >= nodes_.size() || nodes_[j]->op != Op::MATMUL || nodes_[j]->src[0] != norm || skip_[size_t(nodes_[j]->id)]) return 0;
+    const int count = matmul_group(j, after);
+    if (uses_[size_t(norm->id)] != count) return 0;
+    if (!combine_norm_matmul_supported(*comb, *add, *norm, after, count, ctx_)) return 0;
+    add_norm[0] = add;
+    add_norm[1] = norm;
+    return count;
+}
+
 size_t FusionPass::last_position(const FusedLaunch & l) const {
     int last = -1;
     for (int j = 0; j < l.count; ++j) last = std::max(last, pos_[size_t(l.nodes[j]->id)]);
@@ -151,7 +200,7 @@ std::vector<int> launch_last_nodes(const Graph & graph, const OpContext & ctx) {
     std::vector<int> pos(graph.tensors().size(), -1);
     for (size_t i = 0; i < graph.nodes().size(); ++i) pos[size_t(graph.nodes()[i]->id)] = int(i);
     for (FusedLaunch l; pass.next(l);) {
-        if (l.kind != FusedLaunch::Kind::AddNormMatmul) continue;
+        if (l.kind != FusedLaunch::Kind::AddNormMatmul && l.kind != FusedLaunch::Kind::CombineNormMatmul) continue;
         const int end = int(pass.last_position(l));
         for (int j = 0; j < l.count; ++j) last[size_t(pos[size_t(l.nodes[j]->id)])] = end;
     }

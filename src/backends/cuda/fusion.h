@@ -5,6 +5,8 @@
 //   MATMULs over the same activations with only views between them   op_matmul_multi
 //   ADD, the RMS_NORM of its sum, and the MATMULs that alone read the norm when they are one
 //   tensor-core decode GEMV of one row                                op_add_norm_matmul
+//   MOE_COMBINE, the ADD of its output, the RMS_NORM of that sum and the MATMULs that alone read
+//   the norm when they are one tensor-core decode GEMV of one row   op_combine_norm_matmul
 //   ADD directly followed by the RMS_NORM of its sum                 op_add_rms_norm
 //   per-head RMS_NORM read only by the ROPE after it (q, then k)     op_rms_norm_rope(_pair)
 //   ... whose two ROPE outputs only the next ATTENTION reads          op_attention_norm_rope
@@ -23,13 +25,25 @@
 namespace spark::cuda {
 
 struct FusedLaunch {
-    enum class Kind { Node, MatmulSwiglu, MatmulMulti, AddNormMatmul, AddRmsNorm, RmsNormRope, RmsNormRopePair, AttentionNormRope, WholeNormRope };
-    static constexpr int kMaxNodes    = 6;
+    enum class Kind {
+        Node,
+        MatmulSwiglu,
+        MatmulMulti,
+        AddNormMatmul,
+        CombineNormMatmul,
+        AddRmsNorm,
+        RmsNormRope,
+        RmsNormRopePair,
+        AttentionNormRope,
+        WholeNormRope
+    };
+    static constexpr int kMaxNodes    = 7;
     static constexpr int kMaxMatmuls  = 4;  // of a MatmulMulti launch
 
     Kind           kind  = Kind::Node;
     int            count = 1;  // nodes[0 .. count): MatmulMulti the matmuls; AddNormMatmul the ADD, the RMS_NORM,
-                               // then the matmuls; RmsNormRopePair norm q, rope q, norm k,
+                               // then the matmuls; CombineNormMatmul the MOE_COMBINE, then as
+                               // AddNormMatmul; RmsNormRopePair norm q, rope q, norm k,
                                // rope k; AttentionNormRope those and the attention; WholeNormRope
                                // norm q, rope q (then norm k, rope k)
     const Tensor * nodes[kMaxNodes] = {};
@@ -64,6 +78,7 @@ public:
 private:
     bool fusable_swiglu(const Tensor & sw) const;
     int  add_norm_matmul_at(size_t i, const Tensor ** after) const;
+    int  combine_norm_matmul_at(size_t i, const Tensor ** add_norm, const Tensor ** after) const;
     bool norm_rope_at(size_t i) const;
     size_t whole_norm_rope_at(size_t i) const;
     size_t next_launching(size_t i) const;
@@ -84,7 +99,9 @@ private:
 // For the memory planner (planner.h, launch_last): per node of the graph, the position of the last
 // node of the launch that computes it, where a launch reads its nodes' inputs after an earlier node
 // of it wrote an output (ADD + RMS_NORM + MATMULs: the GEMV's blocks read the addends while others
-// write the sum and the matmuls' rows); -1 elsewhere. The plan then keeps those inputs apart from the
+// write the sum and the matmuls' rows; MOE_COMBINE + ADD + RMS_NORM + MATMULs: the combine's blocks
+// read the experts' rows while others write the sum, and the GEMV reads the sums of squares the
+// combine wrote over its own output); -1 elsewhere. The plan then keeps those inputs apart from the
 // launch's outputs. Asked before the graph has memory (only the nodes' structure counts).
 std::vector<int> launch_last_nodes(const Graph & graph, const OpContext & ctx);
 

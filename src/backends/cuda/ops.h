@@ -101,6 +101,21 @@ void op_matmul_multi(const Tensor * const * matmuls, int count, const OpContext 
 bool add_norm_matmul_supported(const Tensor & add, const Tensor & norm, const Tensor * const * mms, int count, const OpContext & ctx,
                                bool with_addresses = false);
 void op_add_norm_matmul(const Tensor & add, const Tensor & norm, const Tensor * const * mms, int count, const OpContext & ctx);
+// The MOE_COMBINE `comb`, the residual ADD of its output, the RMS_NORM of that sum and the MATMULs
+// (1..4) that read the norm, as two launches with no kernel between them where the ADD + RMS_NORM
+// had one of its own (one row: decode steps): the combine adds the residual, writes the sum (the
+// ADD's output), the norm's weighted rows (sum * w, into the norm's output: the norm itself is never
+// written) and per block the sum of its squares; the tensor-core GEMV reads the weighted rows and
+// multiplies each result by 1 / rms from those sums (GemvArgs::rs). The combine's own output is not
+// written. combine_norm_matmul_supported() answers from the nodes alone (the combine's output read
+// by the ADD only, the norm by the MATMULs only, neither a graph output; one row; the MATMULs one
+// tensor-core GEMV launch as they would run anyway); op_combine_norm_matmul() also checks the
+// addresses (aligned rows, no output over an input or another output) and otherwise runs the nodes'
+// own launches.
+bool combine_norm_matmul_supported(const Tensor & comb, const Tensor & add, const Tensor & norm, const Tensor * const * mms, int count,
+                                   const OpContext & ctx, bool with_addresses = false);
+void op_combine_norm_matmul(const Tensor & comb, const Tensor & add, const Tensor & norm, const Tensor * const * mms, int count,
+                            const OpContext & ctx);
 // Host-side upload and device repack of one weight (INT4 transpose, act-order sort, ...). Device
 // buffers are allocated with `alloc` (owned by the caller). Synchronises the stream.
 DeviceWeight upload_weight(const QWeight & host, void * (*alloc)(void * owner, size_t bytes), void * owner, cudaStream_t stream);
@@ -174,6 +189,11 @@ void op_rope(const Tensor & t, const OpContext & ctx);
 void op_argmax(const Tensor & t, const OpContext & ctx);
 void op_moe_route(const Tensor & t, const OpContext & ctx);
 void op_moe_combine(const Tensor & t, const OpContext & ctx);
+// The producer half of op_combine_norm_matmul (moe.cu): the combine `comb` + the other addend of the
+// ADD `add` into add's output, that sum times the norm's weight into norm's output, and each block's
+// sum of squares into parts[t * combine_norm_parts(comb) + chunk] (16-byte aligned rows only).
+int64_t combine_norm_parts(const Tensor & comb);
+void    launch_combine_norm(const Tensor & comb, const Tensor & add, const Tensor & norm, float * parts, const OpContext & ctx);
 // Fused: out = rms_norm(a + b) * w, also writing the sum (residual stream) to `add`'s output.
 // `norm` is the RMS_NORM node whose src0 is the ADD node `add`.
 void op_add_rms_norm(const Tensor & add, const Tensor & norm, const OpContext & ctx);

@@ -85,7 +85,10 @@ void op_moe_route(const Tensor & t, const OpContext & ctx) {
     SPARK_CUDA_CHECK_LAUNCH();
 }
 
-void op_moe_combine(const Tensor & t, const OpContext & ctx) {
+namespace {
+
+// The combine's arguments and its V (4: every row 16-byte aligned), chunks set; false: nothing to do.
+bool combine_args(const Tensor & t, CombineArgs & args, bool & vec) {
     const Tensor & y = *t.src[0];
     const Tensor & w = *t.src[1];
     ew::require_f32_rows(y, "MOE_COMBINE");
@@ -94,7 +97,6 @@ void op_moe_combine(const Tensor & t, const OpContext & ctx) {
     ew::require(y.ne[3] == 1 && w.ne[0] == y.ne[1] && w.ne[1] == y.ne[2] && w.ne[2] == 1 && w.ne[3] == 1, "MOE_COMBINE",
                 "expects y [H, k, T] and w [k, T]");
     ew::require(t.ne[0] == y.ne[0] && t.nrows() == y.ne[2], "MOE_COMBINE", "output must be [H, T]");
-    CombineArgs args;
     args.y     = static_cast<const char *>(y.data);
     args.w     = static_cast<const char *>(w.data);
     args.out   = ew::rows_of(t);
@@ -118,10 +120,12 @@ void op_moe_combine(const Tensor & t, const OpContext & ctx) {
         args.g_nb1 = int64_t(g.nb[1]);
         shared_vec = ew::vec4_ok(*s);
     }
-    if (args.h == 0 || args.n_tok == 0) return;
-    const bool     vec  = ew::vec4_ok(y) && ew::vec4_ok(t) && shared_vec;
-    const int      V    = vec ? 4 : 1;
-    args.chunks         = ceil_div(args.h, int64_t(kCombineThreads) * V);
+    vec         = ew::vec4_ok(y) && ew::vec4_ok(t) && shared_vec;
+    args.chunks = ceil_div(args.h, int64_t(kCombineThreads) * (vec ? 4 : 1));
+    return args.h > 0 && args.n_tok > 0;
+}
+
+void launch_combine(const CombineArgs & args, bool vec, const OpContext & ctx) {
     const unsigned grid = ew::grid_for(args.n_tok * args.chunks, ctx);
     const bool     wide = args.k > 8;
     if (vec) {
@@ -132,6 +136,41 @@ void op_moe_combine(const Tensor & t, const OpContext & ctx) {
         else launch(moe_combine_kernel<1, 8>, grid, kCombineThreads, 0, ctx.stream, args);
     }
     SPARK_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void op_moe_combine(const Tensor & t, const OpContext & ctx) {
+    CombineArgs args;
+    bool        vec = false;
+    if (combine_args(t, args, vec)) launch_combine(args, vec, ctx);
+}
+
+int64_t combine_norm_parts(const Tensor & comb) {
+    const Tensor & y   = *comb.src[0];
+    const bool     vec = ew::vec4_ok(y) && ew::vec4_ok(comb) && (!comb.src[2] || ew::vec4_ok(*comb.src[2]));
+    return ceil_div(y.ne[0], int64_t(kCombineThreads) * (vec ? 4 : 1));
+}
+
+void launch_combine_norm(const Tensor & comb, const Tensor & add, const Tensor & norm, float * parts, const OpContext & ctx) {
+    CombineArgs args;
+    bool        vec = false;
+    if (!combine_args(comb, args, vec)) return;
+    const Tensor & resid = add.src[0] == &comb ? *add.src[1] : *add.src[0];
+    ew::require_f32_rows(resid, "MOE_COMBINE+ADD+RMS_NORM");
+    ew::require_f32_rows(add, "MOE_COMBINE+ADD+RMS_NORM");
+    ew::require_f32_rows(norm, "MOE_COMBINE+ADD+RMS_NORM");
+    vec = vec && ew::vec4_ok(resid) && ew::vec4_ok(add) && ew::vec4_ok(norm) && (!norm.src[1] || ew::vec4_ok(*norm.src[1]));
+    if (args.chunks != combine_norm_parts(comb) || !vec)
+        fail(SPARK_ERR_INTERNAL, "combine_norm: the rows must be 16-byte aligned (the parts are counted for V = 4)");
+    args.out           = ew::rows_of(add);  // (the combine's own output is not written: only the ADD reads it)
+    args.resid         = static_cast<const char *>(resid.data);
+    args.resid_nb1     = int64_t(resid.nb[1]);
+    args.norm_x        = ew::rows_of(norm);
+    args.norm_w        = norm.src[1] ? static_cast<const float *>(norm.src[1]->data) : nullptr;
+    args.zero_centered = norm.ip[0];
+    args.parts         = parts;
+    launch_combine(args, vec, ctx);
 }
 
 }  // namespace spark::cuda

@@ -290,9 +290,88 @@ struct CombineArgs {
     const char * s = nullptr;
     const char * g = nullptr;
     int64_t      s_nb1 = 0, g_nb1 = 0;
+    // Optional residual ADD and the producer's half of the RMS_NORM of that sum
+    // (op_combine_norm_matmul): out = the combine + resid (the ADD's output), norm_x = out * w (1 + w:
+    // zero_centered; the norm's weighted rows, whose 1 / rms the GEMV after it applies), and each
+    // block item (token t, chunk c) writes the sum of squares of its part of out to
+    // parts[t * chunks + c]. resid == nullptr: a plain combine.
+    const char *  resid    = nullptr;
+    int64_t       resid_nb1 = 0;
+    Rows          norm_x;
+    const float * norm_w   = nullptr;
+    int32_t       zero_centered = 0;
+    float *       parts    = nullptr;
 };
 
 constexpr int kCombineThreads = 128;
+
+// V consecutive floats (16-byte aligned for V = 4).
+template <int V> __device__ __forceinline__ void load_columns(const float * p, float (&v)[V]) {
+    if constexpr (V == 4) {
+        const float4 q = *reinterpret_cast<const float4 *>(p);
+        v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+    } else {
+        v[0] = *p;
+    }
+}
+template <int V> __device__ __forceinline__ void store_columns(float * p, const float (&v)[V]) {
+    if constexpr (V == 4) *reinterpret_cast<float4 *>(p) = make_float4(v[0], v[1], v[2], v[3]);
+    else *p = v[0];
+}
+
+// Columns i .. i + V - 1 of token tok: the weighted sum of the slots (and the shared expert), stored
+// to out; with a residual (CombineArgs::resid) the ADD's sum there and the norm's weighted row to
+// norm_x, and the sum of the sum's squares is returned (0 otherwise).
+template <int V, int KC> __device__ __forceinline__ float combine_columns(const CombineArgs & args, int64_t tok, int64_t i) {
+    const float * wt = reinterpret_cast<const float *>(args.w + tok * args.w_nb1);
+    const char *  yt = args.y + tok * args.y_nb2;
+    float         acc[V], sv[V], rv[V], nw[V], sig = 0.0f;
+#pragma unroll
+    for (int v = 0; v < V; ++v) acc[v] = 0.0f;
+    if (args.s) {  // issued with the slots' loads
+        load_columns<V>(reinterpret_cast<const float *>(args.s + tok * args.s_nb1) + i, sv);
+        sig = 1.0f / (1.0f + expf(-*reinterpret_cast<const float *>(args.g + tok * args.g_nb1)));  // MUL_SIGMOID's
+    }
+    if (args.resid) {  // likewise
+        load_columns<V>(reinterpret_cast<const float *>(args.resid + tok * args.resid_nb1) + i, rv);
+#pragma unroll
+        for (int v = 0; v < V; ++v) nw[v] = 1.0f;
+        if (args.norm_w) load_columns<V>(args.norm_w + i, nw);
+    }
+    for (int64_t j0 = 0; j0 < args.k; j0 += KC) {
+        float wj[KC], yv[KC][V];
+#pragma unroll
+        for (int u = 0; u < KC; ++u) {
+            const int64_t j = j0 + u;
+            if (j < args.k) {
+                wj[u] = wt[j];
+                load_columns<V>(reinterpret_cast<const float *>(yt + j * args.y_nb1) + i, yv[u]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < KC; ++u)
+            if (j0 + u < args.k)
+#pragma unroll
+                for (int v = 0; v < V; ++v) acc[v] = __fadd_rn(acc[v], __fmul_rn(wj[u], yv[u][v]));
+    }
+    if (args.s) {
+#pragma unroll
+        for (int v = 0; v < V; ++v) acc[v] = __fadd_rn(acc[v], __fmul_rn(sv[v], sig));  // then ADD's
+    }
+    float ss = 0.0f;
+    if (args.resid) {  // the residual ADD (its bits: a + b is b + a), the norm's weighted row, the squares
+        float nx[V];
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+            acc[v] = __fadd_rn(rv[v], acc[v]);
+            ss     = fmaf(acc[v], acc[v], ss);
+            nx[v]  = acc[v] * (args.zero_centered ? 1.0f + nw[v] : nw[v]);
+        }
+        store_columns<V>(reinterpret_cast<float *>(args.norm_x.row(tok)) + i, nx);
+    }
+    store_columns<V>(reinterpret_cast<float *>(args.out.row(tok)) + i, acc);
+    return ss;
+}
 
 // KC slots per batch: all KC weight and y loads are in flight before the first add.
 template <int V, int KC> __global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(const CombineArgs args) {
@@ -303,52 +382,23 @@ template <int V, int KC> __global__ void __launch_bounds__(kCombineThreads) moe_
         const int64_t tok = item / args.chunks;
         const int64_t c   = item - tok * args.chunks;
         const int64_t i   = (c * kCombineThreads + threadIdx.x) * V;
-        if (i >= args.h) continue;
-        const float * wt = reinterpret_cast<const float *>(args.w + tok * args.w_nb1);
-        const char *  yt = args.y + tok * args.y_nb2;
-        float         acc[V], sv[V], sig = 0.0f;
-#pragma unroll
-        for (int v = 0; v < V; ++v) acc[v] = 0.0f;
-        if (args.s) {  // issued with the slots' loads
-            const float * sp = reinterpret_cast<const float *>(args.s + tok * args.s_nb1) + i;
-            if constexpr (V == 4) {
-                const float4 q = *reinterpret_cast<const float4 *>(sp);
-                sv[0] = q.x, sv[1] = q.y, sv[2] = q.z, sv[3] = q.w;
-            } else {
-                sv[0] = *sp;
-            }
-            sig = 1.0f / (1.0f + expf(-*reinterpret_cast<const float *>(args.g + tok * args.g_nb1)));  // MUL_SIGMOID's
+        if (args.parts == nullptr) {
+            if (i < args.h) combine_columns<V, KC>(args, tok, i);
+            continue;
         }
-        for (int64_t j0 = 0; j0 < args.k; j0 += KC) {
-            float wj[KC], yv[KC][V];
+        // The norm's producer: every thread takes part in the item's sum of squares (a butterfly
+        // per warp, then the warps in order: fixed, so every run writes the same bits).
+        __shared__ float warp_ss[kCombineThreads / 32];
+        const float      ss = warp_sum(i < args.h ? combine_columns<V, KC>(args, tok, i) : 0.0f);
+        if ((threadIdx.x & 31) == 0) warp_ss[threadIdx.x >> 5] = ss;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float t = 0.0f;
 #pragma unroll
-            for (int u = 0; u < KC; ++u) {
-                const int64_t j = j0 + u;
-                if (j < args.k) {
-                    wj[u]            = wt[j];
-                    const float * yj = reinterpret_cast<const float *>(yt + j * args.y_nb1) + i;
-                    if constexpr (V == 4) {
-                        const float4 q = *reinterpret_cast<const float4 *>(yj);
-                        yv[u][0] = q.x, yv[u][1] = q.y, yv[u][2] = q.z, yv[u][3] = q.w;
-                    } else {
-                        yv[u][0] = *yj;
-                    }
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < KC; ++u)
-                if (j0 + u < args.k)
-#pragma unroll
-                    for (int v = 0; v < V; ++v) acc[v] = __fadd_rn(acc[v], __fmul_rn(wj[u], yv[u][v]));
+            for (int w = 0; w < kCombineThreads / 32; ++w) t += warp_ss[w];
+            args.parts[item] = t;
         }
-        if (args.s) {
-#pragma unroll
-            for (int v = 0; v < V; ++v) acc[v] = __fadd_rn(acc[v], __fmul_rn(sv[v], sig));  // then ADD's
-        }
-        float * o = reinterpret_cast<float *>(args.out.row(tok)) + i;
-        if constexpr (V == 4) *reinterpret_cast<float4 *>(o) = make_float4(acc[0], acc[1], acc[2], acc[3]);
-        else *o = acc[0];
+        __syncthreads();  // (warp_ss is reused by the next item)
     }
 }
-
 }  // namespace spark::cuda::ew

@@ -308,6 +308,13 @@ __device__ __forceinline__ float gemv_norm_inv(const GemvArgs & a, const float *
     return 1.0f / sqrtf(ss / float(a.k) + a.norm.eps);
 }
 
+// GemvArgs::rs: this block's 1 / rms of the producer's sums of squares (written by warp 0 before
+// the epilogue's barrier).
+__device__ __forceinline__ float & gemv_row_scale_slot() {
+    __shared__ float inv;
+    return inv;
+}
+
 // Power-of-two scale from the max |x| bits: max * s in [2^14, 2^15); s and 1 / s normal. Returns the
 // exponent (s = 2^p); an all-zero block: 0.
 __device__ __forceinline__ int gemv_mma_scale_exp(uint32_t m) {
@@ -663,6 +670,11 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
         if (a.norm.w != nullptr)
             for (int64_t i = int64_t(threadIdx.x) * 32; i < a.k; i += int64_t(kGemvThreads) * 32) ptx::prefetch_l2(a.norm.w + i);
     if (a.table[0] == nullptr || a.ids_early) pdl::wait();
+    // (GemvArgs::rs) the producer's sums of squares, a lane each of warp 0: requested now through L2
+    // (written by the previous kernel), summed only before the epilogue.
+    const bool row_scale = a.rs.parts != nullptr;
+    float      rs_part   = 0.0f;
+    if (row_scale && warp == 0 && lane < a.rs.n_parts) rs_part = __ldcg(a.rs.parts + lane);
     if constexpr (!XE) split_x();
     // (step trace builds, step_trace.cuh: after the wait, which the mark needs; WS: the first steps'
     // elements requested; XE: converted before the wait, marked here)
@@ -698,6 +710,10 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
                 if (col < P) red[((warp * T + t) * 16 + row) * P + col] = acc[t][nb][e];
             }
     }
+    if (row_scale && warp == 0) {  // (a butterfly: every block gets the same bits)
+        const float ss = warp_sum(rs_part);
+        if (lane == 0) gemv_row_scale_slot() = 1.0f / sqrtf(ss / float(a.k) + a.rs.eps);
+    }
     __syncthreads();
     trace::mark(trace::kLoop);  // every warp's main loop done
 
@@ -722,6 +738,11 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
         }
         if constexpr (NORM) {  // (the norm's factor of the row: every result of it, before the K split's sum)
             const float inv = gemv_norm_inv(a, gemv_norm_scratch<R>()[r]);
+#pragma unroll
+            for (int i = 0; i < NW; ++i) v[i] *= inv;
+        }
+        if (row_scale) {  // (before the SwiGLU and the K split's sum, as the norm's factor above)
+            const float inv = gemv_row_scale_slot();
 #pragma unroll
             for (int i = 0; i < NW; ++i) v[i] *= inv;
         }

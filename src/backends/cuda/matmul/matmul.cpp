@@ -138,6 +138,7 @@ void run_gemv(const Dense & d, const LaunchPlan & lp, Scratch & scratch, const O
         a.int4_zeros       = int4_zeros(*d.w[0]) || (d.nw == 2 && int4_zeros(*d.w[1]));
         a.pdl              = pdl_enabled();
         a.norm             = d.norm;  // (rows <= 8: one batch)
+        a.rs               = d.rs;
         a.y                = d.y + b0 * N;
         gemv_split(a, p, s, ctx);
         gemv_launch_fmt(w.format, p, d.nw == 2, a, ctx.stream);
@@ -501,6 +502,7 @@ void launch_multi_gemv(const Tensor * const * mms, const Multi & mu, const Launc
     for (int i = 0; i < mu.count; ++i) a.int4_zeros = a.int4_zeros || int4_zeros(*mu.w[i]);
     a.pdl  = pdl_enabled();
     a.norm = mu.norm;
+    a.rs   = mu.rs;
     gemv_split(a, p, s, ctx);
     if (unsigned(tile) != p.grid.x) fail(SPARK_ERR_INTERNAL, "matmul_multi: %d row tiles, grid of %u", tile, p.grid.x);
     gemv_launch_fmt(a.w[0].format, p, false, a, ctx.stream);
@@ -645,6 +647,112 @@ void op_add_norm_matmul(const Tensor & add, const Tensor & norm, const Tensor * 
         if (count == 1) return op_matmul(*mms[0], ctx);
         return op_matmul_multi(mms, count, ctx);
     }
+    if (count == 1) {
+        d.y = static_cast<float *>(mms[0]->data);
+        return mm::exec_dense(d, ctx);
+    }
+    const mm::LaunchPlan lp = mm::plan_multi(mu, *ctx.props);
+    mm::Scratch      scratch;
+    if (lp.scratch.bytes() > 0) scratch.base = static_cast<char *>(ctx.workspace->get(lp.scratch.bytes()));
+    mm::launch_multi_gemv(mms, mu, lp, mm::carve(lp.scratch, scratch), ctx);
+}
+
+// ---- MOE_COMBINE + ADD + RMS_NORM, then the matmuls over the norm: the combine writes the norm's half -------
+namespace mm {
+namespace {
+
+// The reason the combine `comb`, the ADD `add` of its output, the RMS_NORM `norm` of that sum and
+// `mms` cannot run as op_combine_norm_matmul's two launches, or nullptr (bound: as add_norm_refusal).
+// The fusion pass has checked that the combine and the norm have no other readers.
+const char * combine_norm_refusal(const Tensor & comb, const Tensor & add, const Tensor & norm, const Tensor * const * mms, int count,
+                                  const OpContext & ctx, bool bound, Dense & d, Multi & mu) {
+    if (overrides().combine_norm == 0) return "SPARK_COMBINE_NORM=0";
+    if (comb.op != Op::MOE_COMBINE || add.op != Op::ADD || norm.op != Op::RMS_NORM || norm.src[0] != &add || norm.src[2] || norm.src[3])
+        return "nodes";
+    if ((add.src[0] == &comb) == (add.src[1] == &comb)) return "the ADD does not add the combine to another row";
+    if ((comb.flags | norm.flags) & TENSOR_OUTPUT) return "the combine or the norm is an output (neither is written)";
+    if (count < 1 || count > kGemvMaxMats || !ctx.props) return "count";
+    const Tensor & r = add.src[0] == &comb ? *add.src[1] : *add.src[0];
+    const int64_t  K = add.ne[0];
+    for (const Tensor * t : {&comb, &r, &add, &norm})
+        if (!f32_rows(*t) || t->ne[0] != K || t->nrows() != 1) return "one row";
+    if (K % 4 != 0 || combine_norm_parts(comb) != ceil_div(K, int64_t(4 * 128)) || combine_norm_parts(comb) > kGemvMaxScaleParts)
+        return "row width";
+    const Tensor * nw = norm.src[1];
+    if (nw && (!f32_rows(*nw) || nw->ne[0] != K || nw->nrows() != 1)) return "norm weight";
+    XRows x = dense_rows(norm);
+    if (!bound) x.base = nullptr;
+    for (int i = 0; i < count; ++i) {
+        const Tensor * t = mms[i];
+        if (!t || t->op != Op::MATMUL || t->src[0] != &norm || !t->weight) return "not a MATMUL of the norm";
+        const DeviceWeight & w = device_weight(*t->weight);
+        if (w.k != K || w.format != device_weight(*mms[0]->weight).format || w.perm) return "weights";
+        if (t->type != DType::F32 || !t->is_contiguous() || t->ne[0] != w.n || t->nrows() != 1) return "output";
+    }
+    // The matmuls as they would run anyway: one tensor-core GEMV launch over the row as it is.
+    if (count == 1) {
+        d.w[0]   = &device_weight(*mms[0]->weight);
+        d.x      = x;
+        d.rows   = 1;
+        d.prompt = ctx.prompt_step;
+        const OpPlan plan = plan_dense(d, *ctx.props);
+        if (plan.unfused || plan.x_copy || plan.ids_copy || !one_mma_launch(plan.launch[0], 1)) return "not one tensor-core GEMV";
+    } else {
+        for (int i = 0; i < count; ++i) {
+            mu.w[i] = &device_weight(*mms[i]->weight);
+            if (!chunk_ok(*mu.w[i]) || w4a4_takes(*mu.w[i], 1, ctx.prompt_step, *ctx.props)) return "layout";
+        }
+        mu.count = count;
+        mu.x     = x;
+        mu.rows  = 1;
+        if (!one_mma_launch(plan_multi(mu, *ctx.props), 1)) return "not one tensor-core GEMV";
+    }
+    if (!bound) return nullptr;
+    // The combine reads y, its weights (the shared expert and its gate) and r; it writes the sum,
+    // the weighted row and, over its own output, the sums of squares; the GEMV then writes mms.
+    const Tensor * ins[5] = {comb.src[0], comb.src[1], comb.src[2], comb.src[3], &r};
+    for (const Tensor * t : {&comb, &r, &add, &norm, static_cast<const Tensor *>(comb.src[0])})
+        if (!aligned16(t->data) || t->nb[1] % 16 != 0) return "alignment";
+    if (comb.src[2] && (!aligned16(comb.src[2]->data) || comb.src[2]->nb[1] % 16 != 0)) return "alignment";
+    if (comb.src[0]->nb[2] % 16 != 0 || (nw && !aligned16(nw->data))) return "alignment";
+    const Tensor * outs[3 + kGemvMaxMats] = {&comb, &add, &norm};
+    int            n_out                  = 3;
+    for (int i = 0; i < count; ++i) outs[n_out++] = mms[i];
+    for (int i = 0; i < n_out; ++i) {
+        for (const Tensor * in : ins)
+            if (in && overlaps(*outs[i], *in)) return "an output overlaps an input";
+        if (nw && overlaps(*outs[i], *nw)) return "an output overlaps the norm's weight";
+        for (int j = 0; j < i; ++j)
+            if (overlaps(*outs[i], *outs[j])) return "outputs overlap";
+    }
+    GemvRowScale & rs = count == 1 ? d.rs : mu.rs;
+    rs.parts          = static_cast<const float *>(comb.data);
+    rs.n_parts        = int32_t(combine_norm_parts(comb));
+    rs.eps            = norm.fp[0];
+    return nullptr;
+}
+
+}  // namespace
+}  // namespace mm
+
+bool combine_norm_matmul_supported(const Tensor & comb, const Tensor & add, const Tensor & norm, const Tensor * const * mms, int count,
+                                   const OpContext & ctx, bool with_addresses) {
+    mm::Dense d;
+    mm::Multi mu;
+    return mm::combine_norm_refusal(comb, add, norm, mms, count, ctx, with_addresses, d, mu) == nullptr;
+}
+
+void op_combine_norm_matmul(const Tensor & comb, const Tensor & add, const Tensor & norm, const Tensor * const * mms, int count,
+                            const OpContext & ctx) {
+    mm::Dense d;
+    mm::Multi mu;
+    if (mm::combine_norm_refusal(comb, add, norm, mms, count, ctx, true, d, mu) != nullptr) {  // the nodes' own launches
+        op_moe_combine(comb, ctx);
+        return op_add_norm_matmul(add, norm, mms, count, ctx);
+    }
+    // The sums of squares go over the combine's output, which nothing else reads: the memory plan
+    // keeps it apart from the launch's outputs until its last matmul (launch_last_nodes).
+    launch_combine_norm(comb, add, norm, static_cast<float *>(comb.data), ctx);
     if (count == 1) {
         d.y = static_cast<float *>(mms[0]->data);
         return mm::exec_dense(d, ctx);

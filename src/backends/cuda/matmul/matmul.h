@@ -196,6 +196,18 @@ struct GemvNorm {
     int32_t       zero_centered = 0;  // the weight is 1 + w
 };
 
+// The RMS_NORM whose weighted rows a producer wrote (the fused MOE_COMBINE + ADD + RMS_NORM launch,
+// ops.h: op_combine_norm_matmul): the activations are x = (a + b) * w, and the producer's blocks
+// wrote the sums of squares of a + b in parts[0 .. n_parts) (one row). Each result is multiplied by
+// 1 / sqrt(sum(parts) / k + eps) in the epilogue: no block reduces the row itself, and no launch
+// sits between the producer and this GEMV. MMA kernel, one activation row; parts == nullptr: none.
+constexpr int kGemvMaxScaleParts = 32;
+struct GemvRowScale {
+    const float * parts   = nullptr;
+    int32_t       n_parts = 0;  // <= kGemvMaxScaleParts
+    float         eps     = 0.0f;
+};
+
 struct GemvArgs {
     // Plain MATMUL: the weight(s) (w[1] = the up projection of a fused gate/up + SwiGLU; w[0 ..
     // n_mats) the weights of a multi-weight launch).
@@ -248,6 +260,8 @@ struct GemvArgs {
     int32_t mma_wave = 0;
     // The residual add + RMS_NORM before the matmul (MMA kernel, plain MATMUL; x is unused then).
     GemvNorm norm;
+    // The 1 / rms of a norm whose weighted rows x holds (MMA kernel, one row).
+    GemvRowScale rs;
     // Multi-weight launch (n_mats > 1; plain MATMUL, nw = 1, one activation set): weight m = w[m]
     // has mat_n[m] rows, written to mat_y[m] [rows][mat_n[m]], and owns the blocks x in
     // [mat_tile0[m], mat_tile0[m + 1]). n is the sum of mat_n (split-K partials are laid out over the

@@ -77,6 +77,8 @@ struct Dense {
     // norm_prologue: planned for it (GemvOpts::norm_prologue), also before the addresses exist.
     GemvNorm norm;
     bool     norm_prologue = false;
+    // The 1 / rms of the norm whose weighted rows x holds (op_combine_norm_matmul; one MMA launch).
+    GemvRowScale rs;
 };
 
 // MATMUL_ID, or its fused gate/up + SwiGLU (nw = 2): every (slot, token) pair's expert.
@@ -113,6 +115,7 @@ struct Multi {
     int64_t              rows = 0;
     GemvNorm             norm;  // (as Dense::norm, norm_prologue)
     bool                 norm_prologue = false;
+    GemvRowScale         rs;  // (as Dense::rs)
 };
 
 // ---- plans ---------------------------------------------------------------------------------------

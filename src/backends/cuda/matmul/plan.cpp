@@ -28,6 +28,8 @@ Overrides & overrides() {
         if (nm && (std::string(nm) == "0" || std::string(nm) == "2")) d.norm_matmul = nm[0] - '0';
         const char * eg = std::getenv("SPARK_EXPERT_GRID");  // A/B runs of the experts' addresses from the id
         if (eg && std::string(eg) == "0") d.expert_grid = 0;
+        const char * cn = std::getenv("SPARK_COMBINE_NORM");  // A/B runs of the combine + norm producer
+        if (cn && std::string(cn) == "0") d.combine_norm = 0;
         return d;
     }();
     return o;

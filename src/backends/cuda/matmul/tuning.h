@@ -40,6 +40,10 @@ struct Overrides {
     // (matmul.h, expert_grid; INT4): 1 (default), 0 it reads the table entry first
     // (SPARK_EXPERT_GRID=0: A/B runs).
     int       expert_grid = 1;
+    // The MoE combine adds the residual and writes the next norm's weighted rows and sums of squares,
+    // the GEMV after it applies the 1 / rms (op_combine_norm_matmul): 1 (default), 0 the combine, the
+    // ADD + RMS_NORM and the GEMV as launches of their own (SPARK_COMBINE_NORM=0: A/B runs).
+    int       combine_norm = 1;
 };
 
 Overrides & overrides();
