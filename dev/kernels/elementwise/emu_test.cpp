@@ -635,8 +635,8 @@ void test_moe() {
                                     pdl::model::in(r.data(), r.size() * 4), pdl::model::in(shared ? sx.data() : nullptr, sx.size() * 4),
                                     pdl::model::in(shared ? sg.data() : nullptr, sg.size() * 4), pdl::model::out(o.data(), o.size() * 4),
                                     pdl::model::out(nx.data(), nx.size() * 4), pdl::model::out(parts.data(), parts.size() * 4)});
-                        if (k > 8) emu::launch(dim3(grid), dim3(kCombineThreads), [&] { moe_combine_kernel<4, 16>(a); });
-                        else emu::launch(dim3(grid), dim3(kCombineThreads), [&] { moe_combine_kernel<4, 8>(a); });
+                        if (k > 8) emu::launch(dim3(grid), dim3(kCombineThreads), [&] { moe_combine_kernel<4, 16, true>(a); });
+                        else emu::launch(dim3(grid), dim3(kCombineThreads), [&] { moe_combine_kernel<4, 8, true>(a); });
                         g.check(std::string("moe_combine_kernel") + targs({4, k > 8 ? 16 : 8}) + " + norm producer k=" + std::to_string(k) +
                                 " H=" + std::to_string(H));
                     }

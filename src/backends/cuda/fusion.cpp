@@ -165,8 +165,9 @@ int FusionPass::add_norm_matmul_at(size_t i, const Tensor ** after) const {
 // nodes[i] is a MOE_COMBINE read only by the next launching node, an ADD (of it and another row),
 // whose sum the next launching node after it normalises (RMS_NORM of whole rows, no gate), and the
 // next launching node after that starts a group of MATMULs of that norm that are its only readers,
-// and the matmul layer takes them as op_combine_norm_matmul's launches (combine_norm_matmul_supported):
-// the ADD and the norm in add_norm, those MATMULs in `after`, their count; else 0.
+// and the matmul layer takes them as op_combine_norm_matmul's launches (combine_norm_matmul_supported)
+// but not as the norm prologue (add_norm_matmul_supported): the ADD and the norm in add_norm, those
+// MATMULs in `after`, their count; else 0.
 int FusionPass::combine_norm_matmul_at(size_t i, const Tensor ** add_norm, const Tensor ** after) const {
     const Tensor * comb = nodes_[i];
     if (comb->op != Op::MOE_COMBINE || uses_[size_t(comb->id)] != 1 || (comb->flags & TENSOR_OUTPUT)) return 0;
@@ -182,6 +183,10 @@ int FusionPass::combine_norm_matmul_at(size_t i, const Tensor ** add_norm, const
     if (j >= nodes_.size() || nodes_[j]->op != Op::MATMUL || nodes_[j]->src[0] != norm || skip_[size_t(nodes_[j]->id)]) return 0;
     const int count = matmul_group(j, after);
     if (uses_[size_t(norm->id)] != count) return 0;
+    // Where the norm's matmuls take the norm prologue (blocks of 64 rows or more: Qwen3-Next), that
+    // launch at the ADD: it measured 3% faster there than the combine's norm half with the matmuls'
+    // plain plan (docs/PERF.md, "The combine writes the norm's half").
+    if (add_norm_matmul_supported(*add, *norm, after, count, ctx_)) return 0;
     if (!combine_norm_matmul_supported(*comb, *add, *norm, after, count, ctx_)) return 0;
     add_norm[0] = add;
     add_norm[1] = norm;
@@ -200,7 +205,10 @@ std::vector<int> launch_last_nodes(const Graph & graph, const OpContext & ctx) {
     std::vector<int> pos(graph.tensors().size(), -1);
     for (size_t i = 0; i < graph.nodes().size(); ++i) pos[size_t(graph.nodes()[i]->id)] = int(i);
     for (FusedLaunch l; pass.next(l);) {
-        if (l.kind != FusedLaunch::Kind::AddNormMatmul && l.kind != FusedLaunch::Kind::CombineNormMatmul) continue;
+        using K = FusedLaunch::Kind;
+        if (l.kind != K::AddNormMatmul && l.kind != K::CombineNormMatmul && l.kind != K::RmsNormRopePair && l.kind != K::AttentionNormRope &&
+            l.kind != K::WholeNormRope)
+            continue;
         const int end = int(pass.last_position(l));
         for (int j = 0; j < l.count; ++j) last[size_t(pos[size_t(l.nodes[j]->id)])] = end;
     }

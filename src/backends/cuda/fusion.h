@@ -101,7 +101,9 @@ private:
 // of it wrote an output (ADD + RMS_NORM + MATMULs: the GEMV's blocks read the addends while others
 // write the sum and the matmuls' rows; MOE_COMBINE + ADD + RMS_NORM + MATMULs: the combine's blocks
 // read the experts' rows while others write the sum, and the GEMV reads the sums of squares the
-// combine wrote over its own output); -1 elsewhere. The plan then keeps those inputs apart from the
+// combine wrote over its own output; the q / k norm + RoPE pairs, with the attention or not: the k
+// pair's blocks read k while the q pair's write q's rotation, which the launch refuses to overlap
+// with k, and a plan unaware of the launch may place it there); -1 elsewhere. The plan then keeps those inputs apart from the
 // launch's outputs. Asked before the graph has memory (only the nodes' structure counts).
 std::vector<int> launch_last_nodes(const Graph & graph, const OpContext & ctx);
 

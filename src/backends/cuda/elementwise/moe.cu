@@ -128,7 +128,10 @@ bool combine_args(const Tensor & t, CombineArgs & args, bool & vec) {
 void launch_combine(const CombineArgs & args, bool vec, const OpContext & ctx) {
     const unsigned grid = ew::grid_for(args.n_tok * args.chunks, ctx);
     const bool     wide = args.k > 8;
-    if (vec) {
+    if (args.parts != nullptr) {  // (launch_combine_norm: 16-byte rows only)
+        if (wide) launch(moe_combine_kernel<4, 16, true>, grid, kCombineThreads, 0, ctx.stream, args);
+        else launch(moe_combine_kernel<4, 8, true>, grid, kCombineThreads, 0, ctx.stream, args);
+    } else if (vec) {
         if (wide) launch(moe_combine_kernel<4, 16>, grid, kCombineThreads, 0, ctx.stream, args);
         else launch(moe_combine_kernel<4, 8>, grid, kCombineThreads, 0, ctx.stream, args);
     } else {

@@ -322,7 +322,7 @@ template <int V> __device__ __forceinline__ void store_columns(float * p, const 
 // Columns i .. i + V - 1 of token tok: the weighted sum of the slots (and the shared expert), stored
 // to out; with a residual (CombineArgs::resid) the ADD's sum there and the norm's weighted row to
 // norm_x, and the sum of the sum's squares is returned (0 otherwise).
-template <int V, int KC> __device__ __forceinline__ float combine_columns(const CombineArgs & args, int64_t tok, int64_t i) {
+template <int V, int KC, bool NORM> __device__ __forceinline__ float combine_columns(const CombineArgs & args, int64_t tok, int64_t i) {
     const float * wt = reinterpret_cast<const float *>(args.w + tok * args.w_nb1);
     const char *  yt = args.y + tok * args.y_nb2;
     float         acc[V], sv[V], rv[V], nw[V], sig = 0.0f;
@@ -332,7 +332,7 @@ template <int V, int KC> __device__ __forceinline__ float combine_columns(const 
         load_columns<V>(reinterpret_cast<const float *>(args.s + tok * args.s_nb1) + i, sv);
         sig = 1.0f / (1.0f + expf(-*reinterpret_cast<const float *>(args.g + tok * args.g_nb1)));  // MUL_SIGMOID's
     }
-    if (args.resid) {  // likewise
+    if constexpr (NORM) {  // likewise
         load_columns<V>(reinterpret_cast<const float *>(args.resid + tok * args.resid_nb1) + i, rv);
 #pragma unroll
         for (int v = 0; v < V; ++v) nw[v] = 1.0f;
@@ -359,7 +359,7 @@ template <int V, int KC> __device__ __forceinline__ float combine_columns(const 
         for (int v = 0; v < V; ++v) acc[v] = __fadd_rn(acc[v], __fmul_rn(sv[v], sig));  // then ADD's
     }
     float ss = 0.0f;
-    if (args.resid) {  // the residual ADD (its bits: a + b is b + a), the norm's weighted row, the squares
+    if constexpr (NORM) {  // the residual ADD (its bits: a + b is b + a), the norm's weighted row, the squares
         float nx[V];
 #pragma unroll
         for (int v = 0; v < V; ++v) {
@@ -373,8 +373,10 @@ template <int V, int KC> __device__ __forceinline__ float combine_columns(const 
     return ss;
 }
 
-// KC slots per batch: all KC weight and y loads are in flight before the first add.
-template <int V, int KC> __global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(const CombineArgs args) {
+// KC slots per batch: all KC weight and y loads are in flight before the first add. NORM: the
+// producer of op_combine_norm_matmul (CombineArgs::resid, parts; its own instantiation, so that the
+// plain combine compiles as it would without it).
+template <int V, int KC, bool NORM = false> __global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(const CombineArgs args) {
     pdl::launch_dependents();
     pdl::wait();
     const int64_t items = args.n_tok * args.chunks;
@@ -382,23 +384,23 @@ template <int V, int KC> __global__ void __launch_bounds__(kCombineThreads) moe_
         const int64_t tok = item / args.chunks;
         const int64_t c   = item - tok * args.chunks;
         const int64_t i   = (c * kCombineThreads + threadIdx.x) * V;
-        if (args.parts == nullptr) {
-            if (i < args.h) combine_columns<V, KC>(args, tok, i);
-            continue;
-        }
-        // The norm's producer: every thread takes part in the item's sum of squares (a butterfly
-        // per warp, then the warps in order: fixed, so every run writes the same bits).
-        __shared__ float warp_ss[kCombineThreads / 32];
-        const float      ss = warp_sum(i < args.h ? combine_columns<V, KC>(args, tok, i) : 0.0f);
-        if ((threadIdx.x & 31) == 0) warp_ss[threadIdx.x >> 5] = ss;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            float t = 0.0f;
+        if constexpr (!NORM) {
+            if (i < args.h) combine_columns<V, KC, false>(args, tok, i);
+        } else {
+            // Every thread takes part in the item's sum of squares (a butterfly per warp, then the
+            // warps in order: fixed, so every run writes the same bits).
+            __shared__ float warp_ss[kCombineThreads / 32];
+            const float      ss = warp_sum(i < args.h ? combine_columns<V, KC, true>(args, tok, i) : 0.0f);
+            if ((threadIdx.x & 31) == 0) warp_ss[threadIdx.x >> 5] = ss;
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                float t = 0.0f;
 #pragma unroll
-            for (int w = 0; w < kCombineThreads / 32; ++w) t += warp_ss[w];
-            args.parts[item] = t;
+                for (int w = 0; w < kCombineThreads / 32; ++w) t += warp_ss[w];
+                args.parts[item] = t;
+            }
+            __syncthreads();  // (warp_ss is reused by the next item)
         }
-        __syncthreads();  // (warp_ss is reused by the next item)
     }
 }
 }  // namespace spark::cuda::ew

@@ -426,12 +426,15 @@ struct GemvMmaWarpSplit {
 // NORM: the residual add + RMS_NORM before the matmul (GemvArgs::norm; one row of one plain weight or
 // a multi-weight launch, never the one-wave variant: its own instantiation, so that the others
 // compile as they would without it). XE: a MATMUL_ID whose activations are converted before the
-// PDL wait (GemvArgs::x_early; its own instantiations likewise).
-template <class F, int R, bool GLU, bool WAVE = false, bool NORM = false, bool XE = false>
+// PDL wait (GemvArgs::x_early; its own instantiations likewise). RS: the 1 / rms of a producer's norm
+// applied in the epilogue (GemvArgs::rs; one row of plain weights, its own instantiation: a runtime
+// switch in the plain kernels measured 3% slower on MiniMax-M2 and Qwen3-30B-A3B).
+template <class F, int R, bool GLU, bool WAVE = false, bool NORM = false, bool XE = false, bool RS = false>
 __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) gemv_mma_kernel(const GemvArgs a) {
     static_assert(!WAVE || R == 1, "the one-wave variant is for one activation row");
     static_assert(!NORM || (R == 1 && !GLU && !WAVE), "the norm prologue is for one row of plain weights");
     static_assert(!XE || (R == 1 && !NORM), "early activations are a MATMUL_ID's (one row, no norm)");
+    static_assert(!RS || (R == 1 && !GLU && !WAVE && !NORM && !XE), "the producer's 1 / rms is for one row of plain weights");
     constexpr int NW     = GLU ? 2 : 1;
     constexpr int U      = gemv_mma_tiles(NW);  // row tiles per weight
     constexpr int T      = U * NW;              // tiles per step (index t = i * U + u)
@@ -672,9 +675,9 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
     if (a.table[0] == nullptr || a.ids_early) pdl::wait();
     // (GemvArgs::rs) the producer's sums of squares, a lane each of warp 0: requested now through L2
     // (written by the previous kernel), summed only before the epilogue.
-    const bool row_scale = a.rs.parts != nullptr;
-    float      rs_part   = 0.0f;
-    if (row_scale && warp == 0 && lane < a.rs.n_parts) rs_part = __ldcg(a.rs.parts + lane);
+    float rs_part = 0.0f;
+    if constexpr (RS)
+        if (warp == 0 && lane < a.rs.n_parts) rs_part = __ldcg(a.rs.parts + lane);
     if constexpr (!XE) split_x();
     // (step trace builds, step_trace.cuh: after the wait, which the mark needs; WS: the first steps'
     // elements requested; XE: converted before the wait, marked here)
@@ -710,10 +713,11 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
                 if (col < P) red[((warp * T + t) * 16 + row) * P + col] = acc[t][nb][e];
             }
     }
-    if (row_scale && warp == 0) {  // (a butterfly: every block gets the same bits)
-        const float ss = warp_sum(rs_part);
-        if (lane == 0) gemv_row_scale_slot() = 1.0f / sqrtf(ss / float(a.k) + a.rs.eps);
-    }
+    if constexpr (RS)
+        if (warp == 0) {  // (a butterfly: every block gets the same bits)
+            const float ss = warp_sum(rs_part);
+            if (lane == 0) gemv_row_scale_slot() = 1.0f / sqrtf(ss / float(a.k) + a.rs.eps);
+        }
     __syncthreads();
     trace::mark(trace::kLoop);  // every warp's main loop done
 
@@ -741,7 +745,7 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
 #pragma unroll
             for (int i = 0; i < NW; ++i) v[i] *= inv;
         }
-        if (row_scale) {  // (before the SwiGLU and the K split's sum, as the norm's factor above)
+        if constexpr (RS) {  // (before the K split's sum, as the norm's factor above)
             const float inv = gemv_row_scale_slot();
 #pragma unroll
             for (int i = 0; i < NW; ++i) v[i] *= inv;
@@ -763,9 +767,9 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
 }
 
 #ifdef __CUDACC__
-template <class F, int R, bool GLU, bool WAVE = false, bool NORM = false, bool XE = false>
+template <class F, int R, bool GLU, bool WAVE = false, bool NORM = false, bool XE = false, bool RS = false>
 void gemv_mma_launch_one(const GemvArgs & a, dim3 grid, int smem, cudaStream_t s) {
-    auto             kernel = gemv_mma_kernel<F, R, GLU, WAVE, NORM, XE>;
+    auto             kernel = gemv_mma_kernel<F, R, GLU, WAVE, NORM, XE, RS>;
     static SmemLimit limit;  // (plan_gemv stays under the device's opt-in maximum)
     raise_smem_limit(reinterpret_cast<const void *>(kernel), smem, limit);
     launch_kernel(kernel, grid, dim3(kGemvThreads), size_t(smem), s, a.pdl != 0, a);
@@ -776,6 +780,10 @@ void gemv_mma_launch(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, int sm
     if (a.norm.a != nullptr) {  // (op_add_norm_matmul plans only this form)
         if (r_tmpl != 1 || glu || a.mma_wave) fail(SPARK_ERR_INTERNAL, "gemv: the norm prologue takes one row of plain weights");
         return gemv_mma_launch_one<F, 1, false, false, true>(a, grid, smem, s);
+    }
+    if (a.rs.parts != nullptr) {  // (op_combine_norm_matmul plans only this form)
+        if (r_tmpl != 1 || glu || a.mma_wave || a.table[0] != nullptr) fail(SPARK_ERR_INTERNAL, "gemv: the producer's 1 / rms takes one row of plain weights");
+        return gemv_mma_launch_one<F, 1, false, false, false, false, true>(a, grid, smem, s);
     }
     if (a.x_early) {  // (plan_moe_launch sets it only for MATMUL_IDs, whose launches take one row)
         if (r_tmpl != 1 || a.table[0] == nullptr) fail(SPARK_ERR_INTERNAL, "gemv: early activations are a MATMUL_ID's, one row");
