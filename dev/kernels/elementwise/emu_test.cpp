@@ -617,7 +617,7 @@ void test_moe() {
                         for (auto & e : *v) e = randn();
                     for (auto & v : sg) v = randn() * 3.0f;
                     const int64_t      chunks = (H + kCombineThreads * 4 - 1) / (kCombineThreads * 4);
-                    std::vector<float> parts(static_cast<size_t>(chunks * T), NAN);
+                    std::vector<float> parts(static_cast<size_t>(chunks * T * kCombineWarps), NAN);
                     CombineArgs        a;
                     a.y = reinterpret_cast<const char *>(y.data()), a.w = reinterpret_cast<const char *>(w.data());
                     a.out = rows_at(o.data(), H), a.y_nb1 = H * 4, a.y_nb2 = H * k * 4, a.w_nb1 = 2 * k * 4, a.h = H, a.k = k, a.n_tok = T;
@@ -640,13 +640,13 @@ void test_moe() {
                         g.check(std::string("moe_combine_kernel") + targs({4, k > 8 ? 16 : 8}) + " + norm producer k=" + std::to_string(k) +
                                 " H=" + std::to_string(H));
                     }
-                    // The sum bitwise as the combine then the ADD; the weighted row bitwise; the
-                    // squares in another order than the reference's: relative 1e-5 (float sums of
-                    // 512 positive terms, each rounding 2^-24).
+                    // The sum bitwise as the combine then the ADD; the weighted row bitwise; each
+                    // warp's squares in another order than the reference's: relative 1e-5 (float
+                    // sums of 128 positive terms, each rounding 2^-24).
                     bool ok = true;
                     for (int t = 0; t < T; ++t) {
                         for (int64_t c = 0; c < chunks; ++c) {
-                            double ss = 0.0;
+                            double ss[kCombineWarps] = {};  // (warp w: the item's 128 columns from 128 w on)
                             for (int64_t i = c * kCombineThreads * 4; i < std::min<int64_t>(H, (c + 1) * kCombineThreads * 4); ++i) {
                                 float acc = 0.0f;
                                 for (int j = 0; j < k; ++j) acc += w[size_t(t * 2 * k + j)] * y[size_t((t * k + j) * H + i)];
@@ -655,9 +655,12 @@ void test_moe() {
                                 const float wv  = wkind == 0 ? 1.0f : wkind == 1 ? nw[size_t(i)] : 1.0f + nw[size_t(i)];
                                 const float z   = sum * wv;
                                 ok = ok && std::memcmp(&sum, &o[size_t(t * H + i)], 4) == 0 && std::memcmp(&z, &nx[size_t(t * H + i)], 4) == 0;
-                                ss += double(sum) * sum;
+                                ss[(i - c * kCombineThreads * 4) / 128] += double(sum) * sum;
                             }
-                            ok = ok && std::fabs(parts[size_t(t * chunks + c)] - ss) <= 1e-5 * ss;
+                            for (int wp = 0; wp < kCombineWarps; ++wp) {
+                                const float got = parts[size_t((t * chunks + c) * kCombineWarps + wp)];
+                                ok = ok && std::fabs(got - ss[wp]) <= 1e-5 * ss[wp];  // (ss 0: past H, written 0)
+                            }
                         }
                     }
                     expect(ok, "moe_combine + norm producer k=" + std::to_string(k) + " H=" + std::to_string(H) + " T=" + std::to_string(T) +

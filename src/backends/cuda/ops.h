@@ -191,7 +191,7 @@ void op_moe_route(const Tensor & t, const OpContext & ctx);
 void op_moe_combine(const Tensor & t, const OpContext & ctx);
 // The producer half of op_combine_norm_matmul (moe.cu): the combine `comb` + the other addend of the
 // ADD `add` into add's output, that sum times the norm's weight into norm's output, and each block's
-// sum of squares into parts[t * combine_norm_parts(comb) + chunk] (16-byte aligned rows only).
+// warp's sum of squares into parts[t * combine_norm_parts(comb) + ...] (16-byte aligned rows only).
 int64_t combine_norm_parts(const Tensor & comb);
 void    launch_combine_norm(const Tensor & comb, const Tensor & add, const Tensor & norm, float * parts, const OpContext & ctx);
 // Fused: out = rms_norm(a + b) * w, also writing the sum (residual stream) to `add`'s output.

@@ -152,7 +152,7 @@ void op_moe_combine(const Tensor & t, const OpContext & ctx) {
 int64_t combine_norm_parts(const Tensor & comb) {
     const Tensor & y   = *comb.src[0];
     const bool     vec = ew::vec4_ok(y) && ew::vec4_ok(comb) && (!comb.src[2] || ew::vec4_ok(*comb.src[2]));
-    return ceil_div(y.ne[0], int64_t(kCombineThreads) * (vec ? 4 : 1));
+    return ceil_div(y.ne[0], int64_t(kCombineThreads) * (vec ? 4 : 1)) * ew::kCombineWarps;
 }
 
 void launch_combine_norm(const Tensor & comb, const Tensor & add, const Tensor & norm, float * parts, const OpContext & ctx) {
@@ -164,7 +164,7 @@ void launch_combine_norm(const Tensor & comb, const Tensor & add, const Tensor &
     ew::require_f32_rows(add, "MOE_COMBINE+ADD+RMS_NORM");
     ew::require_f32_rows(norm, "MOE_COMBINE+ADD+RMS_NORM");
     vec = vec && ew::vec4_ok(resid) && ew::vec4_ok(add) && ew::vec4_ok(norm) && (!norm.src[1] || ew::vec4_ok(*norm.src[1]));
-    if (args.chunks != combine_norm_parts(comb) || !vec)
+    if (args.chunks * ew::kCombineWarps != combine_norm_parts(comb) || !vec)
         fail(SPARK_ERR_INTERNAL, "combine_norm: the rows must be 16-byte aligned (the parts are counted for V = 4)");
     args.out           = ew::rows_of(add);  // (the combine's own output is not written: only the ADD reads it)
     args.resid         = static_cast<const char *>(resid.data);

@@ -292,9 +292,9 @@ struct CombineArgs {
     int64_t      s_nb1 = 0, g_nb1 = 0;
     // Optional residual ADD and the producer's half of the RMS_NORM of that sum
     // (op_combine_norm_matmul): out = the combine + resid (the ADD's output), norm_x = out * w (1 + w:
-    // zero_centered; the norm's weighted rows, whose 1 / rms the GEMV after it applies), and each
-    // block item (token t, chunk c) writes the sum of squares of its part of out to
-    // parts[t * chunks + c]. resid == nullptr: a plain combine.
+    // zero_centered; the norm's weighted rows, whose 1 / rms the GEMV after it applies), and warp w
+    // of each block item (token t, chunk c) writes the sum of squares of its part of out to
+    // parts[(t * chunks + c) * kCombineWarps + w]. resid == nullptr: a plain combine.
     const char *  resid    = nullptr;
     int64_t       resid_nb1 = 0;
     Rows          norm_x;
@@ -304,6 +304,7 @@ struct CombineArgs {
 };
 
 constexpr int kCombineThreads = 128;
+constexpr int kCombineWarps   = kCombineThreads / 32;
 
 // V consecutive floats (16-byte aligned for V = 4).
 template <int V> __device__ __forceinline__ void load_columns(const float * p, float (&v)[V]) {
@@ -387,19 +388,10 @@ template <int V, int KC, bool NORM = false> __global__ void __launch_bounds__(kC
         if constexpr (!NORM) {
             if (i < args.h) combine_columns<V, KC, false>(args, tok, i);
         } else {
-            // Every thread takes part in the item's sum of squares (a butterfly per warp, then the
-            // warps in order: fixed, so every run writes the same bits).
-            __shared__ float warp_ss[kCombineThreads / 32];
-            const float      ss = warp_sum(i < args.h ? combine_columns<V, KC, true>(args, tok, i) : 0.0f);
-            if ((threadIdx.x & 31) == 0) warp_ss[threadIdx.x >> 5] = ss;
-            __syncthreads();
-            if (threadIdx.x == 0) {
-                float t = 0.0f;
-#pragma unroll
-                for (int w = 0; w < kCombineThreads / 32; ++w) t += warp_ss[w];
-                args.parts[item] = t;
-            }
-            __syncthreads();  // (warp_ss is reused by the next item)
+            // Each warp's sum of squares (a butterfly: fixed, so every run writes the same bits); no
+            // barrier: the GEMV after it sums the warps' parts.
+            const float ss = warp_sum(i < args.h ? combine_columns<V, KC, true>(args, tok, i) : 0.0f);
+            if ((threadIdx.x & 31) == 0) args.parts[item * kCombineWarps + (threadIdx.x >> 5)] = ss;
         }
     }
 }

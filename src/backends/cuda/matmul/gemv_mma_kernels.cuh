@@ -675,9 +675,12 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
     if (a.table[0] == nullptr || a.ids_early) pdl::wait();
     // (GemvArgs::rs) the producer's sums of squares, a lane each of warp 0: requested now through L2
     // (written by the previous kernel), summed only before the epilogue.
-    float rs_part = 0.0f;
+    float rs_part[2] = {0.0f, 0.0f};
     if constexpr (RS)
-        if (warp == 0 && lane < a.rs.n_parts) rs_part = __ldcg(a.rs.parts + lane);
+        if (warp == 0)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                if (lane + 32 * h < a.rs.n_parts) rs_part[h] = __ldcg(a.rs.parts + lane + 32 * h);
     if constexpr (!XE) split_x();
     // (step trace builds, step_trace.cuh: after the wait, which the mark needs; WS: the first steps'
     // elements requested; XE: converted before the wait, marked here)
@@ -715,7 +718,7 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
     }
     if constexpr (RS)
         if (warp == 0) {  // (a butterfly: every block gets the same bits)
-            const float ss = warp_sum(rs_part);
+            const float ss = warp_sum(rs_part[0] + rs_part[1]);
             if (lane == 0) gemv_row_scale_slot() = 1.0f / sqrtf(ss / float(a.k) + a.rs.eps);
         }
     __syncthreads();

@@ -676,8 +676,7 @@ const char * combine_norm_refusal(const Tensor & comb, const Tensor & add, const
     const int64_t  K = add.ne[0];
     for (const Tensor * t : {&comb, &r, &add, &norm})
         if (!f32_rows(*t) || t->ne[0] != K || t->nrows() != 1) return "one row";
-    if (K % 4 != 0 || combine_norm_parts(comb) != ceil_div(K, int64_t(4 * 128)) || combine_norm_parts(comb) > kGemvMaxScaleParts)
-        return "row width";
+    if (K % 4 != 0 || combine_norm_parts(comb) > kGemvMaxScaleParts) return "row width";
     const Tensor * nw = norm.src[1];
     if (nw && (!f32_rows(*nw) || nw->ne[0] != K || nw->nrows() != 1)) return "norm weight";
     XRows x = dense_rows(norm);

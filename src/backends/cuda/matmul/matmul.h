@@ -198,10 +198,11 @@ struct GemvNorm {
 
 // The RMS_NORM whose weighted rows a producer wrote (the fused MOE_COMBINE + ADD + RMS_NORM launch,
 // ops.h: op_combine_norm_matmul): the activations are x = (a + b) * w, and the producer's blocks
-// wrote the sums of squares of a + b in parts[0 .. n_parts) (one row). Each result is multiplied by
+// wrote the sums of squares of a + b in parts[0 .. n_parts) (one row; a lane of warp 0 reads
+// parts lane and lane + 32, summed by a butterfly). Each result is multiplied by
 // 1 / sqrt(sum(parts) / k + eps) in the epilogue: no block reduces the row itself, and no launch
 // sits between the producer and this GEMV. MMA kernel, one activation row; parts == nullptr: none.
-constexpr int kGemvMaxScaleParts = 32;
+constexpr int kGemvMaxScaleParts = 64;
 struct GemvRowScale {
     const float * parts   = nullptr;
     int32_t       n_parts = 0;  // <= kGemvMaxScaleParts
