@@ -611,6 +611,39 @@ void check_multi(const Spec & s, const std::vector<int64_t> & ns, int64_t k, int
     report(name, nmse(got, ref), p);
 }
 
+// The outputs of a launch over weights of ns rows (nw per weight: a fused gate/up) for `rows`
+// activation rows, NaN-filled, bound into a: one weight (y) or several (mat_*, tiled as the plan).
+std::vector<std::unique_ptr<Buf>> bind_outputs(GemvArgs & a, const std::vector<int64_t> & ns, const std::vector<HostWeight> & w, int nw,
+                                               int rows, const GemvPlan & p) {
+    const int                         count = int(ns.size());
+    std::vector<std::unique_ptr<Buf>> yb;
+    a.n_mats     = count;
+    int64_t row0 = 0;
+    int32_t tile = 0;
+    for (int m = 0; m < count; ++m) {
+        yb.push_back(std::make_unique<Buf>(size_t(rows * ns[size_t(m)]) * 4));
+        float * y = reinterpret_cast<float *>(yb.back()->data());
+        std::fill(y, y + rows * ns[size_t(m)], NAN);
+        if (count > 1) {
+            a.w[m]         = w[size_t(m)].dw;
+            a.mat_n[m]     = ns[size_t(m)];
+            a.mat_row0[m]  = row0;
+            a.mat_tile0[m] = tile;
+            a.mat_y[m]     = y;
+        }
+        row0 += ns[size_t(m)];
+        tile += int32_t((ns[size_t(m)] + p.rows_per_block - 1) / p.rows_per_block);
+    }
+    if (count > 1) {
+        a.mat_tile0[count] = tile;
+    } else {
+        a.w[0] = w[0].dw;
+        a.w[1] = w[size_t(nw - 1)].dw;
+        a.y    = reinterpret_cast<float *>(yb[0]->data());
+    }
+    return yb;
+}
+
 // The residual add + RMS_NORM before the matmul (GemvArgs::norm, MMA kernel): rows of a and b
 // `ld` floats apart (ld > k: the gaps must stay untouched), a norm weight or none, plain or
 // zero-centred; one weight, a fused gate/up (nw = 2) or several weights (ns.size() > 1). Checks the
@@ -658,33 +691,9 @@ void check_norm(const Spec & s, const std::vector<int64_t> & ns, int64_t k, int 
         }
     }
     const GemvPlan p = make_plan(s, ntot, k, 1, rows, nw, sp, true, count > 1 ? ns.data() : nullptr, count);
-    std::vector<std::unique_ptr<Buf>> yb;
     Buf      pb(size_t(p.ksplit) * nw * rows * ntot * 4), cb(size_t(p.grid.x) * 4);
     GemvArgs a;
-    a.n_mats     = count;
-    int64_t row0 = 0;
-    int32_t tile = 0;
-    for (int m = 0; m < count; ++m) {
-        yb.push_back(std::make_unique<Buf>(size_t(rows * ns[size_t(m)]) * 4));
-        float * y = reinterpret_cast<float *>(yb.back()->data());
-        std::fill(y, y + rows * ns[size_t(m)], NAN);
-        if (count > 1) {
-            a.w[m]         = w[size_t(m)].dw;
-            a.mat_n[m]     = ns[size_t(m)];
-            a.mat_row0[m]  = row0;
-            a.mat_tile0[m] = tile;
-            a.mat_y[m]     = y;
-        }
-        row0 += ns[size_t(m)];
-        tile += int32_t((ns[size_t(m)] + p.rows_per_block - 1) / p.rows_per_block);
-    }
-    if (count > 1) {
-        a.mat_tile0[count] = tile;
-    } else {
-        a.w[0] = w[0].dw;
-        a.w[1] = w[size_t(nw - 1)].dw;
-        a.y    = reinterpret_cast<float *>(yb[0]->data());
-    }
+    const std::vector<std::unique_ptr<Buf>> yb = bind_outputs(a, ns, w, nw, rows, p);
     a.norm.a = xa, a.norm.b = xb, a.norm.sum = sum;
     a.norm.lda = a.norm.ldb = a.norm.ld_sum = ld;
     a.norm.w             = weighted ? nw_ : nullptr;
@@ -754,33 +763,9 @@ void check_row_scale(const Spec & s, const std::vector<int64_t> & ns, int64_t k,
     for (int i = 0; i < n_parts; ++i) ss += parts[i];
     const double   inv = 1.0 / std::sqrt(double(ss) / double(k) + eps);
     const GemvPlan p   = make_plan(s, ntot, k, 1, 1, nw, sp, true, count > 1 ? ns.data() : nullptr, count);
-    std::vector<std::unique_ptr<Buf>> yb;
     Buf      pb(size_t(p.ksplit) * nw * ntot * 4), cb(size_t(p.grid.x) * 4);
     GemvArgs a;
-    a.n_mats     = count;
-    int64_t row0 = 0;
-    int32_t tile = 0;
-    for (int m = 0; m < count; ++m) {
-        yb.push_back(std::make_unique<Buf>(size_t(ns[size_t(m)]) * 4));
-        float * y = reinterpret_cast<float *>(yb.back()->data());
-        std::fill(y, y + ns[size_t(m)], NAN);
-        if (count > 1) {
-            a.w[m]         = w[size_t(m)].dw;
-            a.mat_n[m]     = ns[size_t(m)];
-            a.mat_row0[m]  = row0;
-            a.mat_tile0[m] = tile;
-            a.mat_y[m]     = y;
-        }
-        row0 += ns[size_t(m)];
-        tile += int32_t((ns[size_t(m)] + p.rows_per_block - 1) / p.rows_per_block);
-    }
-    if (count > 1) {
-        a.mat_tile0[count] = tile;
-    } else {
-        a.w[0] = w[0].dw;
-        a.w[1] = w[size_t(nw - 1)].dw;
-        a.y    = reinterpret_cast<float *>(yb[0]->data());
-    }
+    const std::vector<std::unique_ptr<Buf>> yb = bind_outputs(a, ns, w, nw, 1, p);
     for (int r = 0; r < kGemvMaxRows; ++r) a.x[r] = z;
     a.rs.parts   = parts;
     a.rs.n_parts = n_parts;

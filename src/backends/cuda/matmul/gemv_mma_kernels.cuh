@@ -785,7 +785,8 @@ void gemv_mma_launch(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, int sm
         return gemv_mma_launch_one<F, 1, false, false, true>(a, grid, smem, s);
     }
     if (a.rs.parts != nullptr) {  // (op_combine_norm_matmul plans only this form)
-        if (r_tmpl != 1 || glu || a.mma_wave || a.table[0] != nullptr) fail(SPARK_ERR_INTERNAL, "gemv: the producer's 1 / rms takes one row of plain weights");
+        if (r_tmpl != 1 || glu || a.mma_wave || a.table[0] != nullptr)
+            fail(SPARK_ERR_INTERNAL, "gemv: the producer's 1 / rms takes one row of plain weights");
         return gemv_mma_launch_one<F, 1, false, false, false, false, true>(a, grid, smem, s);
     }
     if (a.x_early) {  // (plan_moe_launch sets it only for MATMUL_IDs, whose launches take one row)

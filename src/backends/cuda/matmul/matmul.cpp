@@ -555,6 +555,46 @@ bool one_mma_launch(const LaunchPlan & lp, int64_t rows) {
 
 bool aligned16(const void * p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// The norm's side of the fused launches below: its weight (f32 [K] or none) and `mms`, 1..4 MATMULs
+// of one decode row of the norm with weights of one format and no act-order, run as one tensor-core
+// GEMV launch over the row as it is (with the norm prologue's plan: norm_prologue); the reason not,
+// or nullptr. Fills d (one MATMUL) or mu (several). bound: as below.
+const char * norm_matmuls_refusal(const Tensor & norm, const Tensor * const * mms, int count, int64_t K, const OpContext & ctx, bool bound,
+                                  bool norm_prologue, Dense & d, Multi & mu) {
+    const Tensor * nw = norm.src[1];
+    if (nw && (!f32_rows(*nw) || nw->ne[0] != K || nw->nrows() != 1)) return "norm weight";
+    XRows x = dense_rows(norm);
+    if (!bound) x.base = nullptr;  // (alignment only: the plan does not depend on where the memory goes)
+    for (int i = 0; i < count; ++i) {
+        const Tensor * t = mms[i];
+        if (!t || t->op != Op::MATMUL || t->src[0] != &norm || !t->weight) return "not a MATMUL of the norm";
+        const DeviceWeight & w = device_weight(*t->weight);
+        if (w.k != K || w.format != device_weight(*mms[0]->weight).format || w.perm) return "weights";
+        if (t->type != DType::F32 || !t->is_contiguous() || t->ne[0] != w.n || t->nrows() != 1) return "output";
+    }
+    if (count == 1) {
+        d.w[0]          = &device_weight(*mms[0]->weight);
+        d.x             = x;
+        d.rows          = 1;
+        d.prompt        = ctx.prompt_step;
+        d.norm_prologue = norm_prologue;
+        const OpPlan plan = plan_dense(d, *ctx.props);
+        if (plan.unfused || plan.x_copy || plan.ids_copy || !one_mma_launch(plan.launch[0], 1)) return "not one tensor-core GEMV";
+    } else {
+        for (int i = 0; i < count; ++i) {
+            mu.w[i] = &device_weight(*mms[i]->weight);
+            if (!chunk_ok(*mu.w[i]) || w4a4_takes(*mu.w[i], 1, ctx.prompt_step, *ctx.props)) return "layout";
+        }
+        mu.count         = count;
+        mu.x             = x;
+        mu.rows          = 1;
+        mu.norm_prologue = norm_prologue;
+        if (!one_mma_launch(plan_multi(mu, *ctx.props), 1)) return "not one tensor-core GEMV";
+    }
+    if (bound && nw && !aligned16(nw->data)) return "alignment";
+    return nullptr;
+}
+
 // The reason ADD + RMS_NORM + `mms` cannot be one GEMV launch with the norm prologue, or nullptr.
 // mms: 1..4 MATMULs over the norm. bound: the tensors have their memory (the
 // dispatch), which adds the checks of addresses (alignment, outputs over inputs or each other);
@@ -572,42 +612,13 @@ const char * add_norm_refusal(const Tensor & add, const Tensor & norm, const Ten
     // One decode row (the kernel's NORM instantiation; verify steps of several rows keep the separate launches).
     for (const Tensor * t : {&a, &b, &add, &norm})
         if (!f32_rows(*t) || t->ne[0] != K || t->nrows() != 1) return "one row";
-    const Tensor * nw = norm.src[1];
-    if (nw && (!f32_rows(*nw) || nw->ne[0] != K || nw->nrows() != 1)) return "norm weight";
-    XRows x = dense_rows(norm);
-    if (!bound) x.base = nullptr;  // (alignment only: the plan does not depend on where the memory goes)
-    for (int i = 0; i < count; ++i) {
-        const Tensor * t = mms[i];
-        if (!t || t->op != Op::MATMUL || t->src[0] != &norm || !t->weight) return "not a MATMUL of the norm";
-        const DeviceWeight & w = device_weight(*t->weight);
-        if (w.k != K || w.format != device_weight(*mms[0]->weight).format || w.perm) return "weights";
-        if (t->type != DType::F32 || !t->is_contiguous() || t->ne[0] != w.n || t->nrows() != 1) return "output";
-    }
-    if (count == 1) {
-        d.w[0]   = &device_weight(*mms[0]->weight);
-        d.x      = x;
-        d.rows   = 1;
-        d.prompt = ctx.prompt_step;
-        d.norm_prologue = true;
-        const OpPlan plan = plan_dense(d, *ctx.props);
-        if (plan.unfused || plan.x_copy || plan.ids_copy || !one_mma_launch(plan.launch[0], 1))
-            return "not one tensor-core GEMV of blocks of 64 rows or more";
-    } else {
-        for (int i = 0; i < count; ++i) {
-            mu.w[i] = &device_weight(*mms[i]->weight);
-            if (!chunk_ok(*mu.w[i]) || w4a4_takes(*mu.w[i], 1, ctx.prompt_step, *ctx.props)) return "layout";
-        }
-        mu.count = count;
-        mu.x     = x;
-        mu.rows  = 1;
-        mu.norm_prologue = true;
-        if (!one_mma_launch(plan_multi(mu, *ctx.props), 1)) return "not one tensor-core GEMV of blocks of 64 rows or more";
-    }
+    // (the norm prologue's plan: blocks of 64 rows or more, one per SM at least, no K split)
+    if (const char * why = norm_matmuls_refusal(norm, mms, count, K, ctx, bound, true, d, mu)) return why;
     if (!bound) return nullptr;
     // Every block reads a and b; the blocks of row tile 0 write the sum, every block its outputs' rows.
     for (const Tensor * t : {&a, &b, &add})
         if (!aligned16(t->data) || t->nb[1] % 16 != 0) return "alignment";
-    if (nw && !aligned16(nw->data)) return "alignment";
+    const Tensor * nw = norm.src[1];
     const Tensor * outs[1 + kGemvMaxMats] = {&add};
     int            n_out                  = 1;
     for (int i = 0; i < count; ++i) outs[n_out++] = mms[i];
@@ -677,43 +688,17 @@ const char * combine_norm_refusal(const Tensor & comb, const Tensor & add, const
     for (const Tensor * t : {&comb, &r, &add, &norm})
         if (!f32_rows(*t) || t->ne[0] != K || t->nrows() != 1) return "one row";
     if (K % 4 != 0 || combine_norm_parts(comb) > kGemvMaxScaleParts) return "row width";
-    const Tensor * nw = norm.src[1];
-    if (nw && (!f32_rows(*nw) || nw->ne[0] != K || nw->nrows() != 1)) return "norm weight";
-    XRows x = dense_rows(norm);
-    if (!bound) x.base = nullptr;
-    for (int i = 0; i < count; ++i) {
-        const Tensor * t = mms[i];
-        if (!t || t->op != Op::MATMUL || t->src[0] != &norm || !t->weight) return "not a MATMUL of the norm";
-        const DeviceWeight & w = device_weight(*t->weight);
-        if (w.k != K || w.format != device_weight(*mms[0]->weight).format || w.perm) return "weights";
-        if (t->type != DType::F32 || !t->is_contiguous() || t->ne[0] != w.n || t->nrows() != 1) return "output";
-    }
-    // The matmuls as they would run anyway: one tensor-core GEMV launch over the row as it is.
-    if (count == 1) {
-        d.w[0]   = &device_weight(*mms[0]->weight);
-        d.x      = x;
-        d.rows   = 1;
-        d.prompt = ctx.prompt_step;
-        const OpPlan plan = plan_dense(d, *ctx.props);
-        if (plan.unfused || plan.x_copy || plan.ids_copy || !one_mma_launch(plan.launch[0], 1)) return "not one tensor-core GEMV";
-    } else {
-        for (int i = 0; i < count; ++i) {
-            mu.w[i] = &device_weight(*mms[i]->weight);
-            if (!chunk_ok(*mu.w[i]) || w4a4_takes(*mu.w[i], 1, ctx.prompt_step, *ctx.props)) return "layout";
-        }
-        mu.count = count;
-        mu.x     = x;
-        mu.rows  = 1;
-        if (!one_mma_launch(plan_multi(mu, *ctx.props), 1)) return "not one tensor-core GEMV";
-    }
+    // (the matmuls' plan as they would run anyway)
+    if (const char * why = norm_matmuls_refusal(norm, mms, count, K, ctx, bound, false, d, mu)) return why;
     if (!bound) return nullptr;
+    const Tensor * nw = norm.src[1];
     // The combine reads y, its weights (the shared expert and its gate) and r; it writes the sum,
     // the weighted row and, over its own output, the sums of squares; the GEMV then writes mms.
     const Tensor * ins[5] = {comb.src[0], comb.src[1], comb.src[2], comb.src[3], &r};
     for (const Tensor * t : {&comb, &r, &add, &norm, static_cast<const Tensor *>(comb.src[0])})
         if (!aligned16(t->data) || t->nb[1] % 16 != 0) return "alignment";
     if (comb.src[2] && (!aligned16(comb.src[2]->data) || comb.src[2]->nb[1] % 16 != 0)) return "alignment";
-    if (comb.src[0]->nb[2] % 16 != 0 || (nw && !aligned16(nw->data))) return "alignment";
+    if (comb.src[0]->nb[2] % 16 != 0) return "alignment";
     const Tensor * outs[3 + kGemvMaxMats] = {&comb, &add, &norm};
     int            n_out                  = 3;
     for (int i = 0; i < count; ++i) outs[n_out++] = mms[i];
