@@ -105,7 +105,7 @@ void op_add_norm_matmul(const Tensor & add, const Tensor & norm, const Tensor * 
 // (1..4) that read the norm, as two launches with no kernel between them where the ADD + RMS_NORM
 // had one of its own (one row: decode steps): the combine adds the residual, writes the sum (the
 // ADD's output), the norm's weighted rows (sum * w, into the norm's output: the norm itself is never
-// written) and per block the sum of its squares; the tensor-core GEMV reads the weighted rows and
+// written) and per warp the sum of its squares; the tensor-core GEMV reads the weighted rows and
 // multiplies each result by 1 / rms from those sums (GemvArgs::rs). The combine's own output is not
 // written. combine_norm_matmul_supported() answers from the nodes alone (the combine's output read
 // by the ADD only, the norm by the MATMULs only, neither a graph output; one row; the MATMULs one
@@ -190,9 +190,11 @@ void op_argmax(const Tensor & t, const OpContext & ctx);
 void op_moe_route(const Tensor & t, const OpContext & ctx);
 void op_moe_combine(const Tensor & t, const OpContext & ctx);
 // The producer half of op_combine_norm_matmul (moe.cu): the combine `comb` + the other addend of the
-// ADD `add` into add's output, that sum times the norm's weight into norm's output, and each block's
-// warp's sum of squares into parts[t * combine_norm_parts(comb) + ...] (16-byte aligned rows only).
-int64_t combine_norm_parts(const Tensor & comb);
+// ADD `add` into add's output, that sum times the norm's weight into norm's output, and each warp's
+// sum of squares into parts[t * combine_norm_parts(...) + ...]. combine_norm_parts: the parts per
+// token, or 0 where the producer cannot run on these rows (it moves 4 floats a thread: every row
+// 16-byte aligned, widths a multiple of 4).
+int64_t combine_norm_parts(const Tensor & comb, const Tensor & add, const Tensor & norm);
 void    launch_combine_norm(const Tensor & comb, const Tensor & add, const Tensor & norm, float * parts, const OpContext & ctx);
 // Fused: out = rms_norm(a + b) * w, also writing the sum (residual stream) to `add`'s output.
 // `norm` is the RMS_NORM node whose src0 is the ADD node `add`.

@@ -149,10 +149,12 @@ void op_moe_combine(const Tensor & t, const OpContext & ctx) {
     if (combine_args(t, args, vec)) launch_combine(args, vec, ctx);
 }
 
-int64_t combine_norm_parts(const Tensor & comb) {
-    const Tensor & y   = *comb.src[0];
-    const bool     vec = ew::vec4_ok(y) && ew::vec4_ok(comb) && (!comb.src[2] || ew::vec4_ok(*comb.src[2]));
-    return ceil_div(y.ne[0], int64_t(kCombineThreads) * (vec ? 4 : 1)) * ew::kCombineWarps;
+int64_t combine_norm_parts(const Tensor & comb, const Tensor & add, const Tensor & norm) {
+    const Tensor & y     = *comb.src[0];
+    const Tensor & resid = add.src[0] == &comb ? *add.src[1] : *add.src[0];
+    for (const Tensor * t : std::initializer_list<const Tensor *>{&y, &comb, comb.src[2], &resid, &add, &norm, norm.src[1]})
+        if (t && !ew::vec4_ok(*t)) return 0;
+    return ceil_div(y.ne[0], int64_t(kCombineThreads) * 4) * ew::kCombineWarps;
 }
 
 void launch_combine_norm(const Tensor & comb, const Tensor & add, const Tensor & norm, float * parts, const OpContext & ctx) {
@@ -163,9 +165,8 @@ void launch_combine_norm(const Tensor & comb, const Tensor & add, const Tensor &
     ew::require_f32_rows(resid, "MOE_COMBINE+ADD+RMS_NORM");
     ew::require_f32_rows(add, "MOE_COMBINE+ADD+RMS_NORM");
     ew::require_f32_rows(norm, "MOE_COMBINE+ADD+RMS_NORM");
-    vec = vec && ew::vec4_ok(resid) && ew::vec4_ok(add) && ew::vec4_ok(norm) && (!norm.src[1] || ew::vec4_ok(*norm.src[1]));
-    if (args.chunks * ew::kCombineWarps != combine_norm_parts(comb) || !vec)
-        fail(SPARK_ERR_INTERNAL, "combine_norm: the rows must be 16-byte aligned (the parts are counted for V = 4)");
+    if (combine_norm_parts(comb, add, norm) == 0)
+        fail(SPARK_ERR_INTERNAL, "combine_norm: the rows must be 16-byte aligned (op_combine_norm_matmul checks it first)");
     args.out           = ew::rows_of(add);  // (the combine's own output is not written: only the ADD reads it)
     args.resid         = static_cast<const char *>(resid.data);
     args.resid_nb1     = int64_t(resid.nb[1]);

@@ -595,6 +595,19 @@ const char * norm_matmuls_refusal(const Tensor & norm, const Tensor * const * mm
     return nullptr;
 }
 
+// The GEMV launch of the matmuls of a fused norm as the refusal above planned it (d: one MATMUL,
+// mu: several; op_add_norm_matmul, op_combine_norm_matmul).
+void run_norm_matmuls(Dense & d, const Multi & mu, const Tensor * const * mms, int count, const OpContext & ctx) {
+    if (count == 1) {
+        d.y = static_cast<float *>(mms[0]->data);
+        return exec_dense(d, ctx);
+    }
+    const LaunchPlan lp = plan_multi(mu, *ctx.props);
+    Scratch          scratch;
+    if (lp.scratch.bytes() > 0) scratch.base = static_cast<char *>(ctx.workspace->get(lp.scratch.bytes()));
+    launch_multi_gemv(mms, mu, lp, carve(lp.scratch, scratch), ctx);
+}
+
 // The reason ADD + RMS_NORM + `mms` cannot be one GEMV launch with the norm prologue, or nullptr.
 // mms: 1..4 MATMULs over the norm. bound: the tensors have their memory (the
 // dispatch), which adds the checks of addresses (alignment, outputs over inputs or each other);
@@ -658,14 +671,7 @@ void op_add_norm_matmul(const Tensor & add, const Tensor & norm, const Tensor * 
         if (count == 1) return op_matmul(*mms[0], ctx);
         return op_matmul_multi(mms, count, ctx);
     }
-    if (count == 1) {
-        d.y = static_cast<float *>(mms[0]->data);
-        return mm::exec_dense(d, ctx);
-    }
-    const mm::LaunchPlan lp = mm::plan_multi(mu, *ctx.props);
-    mm::Scratch      scratch;
-    if (lp.scratch.bytes() > 0) scratch.base = static_cast<char *>(ctx.workspace->get(lp.scratch.bytes()));
-    mm::launch_multi_gemv(mms, mu, lp, mm::carve(lp.scratch, scratch), ctx);
+    mm::run_norm_matmuls(d, mu, mms, count, ctx);
 }
 
 // ---- MOE_COMBINE + ADD + RMS_NORM, then the matmuls over the norm: the combine writes the norm's half -------
@@ -687,7 +693,9 @@ const char * combine_norm_refusal(const Tensor & comb, const Tensor & add, const
     const int64_t  K = add.ne[0];
     for (const Tensor * t : {&comb, &r, &add, &norm})
         if (!f32_rows(*t) || t->ne[0] != K || t->nrows() != 1) return "one row";
-    if (K % 4 != 0 || combine_norm_parts(comb) > kGemvMaxScaleParts) return "row width";
+    const int64_t parts = combine_norm_parts(comb, add, norm);  // (without addresses: the strides alone)
+    if (parts == 0) return "rows not 16-byte aligned";
+    if (parts > kGemvMaxScaleParts) return "row width";
     // (the matmuls' plan as they would run anyway)
     if (const char * why = norm_matmuls_refusal(norm, mms, count, K, ctx, bound, false, d, mu)) return why;
     if (!bound) return nullptr;
@@ -695,10 +703,6 @@ const char * combine_norm_refusal(const Tensor & comb, const Tensor & add, const
     // The combine reads y, its weights (the shared expert and its gate) and r; it writes the sum,
     // the weighted row and, over its own output, the sums of squares; the GEMV then writes mms.
     const Tensor * ins[5] = {comb.src[0], comb.src[1], comb.src[2], comb.src[3], &r};
-    for (const Tensor * t : {&comb, &r, &add, &norm, static_cast<const Tensor *>(comb.src[0])})
-        if (!aligned16(t->data) || t->nb[1] % 16 != 0) return "alignment";
-    if (comb.src[2] && (!aligned16(comb.src[2]->data) || comb.src[2]->nb[1] % 16 != 0)) return "alignment";
-    if (comb.src[0]->nb[2] % 16 != 0) return "alignment";
     const Tensor * outs[3 + kGemvMaxMats] = {&comb, &add, &norm};
     int            n_out                  = 3;
     for (int i = 0; i < count; ++i) outs[n_out++] = mms[i];
@@ -711,7 +715,7 @@ const char * combine_norm_refusal(const Tensor & comb, const Tensor & add, const
     }
     GemvRowScale & rs = count == 1 ? d.rs : mu.rs;
     rs.parts          = static_cast<const float *>(comb.data);
-    rs.n_parts        = int32_t(combine_norm_parts(comb));
+    rs.n_parts        = int32_t(parts);
     rs.eps            = norm.fp[0];
     return nullptr;
 }
@@ -737,14 +741,7 @@ void op_combine_norm_matmul(const Tensor & comb, const Tensor & add, const Tenso
     // The sums of squares go over the combine's output, which nothing else reads: the memory plan
     // keeps it apart from the launch's outputs until its last matmul (launch_last_nodes).
     launch_combine_norm(comb, add, norm, static_cast<float *>(comb.data), ctx);
-    if (count == 1) {
-        d.y = static_cast<float *>(mms[0]->data);
-        return mm::exec_dense(d, ctx);
-    }
-    const mm::LaunchPlan lp = mm::plan_multi(mu, *ctx.props);
-    mm::Scratch      scratch;
-    if (lp.scratch.bytes() > 0) scratch.base = static_cast<char *>(ctx.workspace->get(lp.scratch.bytes()));
-    mm::launch_multi_gemv(mms, mu, lp, mm::carve(lp.scratch, scratch), ctx);
+    mm::run_norm_matmuls(d, mu, mms, count, ctx);
 }
 
 void op_matmul_id(const Tensor & t, const OpContext & ctx) {
