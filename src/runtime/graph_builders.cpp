@@ -146,7 +146,9 @@ Tensor * build_norm(GraphContext & gc, Tensor * x, const Param & w, float eps, b
 
 Tensor * build_ffn(GraphContext & gc, Tensor * x, const QWeight & gate, const QWeight & up, const QWeight & down, int il) {
     Graph &  g = gc.graph;
-    Tensor * h = g.swiglu(g.matmul(x, gate), g.matmul(x, up));
+    Tensor * g_x = g.matmul(x, gate);  // (in this order: the graph's node order does not depend on the compiler)
+    Tensor * u_x = g.matmul(x, up);
+    Tensor * h   = g.swiglu(g_x, u_x);
     return g.named(g.matmul(h, down), "ffn_out", il);
 }
 

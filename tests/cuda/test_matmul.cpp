@@ -1715,6 +1715,111 @@ TEST_CASE("matmul: op_combine_norm_matmul (the combine + residual + norm's sums,
     }
 }
 
+// ---- op_matmul_norm_matmul: a GEMV's epilogue writes the norm's half, the next GEMV applies its 1 / rms ----
+TEST_CASE("matmul: op_matmul_norm_matmul (the down projection + residual + norm's sums, the 1 / rms in the GEMV) matches the separate launches") {
+    // A layer's down projection, the residual ADD of its output, the next norm and the q/k/v-like
+    // matmuls (or one) of the norm, as the fusion pass groups them, the memory plan taking the
+    // backend's hint. The sum must equal the separate launches' (op_matmul, op_add_rms_norm, the matmul
+    // op) bit for bit (the producer's add is not contracted), the matmul outputs theirs and the
+    // host's within kGemv; a rerun is bit-identical. Refused: two rows, BF16 (the FMA kernel), the
+    // switch off.
+    OpHarness                                   h(51);
+    spark::Backend &                            be = h.cuda();
+    std::vector<std::unique_ptr<spark::Buffer>> storage;
+    HostWeights                                 host;
+    TestCtx                                     tc;
+    const int64_t                               k = 2048, k_in = 3072;
+    struct Case {
+        std::string                  name;
+        const QWeight *              down;
+        std::vector<const QWeight *> host;
+        bool                         weighted, zc, fused;
+        int64_t                      rows       = 1;
+        int                          overridden = 1;
+    };
+    const std::vector<const QWeight *> qkv = {&host.int4(1024, k, 128, true, false, 310), &host.int4(256, k, 128, true, false, 311),
+                                              &host.int4(256, k, 128, true, false, 312)};
+    const QWeight & down4 = host.int4(k, k_in, 128, true, false, 313);
+    std::vector<Case> cases;
+    cases.push_back({"int4 down, int4 q/k/v", &down4, qkv, true, false, true});
+    cases.push_back({"nvfp4 down, nvfp4 x2, zero-centred", &host.nvfp4(k, k_in, 314), {&host.nvfp4(512, k, 315), &host.nvfp4(72, k, 316)}, true, true, true});
+    cases.push_back({"int4 down, one int4-asym matmul, no weight", &down4, {&host.int4(1000, k, 128, false, false, 317)}, false, false, true});
+    cases.push_back({"two rows (refused)", &down4, qkv, true, false, false, 2});
+    cases.push_back({"bf16 down (refused: the FMA kernel)", &host.bf16w(k, k_in, 318), qkv, true, false, false});
+    cases.push_back({"SPARK_COMBINE_NORM=0 (refused)", &down4, qkv, true, false, false, 1, 0});
+    struct Restore {
+        ~Restore() { mm::overrides().combine_norm = 1; }
+    } restore;
+    for (const Case & c : cases) {
+        INFO(c.name);
+        mm::overrides().combine_norm = c.overridden;
+        std::vector<QWeight>            prepared;
+        std::vector<std::vector<float>> refw;
+        for (const QWeight * w : c.host) prepared.push_back(be.prepare_weight(*w, storage)), refw.push_back(dequantized(*w));
+        const QWeight            pd   = be.prepare_weight(*c.down, storage);
+        const std::vector<float> dref = dequantized(*c.down);
+        const int64_t            rows = c.rows;
+        spark::Graph             gr;
+        Tensor *                 x     = gr.input(DType::F32, {k_in, rows}, "act");
+        Tensor *                 resid = gr.input(DType::F32, {k, rows}, "resid");
+        Tensor *                 nw    = gr.input(DType::F32, {k}, "norm_w");
+        Tensor *                 down  = gr.matmul(x, pd);
+        Tensor *                 sum   = gr.add(resid, down);
+        Tensor *                 nrm   = gr.rms_norm(sum, c.weighted ? nw : nullptr, 1e-6f, c.zc);
+        std::vector<Tensor *>    ys;
+        for (const QWeight & w : prepared) ys.push_back(gr.matmul(nrm, w));
+        gr.mark_output(gr.add(sum, sum));
+        for (Tensor * t : ys) gr.mark_output(t);
+        tc.ctx.prompt_step = false;
+        const spark::MemoryPlan plan  = spark::plan_memory(gr, 256, spark::cuda::launch_last_nodes(gr, tc.ctx));
+        auto                    arena = be.alloc(std::max<size_t>(plan.arena_bytes, 256));
+        spark::bind_memory(gr, plan, arena->data());
+        const std::vector<float> xv = normals(size_t(k_in * rows), 1.0f, 330), rv = normals(size_t(k * rows), 2.0f, 331),
+                                 nv = normals(size_t(k), 0.3f, 332);
+        std::vector<const Tensor *> after(ys.begin(), ys.end());
+        auto run = [&](bool fused) {
+            be.upload(x->data, xv.data(), xv.size() * 4);
+            be.upload(resid->data, rv.data(), rv.size() * 4);
+            be.upload(nw->data, nv.data(), nv.size() * 4);
+            be.synchronize();
+            if (fused) {
+                CHECK(spark::cuda::matmul_norm_matmul_supported(*down, *sum, *nrm, after.data(), int(after.size()), tc.ctx, true) == c.fused);
+                spark::cuda::op_matmul_norm_matmul(*down, *sum, *nrm, after.data(), int(after.size()), tc.ctx);
+            } else {
+                spark::cuda::op_matmul(*down, tc.ctx);
+                spark::cuda::op_add_rms_norm(*sum, *nrm, tc.ctx);
+                spark::cuda::op_matmul_multi(after.data(), int(after.size()), tc.ctx);
+            }
+            REQUIRE(cudaStreamSynchronize(tc.stream) == cudaSuccess);
+            std::vector<std::vector<float>> got = {download(be, *sum)};
+            for (Tensor * t : ys) got.push_back(download(be, *t));
+            return got;
+        };
+        const auto fused = run(true), again = run(true), apart = run(false);
+        CHECK(std::memcmp(fused[0].data(), apart[0].data(), fused[0].size() * 4) == 0);
+        for (size_t i = 1; i < fused.size(); ++i) {
+            CHECK(nmse_of(fused[i], std::vector<double>(apart[i].begin(), apart[i].end())) <= kGemv);
+            CHECK(std::memcmp(fused[i].data(), again[i].data(), fused[i].size() * 4) == 0);
+        }
+        // The host: the down projection plus the residual, the norm as the CPU backend computes it, the matmuls.
+        const std::vector<double> dn = reference(xv, rows, dref, k, k_in);
+        std::vector<double>       hs(dn.size());
+        for (size_t i = 0; i < dn.size(); ++i) hs[i] = dn[i] + rv[i];
+        CHECK(nmse_of(fused[0], hs) <= kGemv);
+        std::vector<float> hn(size_t(rows * k));
+        for (int64_t r = 0; r < rows; ++r) {
+            double ss = 0;
+            for (int64_t i = 0; i < k; ++i) ss += double(fused[0][size_t(r * k + i)]) * fused[0][size_t(r * k + i)];
+            const float inv = 1.0f / std::sqrt(float(ss / double(k)) + 1e-6f);
+            for (int64_t i = 0; i < k; ++i) {
+                const float g = c.weighted ? (c.zc ? 1.0f + nv[size_t(i)] : nv[size_t(i)]) : 1.0f;
+                hn[size_t(r * k + i)] = fused[0][size_t(r * k + i)] * inv * g;
+            }
+        }
+        for (size_t i = 0; i < ys.size(); ++i) CHECK(nmse_of(fused[1 + i], reference(hn, rows, refw[i], ys[i]->ne[0], k)) <= kGemv);
+    }
+}
+
 // ---- W4A4: NVFP4 weights with activation scales on sm_120a / sm_121a -------------------------------
 TEST_CASE("matmul: NVFP4 with activation scales takes W4A4 for prefill rows on sm_120a / sm_121a, W4A16 elsewhere") {
     // op_matmul on an NVFP4 weight whose checkpoint calibrated its activations (QWeight::act_scale;

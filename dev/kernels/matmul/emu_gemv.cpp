@@ -227,9 +227,17 @@ void run_mma_kernel(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, int sme
         if (r_tmpl != 1 || glu || a.mma_wave) std::abort();
         return go(gemv_mma_kernel<F, 1, false, false, true>);
     }
+    if (a.produce.resid != nullptr) {  // (as gemv_mma_launch)
+        if (r_tmpl != 1 || glu || a.mma_wave || a.table[0] != nullptr || a.n_mats > 1 || grid.y != 1) std::abort();
+        return go(gemv_mma_kernel<F, 1, false, false, false, false, kRowScaleNone, true>);
+    }
     if (a.rs.parts != nullptr) {  // (as gemv_mma_launch)
         if (r_tmpl != 1 || glu || a.mma_wave || a.table[0] != nullptr) std::abort();
-        return go(gemv_mma_kernel<F, 1, false, false, false, false, true>);
+        if (gemv_row_scale_form(a.rs.n_parts) == kRowScaleLanes) return go(gemv_mma_kernel<F, 1, false, false, false, false, kRowScaleLanes>);
+        GemvArgs b       = a;
+        b.rs.smem_offset = gemv_row_scale_offset(smem);
+        return emu::launch(grid, block, size_t(gemv_row_scale_smem(smem)),
+                           [&] { gemv_mma_kernel<F, 1, false, false, false, false, kRowScaleShared>(b); }, rng());
     }
     if (a.x_early) {  // (as gemv_mma_launch)
         if (r_tmpl != 1 || a.table[0] == nullptr) std::abort();
@@ -732,6 +740,63 @@ void check_norm(const Spec & s, const std::vector<int64_t> & ns, int64_t k, int 
     report(name + (rows_ok ? "" : " [sum rows wrong]"), rows_ok ? nmse(got, ref) : INFINITY, p);
 }
 
+// The residual ADD and the next norm's half after the matmul (GemvArgs::produce, MMA kernel, one row
+// of one weight, no K split): the sums against the double reference of W x + resid (nmse), the
+// weighted row bit for bit from the kernel's own sums, each block's part within 1e-5 of the squares
+// of its rows' sums (a float sum in another order), y untouched.
+void check_produce(const Spec & s, int64_t n, int64_t k, int wkind, Split sp, const std::string & filter) {
+    if (!mma_spec(s, k)) return;
+    const std::string name = std::string("mma produce ") + s.name + " N=" + std::to_string(n) + " K=" + std::to_string(k) +
+                             (wkind == 0 ? "" : wkind == 1 ? " w" : " w+1") + forced_label(sp, true);
+    if (name.find(filter) == std::string::npos) return;
+    const HostWeight w = make_weight(s, n, k);
+    Buf              xb(size_t(k) * 4), rb(size_t(n) * 4), nb(size_t(n) * 4), sb(size_t(n) * 4), zb(size_t(n) * 4), yb(size_t(n) * 4);
+    float *          x = reinterpret_cast<float *>(xb.data()), * resid = reinterpret_cast<float *>(rb.data());
+    float *          nw = reinterpret_cast<float *>(nb.data()), * sum = reinterpret_cast<float *>(sb.data());
+    float *          z = reinterpret_cast<float *>(zb.data()), * y = reinterpret_cast<float *>(yb.data());
+    for (int64_t i = 0; i < k; ++i) x[i] = x_value();
+    for (int64_t i = 0; i < n; ++i) resid[i] = uni(-2, 2), nw[i] = uni(-1.5f, 1.5f), sum[i] = z[i] = y[i] = NAN;
+    const GemvPlan p = make_plan(s, n, k, 1, 1, 1, sp, true);
+    if (p.ksplit != 1) std::abort();  // (the cases below keep K whole)
+    Buf      qb(size_t(p.grid.x) * 4), pb(4), cb(4);
+    float *  parts = reinterpret_cast<float *>(qb.data());
+    std::fill(parts, parts + p.grid.x, NAN);
+    GemvArgs a;
+    a.w[0] = a.w[1] = w.dw;
+    for (int r = 0; r < kGemvMaxRows; ++r) a.x[r] = x;
+    a.n = n;
+    a.k = k;
+    a.rows = a.out_rows = 1;
+    set_plan(a, p, s, pb, cb);
+    a.y                     = y;
+    a.produce.resid         = resid;
+    a.produce.sum           = sum;
+    a.produce.z             = z;
+    a.produce.w             = wkind ? nw : nullptr;
+    a.produce.zero_centered = wkind == 2;
+    a.produce.parts         = parts;
+    run_plan_pdl(name, s.f, s.zeros, p, false, a,
+                 {pdl::model::in(xb.data(), xb.bytes), pdl::model::in(rb.data(), rb.bytes), pdl::model::out(sb.data(), sb.bytes),
+                  pdl::model::out(zb.data(), zb.bytes), pdl::model::out(qb.data(), qb.bytes)});
+    std::vector<float>  got(sum, sum + n);
+    std::vector<double> want(static_cast<size_t>(n));
+    bool                ok = true;
+    for (int64_t j = 0; j < n; ++j) {
+        double d = 0;
+        for (int64_t kk = 0; kk < k; ++kk) d += ref_weight(w, j, kk) * x[kk];
+        want[size_t(j)] = d + resid[j];
+        const float wv = wkind == 0 ? 1.0f : wkind == 1 ? nw[j] : 1.0f + nw[j];
+        const float zj = sum[j] * wv;
+        ok = ok && std::memcmp(&zj, &z[j], 4) == 0 && std::isnan(y[j]);
+    }
+    for (unsigned b = 0; b < p.grid.x; ++b) {
+        double ss = 0;
+        for (int64_t j = int64_t(b) * p.rows_per_block; j < std::min<int64_t>(n, int64_t(b + 1) * p.rows_per_block); ++j) ss += double(sum[j]) * sum[j];
+        ok = ok && std::fabs(parts[b] - ss) <= 1e-5 * ss;
+    }
+    report(name + (ok ? "" : " [weighted row, parts or y wrong]"), ok ? nmse(got, want) : INFINITY, p);
+}
+
 // The 1 / rms of a norm whose weighted row a producer wrote (GemvArgs::rs, MMA kernel, one row): the
 // activations are z = s * w, the producer's sums of squares of s in n_parts parts (read by the GEMV
 // after its wait: a PDL input); one weight or several, the plan's split and forced ones. Checks against the double reference of W (z * inv), inv from the float sum of the
@@ -749,7 +814,7 @@ void check_row_scale(const Spec & s, const std::vector<int64_t> & ns, int64_t k,
     std::vector<HostWeight> w;
     for (int m = 0; m < count; ++m)
         for (int i = 0; i < nw; ++i) w.push_back(make_weight(s, ns[size_t(m)], k));
-    Buf     zb(size_t(k) * 4), qb(size_t(n_parts) * 4);
+    Buf     zb(size_t(k) * 4), qb(size_t((n_parts + 3) / 4 * 4) * 4);  // (read in 16-byte copies)
     float * z     = reinterpret_cast<float *>(zb.data());
     float * parts = reinterpret_cast<float *>(qb.data());
     std::fill(parts, parts + n_parts, 0.0f);
@@ -1001,6 +1066,14 @@ int main(int argc, char ** argv) {
         check_row_scale(s, {40, 17}, 1280, 1, 3, {1, 4, 3}, filter);
         check_row_scale(s, {45}, 1152, 1, 6, {1, 2, 3, 1}, filter);  // kp, odd block ranges
         check_row_scale(s, {48}, 3072, 1, 64, {}, filter);
+        check_row_scale(s, {40, 24}, 2048, 1, 203, {}, filter);  // the parts of a GEMV producer's blocks, not a multiple of 4
+    }
+    // The residual ADD + the next norm's half in a GEMV's epilogue (an o / down projection before a
+    // norm): as planned and with K-warps and kp forced, with and without the norm's weight.
+    for (const Spec & s : {specs[0], specs[1], specs[5]}) {
+        check_produce(s, 300, 2048, 1, {}, filter);
+        check_produce(s, 130, 1280, 2, {1, 4, 1}, filter);
+        check_produce(s, 72, 1152, 0, {1, 2, 1, 1}, filter);  // kp
     }
     std::printf("worst MMA nmse %.1e (tensor-core sums modelled %s)\n", g_worst_mma,
                 emu::mma_sum() == emu::MmaSum::Truncating ? "with truncation to 2^(e_max - 23)" : "exactly");

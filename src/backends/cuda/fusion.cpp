@@ -46,20 +46,23 @@ bool FusionPass::next(FusedLaunch & l) {
                 return true;
             }
         }
-        // The MoE combine, the residual add of its output, the next layer's norm of that sum and the
-        // matmuls of that norm: the combine writes the norm's weighted row and sums of squares, the
-        // GEMV applies the 1 / rms (no launch between them).
+        // The MoE combine (or a layer's down / o projection), the residual add of its output, the next
+        // norm of that sum and the matmuls of that norm: the producer writes the norm's weighted row
+        // and sums of squares, the GEMV applies the 1 / rms (no launch between them).
         {
             const Tensor * add_norm[2];
             const Tensor * mms[FusedLaunch::kMaxMatmuls];
-            if (const int m = combine_norm_matmul_at(i_, add_norm, mms)) {
-                static const char * const kLabels[] = {"", "MOE_COMBINE+ADD+RMS_NORM+MATMUL", "MOE_COMBINE+ADD+RMS_NORM+MATMUL x2",
-                                                       "MOE_COMBINE+ADD+RMS_NORM+MATMUL x3", "MOE_COMBINE+ADD+RMS_NORM+MATMUL x4"};
-                l.kind     = FusedLaunch::Kind::CombineNormMatmul;
+            if (const int m = producer_norm_matmul_at(i_, add_norm, mms)) {
+                static const char * const kCombine[] = {"", "MOE_COMBINE+ADD+RMS_NORM+MATMUL", "MOE_COMBINE+ADD+RMS_NORM+MATMUL x2",
+                                                        "MOE_COMBINE+ADD+RMS_NORM+MATMUL x3", "MOE_COMBINE+ADD+RMS_NORM+MATMUL x4"};
+                static const char * const kMatmul[] = {"", "MATMUL+ADD+RMS_NORM+MATMUL", "MATMUL+ADD+RMS_NORM+MATMUL x2",
+                                                       "MATMUL+ADD+RMS_NORM+MATMUL x3", "MATMUL+ADD+RMS_NORM+MATMUL x4"};
+                const bool comb = n->op == Op::MOE_COMBINE;
+                l.kind     = comb ? FusedLaunch::Kind::CombineNormMatmul : FusedLaunch::Kind::MatmulNormMatmul;
                 l.count    = 3 + m;
                 l.nodes[1] = add_norm[0];
                 l.nodes[2] = add_norm[1];
-                l.label    = kLabels[m];
+                l.label    = comb ? kCombine[m] : kMatmul[m];
                 skip_[size_t(add_norm[0]->id)] = skip_[size_t(add_norm[1]->id)] = true;  // (computed by this launch)
                 for (int j = 0; j < m; ++j) {
                     l.nodes[3 + j]            = mms[j];
@@ -162,15 +165,15 @@ int FusionPass::add_norm_matmul_at(size_t i, const Tensor ** after) const {
     return add_norm_matmul_supported(*add, *norm, after, count, ctx_) ? count : 0;
 }
 
-// nodes[i] is a MOE_COMBINE read only by the next launching node, an ADD (of it and another row),
+// nodes[i] is a MOE_COMBINE (or a MATMUL) read only by the next launching node, an ADD (of it and another row),
 // whose sum the next launching node after it normalises (RMS_NORM of whole rows, no gate), and the
 // next launching node after that starts a group of MATMULs of that norm that are its only readers,
-// and the matmul layer takes them as op_combine_norm_matmul's launches (combine_norm_matmul_supported)
+// and the matmul layer takes them as op_combine_norm_matmul's (op_matmul_norm_matmul's) launches
 // but not as the norm prologue (add_norm_matmul_supported): the ADD and the norm in add_norm, those
 // MATMULs in `after`, their count; else 0.
-int FusionPass::combine_norm_matmul_at(size_t i, const Tensor ** add_norm, const Tensor ** after) const {
+int FusionPass::producer_norm_matmul_at(size_t i, const Tensor ** add_norm, const Tensor ** after) const {
     const Tensor * comb = nodes_[i];
-    if (comb->op != Op::MOE_COMBINE || uses_[size_t(comb->id)] != 1 || (comb->flags & TENSOR_OUTPUT)) return 0;
+    if ((comb->op != Op::MOE_COMBINE && comb->op != Op::MATMUL) || uses_[size_t(comb->id)] != 1 || (comb->flags & TENSOR_OUTPUT)) return 0;
     const size_t ja = next_launching(i + 1);
     if (ja >= nodes_.size()) return 0;
     const Tensor * add = nodes_[ja];
@@ -180,6 +183,8 @@ int FusionPass::combine_norm_matmul_at(size_t i, const Tensor ** add_norm, const
     const Tensor * norm = nodes_[jn];
     if (norm->op != Op::RMS_NORM || norm->src[0] != add || norm->src[2] || norm->src[3] || skip_[size_t(norm->id)]) return 0;
     const size_t j = next_launching(jn + 1);
+    // (not the matmuls of a fused gate/up + SwiGLU: as consumer of a dense layer's o projection it
+    // measured 1% slower on Qwen3-8B INT4, docs/PERF.md)
     if (j >= nodes_.size() || nodes_[j]->op != Op::MATMUL || nodes_[j]->src[0] != norm || skip_[size_t(nodes_[j]->id)]) return 0;
     const int count = matmul_group(j, after);
     if (uses_[size_t(norm->id)] != count) return 0;
@@ -187,7 +192,9 @@ int FusionPass::combine_norm_matmul_at(size_t i, const Tensor ** add_norm, const
     // launch at the ADD: it measured 3% faster there than the combine's norm half with the matmuls'
     // plain plan (docs/PERF.md, "The combine writes the norm's half").
     if (add_norm_matmul_supported(*add, *norm, after, count, ctx_)) return 0;
-    if (!combine_norm_matmul_supported(*comb, *add, *norm, after, count, ctx_)) return 0;
+    if (comb->op == Op::MOE_COMBINE ? !combine_norm_matmul_supported(*comb, *add, *norm, after, count, ctx_)
+                                    : !matmul_norm_matmul_supported(*comb, *add, *norm, after, count, ctx_))
+        return 0;
     add_norm[0] = add;
     add_norm[1] = norm;
     return count;
@@ -206,8 +213,8 @@ std::vector<int> launch_last_nodes(const Graph & graph, const OpContext & ctx) {
     for (size_t i = 0; i < graph.nodes().size(); ++i) pos[size_t(graph.nodes()[i]->id)] = int(i);
     for (FusedLaunch l; pass.next(l);) {
         using K = FusedLaunch::Kind;
-        if (l.kind != K::AddNormMatmul && l.kind != K::CombineNormMatmul && l.kind != K::RmsNormRopePair && l.kind != K::AttentionNormRope &&
-            l.kind != K::WholeNormRope)
+        if (l.kind != K::AddNormMatmul && l.kind != K::CombineNormMatmul && l.kind != K::MatmulNormMatmul && l.kind != K::RmsNormRopePair &&
+            l.kind != K::AttentionNormRope && l.kind != K::WholeNormRope)
             continue;
         const int end = int(pass.last_position(l));
         for (int j = 0; j < l.count; ++j) last[size_t(pos[size_t(l.nodes[j]->id)])] = end;

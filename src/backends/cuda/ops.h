@@ -116,6 +116,14 @@ bool combine_norm_matmul_supported(const Tensor & comb, const Tensor & add, cons
                                    const OpContext & ctx, bool with_addresses = false);
 void op_combine_norm_matmul(const Tensor & comb, const Tensor & add, const Tensor & norm, const Tensor * const * mms, int count,
                             const OpContext & ctx);
+// The same with a MATMUL `mm` (one weight, one tensor-core GEMV launch of whole K per block, at most
+// 256 blocks: a dense layer's down projection before the next layer's q / k / v) as the producer: its epilogue adds the residual and
+// writes the sum, the norm's weighted row and a sum of squares per block; mm's own output is not
+// written (its only reader is the ADD; the parts go there).
+bool matmul_norm_matmul_supported(const Tensor & mm, const Tensor & add, const Tensor & norm, const Tensor * const * mms, int count,
+                                  const OpContext & ctx, bool with_addresses = false);
+void op_matmul_norm_matmul(const Tensor & mm, const Tensor & add, const Tensor & norm, const Tensor * const * mms, int count,
+                           const OpContext & ctx);
 // Host-side upload and device repack of one weight (INT4 transpose, act-order sort, ...). Device
 // buffers are allocated with `alloc` (owned by the caller). Synchronises the stream.
 DeviceWeight upload_weight(const QWeight & host, void * (*alloc)(void * owner, size_t bytes), void * owner, cudaStream_t stream);

@@ -314,6 +314,11 @@ __device__ __forceinline__ float & gemv_row_scale_slot() {
     __shared__ float inv;
     return inv;
 }
+// GemvArgs::produce: the per-warp sums of squares of the block's results (PN instantiations).
+__device__ __forceinline__ float * gemv_produce_scratch() {
+    __shared__ float ss[kGemvThreads / 32];
+    return ss;
+}
 
 // Power-of-two scale from the max |x| bits: max * s in [2^14, 2^15); s and 1 / s normal. Returns the
 // exponent (s = 2^p); an all-zero block: 0.
@@ -427,14 +432,18 @@ struct GemvMmaWarpSplit {
 // a multi-weight launch, never the one-wave variant: its own instantiation, so that the others
 // compile as they would without it). XE: a MATMUL_ID whose activations are converted before the
 // PDL wait (GemvArgs::x_early; its own instantiations likewise). RS: the 1 / rms of a producer's norm
-// applied in the epilogue (GemvArgs::rs; one row of plain weights, its own instantiation: a runtime
-// switch in the plain kernels measured 3% slower on MiniMax-M2 and Qwen3-30B-A3B).
-template <class F, int R, bool GLU, bool WAVE = false, bool NORM = false, bool XE = false, bool RS = false>
+// applied in the epilogue (GemvArgs::rs, a GemvRowScaleForm: the parts in warp 0's registers or
+// through shared memory; one row of plain weights; its own instantiations: a
+// runtime switch in the plain kernels measured 3% slower on MiniMax-M2 and Qwen3-30B-A3B). PN: the residual
+// ADD and the next norm's half in the epilogue (GemvArgs::produce; one row of one plain weight, no K
+// split; its own instantiation likewise).
+template <class F, int R, bool GLU, bool WAVE = false, bool NORM = false, bool XE = false, int RS = kRowScaleNone, bool PN = false>
 __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) gemv_mma_kernel(const GemvArgs a) {
     static_assert(!WAVE || R == 1, "the one-wave variant is for one activation row");
     static_assert(!NORM || (R == 1 && !GLU && !WAVE), "the norm prologue is for one row of plain weights");
     static_assert(!XE || (R == 1 && !NORM), "early activations are a MATMUL_ID's (one row, no norm)");
-    static_assert(!RS || (R == 1 && !GLU && !WAVE && !NORM && !XE), "the producer's 1 / rms is for one row of plain weights");
+    static_assert(RS == kRowScaleNone || (R == 1 && !GLU && !WAVE && !NORM && !XE), "the producer's 1 / rms is for one row of plain weights");
+    static_assert(!PN || (R == 1 && !GLU && !WAVE && !NORM && !XE && RS == kRowScaleNone), "the norm's producer is one row of one plain weight");
     constexpr int NW     = GLU ? 2 : 1;
     constexpr int U      = gemv_mma_tiles(NW);  // row tiles per weight
     constexpr int T      = U * NW;              // tiles per step (index t = i * U + u)
@@ -673,14 +682,29 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
         if (a.norm.w != nullptr)
             for (int64_t i = int64_t(threadIdx.x) * 32; i < a.k; i += int64_t(kGemvThreads) * 32) ptx::prefetch_l2(a.norm.w + i);
     if (a.table[0] == nullptr || a.ids_early) pdl::wait();
-    // (GemvArgs::rs) the producer's sums of squares, a lane each of warp 0: requested now through L2
-    // (written by the previous kernel), summed only before the epilogue.
+    // (GemvArgs::rs) the producer's sums of squares, requested now through L2 by warp 0 (written by
+    // the previous kernel), summed only before the epilogue.
     float rs_part[2] = {0.0f, 0.0f};
-    if constexpr (RS)
+    if constexpr (RS == kRowScaleLanes)
         if (warp == 0)
 #pragma unroll
             for (int h = 0; h < 2; ++h)
                 if (lane + 32 * h < a.rs.n_parts) rs_part[h] = __ldcg(a.rs.parts + lane + 32 * h);
+    if constexpr (RS == kRowScaleShared)
+        if (warp == 0) {  // (cp.async: through L2, into shared memory; no registers held by the main loop)
+            uint4 * copy = reinterpret_cast<uint4 *>(reinterpret_cast<char *>(gemv_mma_smem_buf) + a.rs.smem_offset);
+            for (int c = lane; 4 * c < a.rs.n_parts; c += 32) ptx::cp_async_16(copy + c, a.rs.parts + 4 * c, true);
+            ptx::cp_async_commit();
+        }
+    // (PN) this thread's row of the epilogue (rows_per_block <= the block's threads): its residual and
+    // norm weight requested now, not after the main loop.
+    float pn_r = 0.0f, pn_w = 1.0f;
+    if constexpr (PN)
+        if (int(threadIdx.x) < rows_per_block && tile_n0 + int64_t(threadIdx.x) < N) {
+            const int64_t n = tile_n0 + int64_t(threadIdx.x);
+            pn_r            = __ldcg(a.produce.resid + n);
+            if (a.produce.w) pn_w = a.produce.zero_centered ? 1.0f + a.produce.w[n] : a.produce.w[n];
+        }
     if constexpr (!XE) split_x();
     // (step trace builds, step_trace.cuh: after the wait, which the mark needs; WS: the first steps'
     // elements requested; XE: converted before the wait, marked here)
@@ -716,9 +740,16 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
                 if (col < P) red[((warp * T + t) * 16 + row) * P + col] = acc[t][nb][e];
             }
     }
-    if constexpr (RS)
-        if (warp == 0) {  // (a butterfly: every block gets the same bits)
-            const float ss = warp_sum(rs_part[0] + rs_part[1]);
+    if constexpr (RS != kRowScaleNone)
+        if (warp == 0) {  // (each lane its parts in order, then a butterfly: every block gets the same bits, either form)
+            float part = rs_part[0] + rs_part[1];
+            if constexpr (RS == kRowScaleShared) {
+                ptx::cp_async_wait<0>();
+                __syncwarp();
+                const float * parts = reinterpret_cast<const float *>(reinterpret_cast<const char *>(gemv_mma_smem_buf) + a.rs.smem_offset);
+                for (int i = lane; i < a.rs.n_parts; i += 32) part += parts[i];
+            }
+            const float ss = warp_sum(part);
             if (lane == 0) gemv_row_scale_slot() = 1.0f / sqrtf(ss / float(a.k) + a.rs.eps);
         }
     __syncthreads();
@@ -727,6 +758,7 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
     // One thread per (output row of the block, activation row): K-warps in order, hi + lo.
     const int   rows    = a.table[0] != nullptr ? 1 : a.rows;
     const float ffac[2] = {F::final_factor(w[0]), F::final_factor(w[NW - 1])};
+    float       pn_ss   = 0.0f;  // (PN) this thread's sums' squares
     for (int idx = int(threadIdx.x); idx < rows_per_block * rows; idx += kGemvThreads) {
         const int     nl = idx % rows_per_block, r = idx / rows_per_block;
         const int64_t n  = tile_n0 + nl;
@@ -748,13 +780,19 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
 #pragma unroll
             for (int i = 0; i < NW; ++i) v[i] *= inv;
         }
-        if constexpr (RS) {  // (before the K split's sum, as the norm's factor above)
+        if constexpr (RS != kRowScaleNone) {  // (before the K split's sum, as the norm's factor above)
             const float inv = gemv_row_scale_slot();
 #pragma unroll
             for (int i = 0; i < NW; ++i) v[i] *= inv;
         }
         const int64_t row = out_row0 + r;
-        if (a.partial == nullptr) {
+        if constexpr (PN) {  // the ADD's sum and the norm's weighted row instead of y (one row, no K split)
+            const GemvNormOut & po = a.produce;  // (idx == threadIdx.x: one row a thread, pn_r / pn_w its row's)
+            const float         s  = __fadd_rn(v[0], pn_r);  // (not contracted: the separate ADD's bits)
+            po.sum[n]              = s;
+            po.z[n]                = s * pn_w;
+            pn_ss                  = fmaf(s, s, pn_ss);
+        } else if (a.partial == nullptr) {
             if constexpr (GLU)
                 mt.y[row * N + n] = silu(v[0]) * v[1];
             else
@@ -764,15 +802,27 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
             for (int i = 0; i < NW; ++i) a.partial[((int64_t(blockIdx.y) * NW + i) * a.out_rows + row) * a.n + mt.row_off + n] = v[i];
         }
     }
+    if constexpr (PN) {  // the block's part: the warps' butterflies, then the warps in order
+        const float t = warp_sum(pn_ss);
+        if (lane == 0) gemv_produce_scratch()[warp] = t;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float ss = 0.0f;
+#pragma unroll
+            for (int i = 0; i < kWarps; ++i) ss += gemv_produce_scratch()[i];
+            a.produce.parts[blockIdx.x] = ss;
+        }
+        return trace::mark(trace::kEnd);
+    }
     if (a.partial == nullptr) return trace::mark(trace::kEnd);
     gemv_splitk_finish<GLU>(a, tile_n0, rows_per_block, rows, out_row0, mt);
     trace::mark(trace::kEnd);
 }
 
 #ifdef __CUDACC__
-template <class F, int R, bool GLU, bool WAVE = false, bool NORM = false, bool XE = false, bool RS = false>
+template <class F, int R, bool GLU, bool WAVE = false, bool NORM = false, bool XE = false, int RS = kRowScaleNone, bool PN = false>
 void gemv_mma_launch_one(const GemvArgs & a, dim3 grid, int smem, cudaStream_t s) {
-    auto             kernel = gemv_mma_kernel<F, R, GLU, WAVE, NORM, XE, RS>;
+    auto             kernel = gemv_mma_kernel<F, R, GLU, WAVE, NORM, XE, RS, PN>;
     static SmemLimit limit;  // (plan_gemv stays under the device's opt-in maximum)
     raise_smem_limit(reinterpret_cast<const void *>(kernel), smem, limit);
     launch_kernel(kernel, grid, dim3(kGemvThreads), size_t(smem), s, a.pdl != 0, a);
@@ -787,7 +837,16 @@ void gemv_mma_launch(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, int sm
     if (a.rs.parts != nullptr) {  // (op_combine_norm_matmul plans only this form)
         if (r_tmpl != 1 || glu || a.mma_wave || a.table[0] != nullptr)
             fail(SPARK_ERR_INTERNAL, "gemv: the producer's 1 / rms takes one row of plain weights");
-        return gemv_mma_launch_one<F, 1, false, false, false, false, true>(a, grid, smem, s);
+        if (gemv_row_scale_form(a.rs.n_parts) == kRowScaleLanes)
+            return gemv_mma_launch_one<F, 1, false, false, false, false, kRowScaleLanes>(a, grid, smem, s);
+        GemvArgs b       = a;
+        b.rs.smem_offset = gemv_row_scale_offset(smem);
+        return gemv_mma_launch_one<F, 1, false, false, false, false, kRowScaleShared>(b, grid, gemv_row_scale_smem(smem), s);
+    }
+    if (a.produce.resid != nullptr) {  // (one row of one plain weight, no K split)
+        if (r_tmpl != 1 || glu || a.mma_wave || a.table[0] != nullptr || a.n_mats > 1 || grid.y != 1 || grid.z != 1)
+            fail(SPARK_ERR_INTERNAL, "gemv: the norm's producer is one row of one plain weight, no K split");
+        return gemv_mma_launch_one<F, 1, false, false, false, false, kRowScaleNone, true>(a, grid, smem, s);
     }
     if (a.x_early) {  // (plan_moe_launch sets it only for MATMUL_IDs, whose launches take one row)
         if (r_tmpl != 1 || a.table[0] == nullptr) fail(SPARK_ERR_INTERNAL, "gemv: early activations are a MATMUL_ID's, one row");

@@ -139,6 +139,7 @@ void run_gemv(const Dense & d, const LaunchPlan & lp, Scratch & scratch, const O
         a.pdl              = pdl_enabled();
         a.norm             = d.norm;  // (rows <= 8: one batch)
         a.rs               = d.rs;
+        a.produce          = d.produce;
         a.y                = d.y + b0 * N;
         gemv_split(a, p, s, ctx);
         gemv_launch_fmt(w.format, p, d.nw == 2, a, ctx.stream);
@@ -730,6 +731,71 @@ bool combine_norm_matmul_supported(const Tensor & comb, const Tensor & add, cons
     return mm::combine_norm_refusal(comb, add, norm, mms, count, ctx, with_addresses, d, mu) == nullptr;
 }
 
+namespace mm {
+namespace {
+
+// The reason the MATMUL `mm`, the ADD of its output, the RMS_NORM `norm` of that sum and `mms` cannot
+// run as op_matmul_norm_matmul's two launches, or nullptr (bound: as add_norm_refusal). The fusion
+// pass has checked that mm's output and the norm have no other readers. prod: the producer.
+const char * matmul_norm_refusal(const Tensor & mm, const Tensor & add, const Tensor & norm, const Tensor * const * mms, int count,
+                                 const OpContext & ctx, bool bound, Dense & prod, Dense & d, Multi & mu) {
+    if (overrides().combine_norm == 0) return "SPARK_COMBINE_NORM=0";
+    if (mm.op != Op::MATMUL || !mm.weight || add.op != Op::ADD || norm.op != Op::RMS_NORM || norm.src[0] != &add || norm.src[2] ||
+        norm.src[3])
+        return "nodes";
+    if ((add.src[0] == &mm) == (add.src[1] == &mm)) return "the ADD does not add the matmul to another row";
+    if ((mm.flags | norm.flags) & TENSOR_OUTPUT) return "the matmul or the norm is an output (neither is written)";
+    if (count < 1 || count > kGemvMaxMats || !ctx.props) return "count";
+    const Tensor & r = add.src[0] == &mm ? *add.src[1] : *add.src[0];
+    const Tensor & x = *mm.src[0];
+    const int64_t  K = add.ne[0];
+    for (const Tensor * t : {&mm, &r, &add, &norm, &x})
+        if (!f32_rows(*t) || t->nrows() != 1) return "one row";
+    for (const Tensor * t : {&mm, &r, &add, &norm})
+        if (t->ne[0] != K || !t->is_contiguous()) return "row width";
+    const DeviceWeight & w = device_weight(*mm.weight);
+    if (w.n != K || w.perm) return "weight";
+    // The producer: one tensor-core GEMV launch of whole K per block, at most kGemvMaxScaleParts blocks.
+    prod.w[0]   = &w;
+    prod.x      = dense_rows(x);
+    prod.rows   = 1;
+    prod.prompt = ctx.prompt_step;
+    if (!bound) prod.x.base = nullptr;
+    const OpPlan pp = plan_dense(prod, *ctx.props);
+    if (pp.unfused || pp.x_copy || pp.ids_copy || !one_mma_launch(pp.launch[0], 1)) return "the producer is not one tensor-core GEMV";
+    const GemvPlan & gp = pp.launch[0].gemv_for(1);
+    if (gp.ksplit != 1 || gp.grid.x > unsigned(kGemvMaxScaleParts) || int64_t(gp.grid.x) > K) return "the producer's plan (K split, blocks)";
+    if (const char * why = norm_matmuls_refusal(norm, mms, count, K, ctx, bound, false, d, mu)) return why;
+    if (!bound) return nullptr;
+    const Tensor * nw = norm.src[1];
+    // The producer reads x and r and writes the sum, the weighted row and, over its own output, the
+    // parts (16-byte aligned, and readable in 16-byte copies: its K >= 4 x ceil(blocks / 4) floats).
+    if (!aligned16(mm.data) || int64_t(gp.grid.x + 3) / 4 * 4 > K) return "alignment";
+    const Tensor * outs[3 + kGemvMaxMats] = {&mm, &add, &norm};
+    int            n_out                  = 3;
+    for (int i = 0; i < count; ++i) outs[n_out++] = mms[i];
+    for (int i = 0; i < n_out; ++i) {
+        if (overlaps(*outs[i], x) || overlaps(*outs[i], r) || (nw && overlaps(*outs[i], *nw))) return "an output overlaps an input";
+        for (int j = 0; j < i; ++j)
+            if (overlaps(*outs[i], *outs[j])) return "outputs overlap";
+    }
+    prod.produce.resid         = static_cast<const float *>(r.data);
+    prod.produce.sum           = static_cast<float *>(add.data);
+    prod.produce.z             = static_cast<float *>(norm.data);
+    prod.produce.w             = nw ? static_cast<const float *>(nw->data) : nullptr;
+    prod.produce.zero_centered = norm.ip[0];
+    prod.produce.parts         = static_cast<float *>(mm.data);
+    prod.y                     = static_cast<float *>(mm.data);
+    GemvRowScale & rs = count == 1 ? d.rs : mu.rs;
+    rs.parts          = static_cast<const float *>(mm.data);
+    rs.n_parts        = int32_t(gp.grid.x);
+    rs.eps            = norm.fp[0];
+    return nullptr;
+}
+
+}  // namespace
+}  // namespace mm
+
 void op_combine_norm_matmul(const Tensor & comb, const Tensor & add, const Tensor & norm, const Tensor * const * mms, int count,
                             const OpContext & ctx) {
     mm::Dense d;
@@ -741,6 +807,26 @@ void op_combine_norm_matmul(const Tensor & comb, const Tensor & add, const Tenso
     // The sums of squares go over the combine's output, which nothing else reads: the memory plan
     // keeps it apart from the launch's outputs until its last matmul (launch_last_nodes).
     launch_combine_norm(comb, add, norm, static_cast<float *>(comb.data), ctx);
+    mm::run_norm_matmuls(d, mu, mms, count, ctx);
+}
+
+bool matmul_norm_matmul_supported(const Tensor & mm, const Tensor & add, const Tensor & norm, const Tensor * const * mms, int count,
+                                  const OpContext & ctx, bool with_addresses) {
+    mm::Dense prod, d;
+    mm::Multi mu;
+    return mm::matmul_norm_refusal(mm, add, norm, mms, count, ctx, with_addresses, prod, d, mu) == nullptr;
+}
+
+void op_matmul_norm_matmul(const Tensor & mm, const Tensor & add, const Tensor & norm, const Tensor * const * mms, int count,
+                           const OpContext & ctx) {
+    mm::Dense prod, d;
+    mm::Multi mu;
+    if (mm::matmul_norm_refusal(mm, add, norm, mms, count, ctx, true, prod, d, mu) != nullptr) {  // the nodes' own launches
+        op_matmul(mm, ctx);
+        return op_add_norm_matmul(add, norm, mms, count, ctx);
+    }
+    // The parts go over the matmul's own output, which nothing else reads (as the combine's above).
+    mm::exec_dense(prod, ctx);
     mm::run_norm_matmuls(d, mu, mms, count, ctx);
 }
 

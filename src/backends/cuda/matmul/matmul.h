@@ -198,15 +198,40 @@ struct GemvNorm {
 
 // The RMS_NORM whose weighted rows a producer wrote (the fused MOE_COMBINE + ADD + RMS_NORM launch,
 // ops.h: op_combine_norm_matmul): the activations are x = (a + b) * w, and the producer's blocks
-// wrote the sums of squares of a + b in parts[0 .. n_parts) (one row; a lane of warp 0 reads
-// parts lane and lane + 32, summed by a butterfly). Each result is multiplied by
+// wrote the sums of squares of a + b in parts[0 .. n_parts) (one row; warp 0 copies them to shared
+// memory after its wait, 16 bytes a copy: parts is 16-byte aligned and readable up to a multiple of
+// 4 floats; each lane sums its eighth in order, then a butterfly). Each result is multiplied by
 // 1 / sqrt(sum(parts) / k + eps) in the epilogue: no block reduces the row itself, and no launch
 // sits between the producer and this GEMV. MMA kernel, one activation row; parts == nullptr: none.
-constexpr int kGemvMaxScaleParts = 64;
+constexpr int kGemvMaxScaleParts = 256;
 struct GemvRowScale {
     const float * parts   = nullptr;
     int32_t       n_parts = 0;  // <= kGemvMaxScaleParts
     float         eps     = 0.0f;
+    int32_t       smem_offset = 0;  // where the parts' copy goes in the dynamic shared memory (set by the launcher)
+};
+// Where the GEMV's warp 0 gathers the parts: two in each lane's registers (up to 64: the combine's
+// parts, with no copy, as measured before the shared form existed) or copied to shared memory (a
+// GEMV producer's 96-256 blocks).
+enum GemvRowScaleForm : int { kRowScaleNone = 0, kRowScaleLanes = 1, kRowScaleShared = 2 };
+constexpr int              kGemvLaneScaleParts = 64;
+constexpr GemvRowScaleForm gemv_row_scale_form(int n_parts) { return n_parts <= kGemvLaneScaleParts ? kRowScaleLanes : kRowScaleShared; }
+// The dynamic shared memory of a launch of the shared form: the plan's, then room for the parts' copy.
+constexpr int gemv_row_scale_offset(int smem) { return (smem + 15) / 16 * 16; }
+constexpr int gemv_row_scale_smem(int smem) { return gemv_row_scale_offset(smem) + kGemvMaxScaleParts * 4; }
+
+// The residual ADD after a matmul and the producer's half of the RMS_NORM of that sum (MMA kernel,
+// one row of one plain weight, no K split): each result y[n] becomes sum[n] = y[n] + resid[n]
+// (the ADD's output), z[n] = sum[n] * w[n] (1 + w[n]: zero_centered; the norm's weighted row, which
+// a GEMV with GemvArgs::rs reads) and each block writes the sum of its sums' squares to
+// parts[blockIdx.x]; y itself is not written. resid == nullptr: none.
+struct GemvNormOut {
+    const float * resid = nullptr;
+    float *       sum   = nullptr;
+    float *       z     = nullptr;
+    const float * w     = nullptr;  // (nullptr: no weight)
+    int32_t       zero_centered = 0;
+    float *       parts = nullptr;
 };
 
 struct GemvArgs {
@@ -263,6 +288,8 @@ struct GemvArgs {
     GemvNorm norm;
     // The 1 / rms of a norm whose weighted rows x holds (MMA kernel, one row).
     GemvRowScale rs;
+    // The residual ADD and the next norm's half after the matmul (MMA kernel, one row, one weight).
+    GemvNormOut produce;
     // Multi-weight launch (n_mats > 1; plain MATMUL, nw = 1, one activation set): weight m = w[m]
     // has mat_n[m] rows, written to mat_y[m] [rows][mat_n[m]], and owns the blocks x in
     // [mat_tile0[m], mat_tile0[m + 1]). n is the sum of mat_n (split-K partials are laid out over the

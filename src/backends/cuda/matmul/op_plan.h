@@ -79,6 +79,8 @@ struct Dense {
     bool     norm_prologue = false;
     // The 1 / rms of the norm whose weighted rows x holds (op_combine_norm_matmul; one MMA launch).
     GemvRowScale rs;
+    // The residual ADD and the next norm's half after the matmul (op_matmul_norm_matmul; one MMA launch).
+    GemvNormOut produce;
 };
 
 // MATMUL_ID, or its fused gate/up + SwiGLU (nw = 2): every (slot, token) pair's expert.
