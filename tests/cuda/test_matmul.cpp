@@ -1607,6 +1607,40 @@ TEST_CASE("matmul: op_add_norm_matmul (residual add + RMS_NORM inside the GEMV) 
     tc.ctx.prompt_step = false;
 }
 
+// The fused norm launches' results (op_combine_norm_matmul, op_matmul_norm_matmul), each run's
+// [sum, outputs...]: the sum equals the separate launches' bit for bit, the outputs theirs within
+// kGemv (the GEMV multiplies each result by 1 / rms instead of each activation, from sums of squares
+// added in another order), a rerun is bit-identical, and the outputs are the host's within kGemv:
+// the sum the GPU wrote, the norm as the CPU backend computes it (norm weight nw or none; zc: 1 + w),
+// the matmuls in double.
+// A fused norm launch's results as check_norm_half takes them: [sum, outputs...].
+std::vector<std::vector<float>> sum_and_outputs(spark::Backend & be, const Tensor & sum, const std::vector<Tensor *> & ys) {
+    std::vector<std::vector<float>> got = {download(be, sum)};
+    for (const Tensor * t : ys) got.push_back(download(be, *t));
+    return got;
+}
+
+void check_norm_half(const std::vector<std::vector<float>> & fused, const std::vector<std::vector<float>> & again,
+                     const std::vector<std::vector<float>> & apart, int64_t rows, int64_t k, const std::vector<float> * nw, bool zc,
+                     const std::vector<std::vector<float>> & refw, const std::vector<Tensor *> & ys) {
+    CHECK(std::memcmp(fused[0].data(), apart[0].data(), fused[0].size() * 4) == 0);
+    for (size_t i = 1; i < fused.size(); ++i) {
+        CHECK(nmse_of(fused[i], std::vector<double>(apart[i].begin(), apart[i].end())) <= kGemv);
+        CHECK(std::memcmp(fused[i].data(), again[i].data(), fused[i].size() * 4) == 0);
+    }
+    std::vector<float> hn(size_t(rows * k));
+    for (int64_t r = 0; r < rows; ++r) {
+        double ss = 0;
+        for (int64_t i = 0; i < k; ++i) ss += double(fused[0][size_t(r * k + i)]) * fused[0][size_t(r * k + i)];
+        const float inv = 1.0f / std::sqrt(float(ss / double(k)) + 1e-6f);
+        for (int64_t i = 0; i < k; ++i) {
+            const float g         = nw ? (zc ? 1.0f + (*nw)[size_t(i)] : (*nw)[size_t(i)]) : 1.0f;
+            hn[size_t(r * k + i)] = fused[0][size_t(r * k + i)] * inv * g;
+        }
+    }
+    for (size_t i = 0; i < ys.size(); ++i) CHECK(nmse_of(fused[1 + i], reference(hn, rows, refw[i], ys[i]->ne[0], k)) <= kGemv);
+}
+
 // ---- op_combine_norm_matmul: the MoE combine writes the norm's half, the GEMV applies its 1 / rms ------
 TEST_CASE("matmul: op_combine_norm_matmul (the combine + residual + norm's sums, the 1 / rms in the GEMV) matches the separate launches") {
     // The MoE combine (k slots, the shared expert or not), the residual ADD of its output, the norm of
@@ -1689,29 +1723,10 @@ TEST_CASE("matmul: op_combine_norm_matmul (the combine + residual + norm's sums,
                 spark::cuda::op_matmul_multi(after.data(), int(after.size()), tc.ctx);
             }
             REQUIRE(cudaStreamSynchronize(tc.stream) == cudaSuccess);
-            std::vector<std::vector<float>> got = {download(be, *sum)};
-            for (Tensor * t : ys) got.push_back(download(be, *t));
-            return got;
+            return sum_and_outputs(be, *sum, ys);
         };
         const auto fused = run(true), again = run(true), apart = run(false);
-        CHECK(std::memcmp(fused[0].data(), apart[0].data(), fused[0].size() * 4) == 0);
-        for (size_t i = 1; i < fused.size(); ++i) {
-            CHECK(nmse_of(fused[i], std::vector<double>(apart[i].begin(), apart[i].end())) <= kGemv);
-            CHECK(std::memcmp(fused[i].data(), again[i].data(), fused[i].size() * 4) == 0);
-        }
-        // The host: the sum the GPU wrote (checked above against the separate launches), the norm
-        // as the CPU backend computes it, then the matmuls in double.
-        std::vector<float> hn(size_t(rows * k));
-        for (int64_t r = 0; r < rows; ++r) {
-            double ss = 0;
-            for (int64_t i = 0; i < k; ++i) ss += double(fused[0][size_t(r * k + i)]) * fused[0][size_t(r * k + i)];
-            const float inv = 1.0f / std::sqrt(float(ss / double(k)) + 1e-6f);
-            for (int64_t i = 0; i < k; ++i) {
-                const float g = c.weighted ? (c.zc ? 1.0f + nv[size_t(i)] : nv[size_t(i)]) : 1.0f;
-                hn[size_t(r * k + i)] = fused[0][size_t(r * k + i)] * inv * g;
-            }
-        }
-        for (size_t i = 0; i < ys.size(); ++i) CHECK(nmse_of(fused[1 + i], reference(hn, rows, refw[i], ys[i]->ne[0], k)) <= kGemv);
+        check_norm_half(fused, again, apart, rows, k, c.weighted ? &nv : nullptr, c.zc, refw, ys);
     }
 }
 
@@ -1791,32 +1806,15 @@ TEST_CASE("matmul: op_matmul_norm_matmul (the down projection + residual + norm'
                 spark::cuda::op_matmul_multi(after.data(), int(after.size()), tc.ctx);
             }
             REQUIRE(cudaStreamSynchronize(tc.stream) == cudaSuccess);
-            std::vector<std::vector<float>> got = {download(be, *sum)};
-            for (Tensor * t : ys) got.push_back(download(be, *t));
-            return got;
+            return sum_and_outputs(be, *sum, ys);
         };
         const auto fused = run(true), again = run(true), apart = run(false);
-        CHECK(std::memcmp(fused[0].data(), apart[0].data(), fused[0].size() * 4) == 0);
-        for (size_t i = 1; i < fused.size(); ++i) {
-            CHECK(nmse_of(fused[i], std::vector<double>(apart[i].begin(), apart[i].end())) <= kGemv);
-            CHECK(std::memcmp(fused[i].data(), again[i].data(), fused[i].size() * 4) == 0);
-        }
-        // The host: the down projection plus the residual, the norm as the CPU backend computes it, the matmuls.
+        check_norm_half(fused, again, apart, rows, k, c.weighted ? &nv : nullptr, c.zc, refw, ys);
+        // ... and the sum the host's: the down projection plus the residual.
         const std::vector<double> dn = reference(xv, rows, dref, k, k_in);
         std::vector<double>       hs(dn.size());
         for (size_t i = 0; i < dn.size(); ++i) hs[i] = dn[i] + rv[i];
         CHECK(nmse_of(fused[0], hs) <= kGemv);
-        std::vector<float> hn(size_t(rows * k));
-        for (int64_t r = 0; r < rows; ++r) {
-            double ss = 0;
-            for (int64_t i = 0; i < k; ++i) ss += double(fused[0][size_t(r * k + i)]) * fused[0][size_t(r * k + i)];
-            const float inv = 1.0f / std::sqrt(float(ss / double(k)) + 1e-6f);
-            for (int64_t i = 0; i < k; ++i) {
-                const float g = c.weighted ? (c.zc ? 1.0f + nv[size_t(i)] : nv[size_t(i)]) : 1.0f;
-                hn[size_t(r * k + i)] = fused[0][size_t(r * k + i)] * inv * g;
-            }
-        }
-        for (size_t i = 0; i < ys.size(); ++i) CHECK(nmse_of(fused[1 + i], reference(hn, rows, refw[i], ys[i]->ne[0], k)) <= kGemv);
     }
 }
 
