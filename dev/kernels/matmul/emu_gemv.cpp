@@ -219,45 +219,19 @@ void run_any(WeightFormat f, bool int4_zeros, int r_tmpl, bool glu, const GemvAr
     }
 }
 
+template <class F, int R, bool GLU, bool WAVE, bool NORM, bool XE, int RS, bool PN>
+void run_mma_variant(GemvMmaVariant<R, GLU, WAVE, NORM, XE, RS, PN>, const GemvArgs & a, dim3 grid, int smem) {
+    emu::launch(grid, dim3(kGemvThreads), size_t(smem), [&] { gemv_mma_kernel<F, R, GLU, WAVE, NORM, XE, RS, PN>(a); }, rng());
+}
+
+// The instantiation the GPU's launcher would take (gemv_mma_select), on the emulator.
 template <class F>
 void run_mma_kernel(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, int smem) {
-    const dim3 block(kGemvThreads);
-    auto       go = [&](auto kernel) { emu::launch(grid, block, size_t(smem), [&] { kernel(a); }, rng()); };
-    if (a.norm.a != nullptr) {  // (as gemv_mma_launch)
-        if (r_tmpl != 1 || glu || a.mma_wave) std::abort();
-        return go(gemv_mma_kernel<F, 1, false, false, true>);
-    }
-    if (a.produce.resid != nullptr) {  // (as gemv_mma_launch)
-        if (r_tmpl != 1 || glu || a.mma_wave || a.table[0] != nullptr || a.n_mats > 1 || grid.y != 1) std::abort();
-        return go(gemv_mma_kernel<F, 1, false, false, false, false, kRowScaleNone, true>);
-    }
-    if (a.rs.parts != nullptr) {  // (as gemv_mma_launch)
-        if (r_tmpl != 1 || glu || a.mma_wave || a.table[0] != nullptr) std::abort();
-        if (gemv_row_scale_form(a.rs.n_parts) == kRowScaleLanes) return go(gemv_mma_kernel<F, 1, false, false, false, false, kRowScaleLanes>);
-        GemvArgs b       = a;
-        b.rs.smem_offset = gemv_row_scale_offset(smem);
-        return emu::launch(grid, block, size_t(gemv_row_scale_smem(smem)),
-                           [&] { gemv_mma_kernel<F, 1, false, false, false, false, kRowScaleShared>(b); }, rng());
-    }
-    if (a.x_early) {  // (as gemv_mma_launch)
-        if (r_tmpl != 1 || a.table[0] == nullptr) std::abort();
-        if (a.mma_wave) return glu ? go(gemv_mma_kernel<F, 1, true, true, false, true>) : go(gemv_mma_kernel<F, 1, false, true, false, true>);
-        return glu ? go(gemv_mma_kernel<F, 1, true, false, false, true>) : go(gemv_mma_kernel<F, 1, false, false, false, true>);
-    }
-    if (a.mma_wave && r_tmpl == 1)  // (as gemv_mma_launch)
-        return glu ? go(gemv_mma_kernel<F, 1, true, true>) : go(gemv_mma_kernel<F, 1, false, true>);
-    switch (r_tmpl * 2 + glu) {
-        case 2: go(gemv_mma_kernel<F, 1, false>); break;
-        case 3: go(gemv_mma_kernel<F, 1, true>); break;
-        case 4: go(gemv_mma_kernel<F, 2, false>); break;
-        case 5: go(gemv_mma_kernel<F, 2, true>); break;
-        case 6: go(gemv_mma_kernel<F, 3, false>); break;
-        case 7: go(gemv_mma_kernel<F, 3, true>); break;
-        case 8: go(gemv_mma_kernel<F, 4, false>); break;
-        case 9: go(gemv_mma_kernel<F, 4, true>); break;
-        case 16: go(gemv_mma_kernel<F, 8, false>); break;
-        case 17: go(gemv_mma_kernel<F, 8, true>); break;
-        default: std::abort();
+    const char * why =
+        gemv_mma_select(r_tmpl, glu, a, grid, smem, [&](auto variant, const GemvArgs & args, int bytes) { run_mma_variant<F>(variant, args, grid, bytes); });
+    if (why != nullptr) {
+        std::fprintf(stderr, "%s\n", why);
+        std::abort();
     }
 }
 

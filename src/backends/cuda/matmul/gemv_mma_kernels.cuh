@@ -819,9 +819,56 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
     trace::mark(trace::kEnd);
 }
 
+// One instantiation of gemv_mma_kernel, as a tag (gemv_mma_select).
+template <int R, bool GLU, bool WAVE = false, bool NORM = false, bool XE = false, int RS = kRowScaleNone, bool PN = false>
+struct GemvMmaVariant {};
+
+// The instantiation a launch of `a` takes, with the arguments and dynamic shared memory it runs with:
+// go(GemvMmaVariant<...>{}, args, smem_bytes). The one choice of the GPU's launcher and the CPU
+// emulator's (dev/kernels/matmul), so that the emulator runs what the GPU runs. Returns the reason
+// no instantiation fits (the plan asked for a form the kernel has not), or nullptr.
+template <class Go>
+const char * gemv_mma_select(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, int smem, Go && go) {
+    if (a.norm.a != nullptr) {  // (op_add_norm_matmul plans only this form)
+        if (r_tmpl != 1 || glu || a.mma_wave) return "gemv: the norm prologue takes one row of plain weights";
+        return go(GemvMmaVariant<1, false, false, true>{}, a, smem), nullptr;
+    }
+    if (a.rs.parts != nullptr) {  // (op_combine_norm_matmul, op_matmul_norm_matmul plan only this form)
+        if (r_tmpl != 1 || glu || a.mma_wave || a.table[0] != nullptr) return "gemv: the producer's 1 / rms takes one row of plain weights";
+        if (gemv_row_scale_form(a.rs.n_parts) == kRowScaleLanes)
+            return go(GemvMmaVariant<1, false, false, false, false, kRowScaleLanes>{}, a, smem), nullptr;
+        GemvArgs b       = a;
+        b.rs.smem_offset = gemv_row_scale_offset(smem);
+        return go(GemvMmaVariant<1, false, false, false, false, kRowScaleShared>{}, b, gemv_row_scale_smem(smem)), nullptr;
+    }
+    if (a.produce.resid != nullptr) {  // (one row of one plain weight, no K split)
+        if (r_tmpl != 1 || glu || a.mma_wave || a.table[0] != nullptr || a.n_mats > 1 || grid.y != 1 || grid.z != 1)
+            return "gemv: the norm's producer is one row of one plain weight, no K split";
+        return go(GemvMmaVariant<1, false, false, false, false, kRowScaleNone, true>{}, a, smem), nullptr;
+    }
+    if (a.x_early) {  // (plan_moe_launch sets it only for MATMUL_IDs, whose launches take one row)
+        if (r_tmpl != 1 || a.table[0] == nullptr) return "gemv: early activations are a MATMUL_ID's, one row";
+        if (a.mma_wave)
+            return glu ? go(GemvMmaVariant<1, true, true, false, true>{}, a, smem) : go(GemvMmaVariant<1, false, true, false, true>{}, a, smem),
+                   nullptr;
+        return glu ? go(GemvMmaVariant<1, true, false, false, true>{}, a, smem) : go(GemvMmaVariant<1, false, false, false, true>{}, a, smem),
+               nullptr;
+    }
+    if (a.mma_wave && r_tmpl == 1)
+        return glu ? go(GemvMmaVariant<1, true, true>{}, a, smem) : go(GemvMmaVariant<1, false, true>{}, a, smem), nullptr;
+    switch (r_tmpl) {
+        case 1: return glu ? go(GemvMmaVariant<1, true>{}, a, smem) : go(GemvMmaVariant<1, false>{}, a, smem), nullptr;
+        case 2: return glu ? go(GemvMmaVariant<2, true>{}, a, smem) : go(GemvMmaVariant<2, false>{}, a, smem), nullptr;
+        case 3: return glu ? go(GemvMmaVariant<3, true>{}, a, smem) : go(GemvMmaVariant<3, false>{}, a, smem), nullptr;
+        case 4: return glu ? go(GemvMmaVariant<4, true>{}, a, smem) : go(GemvMmaVariant<4, false>{}, a, smem), nullptr;
+        case 8: return glu ? go(GemvMmaVariant<8, true>{}, a, smem) : go(GemvMmaVariant<8, false>{}, a, smem), nullptr;
+        default: return "gemv: no tensor-core instantiation for this row count";
+    }
+}
+
 #ifdef __CUDACC__
-template <class F, int R, bool GLU, bool WAVE = false, bool NORM = false, bool XE = false, int RS = kRowScaleNone, bool PN = false>
-void gemv_mma_launch_one(const GemvArgs & a, dim3 grid, int smem, cudaStream_t s) {
+template <class F, int R, bool GLU, bool WAVE, bool NORM, bool XE, int RS, bool PN>
+void gemv_mma_launch_one(GemvMmaVariant<R, GLU, WAVE, NORM, XE, RS, PN>, const GemvArgs & a, dim3 grid, int smem, cudaStream_t s) {
     auto             kernel = gemv_mma_kernel<F, R, GLU, WAVE, NORM, XE, RS, PN>;
     static SmemLimit limit;  // (plan_gemv stays under the device's opt-in maximum)
     raise_smem_limit(reinterpret_cast<const void *>(kernel), smem, limit);
@@ -830,50 +877,10 @@ void gemv_mma_launch_one(const GemvArgs & a, dim3 grid, int smem, cudaStream_t s
 
 template <class F>
 void gemv_mma_launch(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, int smem, cudaStream_t s) {
-    if (a.norm.a != nullptr) {  // (op_add_norm_matmul plans only this form)
-        if (r_tmpl != 1 || glu || a.mma_wave) fail(SPARK_ERR_INTERNAL, "gemv: the norm prologue takes one row of plain weights");
-        return gemv_mma_launch_one<F, 1, false, false, true>(a, grid, smem, s);
-    }
-    if (a.rs.parts != nullptr) {  // (op_combine_norm_matmul plans only this form)
-        if (r_tmpl != 1 || glu || a.mma_wave || a.table[0] != nullptr)
-            fail(SPARK_ERR_INTERNAL, "gemv: the producer's 1 / rms takes one row of plain weights");
-        if (gemv_row_scale_form(a.rs.n_parts) == kRowScaleLanes)
-            return gemv_mma_launch_one<F, 1, false, false, false, false, kRowScaleLanes>(a, grid, smem, s);
-        GemvArgs b       = a;
-        b.rs.smem_offset = gemv_row_scale_offset(smem);
-        return gemv_mma_launch_one<F, 1, false, false, false, false, kRowScaleShared>(b, grid, gemv_row_scale_smem(smem), s);
-    }
-    if (a.produce.resid != nullptr) {  // (one row of one plain weight, no K split)
-        if (r_tmpl != 1 || glu || a.mma_wave || a.table[0] != nullptr || a.n_mats > 1 || grid.y != 1 || grid.z != 1)
-            fail(SPARK_ERR_INTERNAL, "gemv: the norm's producer is one row of one plain weight, no K split");
-        return gemv_mma_launch_one<F, 1, false, false, false, false, kRowScaleNone, true>(a, grid, smem, s);
-    }
-    if (a.x_early) {  // (plan_moe_launch sets it only for MATMUL_IDs, whose launches take one row)
-        if (r_tmpl != 1 || a.table[0] == nullptr) fail(SPARK_ERR_INTERNAL, "gemv: early activations are a MATMUL_ID's, one row");
-        if (a.mma_wave)
-            return glu ? gemv_mma_launch_one<F, 1, true, true, false, true>(a, grid, smem, s)
-                       : gemv_mma_launch_one<F, 1, false, true, false, true>(a, grid, smem, s);
-        return glu ? gemv_mma_launch_one<F, 1, true, false, false, true>(a, grid, smem, s)
-                   : gemv_mma_launch_one<F, 1, false, false, false, true>(a, grid, smem, s);
-    }
-    if (a.mma_wave && r_tmpl == 1)
-        return glu ? gemv_mma_launch_one<F, 1, true, true>(a, grid, smem, s) : gemv_mma_launch_one<F, 1, false, true>(a, grid, smem, s);
-#define SPARK_GEMV_MMA_CASE(R)                              \
-    case R:                                                 \
-        if (glu)                                            \
-            gemv_mma_launch_one<F, R, true>(a, grid, smem, s);  \
-        else                                                \
-            gemv_mma_launch_one<F, R, false>(a, grid, smem, s); \
-        return;
-    switch (r_tmpl) {
-        SPARK_GEMV_MMA_CASE(1)
-        SPARK_GEMV_MMA_CASE(2)
-        SPARK_GEMV_MMA_CASE(3)
-        SPARK_GEMV_MMA_CASE(4)
-        SPARK_GEMV_MMA_CASE(8)
-        default: break;
-    }
-#undef SPARK_GEMV_MMA_CASE
+    const char * why = gemv_mma_select(r_tmpl, glu, a, grid, smem, [&](auto variant, const GemvArgs & args, int bytes) {
+        gemv_mma_launch_one<F>(variant, args, grid, bytes, s);
+    });
+    if (why != nullptr) fail(SPARK_ERR_INTERNAL, why);
 }
 #endif
 
