@@ -191,10 +191,12 @@ TEST_CASE("GPU: synthetic models (random weights made on the device) give the CP
     // spark-bench's models: the same per-element definition of every random weight on both backends
     // (quant/random_weights.h), so the GPU must agree with the CPU as on a fixture (1e-2, see top).
     // SPARK_CUDA_VMM=0 makes them in the arena's cudaMalloc chunks instead of its mapped range.
+    // The prompt as one prefill step and then as decode steps of one token (the GEMV paths and the
+    // fused launches of a decode step; tiny-qwen3-moe-top8: those of 8 slots a token).
     const NoW4A4 w4a16;
     const std::vector<int32_t> prompt = {1, 17, 42, 7, 99, 3, 250, 11};
     for (const char * vmm : {"1", "0"})
-        for (const char * shape : {"tiny-qwen3", "tiny-qwen3-moe", "tiny-qwen3-next", "tiny-minimax-m2"})
+        for (const char * shape : {"tiny-qwen3", "tiny-qwen3-moe", "tiny-qwen3-moe-top8", "tiny-qwen3-next", "tiny-minimax-m2"})
             for (const char * format : {"bf16", "int4", "nvfp4", "fp8"}) {
                 const std::string path = std::string("synthetic:") + shape + ":" + format;
                 CAPTURE(path);
@@ -214,6 +216,10 @@ TEST_CASE("GPU: synthetic models (random weights made on the device) give the CP
                 const auto e       = compare(prompt_logits(gpu_ctx.get(), prompt, int32_t(info.n_vocab)), ref);
                 CHECK(e.worst_rel <= 1e-2);
                 CHECK(e.top1_misses == 0);
+                ContextPtr gpu_steps = new_context(gpu.get());
+                const auto d         = compare(prompt_logits(gpu_steps.get(), prompt, int32_t(info.n_vocab), {1}), ref);
+                CHECK(d.worst_rel <= 1e-2);
+                CHECK(d.top1_misses == 0);
             }
 }
 

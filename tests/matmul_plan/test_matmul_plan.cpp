@@ -699,3 +699,22 @@ TEST_CASE("GEMV planner: the norm prologue takes blocks of 64 rows or more, no K
                 CHECK(again.ksplit == plain.ksplit);
             }
 }
+
+// The experts' down projection with the combine (plan_experts_combine): one block of 16 rows per SM
+// at most. Qwen3-30B-A3B's down (2048 rows: 128 blocks) takes it on the H100's / H200's 132 SMs;
+// MiniMax-M2's (3072 rows: 192 blocks) does not (measured 2.5% slower there), nor 30B-A3B's on a
+// GB10's 48 SMs; a block's 8 warps are the 8 slots (another top-k has no plan).
+TEST_CASE("GEMV planner: the experts' combine in the down projection, one block per SM at most") {
+    DeviceProps gb10 = h100();
+    gb10.sm_count    = 48;
+    const mm::GemvPlan p30 = mm::plan_experts_combine(2048, 768, 8, 1, h100().sm_count);
+    CHECK(p30.grid.x == 128);
+    CHECK(p30.grid.z == 1);
+    CHECK(p30.wk == 8);
+    CHECK(p30.ksplit == 1);
+    CHECK(p30.rows_per_block == 16);
+    CHECK(mm::plan_experts_combine(3072, 1536, 8, 1, h100().sm_count).grid.x == 0);  // MiniMax-M2
+    CHECK(mm::plan_experts_combine(2048, 768, 8, 1, gb10.sm_count).grid.x == 0);
+    CHECK(mm::plan_experts_combine(2048, 768, 10, 1, h100().sm_count).grid.x == 0);  // top-10
+    CHECK(mm::plan_experts_combine(2048, 768, 8, 2, h100().sm_count).grid.x == 0);   // 256 blocks
+}

@@ -219,16 +219,16 @@ void run_any(WeightFormat f, bool int4_zeros, int r_tmpl, bool glu, const GemvAr
     }
 }
 
-template <class F, int R, bool GLU, bool WAVE, bool NORM, bool XE, int RS, bool PN>
-void run_mma_variant(GemvMmaVariant<R, GLU, WAVE, NORM, XE, RS, PN>, const GemvArgs & a, dim3 grid, int smem) {
-    emu::launch(grid, dim3(kGemvThreads), size_t(smem), [&] { gemv_mma_kernel<F, R, GLU, WAVE, NORM, XE, RS, PN>(a); }, rng());
+template <class F, int R, bool GLU, bool WAVE, bool NORM, bool XE, int RS, bool PN, bool KS>
+void run_mma_variant(GemvMmaVariant<R, GLU, WAVE, NORM, XE, RS, PN, KS>, const GemvArgs & a, dim3 grid, int smem) {
+    emu::launch(grid, dim3(kGemvThreads), size_t(smem), [&] { gemv_mma_kernel<F, R, GLU, WAVE, NORM, XE, RS, PN, KS>(a); }, rng());
 }
 
 // The instantiation the GPU's launcher would take (gemv_mma_select), on the emulator.
 template <class F>
 void run_mma_kernel(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, int smem) {
     const char * why =
-        gemv_mma_select(r_tmpl, glu, a, grid, smem, [&](auto variant, const GemvArgs & args, int bytes) { run_mma_variant<F>(variant, args, grid, bytes); });
+        gemv_mma_select<F>(r_tmpl, glu, a, grid, smem, [&](auto variant, const GemvArgs & args, int bytes) { run_mma_variant<F>(variant, args, grid, bytes); });
     if (why != nullptr) {
         std::fprintf(stderr, "%s\n", why);
         std::abort();
@@ -535,6 +535,131 @@ void check_moe(const Spec & s, int64_t n, int64_t k, int experts, int k_slots, i
     report(name, nmse(got, ref), p);
 }
 
+// A GemvArgs::produce launch's other outputs: the weighted row z = sum x w bit for bit (wkind 0: no
+// weight, 1: w, 2: 1 + w), y untouched, each block's part within 1e-5 of its rows' squares.
+bool produced_ok(const float * sum, const float * z, const float * y, const float * parts, const float * nw, int wkind, int64_t n,
+                 const GemvPlan & p) {
+    bool ok = true;
+    for (int64_t j = 0; j < n; ++j) {
+        const float wv = wkind == 0 ? 1.0f : wkind == 1 ? nw[j] : 1.0f + nw[j];
+        const float zj = sum[j] * wv;
+        ok = ok && std::memcmp(&zj, &z[j], 4) == 0 && std::isnan(y[j]);
+    }
+    for (unsigned b = 0; b < p.grid.x; ++b) {
+        double ss = 0;
+        for (int64_t j = int64_t(b) * p.rows_per_block; j < std::min<int64_t>(n, int64_t(b + 1) * p.rows_per_block); ++j) ss += double(sum[j]) * sum[j];
+        ok = ok && std::fabs(parts[b] - ss) <= 1e-5 * ss;
+    }
+    return ok;
+}
+
+// The experts' down projection and the MoE combine in one launch (GemvArgs::slot_w): warp kw of
+// each block computes slot kw's expert, the block sums the slots' results times the route weights in
+// slot order. y [T][n] = sum_j w_j W_e(j) x_j (an invalid or absent expert adds nothing); kp: a pair
+// of K blocks per step; ids_early as check_moe's; packed: the addresses from the id. produce (one
+// token): the residual ADD and the next norm's half in the epilogue instead of y (GemvArgs::produce,
+// checked as check_produce's).
+void check_experts_combine(const Spec & s, int64_t n, int64_t k, int experts, int T, bool kp, const std::string & filter, Early early = Early::none,
+                           Absent absent = Absent::none, bool produce = false) {
+    constexpr int k_slots = kGemvThreads / 32;  // (a K-warp per slot)
+    if (s.f != WeightFormat::INT4 || !mma_spec(s, k)) return;
+    const std::string name = "experts+combine " + s.name + " N=" + std::to_string(n) + " K=" + std::to_string(k) + " x" + std::to_string(T) +
+                             (kp ? " kp" : "") + (early == Early::ids ? " ids-early" : "") +
+                             (absent == Absent::odd ? " absent-odd" : "") + (g_packed ? " packed" : "") + (produce ? " produce" : "");
+    if (name.find(filter) == std::string::npos) return;
+    if (produce && T != 1) std::abort();
+    std::vector<HostWeight>   w;
+    std::vector<DeviceWeight> table;
+    int                       first_held = -1;
+    for (int e = 0; e < experts; ++e) w.push_back(make_weight(s, n, k));
+    if (g_packed) pack_experts(w);
+    for (int e = 0; e < experts; ++e) {
+        const bool held = !absent_expert_at(absent, e, experts);
+        table.push_back(held ? w[size_t(e)].dw : absent_expert(w[size_t(e)].dw));
+        if (held && first_held < 0) first_held = e;
+    }
+    const int64_t        s1 = k_slots + 3;  // ids [T][k_slots + 3]
+    std::vector<int32_t> ids(size_t(T * s1), 12345);
+    std::vector<float>   sw(size_t(T * k_slots));  // route weights [T][k_slots]
+    for (int t = 0; t < T; ++t)
+        for (int j = 0; j < k_slots; ++j) {
+            const uint32_t r = bits32() % 23;
+            ids[size_t(j + t * s1)] = r == 0 ? -1 : r == 1 ? experts : int32_t(bits32() % uint32_t(experts));
+            sw[size_t(j + t * k_slots)] = uni(0.01f, 0.5f);
+        }
+    const int64_t x_sj = k + 4, x_st = (k + 4) * k_slots;  // the gate/up's rows [T][k_slots][k] (padded)
+    Buf           xb(size_t((T - 1) * x_st + (k_slots - 1) * x_sj + k) * 4);
+    float *       x = reinterpret_cast<float *>(xb.data());
+    for (size_t i = 0; i < xb.bytes / 4; ++i) x[i] = x_value();
+    GemvPlan p;  // (plan_experts_combine's form: a K-warp per slot, the whole K, one token a block z)
+    const int64_t KB = (k / 32 + 3) / 4;
+    p.mma            = true;
+    p.r_tmpl         = 1;
+    p.wk             = k_slots;
+    p.cps            = KB + (kp ? KB & 1 : 0);
+    p.ksplit         = 1;
+    p.mma_kpair      = kp;
+    p.rows_per_block = (kp ? 1 : gemv_mma_tiles(1)) * 16;
+    p.smem           = gemv_mma_smem(1, std::min<int64_t>(p.cps, KB + 1));
+    p.grid           = dim3(unsigned((n + p.rows_per_block - 1) / p.rows_per_block), 1, unsigned(T));
+    Buf     yb(size_t(T * n) * 4), pb(4), cb(4);
+    float * y = reinterpret_cast<float *>(yb.data());
+    std::fill(y, y + T * n, NAN);
+    GemvArgs a;
+    a.w[0]     = table[size_t(first_held)];
+    a.table[0] = table.data();
+    a.ids      = Ids{ids.data(), 1, s1, k_slots, experts};
+    a.xbase    = x;
+    a.x_sj     = x_sj;
+    a.x_st     = x_st;
+    a.n        = n;
+    a.k        = k;
+    a.rows     = 1;
+    a.out_rows = T;
+    set_plan(a, p, s, pb, cb);
+    a.y         = y;
+    a.slot_w    = sw.data();
+    a.ids_early = early == Early::ids;
+    const ExpertGrid g0 = expert_grid(table.data(), experts);
+    if (g0.uniform) a.grid[0] = a.grid[1] = g0;
+    const size_t       nn = static_cast<size_t>(n);
+    std::vector<float> resid(nn), nw(nn), sum(nn, NAN), z(nn, NAN), parts(size_t(p.grid.x + 3) / 4 * 4, NAN);
+    for (int64_t i = 0; i < n; ++i) resid[size_t(i)] = uni(-2, 2), nw[size_t(i)] = uni(-1.5f, 1.5f);
+    if (produce) {
+        a.produce.resid = resid.data();
+        a.produce.sum   = sum.data();
+        a.produce.z     = z.data();
+        a.produce.w     = nw.data();
+        a.produce.parts = parts.data();
+    }
+    // The activations come from the gate/up launch before, the ids and route weights from the
+    // routing kernel (ids_early: two launches back, readable before the wait; the route weights are
+    // read after it either way).
+    run_plan_pdl(name, s.f, s.zeros, p, false, a,
+                 {pdl::model::in(xb.data(), xb.bytes), pdl::model::in(ids.data(), early == Early::ids ? 0 : ids.size() * 4),
+                  pdl::model::in(sw.data(), sw.size() * 4), pdl::model::in(resid.data(), produce ? resid.size() * 4 : 0),
+                  pdl::model::out(yb.data(), yb.bytes), pdl::model::out(sum.data(), produce ? sum.size() * 4 : 0),
+                  pdl::model::out(z.data(), produce ? z.size() * 4 : 0), pdl::model::out(parts.data(), produce ? parts.size() * 4 : 0)});
+    std::vector<float>  got = produce ? sum : std::vector<float>(y, y + T * n);
+    std::vector<double> ref(size_t(T * n), 0.0);
+    for (int t = 0; t < T; ++t)
+        for (int j = 0; j < k_slots; ++j) {
+            const int32_t e = ids[size_t(j + t * s1)];
+            if (e < 0 || e >= experts || absent_expert_at(absent, e, experts)) continue;
+            const float * xr = x + j * x_sj + t * x_st;
+            for (int64_t r = 0; r < n; ++r) {
+                double d = 0;
+                for (int64_t kk = 0; kk < k; ++kk) d += ref_weight(w[size_t(e)], r, kk) * xr[kk];
+                ref[size_t(t * n + r)] += double(sw[size_t(j + t * k_slots)]) * d;
+            }
+        }
+    if (produce) {
+        for (int64_t r = 0; r < n; ++r) ref[size_t(r)] += resid[size_t(r)];
+        if (!produced_ok(sum.data(), z.data(), y, parts.data(), nw.data(), 1, n, p)) return report(name + " [weighted row, parts or y wrong]", INFINITY, p);
+    }
+    report(name, nmse(got, ref), p);
+}
+
 // A multi-weight launch: weights of ns[m] rows (same format and K) over the same activation rows,
 // one launch, each into its own output.
 void check_multi(const Spec & s, const std::vector<int64_t> & ns, int64_t k, int rows, Split sp, const std::string & filter, bool mma) {
@@ -754,20 +879,12 @@ void check_produce(const Spec & s, int64_t n, int64_t k, int wkind, Split sp, co
                   pdl::model::out(zb.data(), zb.bytes), pdl::model::out(qb.data(), qb.bytes)});
     std::vector<float>  got(sum, sum + n);
     std::vector<double> want(static_cast<size_t>(n));
-    bool                ok = true;
     for (int64_t j = 0; j < n; ++j) {
         double d = 0;
         for (int64_t kk = 0; kk < k; ++kk) d += ref_weight(w, j, kk) * x[kk];
         want[size_t(j)] = d + resid[j];
-        const float wv = wkind == 0 ? 1.0f : wkind == 1 ? nw[j] : 1.0f + nw[j];
-        const float zj = sum[j] * wv;
-        ok = ok && std::memcmp(&zj, &z[j], 4) == 0 && std::isnan(y[j]);
     }
-    for (unsigned b = 0; b < p.grid.x; ++b) {
-        double ss = 0;
-        for (int64_t j = int64_t(b) * p.rows_per_block; j < std::min<int64_t>(n, int64_t(b + 1) * p.rows_per_block); ++j) ss += double(sum[j]) * sum[j];
-        ok = ok && std::fabs(parts[b] - ss) <= 1e-5 * ss;
-    }
+    const bool ok = produced_ok(sum, z, y, parts, nw, wkind, n, p);
     report(name + (ok ? "" : " [weighted row, parts or y wrong]"), ok ? nmse(got, want) : INFINITY, p);
 }
 
@@ -1010,6 +1127,20 @@ int main(int argc, char ** argv) {
         check_moe(s, 40, 1152, 16, 4, 2, 1, false, {1, 2, 2, 1}, filter, true, Early::x);   // kp, odd block ranges, K split
         check_moe(s, 40, 2048, 16, 8, 1, 2, true, {}, filter, true, Early::x, Absent::odd);
     }
+    // The experts' down projection with the combine (a K-warp per slot): INT4 with and without zero
+    // points, the plan's two row forms (kp: an odd block range too), two tokens, invalid and absent
+    // experts, ids before the wait, wide activations.
+    for (const Spec & s : {specs[0], specs[1]}) {
+        check_experts_combine(s, 48, 768, 16, 1, false, filter);
+        check_experts_combine(s, 40, 768, 16, 2, true, filter);
+        check_experts_combine(s, 33, 640, 16, 1, true, filter, Early::ids);
+        check_experts_combine(s, 64, 1536, 16, 1, false, filter, Early::none, Absent::odd);
+        check_experts_combine(s, 48, 768, 16, 1, true, filter, Early::ids, Absent::none, true);
+        check_experts_combine(s, 72, 1536, 16, 1, false, filter, Early::none, Absent::odd, true);
+        g_wide_x = true;
+        check_experts_combine(s, 32, 1024, 16, 1, true, filter);
+        g_wide_x = false;
+    }
     // Experts at one stride (expert_grid): the addresses from the id; the FMA and MMA kernels, ids
     // read after and before the wait, activations early, invalid ids.
     g_packed = true;
@@ -1018,6 +1149,7 @@ int main(int argc, char ** argv) {
         check_moe(s, 33, 768, 16, 4, 3, 1, false, {}, filter, true, Early::ids);
         check_moe(s, 32, 1280, 16, 8, 1, 2, true, {1, 2, 1, 0, 1}, filter, true, Early::x);  // one wave
         check_moe(s, 33, 1024, 16, 4, 2, 1, true, {}, filter, false);  // the FMA kernel
+        check_experts_combine(s, 48, 768, 16, 2, true, filter, Early::ids);
     }
     for (const Spec & s : {specs[6], specs[9]}) check_moe(s, 40, 1024, 16, 4, 2, 2, false, {}, filter);
     g_packed = false;

@@ -375,6 +375,8 @@ private:
                 return cuda::op_combine_norm_matmul(*l.nodes[0], *l.nodes[1], *l.nodes[2], l.nodes + 3, l.count - 3, ctx_);
             case Kind::MatmulNormMatmul:
                 return cuda::op_matmul_norm_matmul(*l.nodes[0], *l.nodes[1], *l.nodes[2], l.nodes + 3, l.count - 3, ctx_);
+            case Kind::ExpertsNormMatmul:
+                return cuda::op_experts_norm_matmul(*l.nodes[0], *l.nodes[1], *l.nodes[2], *l.nodes[3], l.nodes + 4, l.count - 4, ctx_);
             case Kind::AddRmsNorm: return cuda::op_add_rms_norm(*l.nodes[0], *l.nodes[1], ctx_);
             case Kind::RmsNormRope: return cuda::op_rms_norm_rope(*l.nodes[0], *l.nodes[1], ctx_);
             case Kind::RmsNormRopePair: return cuda::op_rms_norm_rope_pair(*l.nodes[0], *l.nodes[1], *l.nodes[2], *l.nodes[3], ctx_);

@@ -46,6 +46,35 @@ bool FusionPass::next(FusedLaunch & l) {
                 return true;
             }
         }
+        // The experts' down projection, the combine of it, the residual add, the next norm and the
+        // matmuls of that norm: the down projection's blocks combine their rows' slots and write the
+        // norm's half (no combine launch), the GEMV applies the 1 / rms.
+        if (n->op == Op::MATMUL_ID && uses_[size_t(n->id)] == 1 && !(n->flags & TENSOR_OUTPUT)) {
+            const size_t   jc = next_launching(i_ + 1);
+            const Tensor * c  = jc < nodes_.size() ? nodes_[jc] : nullptr;
+            const Tensor * add_norm[2];
+            const Tensor * mms[FusedLaunch::kMaxMatmuls];
+            int            m = 0;
+            if (c && c->op == Op::MOE_COMBINE && c->src[0] == n && !skip_[size_t(c->id)]) m = norm_after_at(jc, add_norm, mms);
+            if (m && !add_norm_matmul_supported(*add_norm[0], *add_norm[1], mms, m, ctx_) &&
+                experts_norm_matmul_supported(*n, *c, *add_norm[0], *add_norm[1], mms, m, ctx_)) {
+                static const char * const kLabels[] = {"", "MATMUL_ID+MOE_COMBINE+ADD+RMS_NORM+MATMUL", "MATMUL_ID+MOE_COMBINE+ADD+RMS_NORM+MATMUL x2",
+                                                       "MATMUL_ID+MOE_COMBINE+ADD+RMS_NORM+MATMUL x3", "MATMUL_ID+MOE_COMBINE+ADD+RMS_NORM+MATMUL x4"};
+                l.kind     = FusedLaunch::Kind::ExpertsNormMatmul;
+                l.count    = 4 + m;
+                l.nodes[1] = c;
+                l.nodes[2] = add_norm[0];
+                l.nodes[3] = add_norm[1];
+                l.label    = kLabels[m];
+                skip_[size_t(c->id)] = skip_[size_t(add_norm[0]->id)] = skip_[size_t(add_norm[1]->id)] = true;  // (computed by this launch)
+                for (int j = 0; j < m; ++j) {
+                    l.nodes[4 + j]            = mms[j];
+                    skip_[size_t(mms[j]->id)] = true;
+                }
+                ++i_;
+                return true;
+            }
+        }
         // The MoE combine (or a layer's down / o projection), the residual add of its output, the next
         // norm of that sum and the matmuls of that norm: the producer writes the norm's weighted row
         // and sums of squares, the GEMV applies the 1 / rms (no launch between them).
@@ -165,15 +194,31 @@ int FusionPass::add_norm_matmul_at(size_t i, const Tensor ** after) const {
     return add_norm_matmul_supported(*add, *norm, after, count, ctx_) ? count : 0;
 }
 
-// nodes[i] is a MOE_COMBINE (or a MATMUL) read only by the next launching node, an ADD (of it and another row),
-// whose sum the next launching node after it normalises (RMS_NORM of whole rows, no gate), and the
-// next launching node after that starts a group of MATMULs of that norm that are its only readers,
-// and the matmul layer takes them as op_combine_norm_matmul's (op_matmul_norm_matmul's) launches
-// but not as the norm prologue (add_norm_matmul_supported): the ADD and the norm in add_norm, those
-// MATMULs in `after`, their count; else 0.
+// nodes[i] is a MOE_COMBINE (or a MATMUL) with the nodes of norm_after_at after it, and the matmul
+// layer takes them as op_combine_norm_matmul's (op_matmul_norm_matmul's) launches but not as the
+// norm prologue (add_norm_matmul_supported): as norm_after_at; else 0.
 int FusionPass::producer_norm_matmul_at(size_t i, const Tensor ** add_norm, const Tensor ** after) const {
     const Tensor * comb = nodes_[i];
-    if ((comb->op != Op::MOE_COMBINE && comb->op != Op::MATMUL) || uses_[size_t(comb->id)] != 1 || (comb->flags & TENSOR_OUTPUT)) return 0;
+    if (comb->op != Op::MOE_COMBINE && comb->op != Op::MATMUL) return 0;
+    const int count = norm_after_at(i, add_norm, after);
+    if (count == 0) return 0;
+    // Where the norm's matmuls take the norm prologue (blocks of 64 rows or more: Qwen3-Next), that
+    // launch at the ADD: it measured 3% faster there than the combine's norm half with the matmuls'
+    // plain plan (docs/PERF.md, "The combine writes the norm's half").
+    if (add_norm_matmul_supported(*add_norm[0], *add_norm[1], after, count, ctx_)) return 0;
+    return (comb->op == Op::MOE_COMBINE ? combine_norm_matmul_supported(*comb, *add_norm[0], *add_norm[1], after, count, ctx_)
+                                        : matmul_norm_matmul_supported(*comb, *add_norm[0], *add_norm[1], after, count, ctx_))
+               ? count
+               : 0;
+}
+
+// nodes[i] read only by the next launching node, an ADD (of it and another row), whose sum the next
+// launching node after it normalises (RMS_NORM of whole rows, no gate), and the next launching node
+// after that starts a group of MATMULs of that norm that are its only readers: the ADD and the norm
+// in add_norm, those MATMULs in `after`, their count; else 0 (the structure alone).
+int FusionPass::norm_after_at(size_t i, const Tensor ** add_norm, const Tensor ** after) const {
+    const Tensor * comb = nodes_[i];
+    if (uses_[size_t(comb->id)] != 1 || (comb->flags & TENSOR_OUTPUT)) return 0;
     const size_t ja = next_launching(i + 1);
     if (ja >= nodes_.size()) return 0;
     const Tensor * add = nodes_[ja];
@@ -188,13 +233,6 @@ int FusionPass::producer_norm_matmul_at(size_t i, const Tensor ** add_norm, cons
     if (j >= nodes_.size() || nodes_[j]->op != Op::MATMUL || nodes_[j]->src[0] != norm || skip_[size_t(nodes_[j]->id)]) return 0;
     const int count = matmul_group(j, after);
     if (uses_[size_t(norm->id)] != count) return 0;
-    // Where the norm's matmuls take the norm prologue (blocks of 64 rows or more: Qwen3-Next), that
-    // launch at the ADD: it measured 3% faster there than the combine's norm half with the matmuls'
-    // plain plan (docs/PERF.md, "The combine writes the norm's half").
-    if (add_norm_matmul_supported(*add, *norm, after, count, ctx_)) return 0;
-    if (comb->op == Op::MOE_COMBINE ? !combine_norm_matmul_supported(*comb, *add, *norm, after, count, ctx_)
-                                    : !matmul_norm_matmul_supported(*comb, *add, *norm, after, count, ctx_))
-        return 0;
     add_norm[0] = add;
     add_norm[1] = norm;
     return count;
@@ -213,7 +251,8 @@ std::vector<int> launch_last_nodes(const Graph & graph, const OpContext & ctx) {
     for (size_t i = 0; i < graph.nodes().size(); ++i) pos[size_t(graph.nodes()[i]->id)] = int(i);
     for (FusedLaunch l; pass.next(l);) {
         using K = FusedLaunch::Kind;
-        if (l.kind != K::AddNormMatmul && l.kind != K::CombineNormMatmul && l.kind != K::MatmulNormMatmul && l.kind != K::RmsNormRopePair &&
+        if (l.kind != K::AddNormMatmul && l.kind != K::CombineNormMatmul && l.kind != K::MatmulNormMatmul && l.kind != K::ExpertsNormMatmul &&
+            l.kind != K::RmsNormRopePair &&
             l.kind != K::AttentionNormRope && l.kind != K::WholeNormRope)
             continue;
         const int end = int(pass.last_position(l));

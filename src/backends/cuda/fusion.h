@@ -8,6 +8,7 @@
 //   MOE_COMBINE, the ADD of its output, the RMS_NORM of that sum and the MATMULs that alone read
 //   the norm when they are one tensor-core decode GEMV of one row   op_combine_norm_matmul
 //   the same with a MATMUL of one weight in the combine's place      op_matmul_norm_matmul
+//   the same with the MATMUL_ID the combine combines before it       op_experts_norm_matmul
 //   ADD directly followed by the RMS_NORM of its sum                 op_add_rms_norm
 //   per-head RMS_NORM read only by the ROPE after it (q, then k)     op_rms_norm_rope(_pair)
 //   ... whose two ROPE outputs only the next ATTENTION reads          op_attention_norm_rope
@@ -33,6 +34,7 @@ struct FusedLaunch {
         AddNormMatmul,
         CombineNormMatmul,
         MatmulNormMatmul,
+        ExpertsNormMatmul,
         AddRmsNorm,
         RmsNormRope,
         RmsNormRopePair,
@@ -46,7 +48,8 @@ struct FusedLaunch {
     int            count = 1;  // nodes[0 .. count): MatmulMulti the matmuls; AddNormMatmul the ADD, the RMS_NORM,
                                // then the matmuls; CombineNormMatmul the MOE_COMBINE, then as
                                // AddNormMatmul; MatmulNormMatmul likewise with the producer's
-                               // MATMUL first; RmsNormRopePair norm q, rope q, norm k,
+                               // MATMUL first; ExpertsNormMatmul the MATMUL_ID, then as
+                               // CombineNormMatmul; RmsNormRopePair norm q, rope q, norm k,
                                // rope k; AttentionNormRope those and the attention; WholeNormRope
                                // norm q, rope q (then norm k, rope k)
     const Tensor * nodes[kMaxNodes] = {};
@@ -82,6 +85,7 @@ private:
     bool fusable_swiglu(const Tensor & sw) const;
     int  add_norm_matmul_at(size_t i, const Tensor ** after) const;
     int  producer_norm_matmul_at(size_t i, const Tensor ** add_norm, const Tensor ** after) const;
+    int  norm_after_at(size_t i, const Tensor ** add_norm, const Tensor ** after) const;
     bool norm_rope_at(size_t i) const;
     size_t whole_norm_rope_at(size_t i) const;
     size_t next_launching(size_t i) const;

@@ -124,6 +124,15 @@ bool matmul_norm_matmul_supported(const Tensor & mm, const Tensor & add, const T
                                   const OpContext & ctx, bool with_addresses = false);
 void op_matmul_norm_matmul(const Tensor & mm, const Tensor & add, const Tensor & norm, const Tensor * const * mms, int count,
                            const OpContext & ctx);
+// The same with the experts' down projection `down` (a MATMUL_ID of INT4 experts, one token, a slot
+// per warp of the tensor-core GEMV) and the MOE_COMBINE `comb` of its output (no shared expert) as
+// the producer: each block sums its rows' slots times the route weights in slot order (the
+// combine, no launch of its own) and writes the norm's half as above; neither down's nor the
+// combine's output is written (the parts go over the combine's).
+bool experts_norm_matmul_supported(const Tensor & down, const Tensor & comb, const Tensor & add, const Tensor & norm, const Tensor * const * mms,
+                                   int count, const OpContext & ctx, bool with_addresses = false);
+void op_experts_norm_matmul(const Tensor & down, const Tensor & comb, const Tensor & add, const Tensor & norm, const Tensor * const * mms,
+                            int count, const OpContext & ctx);
 // Host-side upload and device repack of one weight (INT4 transpose, act-order sort, ...). Device
 // buffers are allocated with `alloc` (owned by the caller). Synchronises the stream.
 DeviceWeight upload_weight(const QWeight & host, void * (*alloc)(void * owner, size_t bytes), void * owner, cudaStream_t stream);

@@ -39,6 +39,12 @@ public:
              {{"model_type", "qwen3_moe"}, {"vocab_size", 512}, {"hidden_size", 128}, {"intermediate_size", 256}, {"num_hidden_layers", 2},
               {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 64}, {"rope_theta", 1000000.0}, {"num_experts", 8},
               {"num_experts_per_tok", 2}, {"moe_intermediate_size", 128}, {"norm_topk_prob", true}}},
+            // The 30B-A3B's routing (8 slots) at a test's size: a decode step takes the kernels of 8
+            // slots a token (the down projection with the combine in one launch), which top-2 does not.
+            {"tiny-qwen3-moe-top8",
+             {{"model_type", "qwen3_moe"}, {"vocab_size", 512}, {"hidden_size", 256}, {"intermediate_size", 512}, {"num_hidden_layers", 2},
+              {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 64}, {"rope_theta", 1000000.0}, {"num_experts", 16},
+              {"num_experts_per_tok", 8}, {"moe_intermediate_size", 128}, {"norm_topk_prob", true}}},
         };
     }
 

@@ -323,10 +323,10 @@ __device__ __forceinline__ GemvMat gemv_mat(const GemvArgs & a) {
     return r;
 }
 
-// A MATMUL_ID block's activation row: its (slot, token) pair's (no memory read).
+// A MATMUL_ID block's activation row: its (slot, token) pair's (no memory read; pair: blockIdx.z,
+// or a warp's slot of the experts' combine).
 template <int R>
-__device__ __forceinline__ void gemv_expert_rows(const GemvArgs & a, const float * (&xr)[R], int64_t & out_row0) {
-    const int pair = int(blockIdx.z);
+__device__ __forceinline__ void gemv_expert_rows(const GemvArgs & a, const float * (&xr)[R], int64_t & out_row0, int pair = int(blockIdx.z)) {
     const int j = pair % a.ids.k_slots, t = pair / a.ids.k_slots;
 #pragma unroll
     for (int r = 0; r < R; ++r) xr[r] = a.xbase + j * a.x_sj + t * a.x_st;
@@ -340,9 +340,8 @@ __device__ __forceinline__ void gemv_expert_rows(const GemvArgs & a, const float
 // at one stride (a.grid, expert_grid), computes the addresses from expert 0's (a.w): one dependent
 // trip less before the weights are requested.
 template <int NW>
-__device__ __forceinline__ void gemv_expert_weights(const GemvArgs & a, DeviceWeight (&w)[NW], bool & valid) {
+__device__ __forceinline__ void gemv_expert_weights(const GemvArgs & a, DeviceWeight (&w)[NW], bool & valid, int pair = int(blockIdx.z)) {
     if (!a.ids_early) pdl::wait();  // the expert ids come from the router
-    const int       pair = int(blockIdx.z);
     const int       j = pair % a.ids.k_slots, t = pair / a.ids.k_slots;
     const int32_t * ip = a.ids.p + j * a.ids.s0 + t * a.ids.s1;
     const int32_t   e  = a.ids_early ? __ldcg(ip) : __ldg(ip);

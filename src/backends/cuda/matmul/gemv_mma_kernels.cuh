@@ -436,14 +436,18 @@ struct GemvMmaWarpSplit {
 // through shared memory; one row of plain weights; its own instantiations: a
 // runtime switch in the plain kernels measured 3% slower on MiniMax-M2 and Qwen3-30B-A3B). PN: the residual
 // ADD and the next norm's half in the epilogue (GemvArgs::produce; one row of one plain weight, no K
-// split; its own instantiation likewise).
-template <class F, int R, bool GLU, bool WAVE = false, bool NORM = false, bool XE = false, int RS = kRowScaleNone, bool PN = false>
+// split; its own instantiation likewise). KS: the experts' down projection and the combine, a slot
+// per K-warp (GemvArgs::slot_w; INT4's warp split, one token a block z; its own instantiations).
+template <class F, int R, bool GLU, bool WAVE = false, bool NORM = false, bool XE = false, int RS = kRowScaleNone, bool PN = false,
+          bool KS = false>
 __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) gemv_mma_kernel(const GemvArgs a) {
     static_assert(!WAVE || R == 1, "the one-wave variant is for one activation row");
     static_assert(!NORM || (R == 1 && !GLU && !WAVE), "the norm prologue is for one row of plain weights");
     static_assert(!XE || (R == 1 && !NORM), "early activations are a MATMUL_ID's (one row, no norm)");
     static_assert(RS == kRowScaleNone || (R == 1 && !GLU && !WAVE && !NORM && !XE), "the producer's 1 / rms is for one row of plain weights");
     static_assert(!PN || (R == 1 && !GLU && !WAVE && !NORM && !XE && RS == kRowScaleNone), "the norm's producer is one row of one plain weight");
+    static_assert(!KS || (R == 1 && !GLU && !WAVE && !NORM && !XE && RS == kRowScaleNone && F::kFormat == WeightFormat::INT4),
+                  "the experts' combine is one token of INT4 experts (the warp split)");
     constexpr int NW     = GLU ? 2 : 1;
     constexpr int U      = gemv_mma_tiles(NW);  // row tiles per weight
     constexpr int T      = U * NW;              // tiles per step (index t = i * U + u)
@@ -482,20 +486,28 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
     const float * xr[R];
     int64_t       out_row0 = 0;
     bool          valid    = true;
-    if constexpr (XE)
+    if constexpr (XE) {
         gemv_expert_rows(a, xr, out_row0);  // (the weights after the split, below)
-    else
+    } else if constexpr (KS) {  // this warp's slot of the block's token
+        const int pair = kw + a.ids.k_slots * int(blockIdx.z);
+        gemv_expert_weights(a, w, valid, pair);
+        gemv_expert_rows(a, xr, out_row0, pair);
+        out_row0 = blockIdx.z;
+    } else {
         gemv_block_operands(a, mt, w, xr, out_row0, valid);
+    }
+    // KS: each warp its own slot's range, in order (kws, wks: the interleave of the K-warps otherwise).
+    const int kws = KS ? 0 : kw, wks = KS ? 0 : wk_shift;
 
     // This block's 128-K blocks [cb, ce) (local bl = b - cb < nblk; XE: the range before the expert
     // is known to be valid); step j of warp kw covers local blocks ((kw + j wk) << kp) + (kp ? t : 0)
-    // of its tiles t (j < J; none for an invalid expert).
+    // of its tiles t (KS: (j << kp) + (kp ? t : 0) of its slot's range; j < J; none for an invalid expert).
     const uint32_t cps     = uint32_t(a.chunks_per_split);
     const uint32_t cb      = blockIdx.y * cps;
     const uint32_t ce      = XE || valid ? min(KB, cb + cps) : cb;
     const uint32_t nblk    = ce > cb ? ce - cb : 0;
     const uint32_t nstep   = (nblk + uint32_t(kp)) >> kp;  // step positions in the range
-    const int      J_range = nstep > uint32_t(kw) ? int((nstep - uint32_t(kw) + uint32_t(wk) - 1) >> wk_shift) : 0;
+    const int      J_range = nstep > uint32_t(kws) ? int((nstep - uint32_t(kws) + (1u << wks) - 1) >> wks) : 0;
 
     // The activations into the B fragments (block-wide), or (WS) the first steps' elements of each
     // warp into registers: after the wait, or (XE) before it, through L2 (pdl.cuh: complete before
@@ -506,7 +518,7 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
 #pragma unroll
             for (int s = 0; s < D; ++s) {
                 if (s >= J_range) continue;
-                const uint32_t bl0 = uint32_t(kw + (s << wk_shift)) << kp;
+                const uint32_t bl0 = uint32_t(kws + (s << wks)) << kp;
 #pragma unroll
                 for (int t = 0; t < 2; ++t)
                     if (t <= kp) xs[s][t] = WSplit::template load<XE>(xr[0], cb, bl0 + uint32_t(t), nblk, KC, lane);
@@ -572,12 +584,12 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
     uint4 * wring = gemv_mma_smem_buf + size_t(warp) * WSplit::kWarpU4;
 
     // Steps are issued in order, j = 0, 1, ...: running local block and weight pointers.
-    uint32_t bl_next = uint32_t(kw) << kp;
+    uint32_t bl_next = uint32_t(kws) << kp;
 #pragma unroll
     for (int t = 0; t < T; ++t)
 #pragma unroll
         for (int h = 0; h < 2; ++h) wp[t][h] += (cb + bl_next + uint32_t(kp * t)) * block_chunks + uint32_t(q);
-    const uint32_t bl_step = uint32_t(wk) << kp;
+    const uint32_t bl_step = (1u << wks) << kp;
     auto issue = [&](const int slot, const int j) {
         if (j < J) {
 #pragma unroll
@@ -600,14 +612,14 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
     // WS: the elements of step j (every lane, j < J) for ring slot `slot` (after the wait).
     auto issue_x = [&](const int slot, const int j) {
         if (!WS || j >= J) return;
-        const uint32_t bl0 = uint32_t(kw + (j << wk_shift)) << kp;
+        const uint32_t bl0 = uint32_t(kws + (j << wks)) << kp;
 #pragma unroll
         for (int t = 0; t < 2; ++t)
             if (t <= kp) xs[slot][t] = WSplit::template load<false>(xr[0], cb, bl0 + uint32_t(t), nblk, KC, lane);
     };
     auto consume = [&](const int slot, const int j) {
         if (j >= J) return;
-        const uint32_t bl0 = uint32_t(kw + (j << wk_shift)) << kp;
+        const uint32_t bl0 = uint32_t(kws + (j << wks)) << kp;
         typename F::Cst cs[T];
 #pragma unroll
         for (int t = 0; t < T; ++t) cs[t] = F::cst(wt[t / U], sc[slot][t]);
@@ -726,7 +738,10 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
             for (int e = 0; e < 4; ++e) acc[0][nb][e] += acc[T - 1][nb][e];
     }
 
-    // Accumulators -> shared memory red[warp][t][row 0..15][column] (the B fragments are dead).
+    // Accumulators -> shared memory red[warp][t][row 0..15][column] (the B fragments are dead); KS:
+    // times the slot's route weight and its expert's final factor (the epilogue's sum over the
+    // K-warps is then the combine's, in slot order).
+    const float slot_c = KS ? __ldcg(a.slot_w + kw + a.ids.k_slots * int(blockIdx.z)) * F::final_factor(w[0]) : 1.0f;
     __syncthreads();
     float * red = reinterpret_cast<float *>(gemv_mma_smem_buf);
 #pragma unroll
@@ -737,7 +752,7 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int col = 8 * nb + 2 * q + (e & 1), row = g + 8 * (e >> 1);
-                if (col < P) red[((warp * T + t) * 16 + row) * P + col] = acc[t][nb][e];
+                if (col < P) red[((warp * T + t) * 16 + row) * P + col] = KS ? acc[t][nb][e] * slot_c : acc[t][nb][e];
             }
     }
     if constexpr (RS != kRowScaleNone)
@@ -757,7 +772,7 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
 
     // One thread per (output row of the block, activation row): K-warps in order, hi + lo.
     const int   rows    = a.table[0] != nullptr ? 1 : a.rows;
-    const float ffac[2] = {F::final_factor(w[0]), F::final_factor(w[NW - 1])};
+    const float ffac[2] = {KS ? 1.0f : F::final_factor(w[0]), KS ? 1.0f : F::final_factor(w[NW - 1])};  // (KS: in red already)
     float       pn_ss   = 0.0f;  // (PN) this thread's sums' squares
     for (int idx = int(threadIdx.x); idx < rows_per_block * rows; idx += kGemvThreads) {
         const int     nl = idx % rows_per_block, r = idx / rows_per_block;
@@ -820,15 +835,29 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_mma_min_blocks(R, WAVE)) ge
 }
 
 // One instantiation of gemv_mma_kernel, as a tag (gemv_mma_select).
-template <int R, bool GLU, bool WAVE = false, bool NORM = false, bool XE = false, int RS = kRowScaleNone, bool PN = false>
+template <int R, bool GLU, bool WAVE = false, bool NORM = false, bool XE = false, int RS = kRowScaleNone, bool PN = false, bool KS = false>
 struct GemvMmaVariant {};
 
 // The instantiation a launch of `a` takes, with the arguments and dynamic shared memory it runs with:
 // go(GemvMmaVariant<...>{}, args, smem_bytes). The one choice of the GPU's launcher and the CPU
 // emulator's (dev/kernels/matmul), so that the emulator runs what the GPU runs. Returns the reason
 // no instantiation fits (the plan asked for a form the kernel has not), or nullptr.
-template <class Go>
+template <class F, class Go>
 const char * gemv_mma_select(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, int smem, Go && go) {
+    if (a.slot_w != nullptr) {  // (the experts' combine: a MATMUL_ID's operands, a slot per K-warp)
+        if constexpr (F::kFormat != WeightFormat::INT4) {
+            return "gemv: the experts' combine takes INT4 experts";
+        } else {
+            if (r_tmpl != 1 || glu || a.mma_wave || a.x_early || a.table[0] == nullptr || grid.y != 1 || a.wk != a.ids.k_slots ||
+                a.wk * 32 != kGemvThreads)
+                return "gemv: the experts' combine takes one token a block and a K-warp per slot";
+            if (a.produce.resid != nullptr) {  // (and the norm's producer: one token)
+                if (grid.z != 1) return "gemv: the experts' combine writes the norm's half of one token";
+                return go(GemvMmaVariant<1, false, false, false, false, kRowScaleNone, true, true>{}, a, smem), nullptr;
+            }
+            return go(GemvMmaVariant<1, false, false, false, false, kRowScaleNone, false, true>{}, a, smem), nullptr;
+        }
+    }
     if (a.norm.a != nullptr) {  // (op_add_norm_matmul plans only this form)
         if (r_tmpl != 1 || glu || a.mma_wave) return "gemv: the norm prologue takes one row of plain weights";
         return go(GemvMmaVariant<1, false, false, true>{}, a, smem), nullptr;
@@ -867,9 +896,9 @@ const char * gemv_mma_select(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid
 }
 
 #ifdef __CUDACC__
-template <class F, int R, bool GLU, bool WAVE, bool NORM, bool XE, int RS, bool PN>
-void gemv_mma_launch_one(GemvMmaVariant<R, GLU, WAVE, NORM, XE, RS, PN>, const GemvArgs & a, dim3 grid, int smem, cudaStream_t s) {
-    auto             kernel = gemv_mma_kernel<F, R, GLU, WAVE, NORM, XE, RS, PN>;
+template <class F, int R, bool GLU, bool WAVE, bool NORM, bool XE, int RS, bool PN, bool KS>
+void gemv_mma_launch_one(GemvMmaVariant<R, GLU, WAVE, NORM, XE, RS, PN, KS>, const GemvArgs & a, dim3 grid, int smem, cudaStream_t s) {
+    auto             kernel = gemv_mma_kernel<F, R, GLU, WAVE, NORM, XE, RS, PN, KS>;
     static SmemLimit limit;  // (plan_gemv stays under the device's opt-in maximum)
     raise_smem_limit(reinterpret_cast<const void *>(kernel), smem, limit);
     launch_kernel(kernel, grid, dim3(kGemvThreads), size_t(smem), s, a.pdl != 0, a);
@@ -877,7 +906,7 @@ void gemv_mma_launch_one(GemvMmaVariant<R, GLU, WAVE, NORM, XE, RS, PN>, const G
 
 template <class F>
 void gemv_mma_launch(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, int smem, cudaStream_t s) {
-    const char * why = gemv_mma_select(r_tmpl, glu, a, grid, smem, [&](auto variant, const GemvArgs & args, int bytes) {
+    const char * why = gemv_mma_select<F>(r_tmpl, glu, a, grid, smem, [&](auto variant, const GemvArgs & args, int bytes) {
         gemv_mma_launch_one<F>(variant, args, grid, bytes, s);
     });
     if (why != nullptr) fail(SPARK_ERR_INTERNAL, why);

@@ -255,10 +255,12 @@ void run_moe_gemv(const Moe & m, const LaunchPlan & lp, Scratch & scratch, const
     a.n = N;
     a.k = K;
     a.rows       = 1;
-    a.out_rows   = int32_t(pairs);
+    a.out_rows   = int32_t(m.slot_w ? m.n_tok : pairs);
     a.int4_zeros = m.zeros;
     a.pdl        = pdl_enabled();
     a.y          = m.y;
+    a.slot_w     = m.slot_w;
+    a.produce    = m.produce;
     a.ids_early  = lp.ids_early;
     a.x_early    = lp.x_early;
     // The addresses from the id where the experts lie at one stride: INT4, where it was measured to
@@ -734,6 +736,40 @@ bool combine_norm_matmul_supported(const Tensor & comb, const Tensor & add, cons
 namespace mm {
 namespace {
 
+// The addresses of a GEMV producer of the norm's half (op_matmul_norm_matmul, op_experts_norm_matmul)
+// and of its consumer: the producer writes the sum (add), the weighted row (norm) and, over `parts_over`
+// (an output nothing reads, 16-byte aligned and readable in 16-byte copies: K >= 4 x ceil(blocks / 4)
+// floats), a part per block; it reads `ins`, the residual r and the norm's weight; the consumer
+// writes mms. The reason they cannot, or nullptr with produce, y and the consumer's rs set.
+const char * bind_norm_half(const Tensor & parts_over, const Tensor * const * ins, int n_ins, const Tensor & r, const Tensor & add,
+                            const Tensor & norm, const Tensor * const * mms, int count, unsigned blocks, int64_t K, GemvNormOut & produce,
+                            float *& y, Dense & d, Multi & mu) {
+    const Tensor * nw = norm.src[1];
+    if (!aligned16(parts_over.data) || int64_t(blocks + 3) / 4 * 4 > K) return "alignment";
+    const Tensor * outs[3 + kGemvMaxMats] = {&parts_over, &add, &norm};
+    int            n_out                  = 3;
+    for (int i = 0; i < count; ++i) outs[n_out++] = mms[i];
+    for (int i = 0; i < n_out; ++i) {
+        for (int j = 0; j < n_ins; ++j)
+            if (ins[j] && overlaps(*outs[i], *ins[j])) return "an output overlaps an input";
+        if (overlaps(*outs[i], r) || (nw && overlaps(*outs[i], *nw))) return "an output overlaps an input";
+        for (int j = 0; j < i; ++j)
+            if (overlaps(*outs[i], *outs[j])) return "outputs overlap";
+    }
+    produce.resid         = static_cast<const float *>(r.data);
+    produce.sum           = static_cast<float *>(add.data);
+    produce.z             = static_cast<float *>(norm.data);
+    produce.w             = nw ? static_cast<const float *>(nw->data) : nullptr;
+    produce.zero_centered = norm.ip[0];
+    produce.parts         = static_cast<float *>(parts_over.data);
+    y                     = static_cast<float *>(parts_over.data);
+    GemvRowScale & rs     = count == 1 ? d.rs : mu.rs;
+    rs.parts              = static_cast<const float *>(parts_over.data);
+    rs.n_parts            = int32_t(blocks);
+    rs.eps                = norm.fp[0];
+    return nullptr;
+}
+
 // The reason the MATMUL `mm`, the ADD of its output, the RMS_NORM `norm` of that sum and `mms` cannot
 // run as op_matmul_norm_matmul's two launches, or nullptr (bound: as add_norm_refusal). The fusion
 // pass has checked that mm's output and the norm have no other readers. prod: the producer.
@@ -767,30 +803,9 @@ const char * matmul_norm_refusal(const Tensor & mm, const Tensor & add, const Te
     if (gp.ksplit != 1 || gp.grid.x > unsigned(kGemvMaxScaleParts) || int64_t(gp.grid.x) > K) return "the producer's plan (K split, blocks)";
     if (const char * why = norm_matmuls_refusal(norm, mms, count, K, ctx, bound, false, d, mu)) return why;
     if (!bound) return nullptr;
-    const Tensor * nw = norm.src[1];
-    // The producer reads x and r and writes the sum, the weighted row and, over its own output, the
-    // parts (16-byte aligned, and readable in 16-byte copies: its K >= 4 x ceil(blocks / 4) floats).
-    if (!aligned16(mm.data) || int64_t(gp.grid.x + 3) / 4 * 4 > K) return "alignment";
-    const Tensor * outs[3 + kGemvMaxMats] = {&mm, &add, &norm};
-    int            n_out                  = 3;
-    for (int i = 0; i < count; ++i) outs[n_out++] = mms[i];
-    for (int i = 0; i < n_out; ++i) {
-        if (overlaps(*outs[i], x) || overlaps(*outs[i], r) || (nw && overlaps(*outs[i], *nw))) return "an output overlaps an input";
-        for (int j = 0; j < i; ++j)
-            if (overlaps(*outs[i], *outs[j])) return "outputs overlap";
-    }
-    prod.produce.resid         = static_cast<const float *>(r.data);
-    prod.produce.sum           = static_cast<float *>(add.data);
-    prod.produce.z             = static_cast<float *>(norm.data);
-    prod.produce.w             = nw ? static_cast<const float *>(nw->data) : nullptr;
-    prod.produce.zero_centered = norm.ip[0];
-    prod.produce.parts         = static_cast<float *>(mm.data);
-    prod.y                     = static_cast<float *>(mm.data);
-    GemvRowScale & rs = count == 1 ? d.rs : mu.rs;
-    rs.parts          = static_cast<const float *>(mm.data);
-    rs.n_parts        = int32_t(gp.grid.x);
-    rs.eps            = norm.fp[0];
-    return nullptr;
+    // The producer reads x and r and writes the sum, the weighted row and, over its own output, the parts.
+    const Tensor * ins[1] = {&x};
+    return bind_norm_half(mm, ins, 1, r, add, norm, mms, count, gp.grid.x, K, prod.produce, prod.y, d, mu);
 }
 
 }  // namespace
@@ -827,6 +842,70 @@ void op_matmul_norm_matmul(const Tensor & mm, const Tensor & add, const Tensor &
     }
     // The parts go over the matmul's own output, which nothing else reads (as the combine's above).
     mm::exec_dense(prod, ctx);
+    mm::run_norm_matmuls(d, mu, mms, count, ctx);
+}
+
+// ---- MATMUL_ID (the experts' down) + MOE_COMBINE + ADD + RMS_NORM, then the matmuls over the norm ------
+namespace mm {
+namespace {
+
+// The reason the experts' down projection `down`, the combine `comb` of its output, the ADD, the
+// RMS_NORM and `mms` cannot run as op_experts_norm_matmul's two launches, or nullptr (bound: as
+// add_norm_refusal). The fusion pass has checked that down's and the combine's outputs and the norm
+// have no other readers. prod: the producer (the experts with the combine and the norm's half).
+const char * experts_norm_refusal(const Tensor & down, const Tensor & comb, const Tensor & add, const Tensor & norm, const Tensor * const * mms,
+                                  int count, const OpContext & ctx, bool bound, Moe & prod, Dense & d, Multi & mu) {
+    if (overrides().experts_combine == 0 || overrides().combine_norm == 0) return "SPARK_EXPERTS_COMBINE=0 or SPARK_COMBINE_NORM=0";
+    if (down.op != Op::MATMUL_ID || comb.op != Op::MOE_COMBINE || comb.src[0] != &down || comb.src[2] || comb.src[3])
+        return "nodes (a combine of the down projection without a shared expert)";
+    if (add.op != Op::ADD || norm.op != Op::RMS_NORM || norm.src[0] != &add || norm.src[2] || norm.src[3]) return "nodes";
+    if ((add.src[0] == &comb) == (add.src[1] == &comb)) return "the ADD does not add the combine to another row";
+    if ((down.flags | comb.flags | norm.flags) & TENSOR_OUTPUT) return "an inner node is an output (it is not written)";
+    if (count < 1 || count > kGemvMaxMats || !ctx.props) return "count";
+    const Tensor & r  = add.src[0] == &comb ? *add.src[1] : *add.src[0];
+    const Tensor & rw = *comb.src[1];  // route weights [k_slots, T]
+    const int64_t  K  = add.ne[0];
+    for (const Tensor * t : {&comb, &r, &add, &norm})
+        if (!f32_rows(*t) || t->ne[0] != K || t->nrows() != 1 || !t->is_contiguous()) return "one row";
+    prod = moe_problem(down, ctx);
+    if (prod.w0[0].format != WeightFormat::INT4 || !prod.mma || prod.perm || prod.w0[0].n != K) return "experts (INT4, tensor-core GEMV)";
+    if (prod.n_tok != 1 || prod.ids.k_slots * 32 != kGemvThreads) return "one token, a slot per warp";
+    if (rw.type != DType::F32 || !rw.is_contiguous() || rw.ne[0] != prod.ids.k_slots || rw.nrows() != 1) return "route weights";
+    prod.slot_w = static_cast<const float *>(rw.data);
+    if (!bound) prod.x.base = nullptr;
+    const OpPlan pp = plan_moe(prod, *ctx.props);
+    if (pp.unfused || pp.x_copy || pp.ids_copy || pp.launch[0].path != Path::Gemv || pp.launch[0].scratch.bytes() != 0) return "the producer's plan";
+    const GemvPlan & gp = pp.launch[0].gemv[0];
+    if (gp.grid.x == 0 || gp.grid.x > unsigned(kGemvMaxScaleParts)) return "the producer's blocks";
+    if (const char * why = norm_matmuls_refusal(norm, mms, count, K, ctx, bound, false, d, mu)) return why;
+    if (!bound) return nullptr;
+    // The parts go over the combine's output, which nothing reads: no launch writes it.
+    prod.ids_early        = ctx.ids_before_wait;
+    const Tensor * ins[3] = {down.src[0], down.src[1], &rw};
+    return bind_norm_half(comb, ins, 3, r, add, norm, mms, count, gp.grid.x, K, prod.produce, prod.y, d, mu);
+}
+
+}  // namespace
+}  // namespace mm
+
+bool experts_norm_matmul_supported(const Tensor & down, const Tensor & comb, const Tensor & add, const Tensor & norm, const Tensor * const * mms,
+                                   int count, const OpContext & ctx, bool with_addresses) {
+    mm::Moe   prod;
+    mm::Dense d;
+    mm::Multi mu;
+    return mm::experts_norm_refusal(down, comb, add, norm, mms, count, ctx, with_addresses, prod, d, mu) == nullptr;
+}
+
+void op_experts_norm_matmul(const Tensor & down, const Tensor & comb, const Tensor & add, const Tensor & norm, const Tensor * const * mms,
+                            int count, const OpContext & ctx) {
+    mm::Moe   prod;
+    mm::Dense d;
+    mm::Multi mu;
+    if (mm::experts_norm_refusal(down, comb, add, norm, mms, count, ctx, true, prod, d, mu) != nullptr) {  // the nodes' own launches
+        op_matmul_id(down, ctx);
+        return op_combine_norm_matmul(comb, add, norm, mms, count, ctx);
+    }
+    mm::exec_moe(prod, ctx);
     mm::run_norm_matmuls(d, mu, mms, count, ctx);
 }
 

@@ -82,6 +82,12 @@ constexpr int kGemvNormMinRows = 64;
 // weights (2: fused gate/up): a small cost model over lanes per row (FMA kernel), K-warps and K
 // splits (plan.cpp).
 GemvPlan plan_gemv(WeightFormat f, int64_t N, int64_t K, int64_t jobs, int rows, int nw, int sm_count, const GemvOpts & o = GemvOpts{});
+// The experts' down projection with the MoE combine (GemvArgs::slot_w): no cost model, the kernel's
+// one form: a K-warp per slot (k_slots == the block's warps), each its slot's whole K, two 128-K
+// blocks a step (16 rows a block, the most blocks), one token a block z; no plan (grid.x 0) where
+// the blocks outnumber the SMs: each block streams 8 experts' rows, so a second block on some SMs
+// doubles their time (MiniMax-M2's 192 blocks on the H200's 132 SMs: 2.5% slower, docs/PERF.md).
+GemvPlan plan_experts_combine(int64_t N, int64_t K, int k_slots, int64_t tokens, int sm_count);
 // Whether a weight takes the tensor-core decode GEMV: INT4 with groups of a multiple of 128 (or one
 // group per row), NVFP4; K a multiple of 32.
 bool gemv_mma_ok(const DeviceWeight & w);
@@ -290,6 +296,12 @@ struct GemvArgs {
     GemvRowScale rs;
     // The residual ADD and the next norm's half after the matmul (MMA kernel, one row, one weight).
     GemvNormOut produce;
+    // The experts' down projection and the MoE combine in one launch (MMA kernel, INT4, a MATMUL_ID's
+    // operands; blockIdx.z = token): warp kw of each block computes slot kw's expert over its whole
+    // K (wk = k_slots), and the block sums the slots' results times slot_w[kw + k_slots t] in slot
+    // order, the MOE_COMBINE's sum without a launch or an arrival counter; y [T][n] is the combined
+    // row. nullptr: not this form.
+    const float * slot_w = nullptr;
     // Multi-weight launch (n_mats > 1; plain MATMUL, nw = 1, one activation set): weight m = w[m]
     // has mat_n[m] rows, written to mat_y[m] [rows][mat_n[m]], and owns the blocks x in
     // [mat_tile0[m], mat_tile0[m + 1]). n is the sum of mat_n (split-K partials are laid out over the

@@ -211,7 +211,7 @@ LaunchPlan plan_moe_launch(const Moe & m, bool x_aligned, bool ids_early, bool x
             GemvOpts             o    = gemv_opts(w, 1, dev);
             o.mma                     = o.mma && m.mma;
             p.batch_rows[0]           = 1;
-            p.gemv[0]                 = plan_gemv(m.w0[0].format, N, K, pairs, 1, m.nw, dev.sm_count, o);
+            p.gemv[0] = m.slot_w ? plan_experts_combine(N, K, m.ids.k_slots, m.n_tok, dev.sm_count) : plan_gemv(m.w0[0].format, N, K, pairs, 1, m.nw, dev.sm_count, o);
             if (m.perm || !x_aligned) p.scratch.x_f32 = size_t(pairs * K) * 4;
             p.scratch.partial  = gemv_split_floats(p.gemv[0], m.nw, pairs, N) * 4;
             p.scratch.counters = size_t(p.gemv[0].counters()) * 4;
@@ -221,7 +221,7 @@ LaunchPlan plan_moe_launch(const Moe & m, bool x_aligned, bool ids_early, bool x
             // 347.9 against 350.2 t/s).
             const bool early = p.scratch.x_f32 == 0 && p.gemv[0].ksplit == 1 && p.gemv[0].mma;
             p.ids_early      = ids_early && early;
-            p.x_early        = x_early && early;
+            p.x_early        = x_early && early && !m.slot_w;  // (the combine's form converts after its wait)
             break;
         }
         case Path::Gemm: {

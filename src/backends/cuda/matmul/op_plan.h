@@ -105,6 +105,11 @@ struct Moe {
     // x_before_wait), as long as it is the op's first launch (no staging kernel in between).
     bool ids_early = false;
     bool x_early   = false;
+    // The MoE combine in the same launch (GemvArgs::slot_w: INT4, a K-warp per slot,
+    // plan_experts_combine): the route weights [n_tok][k_slots], y [n_tok][N] the combined rows;
+    // produce (one token): the residual ADD and the next norm's half instead of y.
+    const float * slot_w = nullptr;
+    GemvNormOut   produce;
 
     int64_t pairs() const { return int64_t(ids.k_slots) * n_tok; }
 };

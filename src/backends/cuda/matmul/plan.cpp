@@ -30,6 +30,8 @@ Overrides & overrides() {
         if (eg && std::string(eg) == "0") d.expert_grid = 0;
         const char * cn = std::getenv("SPARK_COMBINE_NORM");  // A/B runs of the combine + norm producer
         if (cn && std::string(cn) == "0") d.combine_norm = 0;
+        const char * ec = std::getenv("SPARK_EXPERTS_COMBINE");  // A/B runs of the experts' down + combine
+        if (ec && std::string(ec) == "0") d.experts_combine = 0;
         return d;
     }();
     return o;
@@ -234,6 +236,23 @@ GemvPlan plan_gemv_mma_wave(int64_t N, int64_t K, int64_t jobs, int nw, int sm_c
 }
 
 }  // namespace
+
+GemvPlan plan_experts_combine(int64_t N, int64_t K, int k_slots, int64_t tokens, int sm_count) {
+    GemvPlan      p;
+    const int64_t KB = std::max<int64_t>(1, ceil_div(K, int64_t(kMmaK)));
+    if (k_slots * 32 != kGemvThreads || ceil_div(N, int64_t(16)) * tokens > sm_count) return p;  // (grid.x = 0: no plan)
+    p.mma            = true;
+    p.lpr            = 0;
+    p.r_tmpl         = 1;
+    p.wk             = k_slots;
+    p.mma_kpair      = true;
+    p.cps            = KB + (KB & 1);  // (an even range: room for the zero block of an odd one)
+    p.ksplit         = 1;
+    p.rows_per_block = 16;
+    p.smem           = gemv_mma_smem(1, std::min(p.cps, KB + 1));
+    p.grid           = dim3(unsigned(ceil_div(N, int64_t(16))), 1u, unsigned(tokens));
+    return p;
+}
 
 GemvPlan plan_gemv(WeightFormat f, int64_t N, int64_t K, int64_t jobs, int rows, int nw, int sm_count, const GemvOpts & o) {
     const int64_t   one_n[1] = {N};

@@ -44,6 +44,9 @@ struct Overrides {
     // the GEMV after it applies the 1 / rms (op_combine_norm_matmul): 1 (default), 0 the combine, the
     // ADD + RMS_NORM and the GEMV as launches of their own (SPARK_COMBINE_NORM=0: A/B runs).
     int       combine_norm = 1;
+    // The experts' down projection writing the combine and the norm's half (op_experts_norm_matmul);
+    // SPARK_EXPERTS_COMBINE=0: the down projection, then the combine's launch (A/B runs).
+    int       experts_combine = 1;
 };
 
 Overrides & overrides();
