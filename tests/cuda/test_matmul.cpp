@@ -1875,7 +1875,7 @@ TEST_CASE("matmul: op_experts_norm_matmul (the experts' down + combine + residua
     } restore;
     // (the down projection's 128 blocks of 16 rows: fused only where they fit one per SM)
     const bool fits = k / 16 <= tc.props.sm_count;
-    MESSAGE(tc.props.sm_count << " SMs: the int4 cases " << (fits ? "fuse" : "are refused (128 blocks)"));
+    MESSAGE(tc.props.sm_count << " SMs: the int4 cases " << std::string(fits ? "fuse" : "are refused (128 blocks)"));
     for (const Case & c : cases) {
         INFO(c.name);
         const bool fused_here           = c.fused && fits;
@@ -1959,7 +1959,7 @@ TEST_CASE("matmul: NVFP4 with activation scales takes W4A4 for prefill rows on s
     tc.props.w4a4         = spark::cuda::w4a4_runs_here(tc.props.cc);
     const bool    w4a4    = tc.props.w4a4;
     const int64_t n = 768, k = 2048;
-    MESSAGE("device cc " << tc.props.cc << ": W4A4 " << (w4a4 ? "runs here" : "does not run here (W4A16 expected)"));
+    MESSAGE("device cc " << tc.props.cc << ": W4A4 " << std::string(w4a4 ? "runs here" : "does not run here (W4A16 expected)"));
     QWeight gate = host.nvfp4(n, k, 200), up = host.nvfp4(n, k, 201);
     // (rows, a prompt step): a verify step of 64 rows (every row's logits read) stays W4A16.
     const std::pair<int64_t, bool> steps[] = {{1, true}, {8, true}, {9, true}, {64, true}, {64, false}};
