@@ -7,6 +7,6 @@
 
 namespace spark_cli {
 
-inline constexpr const char * kSyntheticShapes = "qwen3-8b, tiny-qwen3, qwen3-30b-a3b, tiny-qwen3-moe, qwen3-next-80b-a3b, tiny-qwen3-next, minimax-m2, tiny-minimax-m2";
+inline constexpr const char * kSyntheticShapes = "qwen3-8b, tiny-qwen3, qwen3-30b-a3b, tiny-qwen3-moe, tiny-qwen3-moe-top8, qwen3-next-80b-a3b, tiny-qwen3-next, minimax-m2, tiny-minimax-m2";
 
 }  // namespace spark_cli
