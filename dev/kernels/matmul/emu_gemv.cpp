@@ -184,22 +184,13 @@ double ref_weight(const HostWeight & h, int64_t n, int64_t k) {
     return 0;
 }
 
+// The instantiation the GPU's launcher would take (gemv_select), on the emulator.
 template <class F>
 void run_kernel(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid) {
-    const dim3 block(kGemvThreads);
-    auto       go = [&](auto kernel) { emu::launch(grid, block, 0, [&] { kernel(a); }, rng()); };
-    switch (r_tmpl * 2 + glu) {
-        case 2: go(gemv_kernel<F, 1, false>); break;
-        case 3: go(gemv_kernel<F, 1, true>); break;
-        case 4: go(gemv_kernel<F, 2, false>); break;
-        case 5: go(gemv_kernel<F, 2, true>); break;
-        case 6: go(gemv_kernel<F, 3, false>); break;
-        case 7: go(gemv_kernel<F, 3, true>); break;
-        case 8: go(gemv_kernel<F, 4, false>); break;
-        case 9: go(gemv_kernel<F, 4, true>); break;
-        case 16: go(gemv_kernel<F, 8, false>); break;
-        case 17: go(gemv_kernel<F, 8, true>); break;
-        default: std::abort();
+    const char * why = gemv_select<F>(r_tmpl, glu, [&](auto kernel) { emu::launch(grid, dim3(kGemvThreads), 0, [&] { kernel(a); }, rng()); });
+    if (why != nullptr) {
+        std::fprintf(stderr, "%s\n", why);
+        std::abort();
     }
 }
 

@@ -600,31 +600,34 @@ __global__ void __launch_bounds__(kGemvThreads, R == 1 ? F::kMinBlocksR1 : gemv_
     gemv_splitk_finish<GLU>(a, tile_n0, rows_per_block, rows, out_row0, mt);
 }
 
-#ifdef __CUDACC__
-// a.pdl: programmatic dependent launch (the kernel waits for the previous one in-kernel).
-template <class F, int R, bool GLU>
-void gemv_launch_one(const GemvArgs & a, dim3 grid, cudaStream_t s) {
-    launch_kernel(gemv_kernel<F, R, GLU>, grid, dim3(kGemvThreads), 0, s, a.pdl != 0, a);
+// The instantiation for r_tmpl activation rows (glu: the fused gate/up), passed to run(kernel): the
+// one choice of the GPU's launcher and the CPU emulator's (dev/kernels/matmul), so that the emulator
+// runs what the GPU runs. Returns the reason there is none (a plan the kernel has no form for), or
+// nullptr.
+template <class F, class Run>
+const char * gemv_select(int r_tmpl, bool glu, Run && run) {
+    switch (r_tmpl * 2 + int(glu)) {
+        case 2: run(gemv_kernel<F, 1, false>); return nullptr;
+        case 3: run(gemv_kernel<F, 1, true>); return nullptr;
+        case 4: run(gemv_kernel<F, 2, false>); return nullptr;
+        case 5: run(gemv_kernel<F, 2, true>); return nullptr;
+        case 6: run(gemv_kernel<F, 3, false>); return nullptr;
+        case 7: run(gemv_kernel<F, 3, true>); return nullptr;
+        case 8: run(gemv_kernel<F, 4, false>); return nullptr;
+        case 9: run(gemv_kernel<F, 4, true>); return nullptr;
+        case 16: run(gemv_kernel<F, 8, false>); return nullptr;
+        case 17: run(gemv_kernel<F, 8, true>); return nullptr;
+        default: return "gemv: no instantiation for this row count";
+    }
 }
 
+#ifdef __CUDACC__
+// a.pdl: programmatic dependent launch (the kernel waits for the previous one in-kernel). A row
+// count without an instantiation is an error, never a step without its launch.
 template <class F>
 void gemv_launch(int r_tmpl, bool glu, const GemvArgs & a, dim3 grid, cudaStream_t s) {
-#define SPARK_GEMV_CASE(R)                                                              \
-    case R:                                                                             \
-        if (glu)                                                                        \
-            gemv_launch_one<F, R, true>(a, grid, s);                                    \
-        else                                                                            \
-            gemv_launch_one<F, R, false>(a, grid, s);                                   \
-        return;
-    switch (r_tmpl) {
-        SPARK_GEMV_CASE(1)
-        SPARK_GEMV_CASE(2)
-        SPARK_GEMV_CASE(3)
-        SPARK_GEMV_CASE(4)
-        SPARK_GEMV_CASE(8)
-        default: break;
-    }
-#undef SPARK_GEMV_CASE
+    const char * why = gemv_select<F>(r_tmpl, glu, [&](auto kernel) { launch_kernel(kernel, grid, dim3(kGemvThreads), 0, s, a.pdl != 0, a); });
+    if (why != nullptr) fail(SPARK_ERR_INTERNAL, "%s (%d rows)", why, r_tmpl);
 }
 #endif
 
