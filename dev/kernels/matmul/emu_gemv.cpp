@@ -582,17 +582,18 @@ void check_experts_combine(const Spec & s, int64_t n, int64_t k, int experts, in
     Buf           xb(size_t((T - 1) * x_st + (k_slots - 1) * x_sj + k) * 4);
     float *       x = reinterpret_cast<float *>(xb.data());
     for (size_t i = 0; i < xb.bytes / 4; ++i) x[i] = x_value();
-    GemvPlan p;  // (plan_experts_combine's form: a K-warp per slot, the whole K, one token a block z)
-    const int64_t KB = (k / 32 + 3) / 4;
-    p.mma            = true;
-    p.r_tmpl         = 1;
-    p.wk             = k_slots;
-    p.cps            = KB + (kp ? KB & 1 : 0);
-    p.ksplit         = 1;
-    p.mma_kpair      = kp;
-    p.rows_per_block = (kp ? 1 : gemv_mma_tiles(1)) * 16;
-    p.smem           = gemv_mma_smem(1, std::min<int64_t>(p.cps, KB + 1));
-    p.grid           = dim3(unsigned((n + p.rows_per_block - 1) / p.rows_per_block), 1, unsigned(T));
+    // kp: the planner's form (plan_experts_combine); else the kernel's other row form (one K block a
+    // step, gemv_mma_tiles row tiles a block), which no plan takes but the kernel keeps.
+    GemvPlan p = plan_experts_combine(n, k, k_slots, T, 132);
+    if (kp && p.grid.x == 0) std::abort();
+    if (!kp) {
+        const int64_t KB = (k / 32 + 3) / 4;
+        p.cps            = KB;
+        p.mma_kpair      = false;
+        p.rows_per_block = gemv_mma_tiles(1) * 16;
+        p.smem           = gemv_mma_smem(1, std::min<int64_t>(p.cps, KB + 1));
+        p.grid           = dim3(unsigned((n + p.rows_per_block - 1) / p.rows_per_block), 1, unsigned(T));
+    }
     Buf     yb(size_t(T * n) * 4), pb(4), cb(4);
     float * y = reinterpret_cast<float *>(yb.data());
     std::fill(y, y + T * n, NAN);
