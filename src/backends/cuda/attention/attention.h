@@ -58,6 +58,18 @@
 // and the first tile's page is requested before the rows' arithmetic. The next kernel (a GEMV,
 // whose weight loads start as soon as it launches) may launch only once the first tiles are
 // requested: streaming beside this chain of round trips, it slowed each of them.
+//   Short contexts (AttnPlan::short_ctx: one token, one row group): a step whose KV length L is at
+// most 128 positions (64 at head_dim 256: what the K/V stages hold) takes the short path, chosen on
+// the device from L so that one captured graph serves every context. Block (0, y, kvh) with y <
+// group takes query head kvh * group + y alone (the plan gives the column at least `group` blocks;
+// the others exit): thread i requests position i's K and V rows with one cp.async each 16 bytes (one
+// round trip for the whole context, where the long path walks 64-position tiles and a 16-row block
+// scores and weights with two barriers per tile), scores its position in f32 from q in shared memory,
+// each warp takes its softmax over its 32 positions and one barrier combines the four; thread d
+// then sums P V for its dims. Block 0 of the column stores this step's k and v. Four times the
+// blocks read the same K/V rows (from L2: a few KB a head at these lengths); the chain after the wait
+// is the metadata, the rows and one barrier, which halves the kernel's time at 16 positions and
+// saves ~1 us at 128 (docs/PERF.md, "The short decode path"). SPARK_ATTN_SHORT=0 turns it off.
 //   Inside a block, 4 warps share a cp.async pipeline of K/V tiles (one tile never crosses a
 // page); for each tile each warp scores kN/4 positions for all 16 rows (mma m16n8k16 f16), the
 // block agrees on the running row maxima through shared memory, then each warp accumulates O for
@@ -130,6 +142,9 @@ struct AttnParams {
     int   n_tok = 0, n_head = 0, n_kv = 0, group = 0, head_dim = 0;
     int   page_size = 0, n_pages = 0, max_pages = 0, n_slots = 0;
     int   n_splits = 1;
+    // The short decode path (AttnPlan::short_ctx; 0: off): a step of one token whose KV length L is at
+    // most this takes it (decided on the device, from L).
+    int   short_ctx = 0;
     float scale_log2 = 0.0f;  // softmax scale * log2(e): scores are kept in the log2 domain
     NormRope norm_rope;       // decode only (above)
 };
@@ -170,6 +185,11 @@ template <int D> struct DecodeCfg {
     static_assert(kStages * 2 * kTileBytes >= kRows * 1024 * 4, "combine weights fit the K/V stages");
     static_assert(kDecodeMaxTokens <= kRows, "all of a step's tokens fit the token arrays");
     static_assert(kQBytes % 16 == 0 && kTileBytes % 16 == 0 && kPBytes % 16 == 0, "16-byte aligned smem");
+    // The short path (attention.h, "Short contexts"): every position's K and V row at once in the
+    // K/V stages (thread i scores position i), q as f32 in Q's place, P as f32 in P's.
+    static constexpr int kShort = kStages * kN < kThreads ? kStages * kN : kThreads;
+    static_assert(2 * kShort * kStr * 2 <= kStages * 2 * kTileBytes && D * 4 <= kQBytes && kShort * 4 <= kPBytes,
+                  "the short path fits the decode kernel's shared memory");
 };
 
 // Tile configuration of the prefill kernel.
@@ -196,6 +216,7 @@ struct AttnPlan {
     int      grid_x = 1, grid_y = 1, grid_z = 1;  // of the decode / prefill kernel
     int      smem     = 0;                        // dynamic shared memory of that kernel
     size_t   workspace_bytes = 0;                 // decode partials (n_splits > 1)
+    int      short_ctx = 0;                       // decode: AttnParams::short_ctx (0: no short path)
 };
 
 inline bool head_dim_supported(int d) { return d == 64 || d == 128 || d == 256; }
@@ -208,6 +229,9 @@ inline int prefill_smem(int d) {
     return d == 64 ? PrefillCfg<64>::kSmem : d == 128 ? PrefillCfg<128>::kSmem : d == 256 ? PrefillCfg<256>::kSmem : 0;
 }
 inline int decode_tile(int d) { return d <= 128 ? 64 : 32; }
+inline int decode_short_ctx(int d) {
+    return d == 64 ? DecodeCfg<64>::kShort : d == 128 ? DecodeCfg<128>::kShort : d == 256 ? DecodeCfg<256>::kShort : 0;
+}
 inline int prefill_tile(int d) { return d <= 128 ? 64 : 32; }
 
 // The launch configuration from shapes only (graph-capture safe). The split count aims at one wave
@@ -231,6 +255,12 @@ inline AttnPlan plan_attention(int head_dim, int n_tok, int n_head, int n_kv, in
         p.n_splits = int(n_splits);
         p.grid_x   = int(n_rg);
         p.grid_y   = p.n_splits;
+        // One token, one row group: the short path's block y takes query head y of its KV head, so
+        // the column has at least `group` blocks (those past n_splits exit on the long path).
+        if (n_tok == 1 && group <= 16) {
+            p.short_ctx = decode_short_ctx(head_dim);
+            if (p.grid_y < group) p.grid_y = group;
+        }
         p.grid_z   = n_kv;
         p.smem     = decode_smem(head_dim);
         if (p.n_splits > 1)

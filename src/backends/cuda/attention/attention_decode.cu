@@ -29,6 +29,12 @@ bool fused_combine_enabled() {
     return on;
 }
 
+// SPARK_ATTN_SHORT=0: steps of one token take the long path at every context (A/B timing).
+bool short_path_enabled() {
+    static const bool on = !env_off("SPARK_ATTN_SHORT");
+    return on;
+}
+
 template <int D> void decode_d(const AttnParams & p, const AttnPlan & plan, cudaStream_t stream, const RopeFreqs * freqs) {
     const dim3 grid(plan.grid_x, plan.grid_y, plan.grid_z);
     if (p.norm_rope.on) {
@@ -108,6 +114,7 @@ void launch_decode(const AttnParams & params, const AttnPlan & plan, cudaStream_
     if (plan.n_splits > 1 && (!params.part_o || !params.part_ml))
         fail(SPARK_ERR_INTERNAL, "attention decode: no workspace for %d splits", plan.n_splits);
     AttnParams p = params;
+    p.short_ctx  = short_path_enabled() ? plan.short_ctx : 0;
     p.counters   = plan.n_splits > 1 && fused_combine_enabled() ? decode_counters(stream, int64_t(plan.grid_x) * plan.grid_z) : nullptr;
     switch (p.head_dim) {
         case 64: return decode_d<64>(p, plan, stream, freqs);

@@ -149,6 +149,141 @@ __device__ __forceinline__ int fresh_token(const int * tok_pos, const int * tok_
     return u;
 }
 
+// The short path of the decode kernel (attention.h, "Short contexts"): one token, KV length L <=
+// AttnParams::short_ctx; block (0, y, kvh) takes query head kvh * group + y. x: warp 0 holds the q
+// row, warp 1 this step's k row, warp 2 its v row (rope_apply's layout), w the q (warp 0) or k (warp
+// 1) norm weight (NR); s, ps: the token's sequence slot and position.
+template <int D, bool NR, class Freqs>
+__device__ __forceinline__ void attn_decode_short(const AttnParams & p, const Freqs & f, unsigned char * smem, int L, int s, int ps,
+                                                  RopeRegs<D / 64, 0> & x, const RopeRegs<D / 64, 0> & w) {
+    using C = DecodeCfg<D>;
+    constexpr int kStr = C::kStr, NP = D / 64, kHalf = D / 2;
+    uint16_t *    ks   = reinterpret_cast<uint16_t *>(smem + C::kOffKV);  // [kShort][kStr] f16: position i's K row
+    uint16_t *    vs   = ks + C::kShort * kStr;                           // ... and V row
+    float *       qf   = reinterpret_cast<float *>(smem + C::kOffQhi);   // [D] the q row in the log2 domain
+    float *       pf   = reinterpret_cast<float *>(smem + C::kOffPhi);   // [kShort] exp2(S - the warp's max)
+    float *       red  = reinterpret_cast<float *>(smem + C::kOffRed);   // [4] the warps' maxima, [4] their sums
+    int *         fpage = reinterpret_cast<int *>(smem + C::kOffFlag);   // the fresh position's page (-1: none or invalid)
+    const int     tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int     kvh = blockIdx.z, h = kvh * p.group + int(blockIdx.y);
+    const int64_t row_elems = int64_t(p.n_kv) * D;
+    const int32_t * bt      = p.block_table + int64_t(L > 0 ? s : 0) * p.max_pages;
+    const int       fresh   = ps < L ? ps : -1;  // this step's position, unless it is past the cache (L clamped)
+
+    // Every earlier position's K and V rows (thread i: position i), all in one round trip; rows of
+    // invalid pages read as zeros (as the long path's tiles).
+    if (tid < L && tid != fresh) {
+        const int     page = bt[tid / p.page_size];
+        const bool    ok   = page >= 0 && page < p.n_pages;
+        const int64_t off  = ok ? (int64_t(page) * p.page_size + tid % p.page_size) * row_elems + int64_t(kvh) * D : 0;
+#pragma unroll
+        for (int cc = 0; cc < D / 8; ++cc) {
+            ptx::cp_async_16(ks + tid * kStr + cc * 8, p.k_cache + off + cc * 8, ok);
+            ptx::cp_async_16(vs + tid * kStr + cc * 8, p.v_cache + off + cc * 8, ok);
+        }
+    }
+    ptx::cp_async_commit();
+    trace::mark(trace::kSplit);
+    pdl::launch_dependents();  // the rows are requested (as the long path: its first tiles)
+
+    // The rows of this step: q (NR: normalised and rotated) into the log2 domain as f32; k (NR:
+    // likewise) and v as the cache's f16 at position `fresh` (zeros where its page is invalid).
+    if (warp < 3) {
+        float sn[NP], cs[NP];
+        if constexpr (NR) {
+            if (warp < 2) {
+                rope_angles(ps, f, D, lane, sn, cs);
+                const float * wp = warp == 0 ? p.norm_rope.q_w : p.norm_rope.k_w;
+                rope_apply<NP, 0, true>(x, w, wp != nullptr, p.norm_rope.eps, p.norm_rope.zc, D, D, lane, sn, cs);
+            }
+        }
+        if (warp == 0) {
+#pragma unroll
+            for (int k = 0; k < NP; ++k) {
+                qf[lane + 32 * k]         = x.x0[k] * p.scale_log2;
+                qf[lane + 32 * k + kHalf] = x.x1[k] * p.scale_log2;
+            }
+        } else if (fresh >= 0) {
+            const int  page = bt[fresh / p.page_size];
+            const bool ok   = page >= 0 && page < p.n_pages;
+            uint16_t * row  = (warp == 1 ? ks : vs) + fresh * kStr;
+#pragma unroll
+            for (int k = 0; k < NP; ++k) {
+                row[lane + 32 * k]         = ok ? ptx::f16_bits(f16_saturate(x.x0[k])) : uint16_t(0);
+                row[lane + 32 * k + kHalf] = ok ? ptx::f16_bits(f16_saturate(x.x1[k])) : uint16_t(0);
+            }
+            if (warp == 1 && lane == 0) *fpage = ok ? page : -1;
+        }
+    }
+    ptx::cp_async_wait<0>();
+    __syncthreads();  // every row in shared memory
+
+    // This step's k and v to the cache: block 0 of the column (one store per 16 bytes).
+    if (blockIdx.y == 0 && fresh >= 0 && *fpage >= 0 && tid < D / 4) {
+        const bool      is_v = tid >= D / 8;
+        const int       cc   = is_v ? tid - D / 8 : tid;
+        const int64_t   off  = (int64_t(*fpage) * p.page_size + fresh % p.page_size) * row_elems + int64_t(kvh) * D + cc * 8;
+        const uint4     r4   = *reinterpret_cast<const uint4 *>((is_v ? vs : ks) + fresh * kStr + cc * 8);
+        const uint32_t  hw[4] = {r4.x, r4.y, r4.z, r4.w};
+        ptx::st_global_16((is_v ? p.v_cache : p.k_cache) + off, hw);
+    }
+
+    // Scores (log2 domain) and each warp's softmax over its 32 positions.
+    float sc = -INFINITY;
+    if (tid < L) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int cc = 0; cc < D / 8; ++cc) {
+            const uint4 k4 = *reinterpret_cast<const uint4 *>(ks + tid * kStr + cc * 8);
+            const uint32_t kw[4] = {k4.x, k4.y, k4.z, k4.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float2 kf = ptx::unpack_f16x2(kw[e]);
+                acc             = fmaf(qf[cc * 8 + 2 * e], kf.x, acc);
+                acc             = fmaf(qf[cc * 8 + 2 * e + 1], kf.y, acc);
+            }
+        }
+        sc = acc;
+    }
+    float mw = sc;
+    for (int off = 16; off > 0; off >>= 1) mw = fmaxf(mw, __shfl_xor_sync(0xffffffffu, mw, off));
+    const float pe = tid < L ? exp2f(sc - mw) : 0.0f;  // (mw > -inf wherever tid < L)
+    const float lw = warp_sum(pe);
+    if (tid < C::kShort) pf[tid] = pe;
+    if (lane == 0) {
+        red[warp]     = mw;
+        red[4 + warp] = lw;
+    }
+    __syncthreads();
+
+    // The block's softmax from the warps' (max, sum), then O = P V / l: thread d takes dims d, d + 128.
+    float M = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) M = fmaxf(M, red[i]);
+    float fw[4], l = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        fw[i] = red[4 + i] > 0.0f ? exp2f(red[i] - M) : 0.0f;
+        l += fw[i] * red[4 + i];
+    }
+    float * out = reinterpret_cast<float *>(reinterpret_cast<char *>(p.out)) + int64_t(h) * D;  // (one token: row 0)
+    for (int d = tid; d < D; d += kThreads) {
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int j = 0; j < 32; ++j) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int ip = 32 * i + j;
+                if (ip < L) acc[i] = fmaf(pf[ip], ptx::f16_float(vs[ip * kStr + d]), acc[i]);
+            }
+        }
+        float o = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) o = fmaf(fw[i], acc[i], o);
+        out[d] = l > 0.0f ? o / l : 0.0f;
+    }
+    trace::mark(trace::kEnd);
+}
+
 // The decode kernel's body. NR: the fused q / k norm + RoPE (AttnParams::norm_rope), f its frequency
 // table (without NR: unused).
 template <int D, bool NR, class Freqs> __device__ __forceinline__ void attn_decode(const AttnParams & p, const Freqs & f) {
@@ -215,11 +350,31 @@ template <int D, bool NR, class Freqs> __device__ __forceinline__ void attn_deco
     };
     const bool rows_first = split == 0;
     if (rows_first) load_rows();
+    // The short path's rows (AttnParams::short_ctx: one token), requested with the metadata: warp 0
+    // its query head's q row, warp 1 this step's k row, warp 2 its v row (and the norms' weights).
+    const bool      short_block = p.short_ctx > 0 && split < p.group;
+    RopeRegs<NP, 0> sx, sw;
+    if (short_block && warp < 3) {
+        const char * row = warp == 0 ? p.q + (kvh * p.group + split) * p.q_nb1 : warp == 1 ? p.k + kvh * p.k_nb1 : p.v + kvh * p.v_nb1;
+        if constexpr (NR) {
+            if (warp < 2) rope_load_weight(warp == 0 ? p.norm_rope.q_w : p.norm_rope.k_w, D, D, lane, sw);
+        }
+        rope_load(reinterpret_cast<const float *>(row), D, D, lane, sx);
+    }
 
     // All of the step's tokens (T <= 8): this step's k / v of a run's sequence may come from tokens
     // of other row groups.
     load_token_meta(p, 0, p.n_tok, tok_pos, tok_seq);
     __syncthreads();
+    if (p.short_ctx > 0) {
+        int L = 0;
+        next_run(p, tok_pos, tok_seq, 0, 0, 1, L);
+        if (L <= p.short_ctx) {
+            if (short_block) attn_decode_short<D, NR>(p, f, smem, L, tok_seq[0], tok_pos[0], sx, sw);
+            return;
+        }
+    }
+    if (split >= p.n_splits) return;  // (the short path's extra blocks)
 
     // The block's work (block-uniform, and the same in every block of the column): does split
     // `split` have positions in any run, and how many splits the column's last block combines.
