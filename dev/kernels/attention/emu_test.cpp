@@ -129,6 +129,7 @@ struct AttnCase {
     // Decode of one token: the long path even where the short one would take the context
     // (AttnParams::short_ctx = 0).
     bool   long_path = false;
+    int    short_chunks = 0;  // > 0: the short path up to this many chunks (else the plan's)
 };
 
 // The cache's value of x: RNE f16, saturated at +-65504 (attention_kernels.cuh: f16_saturate).
@@ -293,7 +294,7 @@ void run_attention(const AttnCase & tc) {
     p.scale_log2 = float(scale) * 1.4426950408889634f;
     const attn::AttnPlan plan = attn::plan_attention(D, T, H, KV, tc.max_pages, page, tc.sm_count);
     p.n_splits = plan.n_splits;
-    p.short_ctx = tc.long_path ? 0 : plan.short_ctx;
+    p.short_ctx = tc.long_path ? 0 : plan.short_ctx > 0 && tc.short_chunks > 0 ? tc.short_chunks * attn::decode_short_chunk(D) : plan.short_ctx;
     std::vector<float> ws(plan.workspace_bytes / 4 + 1, NAN);
     p.part_o  = ws.data();
     p.part_ml = ws.data() + size_t(plan.n_splits) * T * H * D;
@@ -400,7 +401,7 @@ void run_attention(const AttnCase & tc) {
     }
     // The short path runs where the kernel finds one token of KV length L <= short_ctx (the device's choice).
     const int  cap        = tc.max_pages * page;
-    const bool short_path = p.short_ctx > 0 && std::min(pos[0] + 1, cap) <= p.short_ctx;
+    const bool short_path = p.short_ctx > 0 && T == 1 && std::min(pos[0] + 1, cap) <= p.short_ctx;
     char       info[96];
     std::snprintf(info, sizeof info, " [%s T=%d splits=%d%s]", plan.path == attn::AttnPath::Decode ? (short_path ? "short" : "decode") : "prefill",
                   T, plan.n_splits, plan.n_splits > 1 ? (p.counters ? " fused" : " combine") : "");
@@ -851,19 +852,26 @@ int main(int argc, char ** argv) {
         // the outliers prefill case checks saturation and finiteness, its kernel bound is loose.
         {"range prefill d64 g2 outliers", 64, 8, 4, {{0, 30, 20}}, 1, 1, 132, kPrefillTol, false, 1.0f, 1.0f, false, true, 1e-4},
     };
-    // The short path (one token, L <= short_ctx: 128 positions, 64 at head_dim 256): every head dim,
-    // GQA groups 1..16 (6: MiniMax-M2's 48 / 8), contexts at a warp's and the path's edges, range
-    // stress; its twins on the long path. The other one-token cases above at contexts <= 128 take it too.
-    for (const AttnCase & c : std::vector<AttnCase>{
+    // The short path (one token, L <= short_ctx: two chunks of 128 positions, three of 64 at head_dim
+    // 256): every head dim, GQA groups 1..16 (6: MiniMax-M2's 48 / 8), contexts at a warp's, a chunk's
+    // and the path's edges, more chunks than the plan's, range stress; each with the fused norm +
+    // RoPE and on the long path. The other one-token cases above at short contexts take it too.
+    for (AttnCase c : std::vector<AttnCase>{
              {"short d128 g6 ctx128", 128, 12, 2, {{0, 127, 1}}, 4, 1},
-             {"short d128 g6 ctx129 (long path)", 128, 12, 2, {{0, 128, 1}}, 4, 1},
+             {"short d128 g6 ctx129 2 chunks", 128, 12, 2, {{0, 128, 1}}, 4, 1},
+             {"short d128 g6 ctx256", 128, 12, 2, {{0, 255, 1}}, 4, 1},
+             {"short d128 g6 ctx257 (long path)", 128, 12, 2, {{0, 256, 1}}, 8, 1},
              {"short d128 g8 ctx33 slot 1", 128, 16, 2, {{1, 32, 1}}, 2, 2},
-             {"short d128 g4 ctx96", 128, 16, 4, {{0, 95, 1}}, 2, 1},
+             {"short d128 g4 ctx700 6 chunks", 128, 16, 4, {{0, 699, 1}}, 12, 1, 132, kDecodeTol, false, 1, 1, false, false, 0, 0, false, false, false, 6},
              {"short d256 g8 ctx64", 256, 16, 2, {{0, 63, 1}}, 2, 1},
-             {"short d256 g8 ctx65 (long path)", 256, 16, 2, {{0, 64, 1}}, 2, 1},
+             {"short d256 g8 ctx65 2 chunks", 256, 16, 2, {{0, 64, 1}}, 2, 1},
+             {"short d256 g8 ctx192 3 chunks", 256, 16, 2, {{0, 191, 1}}, 4, 1},
+             {"short d256 g8 ctx193 (long path)", 256, 16, 2, {{0, 192, 1}}, 4, 1},
+             {"short d256 g2 ctx300 5 chunks", 256, 4, 2, {{0, 299, 1}}, 8, 1, 132, kDecodeTol, false, 1, 1, false, false, 0, 0, false, false, false, 5},
              {"short d64 g16 ctx100", 64, 32, 2, {{0, 99, 1}}, 2, 1},
+             {"short d64 g16 ctx200", 64, 32, 2, {{0, 199, 1}}, 4, 1},
              {"short d64 g1 ctx2", 64, 4, 4, {{0, 1, 1}}, 1, 1},
-             {"range short d128 g8 q*1e6 k*1e-5", 128, 16, 2, {{0, 99, 1}}, 2, 1, 132, kDecodeTol, false, 1e6f, 1e-5f, true, false, 0, 3},
+             {"range short d128 g8 q*1e6 k*1e-5", 128, 16, 2, {{0, 199, 1}}, 4, 1, 132, kDecodeTol, false, 1e6f, 1e-5f, true, false, 0, 3},
              {"range short d64 g8 q*1e-4 k*1e4", 64, 16, 2, {{0, 120, 1}}, 2, 1, 132, kDecodeTol, false, 1e-4f, 1e4f, true, false, 0, 3},
          }) {
         cases.push_back(c);

@@ -59,17 +59,19 @@
 // whose weight loads start as soon as it launches) may launch only once the first tiles are
 // requested: streaming beside this chain of round trips, it slowed each of them.
 //   Short contexts (AttnPlan::short_ctx: one token, one row group): a step whose KV length L is at
-// most 128 positions (64 at head_dim 256: what the K/V stages hold) takes the short path, chosen on
-// the device from L so that one captured graph serves every context. Block (0, y, kvh) with y <
-// group takes query head kvh * group + y alone (the plan gives the column at least `group` blocks;
-// the others exit): thread i requests position i's K and V rows with one cp.async each 16 bytes (one
-// round trip for the whole context, where the long path walks 64-position tiles and a 16-row block
-// scores and weights with two barriers per tile), scores its position in f32 from q in shared memory,
-// each warp takes its softmax over its 32 positions and one barrier combines the four; thread d
-// then sums P V for its dims. Block 0 of the column stores this step's k and v. Four times the
-// blocks read the same K/V rows (from L2: a few KB a head at these lengths); the chain after the wait
-// is the metadata, the rows and one barrier, which halves the kernel's time at 16 positions and
-// saves ~1 us at 128 (docs/PERF.md, "The short decode path"). SPARK_ATTN_SHORT=0 turns it off.
+// most 256 positions (192 at head_dim 256) takes the short path, chosen on the device from L so that
+// one captured graph serves every context. Block (0, y, kvh) with y < group takes query head kvh *
+// group + y alone (the plan gives the column at least `group` blocks; the others exit). It walks L
+// in chunks of 128 positions (64 at head_dim 256: what the K/V stages hold): thread i requests
+// position i's K and V rows with one cp.async each 16 bytes (one round trip for the chunk, where the
+// long path walks 64-position tiles and a 16-row block scores and weights with two barriers per
+// tile), scores its position in f32 from q in shared memory; a barrier gives the chunk's maximum, a
+// second the sum, and thread d adds P V for its dims (an online softmax across chunks). Block 0 of
+// the column stores this step's k and v. `group` blocks read the same K/V rows (L2 serves all but
+// the first); a chunk costs ~35 ns a position (the one SM's reads of 512 bytes a position), so past
+// two chunks the long path's splits are faster. At 16 positions the kernel takes half the long
+// path's time (docs/PERF.md, "The short decode path"). SPARK_ATTN_SHORT=0 turns it off (=N: up to
+// N chunks, for measurements).
 //   Inside a block, 4 warps share a cp.async pipeline of K/V tiles (one tile never crosses a
 // page); for each tile each warp scores kN/4 positions for all 16 rows (mma m16n8k16 f16), the
 // block agrees on the running row maxima through shared memory, then each warp accumulates O for
@@ -229,9 +231,13 @@ inline int prefill_smem(int d) {
     return d == 64 ? PrefillCfg<64>::kSmem : d == 128 ? PrefillCfg<128>::kSmem : d == 256 ? PrefillCfg<256>::kSmem : 0;
 }
 inline int decode_tile(int d) { return d <= 128 ? 64 : 32; }
-inline int decode_short_ctx(int d) {
+// The short path's chunk (positions) and the longest context it takes (attention.h, "Short
+// contexts"): 2 chunks of 128 positions, 3 of 64 at head_dim 256, where the H200 measured the long
+// path level (docs/PERF.md, "The short decode path").
+inline int decode_short_chunk(int d) {
     return d == 64 ? DecodeCfg<64>::kShort : d == 128 ? DecodeCfg<128>::kShort : d == 256 ? DecodeCfg<256>::kShort : 0;
 }
+inline int decode_short_ctx(int d) { return (d == 256 ? 3 : 2) * decode_short_chunk(d); }
 inline int prefill_tile(int d) { return d <= 128 ? 64 : 32; }
 
 // The launch configuration from shapes only (graph-capture safe). The split count aims at one wave

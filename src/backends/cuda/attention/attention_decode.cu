@@ -29,10 +29,15 @@ bool fused_combine_enabled() {
     return on;
 }
 
-// SPARK_ATTN_SHORT=0: steps of one token take the long path at every context (A/B timing).
-bool short_path_enabled() {
-    static const bool on = !env_off("SPARK_ATTN_SHORT");
-    return on;
+// SPARK_ATTN_SHORT=0: steps of one token take the long path at every context; =N: the short path
+// up to N chunks (A/B timing). Unset: the plan's.
+int short_ctx_of(const AttnPlan & plan, int head_dim) {
+    static const int chunks = [] {
+        const char * e = std::getenv("SPARK_ATTN_SHORT");
+        return e && *e ? std::atoi(e) : -1;
+    }();
+    if (plan.short_ctx <= 0 || chunks < 0) return plan.short_ctx;
+    return chunks * decode_short_chunk(head_dim);
 }
 
 template <int D> void decode_d(const AttnParams & p, const AttnPlan & plan, cudaStream_t stream, const RopeFreqs * freqs) {
@@ -114,7 +119,7 @@ void launch_decode(const AttnParams & params, const AttnPlan & plan, cudaStream_
     if (plan.n_splits > 1 && (!params.part_o || !params.part_ml))
         fail(SPARK_ERR_INTERNAL, "attention decode: no workspace for %d splits", plan.n_splits);
     AttnParams p = params;
-    p.short_ctx  = short_path_enabled() ? plan.short_ctx : 0;
+    p.short_ctx  = short_ctx_of(plan, p.head_dim);
     p.counters   = plan.n_splits > 1 && fused_combine_enabled() ? decode_counters(stream, int64_t(plan.grid_x) * plan.grid_z) : nullptr;
     switch (p.head_dim) {
         case 64: return decode_d<64>(p, plan, stream, freqs);

@@ -157,37 +157,41 @@ template <int D, bool NR, class Freqs>
 __device__ __forceinline__ void attn_decode_short(const AttnParams & p, const Freqs & f, unsigned char * smem, int L, int s, int ps,
                                                   RopeRegs<D / 64, 0> & x, const RopeRegs<D / 64, 0> & w) {
     using C = DecodeCfg<D>;
-    constexpr int kStr = C::kStr, NP = D / 64, kHalf = D / 2;
-    uint16_t *    ks   = reinterpret_cast<uint16_t *>(smem + C::kOffKV);  // [kShort][kStr] f16: position i's K row
-    uint16_t *    vs   = ks + C::kShort * kStr;                           // ... and V row
+    constexpr int kStr = C::kStr, NP = D / 64, kHalf = D / 2, kC = C::kShort, ND = (D + kThreads - 1) / kThreads;
+    uint16_t *    ks   = reinterpret_cast<uint16_t *>(smem + C::kOffKV);  // [kC][kStr] f16: the chunk's K rows
+    uint16_t *    vs   = ks + kC * kStr;                                  // ... and V rows
     float *       qf   = reinterpret_cast<float *>(smem + C::kOffQhi);   // [D] the q row in the log2 domain
-    float *       pf   = reinterpret_cast<float *>(smem + C::kOffPhi);   // [kShort] exp2(S - the warp's max)
+    float *       pf   = reinterpret_cast<float *>(smem + C::kOffPhi);   // [kC] exp2(S - the warp's max)
     float *       red  = reinterpret_cast<float *>(smem + C::kOffRed);   // [4] the warps' maxima, [4] their sums
-    int *         fpage = reinterpret_cast<int *>(smem + C::kOffFlag);   // the fresh position's page (-1: none or invalid)
     const int     tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int     kvh = blockIdx.z, h = kvh * p.group + int(blockIdx.y);
     const int64_t row_elems = int64_t(p.n_kv) * D;
     const int32_t * bt      = p.block_table + int64_t(L > 0 ? s : 0) * p.max_pages;
     const int       fresh   = ps < L ? ps : -1;  // this step's position, unless it is past the cache (L clamped)
 
-    // Every earlier position's K and V rows (thread i: position i), all in one round trip; rows of
-    // invalid pages read as zeros (as the long path's tiles).
-    if (tid < L && tid != fresh) {
-        const int     page = bt[tid / p.page_size];
-        const bool    ok   = page >= 0 && page < p.n_pages;
-        const int64_t off  = ok ? (int64_t(page) * p.page_size + tid % p.page_size) * row_elems + int64_t(kvh) * D : 0;
+    // The earlier positions' K and V rows of the chunk at c0 (thread i: position c0 + i), in one round
+    // trip; rows of invalid pages read as zeros (as the long path's tiles).
+    auto request = [&](int c0) {
+        const int ip = c0 + tid;
+        if (tid < kC && ip < L && ip != fresh) {
+            const int     page = bt[ip / p.page_size];
+            const bool    ok   = page >= 0 && page < p.n_pages;
+            const int64_t off  = ok ? (int64_t(page) * p.page_size + ip % p.page_size) * row_elems + int64_t(kvh) * D : 0;
 #pragma unroll
-        for (int cc = 0; cc < D / 8; ++cc) {
-            ptx::cp_async_16(ks + tid * kStr + cc * 8, p.k_cache + off + cc * 8, ok);
-            ptx::cp_async_16(vs + tid * kStr + cc * 8, p.v_cache + off + cc * 8, ok);
+            for (int cc = 0; cc < D / 8; ++cc) {
+                ptx::cp_async_16(ks + tid * kStr + cc * 8, p.k_cache + off + cc * 8, ok);
+                ptx::cp_async_16(vs + tid * kStr + cc * 8, p.v_cache + off + cc * 8, ok);
+            }
         }
-    }
-    ptx::cp_async_commit();
+        ptx::cp_async_commit();
+    };
+    request(0);
     trace::mark(trace::kSplit);
-    pdl::launch_dependents();  // the rows are requested (as the long path: its first tiles)
+    pdl::launch_dependents();  // the first rows are requested (as the long path: its first tiles)
 
     // The rows of this step: q (NR: normalised and rotated) into the log2 domain as f32; k (NR:
-    // likewise) and v as the cache's f16 at position `fresh` (zeros where its page is invalid).
+    // likewise) and v stay in registers until their chunk, with the page of their position.
+    int fresh_page = -1;  // (warps 1 and 2; -1: invalid)
     if (warp < 3) {
         float sn[NP], cs[NP];
         if constexpr (NR) {
@@ -204,82 +208,98 @@ __device__ __forceinline__ void attn_decode_short(const AttnParams & p, const Fr
                 qf[lane + 32 * k + kHalf] = x.x1[k] * p.scale_log2;
             }
         } else if (fresh >= 0) {
-            const int  page = bt[fresh / p.page_size];
-            const bool ok   = page >= 0 && page < p.n_pages;
-            uint16_t * row  = (warp == 1 ? ks : vs) + fresh * kStr;
+            const int page = bt[fresh / p.page_size];
+            fresh_page     = page >= 0 && page < p.n_pages ? page : -1;
+        }
+    }
+
+    // The chunks in order, an online softmax over them (one chunk up to kC positions: no rescaling).
+    const int n_chunks = L > kC ? (L + kC - 1) / kC : 1;
+    float     m_run = -INFINITY, l_run = 0.0f, o_run[ND];
+#pragma unroll
+    for (int e = 0; e < ND; ++e) o_run[e] = 0.0f;
+    for (int ch = 0; ch < n_chunks; ++ch) {
+        const int c0 = ch * kC, Lc = min(L - c0, kC);
+        if (ch > 0) request(c0);  // (the barrier that ended the last chunk freed the rows)
+        const bool fresh_here = fresh >= c0 && fresh < c0 + kC;
+        if (fresh_here && (warp == 1 || warp == 2)) {  // this step's k / v as the cache's f16 (zeros: invalid page)
+            uint16_t * row = (warp == 1 ? ks : vs) + (fresh - c0) * kStr;
 #pragma unroll
             for (int k = 0; k < NP; ++k) {
-                row[lane + 32 * k]         = ok ? ptx::f16_bits(f16_saturate(x.x0[k])) : uint16_t(0);
-                row[lane + 32 * k + kHalf] = ok ? ptx::f16_bits(f16_saturate(x.x1[k])) : uint16_t(0);
-            }
-            if (warp == 1 && lane == 0) *fpage = ok ? page : -1;
-        }
-    }
-    ptx::cp_async_wait<0>();
-    __syncthreads();  // every row in shared memory
-
-    // This step's k and v to the cache: block 0 of the column (one store per 16 bytes).
-    if (blockIdx.y == 0 && fresh >= 0 && *fpage >= 0 && tid < D / 4) {
-        const bool      is_v = tid >= D / 8;
-        const int       cc   = is_v ? tid - D / 8 : tid;
-        const int64_t   off  = (int64_t(*fpage) * p.page_size + fresh % p.page_size) * row_elems + int64_t(kvh) * D + cc * 8;
-        const uint4     r4   = *reinterpret_cast<const uint4 *>((is_v ? vs : ks) + fresh * kStr + cc * 8);
-        const uint32_t  hw[4] = {r4.x, r4.y, r4.z, r4.w};
-        ptx::st_global_16((is_v ? p.v_cache : p.k_cache) + off, hw);
-    }
-
-    // Scores (log2 domain) and each warp's softmax over its 32 positions.
-    float sc = -INFINITY;
-    if (tid < L) {
-        float acc = 0.0f;
-#pragma unroll
-        for (int cc = 0; cc < D / 8; ++cc) {
-            const uint4 k4 = *reinterpret_cast<const uint4 *>(ks + tid * kStr + cc * 8);
-            const uint32_t kw[4] = {k4.x, k4.y, k4.z, k4.w};
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float2 kf = ptx::unpack_f16x2(kw[e]);
-                acc             = fmaf(qf[cc * 8 + 2 * e], kf.x, acc);
-                acc             = fmaf(qf[cc * 8 + 2 * e + 1], kf.y, acc);
+                row[lane + 32 * k]         = fresh_page >= 0 ? ptx::f16_bits(f16_saturate(x.x0[k])) : uint16_t(0);
+                row[lane + 32 * k + kHalf] = fresh_page >= 0 ? ptx::f16_bits(f16_saturate(x.x1[k])) : uint16_t(0);
             }
         }
-        sc = acc;
-    }
-    float mw = sc;
-    for (int off = 16; off > 0; off >>= 1) mw = fmaxf(mw, __shfl_xor_sync(0xffffffffu, mw, off));
-    const float pe = tid < L ? exp2f(sc - mw) : 0.0f;  // (mw > -inf wherever tid < L)
-    const float lw = warp_sum(pe);
-    if (tid < C::kShort) pf[tid] = pe;
-    if (lane == 0) {
-        red[warp]     = mw;
-        red[4 + warp] = lw;
-    }
-    __syncthreads();
+        ptx::cp_async_wait<0>();
+        __syncthreads();  // the chunk's rows in shared memory
 
-    // The block's softmax from the warps' (max, sum), then O = P V / l: thread d takes dims d, d + 128.
-    float M = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) M = fmaxf(M, red[i]);
-    float fw[4], l = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        fw[i] = red[4 + i] > 0.0f ? exp2f(red[i] - M) : 0.0f;
-        l += fw[i] * red[4 + i];
-    }
-    float * out = reinterpret_cast<float *>(reinterpret_cast<char *>(p.out)) + int64_t(h) * D;  // (one token: row 0)
-    for (int d = tid; d < D; d += kThreads) {
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int j = 0; j < 32; ++j) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int ip = 32 * i + j;
-                if (ip < L) acc[i] = fmaf(pf[ip], ptx::f16_float(vs[ip * kStr + d]), acc[i]);
-            }
+        // This step's k and v to the cache: block 0 of the column, one store per 16 bytes (warp 1's
+        // and warp 2's lanes, which hold the page).
+        if (fresh_here && fresh_page >= 0 && blockIdx.y == 0 && (warp == 1 || warp == 2) && lane < D / 8) {
+            const int64_t  off  = (int64_t(fresh_page) * p.page_size + fresh % p.page_size) * row_elems + int64_t(kvh) * D + lane * 8;
+            const uint4    r4   = *reinterpret_cast<const uint4 *>((warp == 2 ? vs : ks) + (fresh - c0) * kStr + lane * 8);
+            const uint32_t hw[4] = {r4.x, r4.y, r4.z, r4.w};
+            ptx::st_global_16((warp == 2 ? p.v_cache : p.k_cache) + off, hw);
         }
-        float o = 0.0f;
+
+        // Scores (log2 domain): four partial sums per position, added in a fixed order.
+        float sc = -INFINITY;
+        if (tid < Lc) {
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-        for (int i = 0; i < 4; ++i) o = fmaf(fw[i], acc[i], o);
-        out[d] = l > 0.0f ? o / l : 0.0f;
+            for (int cc = 0; cc < D / 8; ++cc) {
+                const uint4    k4    = *reinterpret_cast<const uint4 *>(ks + tid * kStr + cc * 8);
+                const float4   qa    = *reinterpret_cast<const float4 *>(qf + cc * 8);
+                const float4   qb    = *reinterpret_cast<const float4 *>(qf + cc * 8 + 4);
+                const float2   k0 = ptx::unpack_f16x2(k4.x), k1 = ptx::unpack_f16x2(k4.y);
+                const float2   k2 = ptx::unpack_f16x2(k4.z), k3 = ptx::unpack_f16x2(k4.w);
+                acc[0] = fmaf(qa.y, k0.y, fmaf(qa.x, k0.x, acc[0]));
+                acc[1] = fmaf(qa.w, k1.y, fmaf(qa.z, k1.x, acc[1]));
+                acc[2] = fmaf(qb.y, k2.y, fmaf(qb.x, k2.x, acc[2]));
+                acc[3] = fmaf(qb.w, k3.y, fmaf(qb.z, k3.x, acc[3]));
+            }
+            sc = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+        }
+        // The chunk's maximum over the block, then P = exp2(S - M) with M the running maximum.
+        float mw = sc;
+        for (int off = 16; off > 0; off >>= 1) mw = fmaxf(mw, __shfl_xor_sync(0xffffffffu, mw, off));
+        if (lane == 0) red[warp] = mw;
+        __syncthreads();
+        const float M     = fmaxf(m_run, fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3])));
+        const float alpha = m_run == -INFINITY ? 0.0f : exp2f(m_run - M);
+        const float pe    = tid < Lc ? exp2f(sc - M) : 0.0f;  // (M > -inf wherever tid < Lc)
+        const float lw    = warp_sum(pe);
+        if (tid < kC) pf[tid] = pe;
+        if (lane == 0) red[4 + warp] = lw;
+        __syncthreads();
+        l_run = l_run * alpha + ((red[4] + red[5]) + (red[6] + red[7]));
+        m_run = M;
+
+        // O = O * alpha + P V: thread d takes dims d, d + 128; eight positions a step, four sums.
+#pragma unroll
+        for (int e = 0; e < ND; ++e) {
+            const int d = tid + kThreads * e;
+            if (d >= D) break;
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int i0 = 0; i0 < Lc; i0 += 8) {
+                const float4 pa = *reinterpret_cast<const float4 *>(pf + i0);
+                const float4 pb = *reinterpret_cast<const float4 *>(pf + i0 + 4);
+                const float  pp[8] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    const float v = i0 + j < Lc ? ptx::f16_float(vs[(i0 + j) * kStr + d]) : 0.0f;  // (rows past Lc: stale)
+                    acc[j & 3]    = fmaf(pp[j], v, acc[j & 3]);
+                }
+            }
+            o_run[e] = o_run[e] * alpha + ((acc[0] + acc[1]) + (acc[2] + acc[3]));
+        }
+        if (ch + 1 < n_chunks) __syncthreads();  // every thread done with the chunk's rows, pf and red
+    }
+    float * out = reinterpret_cast<float *>(p.out) + int64_t(h) * D;  // (one token: row 0)
+#pragma unroll
+    for (int e = 0; e < ND; ++e) {
+        const int d = tid + kThreads * e;
+        if (d < D) out[d] = l_run > 0.0f ? o_run[e] / l_run : 0.0f;
     }
     trace::mark(trace::kEnd);
 }
