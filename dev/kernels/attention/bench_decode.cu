@@ -22,6 +22,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <string>
 #include <vector>
 
 namespace spark::cuda {
@@ -261,6 +262,8 @@ int main(int argc, char ** argv) {
                 destroy(st);
             }
 
+    // BENCH_NR=1: the timings with the fused q / k norm + RoPE (a Qwen3 layer's decode kernel).
+    const bool nr = std::getenv("BENCH_NR") && std::string(std::getenv("BENCH_NR")) == "1";
     std::printf("\n%-30s %3s %6s %6s %6s %9s %9s\n", "shape", "T", "ctx", "cap", "splits", "us/layer", "KV GB/s");
     for (const Shape & s : shapes)
         for (int T : {1, 4})
@@ -268,11 +271,15 @@ int main(int argc, char ** argv) {
                 if (std::string(s.name).find(only) == std::string::npos) continue;
                 const int capacity = 32768 + 64 * 8;
                 Setup     st       = make(s, ctx, T, capacity, size_t(prop.l2CacheSize), prop.multiProcessorCount);
+                const RopeFreqs freqs = rope_freqs(1e6f, s.hd);
                 // One graph: every layer's step once, replayed.
                 cudaGraph_t     g;
                 cudaGraphExec_t ge;
                 CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-                for (const auto & p : st.params) attn::launch_attention(p, st.plan, stream);
+                for (attn::AttnParams p : st.params) {
+                    if (nr) p.norm_rope = {true, nullptr, nullptr, 1e-6f, false};  // (unweighted norms)
+                    attn::launch_attention(p, st.plan, stream, nr ? &freqs : nullptr);
+                }
                 CK(cudaStreamEndCapture(stream, &g));
                 CK(cudaGraphInstantiate(&ge, g, 0));
                 for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, stream));
