@@ -294,7 +294,6 @@ void run_attention(const AttnCase & tc) {
     p.scale_log2 = float(scale) * 1.4426950408889634f;
     const attn::AttnPlan plan = attn::plan_attention(D, T, H, KV, tc.max_pages, page, tc.sm_count);
     p.n_splits = plan.n_splits;
-    p.short_ctx = tc.long_path ? 0 : plan.short_ctx > 0 && tc.short_chunks > 0 ? tc.short_chunks * attn::decode_short_chunk(D) : plan.short_ctx;
     std::vector<float> ws(plan.workspace_bytes / 4 + 1, NAN);
     p.part_o  = ws.data();
     p.part_ml = ws.data() + size_t(plan.n_splits) * T * H * D;
@@ -302,6 +301,10 @@ void run_attention(const AttnCase & tc) {
     // Arrival counters of the fused combine (0 before and after every launch).
     std::vector<uint32_t> counters(size_t(plan.grid_x) * plan.grid_z + 1, 0);
     p.counters = plan.n_splits > 1 && !tc.separate_combine ? counters.data() : nullptr;
+    // The short path's limit as launch_decode sets it.
+    p.short_ctx = attn::decode_short_ctx_with(
+        plan, p.counters != nullptr,
+        tc.long_path ? 0 : plan.short_ctx > 0 && tc.short_chunks > 0 ? tc.short_chunks * attn::decode_short_chunk(D) : plan.short_ctx);
 
     const uint64_t seed = rng();
     const dim3     grid(plan.grid_x, plan.grid_y, plan.grid_z);
@@ -827,6 +830,8 @@ int main(int argc, char ** argv) {
         {"multi d64 g32 T=3", 64, 64, 2, {{0, 129, 3}}, 4, 1},
         // The separate combine kernel (no arrival counters).
         {"combine d128 g8 ctx300", 128, 32, 4, {{0, 299, 1}}, 16, 1, 132, kDecodeTol, false, 1, 1, false, false, 0, 0, true},
+        // ... at a context the short path would take (it writes no partials: the long path runs).
+        {"combine d128 g8 ctx100", 128, 32, 4, {{0, 99, 1}}, 16, 1, 132, kDecodeTol, false, 1, 1, false, false, 0, 0, true},
         {"combine d64 g16 T=8", 64, 32, 2, {{0, 70, 8}}, 8, 1, 132, kDecodeTol, false, 1, 1, false, false, 0, 0, true},
         {"combine d256 3 seqs", 256, 16, 2, {{1, 90, 2}, {0, 10, 1}, {2, 400, 1}}, 8, 3, 16, kDecodeTol, false, 1, 1, false, false, 0, 0, true},
         // Prefill.

@@ -238,6 +238,12 @@ inline int decode_short_chunk(int d) {
     return d == 64 ? DecodeCfg<64>::kShort : d == 128 ? DecodeCfg<128>::kShort : d == 256 ? DecodeCfg<256>::kShort : 0;
 }
 inline int decode_short_ctx(int d) { return (d == 256 ? 3 : 2) * decode_short_chunk(d); }
+// AttnParams::short_ctx of a launch of `plan` (short_ctx: the plan's, or a measurement's override):
+// none where the separate combine kernel merges the splits (no arrival counters), since it reads
+// the partials of every split, which the short path does not write.
+inline int decode_short_ctx_with(const AttnPlan & plan, bool counters, int short_ctx) {
+    return plan.n_splits > 1 && !counters ? 0 : short_ctx;
+}
 inline int prefill_tile(int d) { return d <= 128 ? 64 : 32; }
 
 // The launch configuration from shapes only (graph-capture safe). The split count aims at one wave

@@ -119,8 +119,8 @@ void launch_decode(const AttnParams & params, const AttnPlan & plan, cudaStream_
     if (plan.n_splits > 1 && (!params.part_o || !params.part_ml))
         fail(SPARK_ERR_INTERNAL, "attention decode: no workspace for %d splits", plan.n_splits);
     AttnParams p = params;
-    p.short_ctx  = short_ctx_of(plan, p.head_dim);
     p.counters   = plan.n_splits > 1 && fused_combine_enabled() ? decode_counters(stream, int64_t(plan.grid_x) * plan.grid_z) : nullptr;
+    p.short_ctx  = decode_short_ctx_with(plan, p.counters != nullptr, short_ctx_of(plan, p.head_dim));
     switch (p.head_dim) {
         case 64: return decode_d<64>(p, plan, stream, freqs);
         case 128: return decode_d<128>(p, plan, stream, freqs);
