@@ -68,8 +68,8 @@
 // tile), scores its position in f32 from q in shared memory; a barrier gives the chunk's maximum, a
 // second the sum, and thread d adds P V for its dims (an online softmax across chunks). Block 0 of
 // the column stores this step's k and v. `group` blocks read the same K/V rows (L2 serves all but
-// the first); a chunk costs ~35 ns a position (the one SM's reads of 512 bytes a position), so past
-// two chunks the long path's splits are faster. At 16 positions the kernel takes half the long
+// the first); a chunk costs ~35 ns a position (measured; as if the block's one SM read its 512 bytes
+// a position at ~15 GB/s), so past two chunks the long path's splits are faster. At 16 positions the kernel takes half the long
 // path's time (docs/PERF.md, "The short decode path"). SPARK_ATTN_SHORT=0 turns it off (=N: up to
 // N chunks, for measurements).
 //   Inside a block, 4 warps share a cp.async pipeline of K/V tiles (one tile never crosses a

@@ -161,7 +161,7 @@ __device__ __forceinline__ void attn_decode_short(const AttnParams & p, const Fr
     uint16_t *    ks   = reinterpret_cast<uint16_t *>(smem + C::kOffKV);  // [kC][kStr] f16: the chunk's K rows
     uint16_t *    vs   = ks + kC * kStr;                                  // ... and V rows
     float *       qf   = reinterpret_cast<float *>(smem + C::kOffQhi);   // [D] the q row in the log2 domain
-    float *       pf   = reinterpret_cast<float *>(smem + C::kOffPhi);   // [kC] exp2(S - the warp's max)
+    float *       pf   = reinterpret_cast<float *>(smem + C::kOffPhi);   // [kC] exp2(S - the running maximum)
     float *       red  = reinterpret_cast<float *>(smem + C::kOffRed);   // [4] the warps' maxima, [4] their sums
     const int     tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int     kvh = blockIdx.z, h = kvh * p.group + int(blockIdx.y);
