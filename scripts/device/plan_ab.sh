@@ -2,7 +2,8 @@
 # A/B of a decode change on the device: test-cuda's suites (SUITES, default the matmul and golden
 # ones) on this tree, then tg128 at depth 0 of each shape, the two sides interleaved, each run its
 # own process (REPS: pairs, default 2; RUNS: spark-bench -r). The two sides are either
-#   AB=VAR      an environment switch of this tree at 1 and AB_OFF (default 0) (SPARK_GEMV_BW_CAP, the
+#   AB=VAR      an environment switch of this tree at AB_ON (default 1; "-": unset) and AB_OFF (default
+#               0) (SPARK_ATTN_SHORT with AB_ON=-: "The short decode path"; SPARK_GEMV_BW_CAP, the
 #               default: "The GEMV planner on the H200"; SPARK_GEMV_WAVE: "The one-wave gate/up",
 #               AB_OFF=2 for the single weights' part alone; docs/PERF.md), or
 #   BASE=DIR    this tree against another one, unpacked into a git-ignored folder carried along:
@@ -32,10 +33,12 @@ if [ "${SUITES:-}" != none ]; then
     echo "test-cuda rc $rc $(date +%T)"; tail -3 "$out/test_cuda.log"
 fi
 # side 1: this tree (with AB=1); side 0: the base tree, or this tree with AB=AB_OFF
-side_value() { [ "$1" = 1 ] && echo 1 || echo "${AB_OFF:-0}"; }
+side_value() { [ "$1" = 1 ] && echo "${AB_ON:-1}" || echo "${AB_OFF:-0}"; }
 bench_side() {
     if [ -n "${BASE:-}" ]; then
         [ "$1" = 1 ] && echo build-dev/tools/bench/spark-bench || echo "$BASE/build-dev/tools/bench/spark-bench"
+    elif [ "$(side_value "$1")" = - ]; then
+        echo "env -u ${AB:-SPARK_GEMV_BW_CAP} build-dev/tools/bench/spark-bench"
     else
         echo "env ${AB:-SPARK_GEMV_BW_CAP}=$(side_value "$1") build-dev/tools/bench/spark-bench"
     fi
