@@ -7,7 +7,8 @@
 #               default: "The GEMV planner on the H200"; SPARK_GEMV_WAVE: "The one-wave gate/up",
 #               AB_OFF=2 for the single weights' part alone; docs/PERF.md), or
 #   BASE=DIR    this tree against another one, unpacked into a git-ignored folder carried along:
-#               git archive REV | tar -x -C .device/base   (run with carry [".deps", ".device"])
+#               git archive REV | tar -x -C .device/base   (run with carry [".deps", ".device"];
+#               rm -rf .device/base/{examples/models,tests/data,docs}: the carry holds 64 MiB)
 # SUITES=none skips the tests (and building test-cuda): for lab trees whose results are wrong on purpose.
 # Logs to $OUT (or /tmp/plan_ab).
 #   AB=SPARK_GEMV_WAVE scripts/device/plan_ab.sh qwen3-8b:int4 minimax-m2:int4,nvfp4
