@@ -11,12 +11,21 @@
 // memory, 16-byte aligned (ptx_sm120.cuh does the same for the FP4 convert and block-scaled mma of
 // sm_120a, for a lab that compiles its kernels as an sm_120a pass: arch.h beside it);
 // cp.async copies land either at issue or only at the matching cp.async.wait_group (randomly per
-// launch); shared memory starts filled with NaN bytes. Blocks run one after another (static
+// launch); shared memory starts filled with NaN bytes. Blocks run one after another (clusters: below; static
 // __shared__ arrays are plain statics), so a block that reads what another block of the same grid
 // writes sees it or not depending on the block order; atomicAdd and __threadfence are plain (blocks
 // do not overlap). The global stores of the st_global_16 wrapper are logged (S().global_stores) so
 // that tests can check who writes what. The programmatic-dependent-launch model is
 // backends/cuda/common/pdl.cuh beside this file.
+//
+// Thread block clusters (LaunchOptions::cluster, sm_90): the blocks of one cluster run at the same
+// time, their threads fibers of one scheduler, each block with its own dynamic shared memory, warps
+// and __syncthreads barrier (swapped in when one of its threads runs); clusters run one after
+// another. The cluster barrier (barrier.cluster arrive / wait, ptx_sm90.cuh beside this file) is
+// modelled with phases, and a block reads another's shared memory through map_cluster_shared (mapa).
+// Writes are visible at once, so a missing barrier shows as a read of the NaN fill or of a stale
+// value under the random schedule. Static __shared__ arrays are one per process, not per block: a
+// kernel launched with clusters must keep its shared memory dynamic (launch() cannot tell).
 //
 // Launch options (LaunchOptions; the two launch() overloads below are the labs' defaults):
 //   random_block_order        blocks of a grid in a random order per launch (else in index order);
@@ -114,6 +123,9 @@ struct Fiber {
     ucontext_t                     ctx{};
     std::vector<char>              stack;
     uint3                          idx;
+    uint3                          block;          // its blockIdx
+    int                            slot = 0;       // its block's rank in the cluster
+    long long                      cluster_phase = -1;  // the cluster barrier phase it arrived in (-1: none open)
     bool                           done = false, waiting = false;
     std::vector<Copy>              open_group;
     std::vector<std::vector<Copy>> groups;  // committed, oldest first
@@ -132,6 +144,20 @@ struct Warp {
     const void * addr[32];
 };
 
+// A block's own state while another block of its cluster runs (Sched holds the running block's).
+struct BlockState {
+    Barrier                    block_bar;
+    std::vector<Warp>          warps;
+    std::vector<unsigned char> smem;
+};
+
+// The cluster barrier: a phase completes when every live thread of the cluster has arrived.
+struct ClusterBarrier {
+    int              expected = 0, arrived = 0;
+    long long        phase    = 0;
+    std::vector<int> waiters;
+};
+
 struct Sched {
     ucontext_t            main{};
     std::vector<Fiber>    fibers;
@@ -139,6 +165,9 @@ struct Sched {
     Barrier               block_bar;
     std::vector<Warp>     warps;
     std::vector<unsigned char> smem;
+    std::vector<BlockState>    others;  // [slot]: the blocks of the cluster that are not running
+    int                        active = 0;  // the slot whose state is in block_bar / warps / smem
+    ClusterBarrier             cluster_bar;
     std::function<void()> body;
     std::mt19937          rng{1};
     bool                  lazy_copies = false;
@@ -208,6 +237,18 @@ inline void trampoline() {
         }
     };
     leave(s.block_bar);
+    // ... nor in the cluster barrier.
+    if (s.cluster_bar.expected > 0) {
+        ClusterBarrier & c = s.cluster_bar;
+        if (f.cluster_phase >= 0 && f.cluster_phase == c.phase) --c.arrived;  // (arrived, exits before its wait)
+        --c.expected;
+        if (c.expected > 0 && c.arrived >= c.expected) {
+            c.arrived = 0;
+            ++c.phase;
+            for (int w : c.waiters) s.fibers[size_t(w)].waiting = false;
+            c.waiters.clear();
+        }
+    }
     if (s.exited_lanes_leave_warps) {
         const uint3 i = f.idx;
         leave(s.warps[size_t(int(i.x + i.y * blockDim.x) >> 5)].bar);  // (warp(): blocks of at most 2-D)
@@ -219,7 +260,35 @@ struct LaunchOptions {
     bool   random_block_order       = true;
     bool   exited_lanes_leave_warps = false;
     size_t stack_bytes              = 256 * 1024;
+    dim3   cluster                  = dim3(1, 1, 1);  // blocks per cluster (each dim divides the grid's)
 };
+
+// Makes `slot`'s block the running one (its barrier, warps and shared memory in Sched's fields).
+inline void activate(int slot) {
+    Sched & s = S();
+    if (slot == s.active) return;
+    BlockState & out = s.others[size_t(s.active)];
+    std::swap(out.block_bar, s.block_bar);
+    std::swap(out.warps, s.warps);
+    std::swap(out.smem, s.smem);  // (the buffers do not move: pointers into them stay valid)
+    BlockState & in = s.others[size_t(slot)];
+    std::swap(in.block_bar, s.block_bar);
+    std::swap(in.warps, s.warps);
+    std::swap(in.smem, s.smem);
+    s.active = slot;
+}
+
+// The dynamic shared memory of block `rank` of the running cluster at the offset p has in the running
+// block's (mapa); p must lie in the running block's dynamic shared memory.
+inline void * cluster_smem(const void * p, unsigned rank) {
+    Sched &               s = S();
+    const unsigned char * b = s.smem.data();
+    const auto *          c = static_cast<const unsigned char *>(p);
+    if (c < b || c >= b + s.smem.size()) die("mapa: the address is not in this block's dynamic shared memory");
+    if (rank >= s.others.size()) die("mapa: no such block in the cluster");
+    unsigned char * base = int(rank) == s.active ? s.smem.data() : s.others[rank].smem.data();
+    return base + (c - b);
+}
 
 // Runs `kernel` (a call of the kernel function with its arguments) over the grid.
 inline void launch(dim3 grid, dim3 block, const LaunchOptions & o, const std::function<void()> & kernel, uint64_t seed) {
@@ -236,23 +305,42 @@ inline void launch(dim3 grid, dim3 block, const LaunchOptions & o, const std::fu
     gridDim  = grid;
     blockDim = block;
     s.body   = kernel;
+    const dim3 cl = o.cluster;
+    if (cl.x == 0 || cl.y == 0 || cl.z == 0 || grid.x % cl.x || grid.y % cl.y || grid.z % cl.z) {
+        std::fprintf(stderr, "emu: the cluster does not divide the grid\n");
+        std::abort();
+    }
+    const int cb = int(cl.x * cl.y * cl.z);  // blocks per cluster
+    // The clusters (their first block), in order or shuffled; a cluster's blocks run together.
     std::vector<uint3> order;
-    for (unsigned bz = 0; bz < grid.z; ++bz)
-        for (unsigned by = 0; by < grid.y; ++by)
-            for (unsigned bx = 0; bx < grid.x; ++bx) order.push_back(uint3{bx, by, bz});
+    for (unsigned bz = 0; bz < grid.z; bz += cl.z)
+        for (unsigned by = 0; by < grid.y; by += cl.y)
+            for (unsigned bx = 0; bx < grid.x; bx += cl.x) order.push_back(uint3{bx, by, bz});
     if (o.random_block_order)
         for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[s.rng() % i]);
-    for (const uint3 & b : order) {
-        blockIdx = b;
-        s.smem.assign(smem_bytes + 16, 0xFF);  // NaN in f16, bf16 and f32
-        s.fibers.assign(size_t(n), Fiber{});
-        s.warps.assign(size_t(n / 32), Warp{});
-        for (Warp & w : s.warps) w.bar.expected = 32;
-        s.block_bar = Barrier{};
-        s.block_bar.expected = n;
-        for (int t = 0; t < n; ++t) {
-            Fiber & f = s.fibers[size_t(t)];
-            f.idx     = uint3{unsigned(t) % block.x, (unsigned(t) / block.x) % block.y, unsigned(t) / (block.x * block.y)};
+    for (const uint3 & c0 : order) {
+        const int nt = n * cb;  // fibers: block-major, rank r's threads at r * n ..
+        s.fibers.assign(size_t(nt), Fiber{});
+        s.others.assign(size_t(cb), BlockState{});
+        for (BlockState & b : s.others) {
+            b.smem.assign(smem_bytes + 16, 0xFF);  // NaN in f16, bf16 and f32
+            b.warps.assign(size_t(n / 32), Warp{});
+            for (Warp & w : b.warps) w.bar.expected = 32;
+            b.block_bar.expected = n;
+        }
+        // Rank 0's state runs first (the others' wait in s.others).
+        s.active = 0;
+        std::swap(s.others[0].block_bar, s.block_bar);
+        std::swap(s.others[0].warps, s.warps);
+        std::swap(s.others[0].smem, s.smem);
+        s.cluster_bar          = ClusterBarrier{};
+        s.cluster_bar.expected = nt;  // (a launch without clusters: each block is a cluster of one)
+        for (int t = 0; t < nt; ++t) {
+            Fiber &   f = s.fibers[size_t(t)];
+            const int r = t / n, u = t % n;  // rank (x fastest, as %cluster_ctarank) and thread
+            f.slot      = r;
+            f.block     = uint3{c0.x + unsigned(r) % cl.x, c0.y + (unsigned(r) / cl.x) % cl.y, c0.z + unsigned(r) / (cl.x * cl.y)};
+            f.idx       = uint3{unsigned(u) % block.x, (unsigned(u) / block.x) % block.y, unsigned(u) / (block.x * block.y)};
             f.stack.resize(o.stack_bytes);
             getcontext(&f.ctx);
             f.ctx.uc_stack.ss_sp   = f.stack.data();
@@ -264,7 +352,7 @@ inline void launch(dim3 grid, dim3 block, const LaunchOptions & o, const std::fu
         for (;;) {
             runnable.clear();
             bool all_done = true;
-            for (int t = 0; t < n; ++t) {
+            for (int t = 0; t < nt; ++t) {
                 const Fiber & f = s.fibers[size_t(t)];
                 if (!f.done) all_done = false;
                 if (!f.done && !f.waiting) runnable.push_back(t);
@@ -272,13 +360,19 @@ inline void launch(dim3 grid, dim3 block, const LaunchOptions & o, const std::fu
             if (all_done) break;
             if (runnable.empty()) {
                 threadIdx = s.fibers[0].idx;
+                blockIdx  = s.fibers[0].block;
                 die("deadlock: every live thread waits at a barrier or warp collective (divergent sync?)");
             }
-            s.cur     = runnable[s.rng() % runnable.size()];
-            threadIdx = s.fibers[size_t(s.cur)].idx;
+            s.cur         = runnable[s.rng() % runnable.size()];
+            const Fiber & f = s.fibers[size_t(s.cur)];
+            activate(f.slot);
+            threadIdx = f.idx;
+            blockIdx  = f.block;
             swapcontext(&s.main, &s.fibers[size_t(s.cur)].ctx);
         }
+        activate(0);
     }
+    s.cluster_bar = ClusterBarrier{};
 }
 
 // The attention, SSM and GEMV labs: dynamic shared memory, random block order.
