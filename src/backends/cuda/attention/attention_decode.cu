@@ -34,7 +34,9 @@ bool fused_combine_enabled() {
 int short_ctx_of(const AttnPlan & plan, int head_dim) {
     static const int chunks = [] {
         const char * e = std::getenv("SPARK_ATTN_SHORT");
-        return e && *e ? std::atoi(e) : -1;
+        if (!e || !*e) return -1;
+        const long n = std::strtol(e, nullptr, 10);
+        return n < 0 ? -1 : int(n < 1024 ? n : 1024);  // (1024 chunks: past any context a graph holds)
     }();
     if (plan.short_ctx <= 0 || chunks < 0) return plan.short_ctx;
     return chunks * decode_short_chunk(head_dim);
